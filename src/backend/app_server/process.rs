@@ -1,0 +1,448 @@
+//! One `codex app-server` child process: spawn, handshake, a writer task that owns stdin, a
+//! reader task that classifies stdout lines and routes them to the thread they belong to, and a
+//! supervisor task that reaps the child. When the child dies, every pending request fails and
+//! every routed thread receives `TurnEvent::Lost`.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::rpc::{self, Incoming, RpcError};
+use crate::backend::{BackendError, HeldCall, TurnEvent};
+use crate::config::BackendConfig;
+use crate::openai::Usage;
+
+/// How long a request to the backend (handshake, thread/start, turn/start) may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a child gets to exit after stdin closes before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+
+type Pending = HashMap<i64, oneshot::Sender<Result<Value, RpcError>>>;
+
+/// The gateway side of one backend thread (= one execution's turn).
+pub(super) struct Route {
+    pub events: mpsc::UnboundedSender<TurnEvent>,
+    /// invocation -> the backend's JSON-RPC request id of the held `item/tool/call`.
+    held: Mutex<HashMap<u64, Value>>,
+    /// Text already forwarded per agent-message item, to reconcile `item/completed`.
+    streamed: Mutex<HashMap<String, String>>,
+    pub finished: AtomicBool,
+}
+
+impl Route {
+    pub fn new(events: mpsc::UnboundedSender<TurnEvent>) -> Self {
+        Route {
+            events,
+            held: Mutex::new(HashMap::new()),
+            streamed: Mutex::new(HashMap::new()),
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    pub fn take_held(&self, invocation: u64) -> Option<Value> {
+        lock(&self.held).remove(&invocation)
+    }
+
+    fn emit(&self, ev: TurnEvent) {
+        // A closed receiver means the execution is gone; the event has no one to reach.
+        let _ = self.events.send(ev);
+    }
+}
+
+pub(super) struct Proc {
+    pub id: u64,
+    out: mpsc::UnboundedSender<String>,
+    pending: Mutex<Pending>,
+    routes: Mutex<HashMap<String, Arc<Route>>>,
+    next_id: AtomicI64,
+    next_invocation: Arc<AtomicU64>,
+    pub dead: CancellationToken,
+    pub exited: CancellationToken,
+    pub active: AtomicUsize,
+    pub user_agent: Mutex<String>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means another thread panicked mid-update of a plain map; the map
+    // itself is still usable, and refusing service would be worse.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Proc {
+    /// Spawns the child, starts its tasks and completes the `initialize` handshake.
+    pub async fn spawn(
+        id: u64,
+        cfg: &BackendConfig,
+        tracker: &TaskTracker,
+        shutdown: &CancellationToken,
+        next_invocation: Arc<AtomicU64>,
+    ) -> Result<Arc<Proc>, BackendError> {
+        let mut cmd = Command::new(&cfg.command[0]);
+        cmd.args(&cfg.command[1..])
+            .envs(&cfg.env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(cwd) = &cfg.cwd {
+            cmd.current_dir(cwd);
+        }
+        // CODEX_HOME must exist before the child starts.
+        if let Some(home) = cfg.env.get("CODEX_HOME") {
+            std::fs::create_dir_all(home)
+                .map_err(|e| BackendError::Unavailable(format!("cannot create CODEX_HOME: {e}")))?;
+        }
+        let mut child = cmd.spawn().map_err(|e| {
+            BackendError::Unavailable(format!("cannot start {}: {e}", cfg.command[0]))
+        })?;
+        let pid = child.id();
+        let (Some(mut stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(BackendError::Unavailable("child stdio not piped".into()));
+        };
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<String>();
+        let proc = Arc::new(Proc {
+            id,
+            out: out_tx,
+            pending: Mutex::new(HashMap::new()),
+            routes: Mutex::new(HashMap::new()),
+            next_id: AtomicI64::new(1),
+            next_invocation,
+            dead: CancellationToken::new(),
+            exited: CancellationToken::new(),
+            active: AtomicUsize::new(0),
+            user_agent: Mutex::new(String::new()),
+        });
+        tracing::info!(backend_process = id, pid, "backend process started");
+
+        // Writer: the only owner of stdin. Closing stdin (on shutdown or death) asks the child
+        // to exit.
+        let (dead, stop) = (proc.dead.clone(), shutdown.clone());
+        tracker.spawn(async move {
+            loop {
+                tokio::select! {
+                    line = out_rx.recv() => {
+                        let Some(line) = line else { break };
+                        if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
+                            break;
+                        }
+                    }
+                    _ = dead.cancelled() => break,
+                    _ = stop.cancelled() => break,
+                }
+            }
+            drop(stdin);
+        });
+
+        // Stderr: forwarded at debug level only; it is the backend's own log.
+        tracker.spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::debug!(backend_process = id, "backend stderr: {line}");
+            }
+        });
+
+        // Reader: classifies and routes every stdout line.
+        let reader_proc = proc.clone();
+        tracker.spawn(async move {
+            let mut reader = BufReader::new(stdout);
+            let mut buf = String::new();
+            loop {
+                buf.clear();
+                match reader.read_line(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => match rpc::parse_line(&buf) {
+                        Some(msg) => reader_proc.dispatch(msg),
+                        None if !buf.trim().is_empty() => {
+                            tracing::debug!(
+                                backend_process = id,
+                                bytes = buf.len(),
+                                "skipped a backend line that is not a JSON-RPC message"
+                            );
+                        }
+                        None => {}
+                    },
+                }
+            }
+            reader_proc.die("backend closed its output");
+        });
+
+        // Supervisor: reaps the child, killing it if it outlives the shutdown grace period.
+        let (sup_proc, stop) = (proc.clone(), shutdown.clone());
+        tracker.spawn(async move {
+            let status = tokio::select! {
+                status = child.wait() => status.ok(),
+                _ = stop.cancelled() => {
+                    match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
+                        Ok(status) => status.ok(),
+                        Err(_) => {
+                            let _ = child.start_kill();
+                            child.wait().await.ok()
+                        }
+                    }
+                }
+            };
+            tracing::info!(backend_process = id, pid, status = ?status, "backend process exited");
+            sup_proc.die("backend process exited");
+            sup_proc.exited.cancel();
+        });
+
+        let init = proc
+            .call(
+                "initialize",
+                json!({
+                    "clientInfo": {"name": "turnstile", "title": "Turnstile", "version": env!("CARGO_PKG_VERSION")},
+                    "capabilities": {"experimentalApi": true},
+                }),
+            )
+            .await
+            .map_err(|e| BackendError::Unavailable(format!("initialize failed: {e}")))?;
+        let ua = init
+            .get("userAgent")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_string();
+        tracing::info!(backend_process = id, user_agent = %ua, "backend initialized");
+        *lock(&proc.user_agent) = ua;
+        proc.send(rpc::notification("initialized"));
+        Ok(proc)
+    }
+
+    pub fn is_alive(&self) -> bool {
+        !self.dead.is_cancelled()
+    }
+
+    pub fn send(&self, line: String) {
+        // If the writer is gone the process is dead and the reader reports it.
+        let _ = self.out.send(line);
+    }
+
+    /// Sends a request and waits for its answer.
+    pub async fn call(&self, method: &str, params: Value) -> Result<Value, BackendError> {
+        if !self.is_alive() {
+            return Err(BackendError::Lost);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        self.send(rpc::request(id, method, params));
+        let answer = tokio::select! {
+            r = tokio::time::timeout(REQUEST_TIMEOUT, rx) => r,
+            _ = self.dead.cancelled() => {
+                lock(&self.pending).remove(&id);
+                return Err(BackendError::Lost);
+            }
+        };
+        match answer {
+            Ok(Ok(Ok(v))) => Ok(v),
+            Ok(Ok(Err(e))) => Err(BackendError::Rejected(format!(
+                "{method}: {} ({})",
+                e.message, e.code
+            ))),
+            Ok(Err(_)) => Err(BackendError::Lost),
+            Err(_) => {
+                lock(&self.pending).remove(&id);
+                Err(BackendError::Unavailable(format!("{method} timed out")))
+            }
+        }
+    }
+
+    /// Sends a request whose answer nobody waits for (e.g. `turn/interrupt` on cleanup).
+    pub fn cast(&self, method: &str, params: Value) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.send(rpc::request(id, method, params));
+    }
+
+    pub fn add_route(&self, thread: &str, route: Arc<Route>) {
+        lock(&self.routes).insert(thread.to_string(), route);
+        if !self.is_alive() {
+            // Died between thread/start and here: make sure the turn learns it.
+            self.die("backend process exited");
+        }
+    }
+
+    pub fn remove_route(&self, thread: &str) {
+        lock(&self.routes).remove(thread);
+    }
+
+    fn route(&self, params: &Value) -> Option<Arc<Route>> {
+        let thread = params.get("threadId")?.as_str()?;
+        lock(&self.routes).get(thread).cloned()
+    }
+
+    /// Marks the process dead: pending calls fail, routed turns are lost.
+    fn die(&self, why: &str) {
+        self.dead.cancel();
+        lock(&self.pending).clear();
+        let routes: Vec<_> = lock(&self.routes).drain().map(|(_, r)| r).collect();
+        for r in routes {
+            if !r.finished.swap(true, Ordering::SeqCst) {
+                r.emit(TurnEvent::Lost(why.to_string()));
+            }
+        }
+    }
+
+    fn dispatch(&self, msg: Incoming) {
+        match msg {
+            Incoming::Response { id, result } => {
+                let Some(id) = id.as_i64() else { return };
+                if let Some(tx) = lock(&self.pending).remove(&id) {
+                    let _ = tx.send(result);
+                }
+            }
+            Incoming::Notification { method, params } => self.on_notification(&method, &params),
+            Incoming::Request { id, method, params } => self.on_request(id, &method, &params),
+        }
+    }
+
+    fn on_notification(&self, method: &str, params: &Value) {
+        let Some(route) = self.route(params) else {
+            return;
+        };
+        match method {
+            "item/agentMessage/delta" => {
+                let (Some(item), Some(delta)) = (
+                    params.get("itemId").and_then(Value::as_str),
+                    params.get("delta").and_then(Value::as_str),
+                ) else {
+                    return;
+                };
+                if delta.is_empty() {
+                    return;
+                }
+                lock(&route.streamed)
+                    .entry(item.to_string())
+                    .or_default()
+                    .push_str(delta);
+                route.emit(TurnEvent::Delta(delta.to_string()));
+            }
+            "item/completed" => {
+                let item = &params["item"];
+                if item.get("type").and_then(Value::as_str) != Some("agentMessage") {
+                    return;
+                }
+                let (Some(id), Some(text)) = (
+                    item.get("id").and_then(Value::as_str),
+                    item.get("text").and_then(Value::as_str),
+                ) else {
+                    return;
+                };
+                // The completed item is authoritative: forward whatever the deltas missed.
+                let sent = lock(&route.streamed).remove(id).unwrap_or_default();
+                if let Some(rest) = text.strip_prefix(sent.as_str()) {
+                    if !rest.is_empty() {
+                        route.emit(TurnEvent::Delta(rest.to_string()));
+                    }
+                }
+            }
+            "thread/tokenUsage/updated" => {
+                let last = &params["tokenUsage"]["last"];
+                let n = |k: &str| last.get(k).and_then(Value::as_u64).unwrap_or(0);
+                route.emit(TurnEvent::Usage(Usage {
+                    prompt_tokens: n("inputTokens"),
+                    completion_tokens: n("outputTokens"),
+                    total_tokens: n("totalTokens"),
+                    cached_tokens: n("cachedInputTokens"),
+                }));
+            }
+            "error" => {
+                if params.get("willRetry").and_then(Value::as_bool) == Some(false) {
+                    tracing::warn!(backend_process = self.id, "backend reported a turn error");
+                }
+            }
+            "turn/completed" => {
+                if route.finished.swap(true, Ordering::SeqCst) {
+                    return;
+                }
+                let turn = &params["turn"];
+                let ev = match turn.get("status").and_then(Value::as_str) {
+                    Some("completed") => TurnEvent::Completed,
+                    Some("interrupted") => TurnEvent::Interrupted,
+                    _ => TurnEvent::Failed(
+                        turn["error"]["message"]
+                            .as_str()
+                            .unwrap_or("turn failed")
+                            .to_string(),
+                    ),
+                };
+                route.emit(ev);
+            }
+            _ => {}
+        }
+    }
+
+    fn on_request(&self, id: Value, method: &str, params: &Value) {
+        let route = self.route(params);
+        match (method, route) {
+            ("item/tool/call", Some(route)) if !route.finished.load(Ordering::SeqCst) => {
+                let invocation = self.next_invocation.fetch_add(1, Ordering::Relaxed);
+                let tool = params
+                    .get("tool")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let name = match params.get("namespace").and_then(Value::as_str) {
+                    Some(ns) if !ns.is_empty() => format!("{ns}.{tool}"),
+                    _ => tool.to_string(),
+                };
+                let arguments = match params.get("arguments") {
+                    None | Some(Value::Null) => "{}".to_string(),
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v) => v.to_string(),
+                };
+                lock(&route.held).insert(invocation, id);
+                route.emit(TurnEvent::ToolCall(HeldCall {
+                    invocation,
+                    name,
+                    arguments,
+                }));
+            }
+            ("item/tool/call", None) | ("item/tool/call", Some(_)) => {
+                self.send(rpc::error_response(
+                    &id,
+                    -32000,
+                    "no live execution for this thread",
+                ));
+            }
+            // Side effects of the backend itself: denied until policy says otherwise.
+            ("item/commandExecution/requestApproval" | "item/fileChange/requestApproval", _) => {
+                tracing::info!(
+                    backend_process = self.id,
+                    method,
+                    "backend approval request declined by default policy"
+                );
+                self.send(rpc::response(&id, json!({"decision": "decline"})));
+            }
+            ("item/permissions/requestApproval", _) => {
+                self.send(rpc::response(&id, json!({"permissions": {}})));
+            }
+            ("mcpServer/elicitation/request", _) => {
+                self.send(rpc::response(
+                    &id,
+                    json!({"action": "decline", "content": null}),
+                ));
+            }
+            _ => {
+                tracing::debug!(
+                    backend_process = self.id,
+                    method,
+                    "unknown backend request answered -32601"
+                );
+                self.send(rpc::error_response(
+                    &id,
+                    -32601,
+                    &format!("method not supported by this client: {method}"),
+                ));
+            }
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Newline-delimited JSON-RPC framing as `codex app-server` speaks it: one JSON object per
+//! line, `"jsonrpc"` omitted on output and tolerated on input. The reader is tolerant: a line
+//! that is not a JSON object, or that matches no message form, is skipped (and logged without
+//! its content), never fatal. Unknown fields are ignored.
+
+use serde_json::{json, Value};
+
+/// One message from the backend, classified by its members.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Incoming {
+    /// `method` + `id`: the backend asks us something and must get an answer.
+    Request {
+        id: Value,
+        method: String,
+        params: Value,
+    },
+    /// `method` without `id`.
+    Notification { method: String, params: Value },
+    /// `id` + `result`/`error`: the answer to one of our requests.
+    Response {
+        id: Value,
+        result: Result<Value, RpcError>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+}
+
+/// Parses one line. `None` for blank lines, non-JSON and unclassifiable objects.
+pub fn parse_line(line: &str) -> Option<Incoming> {
+    let line = line.trim();
+    if line.is_empty() {
+        return None;
+    }
+    let Value::Object(mut obj) = serde_json::from_str::<Value>(line).ok()? else {
+        return None;
+    };
+    let id = obj
+        .remove("id")
+        .filter(|v| v.is_string() || v.is_i64() || v.is_u64());
+    let method = obj
+        .remove("method")
+        .and_then(|m| m.as_str().map(str::to_owned));
+    let params = obj.remove("params").unwrap_or(Value::Null);
+    match (id, method) {
+        (Some(id), Some(method)) => Some(Incoming::Request { id, method, params }),
+        (None, Some(method)) => Some(Incoming::Notification { method, params }),
+        (Some(id), None) => {
+            if let Some(result) = obj.remove("result") {
+                Some(Incoming::Response {
+                    id,
+                    result: Ok(result),
+                })
+            } else {
+                let e = obj.remove("error")?;
+                Some(Incoming::Response {
+                    id,
+                    result: Err(RpcError {
+                        code: e.get("code").and_then(Value::as_i64).unwrap_or(0),
+                        message: e
+                            .get("message")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_string(),
+                    }),
+                })
+            }
+        }
+        (None, None) => None,
+    }
+}
+
+pub fn request(id: i64, method: &str, params: Value) -> String {
+    line(json!({"id": id, "method": method, "params": params}))
+}
+
+pub fn notification(method: &str) -> String {
+    line(json!({"method": method}))
+}
+
+pub fn response(id: &Value, result: Value) -> String {
+    line(json!({"id": id, "result": result}))
+}
+
+pub fn error_response(id: &Value, code: i64, message: &str) -> String {
+    line(json!({"id": id, "error": {"code": code, "message": message}}))
+}
+
+fn line(v: Value) -> String {
+    let mut s = v.to_string();
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_the_three_forms() {
+        assert_eq!(
+            parse_line(r#"{"id":0,"method":"item/tool/call","params":{"a":1},"emittedAtMs":5}"#),
+            Some(Incoming::Request {
+                id: json!(0),
+                method: "item/tool/call".into(),
+                params: json!({"a":1})
+            })
+        );
+        assert_eq!(
+            parse_line(r#"{"jsonrpc":"2.0","method":"turn/started","params":{}}"#),
+            Some(Incoming::Notification {
+                method: "turn/started".into(),
+                params: json!({})
+            })
+        );
+        assert_eq!(
+            parse_line(r#"{"id":"init-1","result":{"userAgent":"x"}}"#),
+            Some(Incoming::Response {
+                id: json!("init-1"),
+                result: Ok(json!({"userAgent":"x"}))
+            })
+        );
+        assert_eq!(
+            parse_line(r#"{"id":3,"error":{"code":-32600,"message":"Not initialized"}}"#),
+            Some(Incoming::Response {
+                id: json!(3),
+                result: Err(RpcError {
+                    code: -32600,
+                    message: "Not initialized".into()
+                })
+            })
+        );
+    }
+
+    #[test]
+    fn garbage_is_skipped() {
+        for l in [
+            "",
+            "   ",
+            "not json {",
+            "[1,2]",
+            "42",
+            r#"{"foo":1}"#,
+            r#"{"id":1}"#,
+            "\u{0}",
+        ] {
+            assert_eq!(parse_line(l), None, "{l:?}");
+        }
+    }
+
+    #[test]
+    fn written_messages_are_single_lines() {
+        let r = request(7, "turn/start", json!({"input":[{"text":"a\nb"}]}));
+        assert!(r.ends_with('\n'));
+        assert_eq!(r.matches('\n').count(), 1);
+        assert_eq!(
+            parse_line(&r),
+            Some(Incoming::Request {
+                id: json!(7),
+                method: "turn/start".into(),
+                params: json!({"input":[{"text":"a\nb"}]})
+            })
+        );
+        assert_eq!(
+            notification("initialized"),
+            "{\"method\":\"initialized\"}\n"
+        );
+        assert!(error_response(&json!(1), -32601, "nope").contains("-32601"));
+    }
+}

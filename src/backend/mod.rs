@@ -1,0 +1,113 @@
+//! Backends: the agents that run turns. Only this module speaks a backend's wire protocol
+//! (JSON-RPC to `codex app-server` lives in `app_server/`); the rest of the gateway sees a
+//! [`Turn`]: a stream of [`TurnEvent`]s plus a [`TurnControl`] to answer held tool calls and to
+//! interrupt. Backend-side ids (process, thread, turn, `callId`) never leave this module: a held
+//! tool call is known outside only by its gateway-issued `invocation` number.
+
+pub mod app_server;
+pub mod render;
+
+use futures::future::BoxFuture;
+use tokio::sync::mpsc;
+
+use crate::error::{ApiError, ErrorCode};
+use crate::openai::{ToolDef, Usage};
+
+/// Everything a backend needs to start one execution's turn.
+#[derive(Debug, Clone, Default)]
+pub struct TurnRequest {
+    pub execution_id: String,
+    pub backend_model: Option<String>,
+    /// System and developer messages, joined.
+    pub instructions: Option<String>,
+    /// A faithful transcript of the conversation before the last user message, if any.
+    pub history: Option<String>,
+    /// The last user message: the turn's input.
+    pub input: String,
+    /// The client's tools, declared to the backend as dynamic tools.
+    pub tools: Vec<ToolDef>,
+    pub approval_policy: Option<String>,
+    pub sandbox: Option<String>,
+}
+
+/// A tool call the backend is holding open, waiting for the client's result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldCall {
+    /// Gateway-local number of this invocation; the backend's own call id stays inside.
+    pub invocation: u64,
+    pub name: String,
+    /// JSON text of the arguments.
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnEvent {
+    Delta(String),
+    ToolCall(HeldCall),
+    Usage(Usage),
+    Completed,
+    /// The turn failed in the backend (model error). The detail is for logs only.
+    Failed(String),
+    Interrupted,
+    /// The backend process died or stopped answering. The detail is for logs only.
+    Lost(String),
+}
+
+/// Control of a running turn. Dropping it releases the backend session, interrupting the
+/// turn first if it has not ended.
+pub trait TurnControl: Send + Sync {
+    /// Answers a held tool call with the client's result text, verbatim.
+    fn answer_tool(&self, invocation: u64, text: &str) -> Result<(), BackendError>;
+    /// Asks the backend to stop the turn; a `TurnEvent::Interrupted` (or `Lost`) follows.
+    fn interrupt(&self);
+    /// False once the backend incarnation holding the turn is gone (process died).
+    fn is_alive(&self) -> bool;
+}
+
+pub struct Turn {
+    pub events: mpsc::UnboundedReceiver<TurnEvent>,
+    pub control: Box<dyn TurnControl>,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BackendError {
+    #[error("all backend sessions are busy")]
+    Capacity,
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+    #[error("backend rejected the request: {0}")]
+    Rejected(String),
+    #[error("the backend turn is gone")]
+    Lost,
+}
+
+impl From<BackendError> for ApiError {
+    fn from(e: BackendError) -> Self {
+        match e {
+            BackendError::Capacity => ApiError::new(
+                ErrorCode::CapacityExhausted,
+                "All backend sessions are busy; retry later.",
+            ),
+            BackendError::Lost => ApiError::new(
+                ErrorCode::ContinuationLost,
+                "The held turn is gone (backend restart); start a new turn.",
+            ),
+            BackendError::Unavailable(_) | BackendError::Rejected(_) => ApiError::upstream(),
+        }
+    }
+}
+
+/// Sessions in use and idle, for metrics and readiness.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    pub busy: usize,
+    pub capacity: usize,
+    pub processes_alive: usize,
+}
+
+pub trait Backend: Send + Sync {
+    fn start_turn(&self, req: TurnRequest) -> BoxFuture<'_, Result<Turn, BackendError>>;
+    fn stats(&self) -> SessionStats;
+    /// Stops every child and waits for it to be reaped.
+    fn shutdown(&self) -> BoxFuture<'_, ()>;
+}

@@ -1,0 +1,714 @@
+//! Configuration: raw serde structs -> `validate()` -> frozen [`Config`].
+//!
+//! Parsing is strict (`deny_unknown_fields` everywhere) and every failure names the key path,
+//! e.g. `clients[1].key_sha256: expected 64 hex characters`. `from_toml_str` is pure (unit
+//! tests call it); `load` does the IO and resolves relative paths against the file's folder.
+//! This module never touches sockets, processes or the store.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use globset::{Glob, GlobSet, GlobSetBuilder};
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+#[error("config {path}: {message}")]
+pub struct ConfigError {
+    /// Key path of the bad value (`clients[0].models[2]`), or the file for IO failures.
+    pub path: String,
+    pub message: String,
+}
+
+fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+// ---------- raw, as written by the administrator ----------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    server: RawServer,
+    #[serde(default)]
+    store: RawStore,
+    #[serde(default)]
+    clients: Vec<RawClient>,
+    #[serde(default)]
+    models: Vec<RawModel>,
+    #[serde(default)]
+    backends: BTreeMap<String, RawBackend>,
+    #[serde(default)]
+    approvals: RawApprovals,
+    #[serde(default)]
+    continuations: RawContinuations,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    #[serde(default = "default_listen")]
+    listen: String,
+    #[serde(default = "default_max_body")]
+    max_body_bytes: u64,
+    #[serde(default = "default_keepalive")]
+    keepalive_seconds: u64,
+}
+impl Default for RawServer {
+    fn default() -> Self {
+        RawServer {
+            listen: default_listen(),
+            max_body_bytes: default_max_body(),
+            keepalive_seconds: default_keepalive(),
+        }
+    }
+}
+fn default_listen() -> String {
+    "127.0.0.1:8787".into()
+}
+fn default_max_body() -> u64 {
+    16 * 1024 * 1024
+}
+fn default_keepalive() -> u64 {
+    5
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    #[serde(default = "default_store_path")]
+    path: String,
+}
+impl Default for RawStore {
+    fn default() -> Self {
+        RawStore {
+            path: default_store_path(),
+        }
+    }
+}
+fn default_store_path() -> String {
+    "data/turnstile.db".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClient {
+    id: String,
+    key_sha256: String,
+    #[serde(default = "default_all_models")]
+    models: Vec<String>,
+    #[serde(default)]
+    roles: Vec<String>,
+}
+fn default_all_models() -> Vec<String> {
+    vec!["*".into()]
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    id: String,
+    backend: String,
+    backend_model: Option<String>,
+    #[serde(default)]
+    approvals: RawApprovalPolicy,
+    approval_policy: Option<String>,
+    sandbox: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApprovalPolicy {
+    command: Option<Decision>,
+    file_change: Option<Decision>,
+    permissions: Option<Decision>,
+    elicitation: Option<Decision>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackend {
+    kind: String,
+    command: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<String>,
+    #[serde(default = "default_max_sessions")]
+    max_sessions: usize,
+    #[serde(default = "default_processes")]
+    processes: usize,
+    #[serde(default = "default_acquire_timeout_ms")]
+    acquire_timeout_ms: u64,
+}
+fn default_max_sessions() -> usize {
+    16
+}
+fn default_processes() -> usize {
+    1
+}
+fn default_acquire_timeout_ms() -> u64 {
+    3000
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApprovals {
+    #[serde(default = "default_ttl")]
+    ttl_seconds: u64,
+}
+impl Default for RawApprovals {
+    fn default() -> Self {
+        RawApprovals {
+            ttl_seconds: default_ttl(),
+        }
+    }
+}
+fn default_ttl() -> u64 {
+    900
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawContinuations {
+    #[serde(default = "default_ttl")]
+    execution_ttl_seconds: u64,
+    #[serde(default = "default_max_pending")]
+    max_pending: usize,
+    #[serde(default = "default_max_pending_per_client")]
+    max_pending_per_client: usize,
+    #[serde(default = "default_tombstones")]
+    tombstones_per_client: usize,
+    #[serde(default = "default_max_rounds")]
+    max_rounds: u32,
+    #[serde(default = "default_max_result")]
+    max_tool_result_bytes: usize,
+    #[serde(default = "default_debounce")]
+    batch_debounce_ms: u64,
+}
+impl Default for RawContinuations {
+    fn default() -> Self {
+        RawContinuations {
+            execution_ttl_seconds: default_ttl(),
+            max_pending: default_max_pending(),
+            max_pending_per_client: default_max_pending_per_client(),
+            tombstones_per_client: default_tombstones(),
+            max_rounds: default_max_rounds(),
+            max_tool_result_bytes: default_max_result(),
+            batch_debounce_ms: default_debounce(),
+        }
+    }
+}
+fn default_max_pending() -> usize {
+    4096
+}
+fn default_max_pending_per_client() -> usize {
+    64
+}
+fn default_tombstones() -> usize {
+    1024
+}
+fn default_max_rounds() -> u32 {
+    32
+}
+fn default_max_result() -> usize {
+    4 * 1024 * 1024
+}
+fn default_debounce() -> u64 {
+    25
+}
+
+// ---------- frozen, as the gateway uses it ----------
+
+/// What policy says about one kind of backend side effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Allow,
+    Deny,
+    Ask,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalPolicy {
+    pub command: Decision,
+    pub file_change: Decision,
+    pub permissions: Decision,
+    pub elicitation: Decision,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub store_path: PathBuf,
+    pub clients: Vec<ClientConfig>,
+    pub models: Vec<ModelConfig>,
+    pub backends: BTreeMap<String, BackendConfig>,
+    pub approval_ttl: Duration,
+    pub continuations: ContinuationLimits,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+    pub keepalive: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub id: String,
+    pub key_digest: [u8; 32],
+    pub models: GlobSet,
+    pub roles: Vec<String>,
+}
+
+impl ClientConfig {
+    pub fn may_use(&self, model: &str) -> bool {
+        self.models.is_match(model)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub id: String,
+    pub backend: String,
+    pub backend_model: Option<String>,
+    pub approvals: ApprovalPolicy,
+    /// Codex `approvalPolicy` for threads of this model (`untrusted`, `on-request`, `never`).
+    pub approval_policy: Option<String>,
+    /// Codex `sandbox` for threads of this model.
+    pub sandbox: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendConfig {
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<PathBuf>,
+    pub max_sessions: usize,
+    pub processes: usize,
+    pub acquire_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct ContinuationLimits {
+    pub execution_ttl: Duration,
+    pub max_pending: usize,
+    pub max_pending_per_client: usize,
+    pub tombstones_per_client: usize,
+    pub max_rounds: u32,
+    pub max_tool_result_bytes: usize,
+    pub batch_debounce: Duration,
+}
+
+impl Config {
+    pub fn model(&self, id: &str) -> Option<&ModelConfig> {
+        self.models.iter().find(|m| m.id == id)
+    }
+
+    pub fn client(&self, id: &str) -> Option<&ClientConfig> {
+        self.clients.iter().find(|c| c.id == id)
+    }
+}
+
+/// Parses and validates config text. `base` resolves relative paths (the file's folder).
+pub fn from_toml_str(text: &str, base: &Path) -> Result<Config, ConfigError> {
+    let de = toml::Deserializer::parse(text).map_err(|e| err("(syntax)", e.to_string()))?;
+    let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        err(path, inner.message().to_string())
+    })?;
+    validate(raw, base)
+}
+
+/// Reads, parses and validates the file at `path`, including the store path's usability.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| err(path.display().to_string(), format!("cannot read: {e}")))?;
+    let base = path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let base = if base.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        base
+    };
+    let cfg = from_toml_str(&text, &base)?;
+    check_store_path(&cfg.store_path)?;
+    Ok(cfg)
+}
+
+fn resolve(base: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+/// The store file must be creatable (nearest existing ancestor is a writable folder) or, if it
+/// exists, a readable and writable file.
+fn check_store_path(path: &Path) -> Result<(), ConfigError> {
+    let bad = |m: String| err("store.path", m);
+    if path.exists() {
+        if !path.is_file() {
+            return Err(bad(format!("{} is not a file", path.display())));
+        }
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| bad(format!("cannot open {}: {e}", path.display())))?;
+        return Ok(());
+    }
+    let mut dir = path.parent();
+    while let Some(d) = dir {
+        let d = if d.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            d
+        };
+        if d.exists() {
+            let meta = std::fs::metadata(d)
+                .map_err(|e| bad(format!("cannot read {}: {e}", d.display())))?;
+            if !meta.is_dir() {
+                return Err(bad(format!("{} is not a folder", d.display())));
+            }
+            if meta.permissions().readonly() {
+                return Err(bad(format!("{} is not writable", d.display())));
+            }
+            return Ok(());
+        }
+        dir = d.parent();
+    }
+    Ok(())
+}
+
+fn validate(raw: RawConfig, base: &Path) -> Result<Config, ConfigError> {
+    let listen: SocketAddr = raw.server.listen.parse().map_err(|_| {
+        err(
+            "server.listen",
+            format!("`{}` is not an IP:PORT address", raw.server.listen),
+        )
+    })?;
+    if raw.server.max_body_bytes == 0 {
+        return Err(err("server.max_body_bytes", "must be greater than 0"));
+    }
+    if raw.server.keepalive_seconds == 0 {
+        return Err(err("server.keepalive_seconds", "must be greater than 0"));
+    }
+    if raw.store.path.trim().is_empty() {
+        return Err(err("store.path", "must not be empty"));
+    }
+
+    let mut backends = BTreeMap::new();
+    for (name, b) in raw.backends {
+        let at = |k: &str| format!("backends.{name}.{k}");
+        if b.kind != "app-server" {
+            return Err(err(
+                at("kind"),
+                format!("unknown backend kind `{}` (expected `app-server`)", b.kind),
+            ));
+        }
+        if b.command.is_empty() || b.command[0].trim().is_empty() {
+            return Err(err(at("command"), "must name a program"));
+        }
+        if b.max_sessions == 0 {
+            return Err(err(at("max_sessions"), "must be greater than 0"));
+        }
+        if b.processes == 0 {
+            return Err(err(at("processes"), "must be greater than 0"));
+        }
+        // A program given as a relative path with a slash is relative to the config's folder;
+        // a bare name is looked up on PATH as usual.
+        let mut command = b.command.clone();
+        if command[0].contains('/') && !Path::new(&command[0]).is_absolute() {
+            command[0] = resolve(base, &command[0]).display().to_string();
+        }
+        let env = b
+            .env
+            .into_iter()
+            .map(|(k, v)| {
+                if k == "CODEX_HOME" {
+                    (k, resolve(base, &v).display().to_string())
+                } else {
+                    (k, v)
+                }
+            })
+            .collect();
+        backends.insert(
+            name.clone(),
+            BackendConfig {
+                command,
+                env,
+                cwd: b.cwd.map(|c| resolve(base, &c)),
+                max_sessions: b.max_sessions,
+                processes: b.processes,
+                acquire_timeout: Duration::from_millis(b.acquire_timeout_ms),
+            },
+        );
+    }
+
+    let mut seen = HashSet::new();
+    let mut models = Vec::new();
+    for (i, m) in raw.models.into_iter().enumerate() {
+        let at = |k: &str| format!("models[{i}].{k}");
+        if m.id.trim().is_empty() {
+            return Err(err(at("id"), "must not be empty"));
+        }
+        if !seen.insert(m.id.clone()) {
+            return Err(err(at("id"), format!("duplicate model id `{}`", m.id)));
+        }
+        if !backends.contains_key(&m.backend) {
+            return Err(err(
+                at("backend"),
+                format!("no backend named `{}` in [backends]", m.backend),
+            ));
+        }
+        if let Some(p) = &m.approval_policy {
+            if !["untrusted", "on-request", "never"].contains(&p.as_str()) {
+                return Err(err(
+                    at("approval_policy"),
+                    format!("`{p}` is not one of untrusted, on-request, never"),
+                ));
+            }
+        }
+        if let Some(s) = &m.sandbox {
+            if !["read-only", "workspace-write", "danger-full-access"].contains(&s.as_str()) {
+                return Err(err(
+                    at("sandbox"),
+                    format!("`{s}` is not one of read-only, workspace-write, danger-full-access"),
+                ));
+            }
+        }
+        let a = m.approvals;
+        models.push(ModelConfig {
+            id: m.id,
+            backend: m.backend,
+            backend_model: m.backend_model,
+            approvals: ApprovalPolicy {
+                command: a.command.unwrap_or(Decision::Deny),
+                file_change: a.file_change.unwrap_or(Decision::Deny),
+                permissions: a.permissions.unwrap_or(Decision::Deny),
+                elicitation: a.elicitation.unwrap_or(Decision::Deny),
+            },
+            approval_policy: m.approval_policy,
+            sandbox: m.sandbox,
+        });
+    }
+
+    let mut ids = HashSet::new();
+    let mut digests = HashSet::new();
+    let mut clients = Vec::new();
+    for (i, c) in raw.clients.into_iter().enumerate() {
+        let at = |k: &str| format!("clients[{i}].{k}");
+        if c.id.trim().is_empty() {
+            return Err(err(at("id"), "must not be empty"));
+        }
+        if !ids.insert(c.id.clone()) {
+            return Err(err(at("id"), format!("duplicate client id `{}`", c.id)));
+        }
+        let key_digest = parse_digest(&c.key_sha256)
+            .ok_or_else(|| err(at("key_sha256"), "expected 64 hex characters (a SHA-256)"))?;
+        if !digests.insert(key_digest) {
+            return Err(err(
+                at("key_sha256"),
+                "the same key digest is already used by another client",
+            ));
+        }
+        let mut set = GlobSetBuilder::new();
+        for (j, pattern) in c.models.iter().enumerate() {
+            let glob = Glob::new(pattern).map_err(|e| {
+                err(
+                    format!("clients[{i}].models[{j}]"),
+                    format!("bad glob `{pattern}`: {e}"),
+                )
+            })?;
+            set.add(glob);
+        }
+        let models = set
+            .build()
+            .map_err(|e| err(at("models"), format!("bad globs: {e}")))?;
+        for (j, role) in c.roles.iter().enumerate() {
+            if role != "approver" {
+                return Err(err(
+                    format!("clients[{i}].roles[{j}]"),
+                    format!("unknown role `{role}` (known: approver)"),
+                ));
+            }
+        }
+        clients.push(ClientConfig {
+            id: c.id,
+            key_digest,
+            models,
+            roles: c.roles,
+        });
+    }
+
+    let c = raw.continuations;
+    let positive = |v: u64, k: &str| {
+        if v == 0 {
+            Err(err(format!("continuations.{k}"), "must be greater than 0"))
+        } else {
+            Ok(())
+        }
+    };
+    positive(c.execution_ttl_seconds, "execution_ttl_seconds")?;
+    positive(c.max_pending as u64, "max_pending")?;
+    positive(c.max_pending_per_client as u64, "max_pending_per_client")?;
+    positive(c.tombstones_per_client as u64, "tombstones_per_client")?;
+    positive(c.max_rounds as u64, "max_rounds")?;
+    positive(c.max_tool_result_bytes as u64, "max_tool_result_bytes")?;
+    if raw.approvals.ttl_seconds == 0 {
+        return Err(err("approvals.ttl_seconds", "must be greater than 0"));
+    }
+
+    Ok(Config {
+        server: ServerConfig {
+            listen,
+            max_body_bytes: usize::try_from(raw.server.max_body_bytes).unwrap_or(usize::MAX),
+            keepalive: Duration::from_secs(raw.server.keepalive_seconds),
+        },
+        store_path: resolve(base, &raw.store.path),
+        clients,
+        models,
+        backends,
+        approval_ttl: Duration::from_secs(raw.approvals.ttl_seconds),
+        continuations: ContinuationLimits {
+            execution_ttl: Duration::from_secs(c.execution_ttl_seconds),
+            max_pending: c.max_pending,
+            max_pending_per_client: c.max_pending_per_client,
+            tombstones_per_client: c.tombstones_per_client,
+            max_rounds: c.max_rounds,
+            max_tool_result_bytes: c.max_tool_result_bytes,
+            batch_debounce: Duration::from_millis(c.batch_debounce_ms),
+        },
+    })
+}
+
+fn parse_digest(hex_text: &str) -> Option<[u8; 32]> {
+    let bytes = hex::decode(hex_text.trim()).ok()?;
+    bytes.try_into().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b";
+
+    fn base_toml() -> String {
+        format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+[store]
+path = "data/t.db"
+[[clients]]
+id = "alice"
+key_sha256 = "{KEY}"
+models = ["demo*"]
+[[models]]
+id = "demo"
+backend = "demo"
+approvals = {{ command = "ask" }}
+[backends.demo]
+kind = "app-server"
+command = ["./bin/demo"]
+"#
+        )
+    }
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        from_toml_str(text, Path::new("/etc/turnstile"))
+    }
+
+    #[test]
+    fn valid_config_resolves_paths_and_defaults() {
+        let cfg = parse(&base_toml()).unwrap();
+        assert_eq!(cfg.store_path, PathBuf::from("/etc/turnstile/data/t.db"));
+        assert_eq!(cfg.backends["demo"].command[0], "/etc/turnstile/./bin/demo");
+        assert_eq!(cfg.backends["demo"].max_sessions, 16);
+        assert_eq!(cfg.continuations.max_rounds, 32);
+        assert_eq!(cfg.models[0].approvals.command, Decision::Ask);
+        assert_eq!(cfg.models[0].approvals.file_change, Decision::Deny);
+        assert!(cfg.clients[0].may_use("demo-tool"));
+        assert!(!cfg.clients[0].may_use("codex"));
+    }
+
+    #[test]
+    fn unknown_key_names_its_path() {
+        let text = base_toml().replace("max_sessions", "x").replace(
+            "kind = \"app-server\"",
+            "kind = \"app-server\"\nmax_sesions = 3",
+        );
+        let e = parse(&text).unwrap_err();
+        assert!(
+            e.path.contains("backends") && e.path.contains("demo"),
+            "{e}"
+        );
+        assert!(e.message.contains("max_sesions"), "{e}");
+    }
+
+    #[test]
+    fn unknown_nested_key_in_client() {
+        let text = base_toml().replace("models = [\"demo*\"]", "models = [\"demo*\"]\nrole = []");
+        let e = parse(&text).unwrap_err();
+        assert_eq!(e.path, "clients[0]", "{e}");
+    }
+
+    #[test]
+    fn missing_backend_is_an_error() {
+        let text = base_toml().replace("backend = \"demo\"", "backend = \"nope\"");
+        let e = parse(&text).unwrap_err();
+        assert_eq!(e.path, "models[0].backend");
+    }
+
+    #[test]
+    fn duplicate_ids_are_errors() {
+        let mut text = base_toml();
+        text.push_str("[[models]]\nid = \"demo\"\nbackend = \"demo\"\n");
+        assert_eq!(parse(&text).unwrap_err().path, "models[1].id");
+
+        let mut text = base_toml();
+        text.push_str(&format!(
+            "[[clients]]\nid = \"alice\"\nkey_sha256 = \"{}\"\n",
+            "a".repeat(64)
+        ));
+        assert_eq!(parse(&text).unwrap_err().path, "clients[1].id");
+    }
+
+    #[test]
+    fn bad_glob_and_bad_digest() {
+        let text = base_toml().replace("[\"demo*\"]", "[\"demo\", \"[oops\"]");
+        assert_eq!(parse(&text).unwrap_err().path, "clients[0].models[1]");
+        let text = base_toml().replace(KEY, "xyz");
+        assert_eq!(parse(&text).unwrap_err().path, "clients[0].key_sha256");
+    }
+
+    #[test]
+    fn bad_enum_value_names_path() {
+        let text = base_toml().replace("command = \"ask\"", "command = \"maybe\"");
+        let e = parse(&text).unwrap_err();
+        assert_eq!(e.path, "models[0].approvals.command", "{e}");
+    }
+
+    #[test]
+    fn store_path_that_is_a_folder_fails_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg_path = dir.path().join("t.toml");
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        std::fs::create_dir(dir.path().join("data/t.db")).unwrap();
+        std::fs::write(&cfg_path, base_toml()).unwrap();
+        let e = load(&cfg_path).unwrap_err();
+        assert_eq!(e.path, "store.path");
+    }
+}

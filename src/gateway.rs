@@ -1,0 +1,752 @@
+//! The gateway's domain core: executions and their legs.
+//!
+//! An execution is one client-visible assistant turn. It starts on a fresh request, runs a
+//! backend turn, and is driven leg by leg: a leg streams the turn's events to one HTTP
+//! response and ends with the answer (`stop`), an error, or a suspension (`tool_calls`). At a
+//! suspension the execution, which owns the backend's held turn, is parked in the
+//! continuation registry under the digests of its tokens, registered before any token is
+//! written to the client. A continuation request is validated in the spec's order and, after
+//! the atomic claim, answers the held calls and drives the next leg of the same turn.
+//!
+//! This module never imports axum; `http/` maps its results onto responses.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::{self, Principal};
+use crate::backend::app_server::AppServer;
+use crate::backend::{render, Backend, HeldCall, Turn, TurnEvent, TurnRequest};
+use crate::config::{self, Config, ConfigError};
+use crate::continuation::canonical::{
+    echo_digest, echo_digest_of, prefix_digest, tool_choice_digest, tools_digest,
+};
+use crate::continuation::detect::{detect, Continuation, Detected};
+use crate::continuation::{
+    token, Digests, Limits, Lookup, NewBatch, Parked, Reason, RegisterError, Registry,
+};
+use crate::error::{ApiError, ErrorCode};
+use crate::openai::{tool_def, ChatRequest, ExposedCall, ResponseMeta, ToolDef, Usage};
+use crate::store::{now_unix, Store};
+
+/// What a leg sends to its HTTP response, in order: deltas, then exactly one `End` or `Error`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LegEvent {
+    Delta(String),
+    /// The leg is over: `calls` empty means the turn finished (`stop`), else it is suspended.
+    End {
+        calls: Vec<ExposedCall>,
+        usage: Usage,
+    },
+    Error(ApiError),
+}
+
+/// A leg that has started: its response identity and its event stream.
+pub struct Leg {
+    pub meta: ResponseMeta,
+    pub execution_id: String,
+    pub events: mpsc::Receiver<LegEvent>,
+}
+
+/// A running or suspended execution. Owns the backend turn: dropping it interrupts the turn
+/// (if still running) and frees the backend session.
+pub struct Execution {
+    id: String,
+    principal: String,
+    model: String,
+    created: u64,
+    deadline: Instant,
+    rounds: u32,
+    turn: Turn,
+    /// Calls the backend issued that were not exposed yet (late arrivals, one-per-leg mode).
+    backlog: VecDeque<HeldCall>,
+    /// Token digest -> invocation, for the calls exposed at the current suspension.
+    awaiting: HashMap<[u8; 32], u64>,
+}
+
+impl Parked for Execution {
+    fn is_alive(&self) -> bool {
+        self.turn.control.is_alive()
+    }
+}
+
+/// Digests and options of the request that drives a leg, kept for its suspension point.
+struct LegContext {
+    tools: [u8; 32],
+    tool_choice: [u8; 32],
+    prefix: [u8; 32],
+    parallel: bool,
+}
+
+impl LegContext {
+    fn of(req: &ChatRequest) -> LegContext {
+        LegContext {
+            tools: tools_digest(req.tools.as_deref()),
+            tool_choice: tool_choice_digest(req.tool_choice.as_ref()),
+            prefix: prefix_digest(&req.messages),
+            parallel: req.parallel_tool_calls.unwrap_or(true),
+        }
+    }
+}
+
+struct Inner {
+    config: RwLock<Arc<Config>>,
+    config_path: Option<PathBuf>,
+    backends: BTreeMap<String, Arc<dyn Backend>>,
+    registry: Registry<Execution>,
+    store: Arc<Store>,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+}
+
+/// Cheap-clone handle to the gateway state.
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+/// How often parked executions are checked for expiry and dead backends.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
+
+impl Gateway {
+    /// Opens the store (settling whatever a previous process left live), starts every
+    /// backend's processes and the sweeper.
+    pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Gateway, String> {
+        let store = Arc::new(Store::open(&cfg.store_path).map_err(|e| e.to_string())?);
+        let recovered = store.recover().map_err(|e| e.to_string())?;
+        if recovered.executions_lost > 0 {
+            tracing::warn!(
+                executions = recovered.executions_lost,
+                tokens = recovered.tokens_lost,
+                "settled executions left live by a previous process as lost"
+            );
+        }
+        let limits = Limits {
+            max_pending: cfg.continuations.max_pending,
+            max_pending_per_client: cfg.continuations.max_pending_per_client,
+            tombstones_per_client: cfg.continuations.tombstones_per_client,
+        };
+        let registry = Registry::new(store.clone(), limits).map_err(|e| e.to_string())?;
+        let mut backends: BTreeMap<String, Arc<dyn Backend>> = BTreeMap::new();
+        for (name, b) in &cfg.backends {
+            let server = AppServer::start(name, b.clone())
+                .await
+                .map_err(|e| format!("backend `{name}` failed to start: {e}"))?;
+            tracing::info!(backend = %name, user_agent = ?server.user_agent(), "backend ready");
+            backends.insert(name.clone(), server);
+        }
+        let gw = Gateway {
+            inner: Arc::new(Inner {
+                config: RwLock::new(Arc::new(cfg)),
+                config_path,
+                backends,
+                registry,
+                store,
+                shutdown: CancellationToken::new(),
+                tracker: TaskTracker::new(),
+            }),
+        };
+        let sweeper = gw.clone();
+        gw.inner.tracker.spawn(async move { sweeper.sweep().await });
+        Ok(gw)
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.inner
+            .config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Re-reads the config file. Clients, keys, allowlists and models take effect at once;
+    /// backends keep running as started. A file that fails validation changes nothing.
+    pub fn reload(&self) -> Result<(), ConfigError> {
+        let Some(path) = &self.inner.config_path else {
+            return Ok(());
+        };
+        let new = config::load(path)?;
+        if new.backends != self.config().backends {
+            tracing::warn!(
+                "backend settings changed in the config file; they apply after a restart"
+            );
+        }
+        *self.inner.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
+        Ok(())
+    }
+
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, ApiError> {
+        auth::authenticate(&self.config(), authorization)
+    }
+
+    /// Model ids the principal may use, in config order.
+    pub fn models_for(&self, principal: &Principal) -> Vec<String> {
+        let cfg = self.config();
+        let Some(client) = cfg.client(&principal.id) else {
+            return Vec::new();
+        };
+        cfg.models
+            .iter()
+            .filter(|m| client.may_use(&m.id))
+            .map(|m| m.id.clone())
+            .collect()
+    }
+
+    pub fn pending_continuations(&self) -> usize {
+        self.inner.registry.pending_count()
+    }
+
+    pub fn tombstones(&self) -> usize {
+        self.inner.registry.tombstone_count()
+    }
+
+    /// Store writable and every backend has a live process or room to start one.
+    pub fn ready(&self) -> bool {
+        self.inner.store.writable()
+            && self
+                .inner
+                .backends
+                .values()
+                .all(|b| b.stats().processes_alive > 0)
+    }
+
+    pub fn backend_stats(&self) -> Vec<(String, crate::backend::SessionStats)> {
+        self.inner
+            .backends
+            .iter()
+            .map(|(n, b)| (n.clone(), b.stats()))
+            .collect()
+    }
+
+    /// Handles one chat request: a fresh turn or the continuation of a suspended one.
+    pub async fn chat(&self, principal: &Principal, req: ChatRequest) -> Result<Leg, ApiError> {
+        if self.inner.shutdown.is_cancelled() {
+            return Err(ApiError::new(
+                ErrorCode::CapacityExhausted,
+                "The gateway is shutting down.",
+            ));
+        }
+        check_tool_choice(req.tool_choice.as_ref())?;
+        let tools = parse_tools(&req)?;
+        match detect(&req.messages)? {
+            Detected::Fresh => self.fresh(principal, req, tools).await,
+            Detected::Continuation(c) => self.resume(principal, req, c),
+        }
+    }
+
+    async fn fresh(
+        &self,
+        principal: &Principal,
+        req: ChatRequest,
+        tools: Vec<ToolDef>,
+    ) -> Result<Leg, ApiError> {
+        let cfg = self.config();
+        let model = cfg
+            .model(&req.model)
+            .filter(|m| cfg.client(&principal.id).is_some_and(|c| c.may_use(&m.id)))
+            .ok_or_else(|| ApiError::model_not_found(&req.model))?
+            .clone();
+        let rendered = render::render(&req.messages)?;
+        let backend = self
+            .inner
+            .backends
+            .get(&model.backend)
+            .ok_or_else(ApiError::upstream)?
+            .clone();
+        let execution_id = token::new_id("exe-");
+        let turn_req = TurnRequest {
+            execution_id: execution_id.clone(),
+            backend_model: model.backend_model.clone(),
+            instructions: rendered.instructions,
+            history: rendered.history,
+            input: rendered.input,
+            tools,
+            approval_policy: model.approval_policy.clone(),
+            sandbox: model.sandbox.clone(),
+        };
+        self.inner
+            .store
+            .execution_started(&execution_id, &principal.id, &model.id)
+            .map_err(|e| {
+                tracing::error!(error = %e, "store unavailable");
+                ApiError::new(
+                    ErrorCode::Internal,
+                    "The gateway could not record the execution.",
+                )
+            })?;
+        let turn = match backend.start_turn(turn_req).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(execution = %execution_id, error = %e, "backend turn did not start");
+                self.ended(&execution_id, "failed_to_start");
+                return Err(e.into());
+            }
+        };
+        let exec = Execution {
+            id: execution_id,
+            principal: principal.id.clone(),
+            model: model.id.clone(),
+            created: now_unix(),
+            deadline: Instant::now() + cfg.continuations.execution_ttl,
+            rounds: 0,
+            turn,
+            backlog: VecDeque::new(),
+            awaiting: HashMap::new(),
+        };
+        Ok(self.drive(exec, LegContext::of(&req)))
+    }
+
+    /// Validates a continuation in the spec's order; nothing mutates before the claim.
+    fn resume(
+        &self,
+        principal: &Principal,
+        req: ChatRequest,
+        c: Continuation,
+    ) -> Result<Leg, ApiError> {
+        let registry = &self.inner.registry;
+        let view = match registry.lookup(&principal.id, &c.tokens) {
+            Lookup::NotFound => return Err(not_found()),
+            Lookup::Settled(reason) => return Err(settled_error(reason)),
+            Lookup::Partial => {
+                return Err(mismatch("the tool calls do not form one pending batch"))
+            }
+            Lookup::Pending(v) => v,
+        };
+        if std::time::Instant::now() >= view.deadline {
+            if let Some(s) = registry.settle(view.batch, Reason::Expired) {
+                self.finish_parked(s.parked, "expired");
+            }
+            return Err(settled_error(Reason::Expired));
+        }
+        if !view.alive {
+            if let Some(s) = registry.settle(view.batch, Reason::Lost) {
+                self.finish_parked(s.parked, "lost");
+            }
+            return Err(settled_error(Reason::Lost));
+        }
+
+        // Digests and shape of the answer. Drift consumes nothing.
+        let cfg = self.config();
+        if req.model != view.model {
+            return Err(mismatch("`model` differs from the suspended request"));
+        }
+        let mut answered: HashMap<[u8; 32], usize> = HashMap::new();
+        for (digest, index) in &c.results {
+            if !view.tokens.contains(digest) {
+                return Err(mismatch(
+                    "a tool result answers an id that is not in the assistant message",
+                ));
+            }
+            if answered.insert(*digest, *index).is_some() {
+                return Err(mismatch("a tool call is answered more than once"));
+            }
+        }
+        if answered.len() != view.tokens.len() {
+            return Err(mismatch(
+                "every tool call of the assistant message must be answered",
+            ));
+        }
+        let limit = cfg.continuations.max_tool_result_bytes;
+        if c.results
+            .iter()
+            .any(|(_, i)| req.messages[*i].text().len() > limit)
+        {
+            return Err(mismatch(format!("a tool result exceeds {limit} bytes")));
+        }
+        let got = Digests {
+            tools: tools_digest(req.tools.as_deref()),
+            tool_choice: tool_choice_digest(req.tool_choice.as_ref()),
+            prefix: prefix_digest(&req.messages[..c.assistant]),
+            echo: echo_digest_of(&req.messages[c.assistant]),
+        };
+        if let Some(what) = view.digests.first_mismatch(&got) {
+            return Err(mismatch(format!(
+                "the {what} differs from the suspended request"
+            )));
+        }
+
+        // Authority under the current config, for the original model.
+        let allowed = cfg.model(&view.model).is_some()
+            && cfg
+                .client(&principal.id)
+                .is_some_and(|cl| cl.may_use(&view.model));
+        if !allowed {
+            if let Some(s) = registry.settle(view.batch, Reason::Revoked) {
+                tracing::info!(execution = %s.execution_id, "grant revoked while suspended; turn interrupted");
+                self.finish_parked(s.parked, "revoked");
+            }
+            return Err(ApiError::new(
+                ErrorCode::UnauthorizedTarget,
+                "Your access to this model was revoked; the suspended turn was cancelled.",
+            ));
+        }
+
+        // The claim: exactly one caller gets the execution.
+        let Some(settled) = registry.settle(view.batch, Reason::Resolved) else {
+            return Err(settled_error(Reason::Resolved));
+        };
+        let mut exec = settled.parked;
+        for (digest, index) in &c.results {
+            let Some(invocation) = exec.awaiting.remove(digest) else {
+                continue;
+            };
+            let text = req.messages[*index].text();
+            if exec.turn.control.answer_tool(invocation, &text).is_err() {
+                tracing::warn!(execution = %exec.id, "held turn vanished during resume");
+                let id = exec.id.clone();
+                drop(exec);
+                self.ended(&id, "lost");
+                return Err(settled_error(Reason::Lost));
+            }
+        }
+        exec.awaiting.clear();
+        tracing::debug!(execution = %exec.id, results = c.results.len(), "continuation claimed; held calls answered");
+        Ok(self.drive(exec, LegContext::of(&req)))
+    }
+
+    /// Starts the leg task and hands back its stream.
+    fn drive(&self, exec: Execution, ctx: LegContext) -> Leg {
+        let (tx, rx) = mpsc::channel(64);
+        let meta = ResponseMeta {
+            id: format!("chatcmpl-{}", exec.id.trim_start_matches("exe-")),
+            created: exec.created,
+            model: exec.model.clone(),
+        };
+        let execution_id = exec.id.clone();
+        let gw = self.clone();
+        self.inner
+            .tracker
+            .spawn(async move { gw.run_leg(exec, ctx, tx).await });
+        Leg {
+            meta,
+            execution_id,
+            events: rx,
+        }
+    }
+
+    async fn run_leg(&self, mut exec: Execution, ctx: LegContext, tx: mpsc::Sender<LegEvent>) {
+        let cfg = self.config();
+        let debounce = cfg.continuations.batch_debounce;
+        let mut text = String::new();
+        let mut usage = Usage::default();
+        let mut calls: Vec<HeldCall> = exec.backlog.drain(..).collect();
+        let mut flush_at = (!calls.is_empty()).then(|| Instant::now() + debounce);
+        let deadline = exec.deadline;
+        loop {
+            let event = tokio::select! {
+                biased;
+                _ = self.inner.shutdown.cancelled() => {
+                    let _ = tx.send(LegEvent::Error(ApiError::new(ErrorCode::UpstreamError, "The gateway is shutting down."))).await;
+                    return self.finish(exec, "cancelled");
+                }
+                _ = tx.closed() => {
+                    tracing::info!(execution = %exec.id, "client went away mid-leg; interrupting the turn");
+                    return self.finish(exec, "cancelled");
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    let _ = tx.send(LegEvent::Error(ApiError::new(ErrorCode::UpstreamTimeout, "The execution passed its deadline."))).await;
+                    return self.finish(exec, "expired");
+                }
+                _ = sleep_until_opt(flush_at) => {
+                    return self.suspend(exec, ctx, calls, text, usage, tx).await;
+                }
+                ev = exec.turn.events.recv() => ev,
+            };
+            match event {
+                Some(TurnEvent::Delta(d)) => {
+                    text.push_str(&d);
+                    // A send error means the client left; the next loop turn sees `closed`.
+                    let _ = tx.send(LegEvent::Delta(d)).await;
+                }
+                Some(TurnEvent::ToolCall(call)) => {
+                    calls.push(call);
+                    flush_at.get_or_insert_with(|| Instant::now() + debounce);
+                }
+                Some(TurnEvent::Usage(u)) => usage.add(u),
+                Some(TurnEvent::Completed) => {
+                    let _ = tx
+                        .send(LegEvent::End {
+                            calls: Vec::new(),
+                            usage,
+                        })
+                        .await;
+                    return self.finish(exec, "completed");
+                }
+                Some(TurnEvent::Failed(detail)) => {
+                    tracing::warn!(execution = %exec.id, detail_len = detail.len(), "backend turn failed");
+                    let _ = tx.send(LegEvent::Error(ApiError::upstream())).await;
+                    return self.finish(exec, "failed");
+                }
+                Some(TurnEvent::Interrupted) => {
+                    let _ = tx.send(LegEvent::Error(ApiError::upstream())).await;
+                    return self.finish(exec, "interrupted");
+                }
+                Some(TurnEvent::Lost(why)) => {
+                    tracing::warn!(execution = %exec.id, %why, "backend lost mid-leg");
+                    let _ = tx.send(LegEvent::Error(ApiError::upstream())).await;
+                    return self.finish(exec, "lost");
+                }
+                None => {
+                    let _ = tx.send(LegEvent::Error(ApiError::upstream())).await;
+                    return self.finish(exec, "lost");
+                }
+            }
+        }
+    }
+
+    /// Parks the execution behind fresh tokens and ends the leg with `tool_calls`.
+    async fn suspend(
+        &self,
+        mut exec: Execution,
+        ctx: LegContext,
+        mut calls: Vec<HeldCall>,
+        text: String,
+        usage: Usage,
+        tx: mpsc::Sender<LegEvent>,
+    ) {
+        let cfg = self.config();
+        if exec.rounds >= cfg.continuations.max_rounds {
+            let _ = tx
+                .send(LegEvent::Error(ApiError::new(
+                    ErrorCode::CapacityExhausted,
+                    format!(
+                        "The turn exceeded {} tool rounds and was stopped.",
+                        cfg.continuations.max_rounds
+                    ),
+                )))
+                .await;
+            return self.finish(exec, "max_rounds");
+        }
+        if tx.is_closed() {
+            return self.finish(exec, "cancelled");
+        }
+        if !ctx.parallel && calls.len() > 1 {
+            exec.backlog.extend(calls.drain(1..));
+        }
+        let mut exposed = Vec::with_capacity(calls.len());
+        let mut digests = Vec::with_capacity(calls.len());
+        exec.awaiting.clear();
+        for call in calls {
+            let (tok, digest) = token::new_token();
+            exec.awaiting.insert(digest, call.invocation);
+            digests.push(digest);
+            exposed.push(ExposedCall {
+                id: tok,
+                name: call.name,
+                arguments: call.arguments,
+            });
+        }
+        let echo_calls: Vec<(String, String, String)> = exposed
+            .iter()
+            .map(|c| (c.id.clone(), c.name.clone(), c.arguments.clone()))
+            .collect();
+        exec.rounds += 1;
+        let batch = NewBatch {
+            principal: exec.principal.clone(),
+            execution_id: exec.id.clone(),
+            model: exec.model.clone(),
+            deadline: exec.deadline.into_std(),
+            tokens: digests,
+            digests: Digests {
+                tools: ctx.tools,
+                tool_choice: ctx.tool_choice,
+                prefix: ctx.prefix,
+                echo: echo_digest(&text, &echo_calls),
+            },
+            parked: exec,
+        };
+        let execution_id = batch.execution_id.clone();
+        match self.inner.registry.register(batch) {
+            Ok(()) => {
+                tracing::debug!(execution = %execution_id, calls = exposed.len(), "execution suspended");
+                let _ = tx
+                    .send(LegEvent::End {
+                        calls: exposed,
+                        usage,
+                    })
+                    .await;
+            }
+            Err(RegisterError::Capacity(exec)) => {
+                let _ = tx
+                    .send(LegEvent::Error(ApiError::new(
+                        ErrorCode::CapacityExhausted,
+                        "Too many suspended tool calls; retry later.",
+                    )))
+                    .await;
+                self.finish(exec, "capacity");
+            }
+            Err(RegisterError::Store(exec)) => {
+                let _ = tx
+                    .send(LegEvent::Error(ApiError::new(
+                        ErrorCode::CapacityExhausted,
+                        "The gateway could not record the suspension; retry later.",
+                    )))
+                    .await;
+                match exec {
+                    Some(exec) => self.finish(exec, "store_unavailable"),
+                    None => self.ended(&execution_id, "store_unavailable"),
+                }
+            }
+        }
+    }
+
+    /// Ends an execution: the turn is interrupted if still running (by dropping it) and the
+    /// end is journaled.
+    fn finish(&self, exec: Execution, reason: &str) {
+        let id = exec.id.clone();
+        drop(exec);
+        self.ended(&id, reason);
+    }
+
+    fn finish_parked(&self, exec: Execution, reason: &str) {
+        self.finish(exec, reason);
+    }
+
+    fn ended(&self, execution_id: &str, reason: &str) {
+        tracing::info!(execution = %execution_id, reason, "execution ended");
+        if let Err(e) = self.inner.store.execution_ended(execution_id, reason) {
+            tracing::error!(execution = %execution_id, error = %e, "could not journal execution end");
+        }
+    }
+
+    /// Expires parked executions past their deadline and settles those whose backend died.
+    async fn sweep(&self) {
+        let mut tick = tokio::time::interval(SWEEP_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.inner.shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            for s in self.inner.registry.take_expired(std::time::Instant::now()) {
+                tracing::info!(execution = %s.execution_id, "suspended execution expired; turn interrupted");
+                self.finish(s.parked, "expired");
+            }
+            for s in self.inner.registry.take_dead() {
+                tracing::warn!(execution = %s.execution_id, "backend of a suspended execution died");
+                self.finish(s.parked, "lost");
+            }
+        }
+    }
+
+    /// Stops new work: running legs end with an error and every suspended execution is
+    /// settled `lost` (its turn interrupted). Idempotent.
+    pub fn begin_shutdown(&self) {
+        self.inner.shutdown.cancel();
+        for s in self.inner.registry.take_all(Reason::Lost) {
+            self.finish(s.parked, "lost");
+        }
+    }
+
+    /// Stops legs, settles every suspended execution as `lost` (so replays after a restart
+    /// answer 410), waits for owned tasks and reaps every backend child.
+    pub async fn shutdown(&self) {
+        self.begin_shutdown();
+        self.inner.tracker.close();
+        self.inner.tracker.wait().await;
+        for b in self.inner.backends.values() {
+            b.shutdown().await;
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn not_found() -> ApiError {
+    // Identical for unknown and foreign tokens: nothing in it depends on the lookup.
+    ApiError::new(
+        ErrorCode::ContinuationNotFound,
+        "No pending tool call matches the tool_call_id values of this request.",
+    )
+    .with_param("messages")
+}
+
+fn mismatch(why: impl Into<String>) -> ApiError {
+    ApiError::new(
+        ErrorCode::ContinuationMismatch,
+        format!(
+            "This continuation does not match the suspended turn: {}.",
+            why.into()
+        ),
+    )
+    .with_param("messages")
+}
+
+fn settled_error(reason: Reason) -> ApiError {
+    match reason {
+        Reason::Resolved => ApiError::new(
+            ErrorCode::ContinuationAlreadyResolved,
+            "These tool calls were already answered.",
+        ),
+        Reason::Expired => ApiError::new(
+            ErrorCode::ContinuationExpired,
+            "The suspended turn passed its deadline and was cancelled.",
+        ),
+        Reason::Lost | Reason::Cancelled => ApiError::new(
+            ErrorCode::ContinuationLost,
+            "The suspended turn is gone (backend or gateway restart); start a new turn.",
+        ),
+        Reason::Revoked => ApiError::new(
+            ErrorCode::UnauthorizedTarget,
+            "Your access to this model was revoked; the suspended turn was cancelled.",
+        ),
+    }
+    .with_param("messages")
+}
+
+/// `auto` (or absent) and `none` are supported; `required` and a named function cannot be
+/// enforced on an agent backend and are refused before anything runs.
+fn check_tool_choice(choice: Option<&Value>) -> Result<(), ApiError> {
+    match choice {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(s)) if s == "auto" || s == "none" => Ok(()),
+        Some(Value::String(s)) if s == "required" => Err(unsupported_choice()),
+        Some(Value::Object(_)) => Err(unsupported_choice()),
+        Some(_) => Err(ApiError::invalid(
+            "`tool_choice` must be \"auto\", \"none\", \"required\" or a function",
+        )
+        .with_param("tool_choice")),
+    }
+}
+
+fn unsupported_choice() -> ApiError {
+    ApiError::new(
+        ErrorCode::UnsupportedToolChoice,
+        "This model supports tool_choice \"auto\" and \"none\" only.",
+    )
+    .with_param("tool_choice")
+}
+
+/// The client's tools as dynamic tools (none when `tool_choice` is `none`).
+fn parse_tools(req: &ChatRequest) -> Result<Vec<ToolDef>, ApiError> {
+    if req.tool_choice.as_ref().and_then(Value::as_str) == Some("none") {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for t in req.tools.iter().flatten() {
+        let def = tool_def(t).ok_or_else(|| {
+            ApiError::invalid("each tool must be {\"type\":\"function\",\"function\":{\"name\":…}}")
+                .with_param("tools")
+        })?;
+        if out.iter().any(|d: &ToolDef| d.name == def.name) {
+            return Err(
+                ApiError::invalid(format!("duplicate tool name `{}`", def.name))
+                    .with_param("tools"),
+            );
+        }
+        out.push(def);
+    }
+    Ok(out)
+}

@@ -1,0 +1,173 @@
+//! HTTP surface: the router (routes and layers in one function), thin handlers and SSE
+//! framing. Handlers authenticate, parse and hand over to [`Gateway`]; every error is an
+//! [`ApiError`] rendered in the OpenAI shape, including the 404 fallback and 405s. This module
+//! never sees backend ids.
+
+mod sse;
+
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde_json::json;
+
+use crate::auth::Principal;
+use crate::error::{ApiError, ErrorCode};
+use crate::gateway::{Gateway, LegEvent};
+use crate::openai::{completion, ChatRequest};
+
+pub fn router(gw: Gateway) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(models))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(log_request))
+        .with_state(gw)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(ErrorCode::NotFound, "Unknown route.")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        "Method not allowed on this route.",
+    )
+}
+
+/// One log line per request: method, route, status, duration. Never bodies or headers.
+async fn log_request(req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let resp = next.run(req).await;
+    let status = resp.status().as_u16();
+    let micros = started.elapsed().as_micros() as u64;
+    if status >= 500 {
+        tracing::error!(%method, %path, status, micros, "request");
+    } else {
+        tracing::info!(%method, %path, status, micros, "request");
+    }
+    resp
+}
+
+fn authorization(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+}
+
+/// Reads the body under the configured limit: 413 before any parsing or digest work.
+async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            ErrorCode::RequestTooLarge,
+            format!("The request body exceeds {limit} bytes."),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Err(_) => Err(ApiError::invalid("The request body could not be read.")),
+    }
+}
+
+fn principal(gw: &Gateway, headers: &HeaderMap) -> Result<Principal, ApiError> {
+    gw.authenticate(authorization(headers))
+}
+
+async fn chat(
+    State(gw): State<Gateway>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let limit = gw.config().server.max_body_bytes;
+    let bytes = read_body(body, &headers, limit).await?;
+    let principal = principal(&gw, &headers)?;
+    let req: ChatRequest = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid(format!("Invalid request body: {e}")))?;
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid("`messages` must not be empty").with_param("messages"));
+    }
+    let stream = req.stream;
+    let include_usage = req
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let leg = gw.chat(&principal, req).await?;
+    if stream {
+        let keepalive = gw.config().server.keepalive;
+        return sse::respond(leg, include_usage, keepalive).await;
+    }
+    collect(leg).await
+}
+
+/// Non-streaming: waits for the leg's end and answers one `chat.completion`.
+async fn collect(mut leg: crate::gateway::Leg) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    while let Some(ev) = leg.events.recv().await {
+        match ev {
+            LegEvent::Delta(d) => text.push_str(&d),
+            LegEvent::Error(e) => return Err(e),
+            LegEvent::End { calls, usage } => {
+                let finish = if calls.is_empty() {
+                    "stop"
+                } else {
+                    "tool_calls"
+                };
+                let content = if text.is_empty() && !calls.is_empty() {
+                    None
+                } else {
+                    Some(text)
+                };
+                let body = completion(&leg.meta, content, &calls, finish, usage);
+                return Ok(Json(body).into_response());
+            }
+        }
+    }
+    Err(ApiError::upstream())
+}
+
+async fn models(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let principal = principal(&gw, &headers)?;
+    let data: Vec<_> = gw
+        .models_for(&principal)
+        .into_iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "turnstile"}))
+        .collect();
+    Ok(Json(json!({"object": "list", "data": data})).into_response())
+}
+
+async fn healthz() -> Response {
+    Json(json!({"status": "ok"})).into_response()
+}
+
+async fn readyz(State(gw): State<Gateway>) -> Response {
+    if gw.ready() {
+        Json(json!({"status": "ready"})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "not_ready"})),
+        )
+            .into_response()
+    }
+}
