@@ -662,7 +662,7 @@ command = ["./bin/demo"]
     fn unknown_nested_key_in_client() {
         let text = base_toml().replace("models = [\"demo*\"]", "models = [\"demo*\"]\nrole = []");
         let e = parse(&text).unwrap_err();
-        assert_eq!(e.path, "clients[0]", "{e}");
+        assert_eq!(e.path, "clients[0].role", "{e}");
     }
 
     #[test]

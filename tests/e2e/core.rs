@@ -1,0 +1,279 @@
+//! Plain turns, response shapes, auth, model filtering and error shapes.
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+fn assert_error_shape(v: &Value, code: &str) {
+    let e = &v["error"];
+    assert_eq!(e["code"], code, "{v}");
+    assert!(e["message"].is_string() && e["type"].is_string(), "{v}");
+    assert!(e.as_object().unwrap().contains_key("param"), "{v}");
+}
+
+#[tokio::test]
+async fn plain_turn_non_streaming() {
+    let gw = Gateway::start().await;
+    let (status, v) = gw
+        .chat(ALICE, &json!({"model": "echo", "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "there"}]}
+        ], "max_completion_tokens": 10, "store": false}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert!(v["created"].as_u64().unwrap() > 1_700_000_000);
+    assert_eq!(v["model"], "echo");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(content(&v), "You said: hello there");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["prompt_tokens"], 10);
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    assert_eq!(v["usage"]["total_tokens"], 15);
+    // The system message became instructions on a fresh ephemeral thread.
+    let starts = gw.wait_spy("thread_start", 1).await;
+    assert_eq!(starts[0]["ephemeral"], true);
+    assert_eq!(starts[0]["developer_instructions"], "be brief");
+}
+
+#[tokio::test]
+async fn plain_turn_streaming_has_exact_chunks() {
+    let gw = Gateway::start().await;
+    let (status, ct, body) = gw
+        .chat_stream(
+            ALICE,
+            &json!({"model": "echo", "messages": [user("hi")],
+                                     "stream_options": {"include_usage": true}}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert!(ct.starts_with("text/event-stream"), "{ct}");
+    let (events, done) = sse_events(&body);
+    assert_eq!(done, 1);
+    assert!(body.trim_end().ends_with("data: [DONE]"));
+    let id = events[0]["id"].clone();
+    assert!(events.iter().all(|e| e["id"] == id && e["model"] == "echo"));
+    assert_eq!(
+        events[0]["choices"][0]["delta"],
+        json!({"role": "assistant"})
+    );
+    let chunks: Vec<&Value> = events
+        .iter()
+        .filter(|e| !e["choices"].as_array().unwrap().is_empty())
+        .collect();
+    assert!(chunks
+        .iter()
+        .all(|e| e["object"] == "chat.completion.chunk" && e["usage"].is_null()));
+    let text: String = chunks
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "You said: hi");
+    let finishes: Vec<&Value> = chunks
+        .iter()
+        .copied()
+        .filter(|e| !e["choices"][0]["finish_reason"].is_null())
+        .collect();
+    assert_eq!(finishes.len(), 1);
+    assert_eq!(finishes[0]["choices"][0]["finish_reason"], "stop");
+    let last = events.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"]["total_tokens"], 15);
+
+    // Without include_usage there is no usage chunk and no usage key.
+    let (_, _, body) = gw
+        .chat_stream(ALICE, &json!({"model": "echo", "messages": [user("x")]}))
+        .await;
+    let (events, done) = sse_events(&body);
+    assert_eq!(done, 1);
+    assert!(events.iter().all(|e| e.get("usage").is_none()));
+}
+
+#[tokio::test]
+async fn auth_and_model_errors() {
+    let gw = Gateway::start().await;
+    let body = json!({"model": "echo", "messages": [user("hi")]});
+    // Missing and wrong keys: 401 in the OpenAI shape.
+    let resp = gw
+        .http
+        .post(format!("{}/v1/chat/completions", gw.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_error_shape(&resp.json().await.unwrap(), "invalid_api_key");
+    let (status, v) = gw.chat("sk-wrong", &body).await;
+    assert_eq!(status, 401);
+    assert_error_shape(&v, "invalid_api_key");
+
+    // Unknown and forbidden models are the same 404.
+    let (s1, unknown) = gw
+        .chat(CAROL, &json!({"model": "nope", "messages": [user("hi")]}))
+        .await;
+    let (s2, forbidden) = gw
+        .chat(CAROL, &json!({"model": "tool", "messages": [user("hi")]}))
+        .await;
+    assert_eq!((s1.as_u16(), s2.as_u16()), (404, 404));
+    assert_error_shape(&unknown, "model_not_found");
+    assert_eq!(
+        unknown["error"]["message"]
+            .as_str()
+            .unwrap()
+            .replace("nope", "X"),
+        forbidden["error"]["message"]
+            .as_str()
+            .unwrap()
+            .replace("tool", "X")
+    );
+    // Streaming errors decided before the first byte are real statuses.
+    let (status, ct, _) = gw
+        .chat_stream(CAROL, &json!({"model": "tool", "messages": [user("hi")]}))
+        .await;
+    assert_eq!(status, 404);
+    assert!(ct.starts_with("application/json"));
+}
+
+#[tokio::test]
+async fn models_are_filtered_per_client() {
+    let gw = Gateway::start().await;
+    let list = |key: &'static str| {
+        let gw = &gw;
+        async move {
+            let resp = gw
+                .http
+                .get(format!("{}/v1/models", gw.url))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            let v: Value = resp.json().await.unwrap();
+            assert_eq!(v["object"], "list");
+            v["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["id"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(list(CAROL).await, ["echo"]);
+    assert_eq!(list(ALICE).await.len(), SCENARIOS.len());
+    let resp = gw
+        .http
+        .get(format!("{}/v1/models", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+}
+
+#[tokio::test]
+async fn request_shape_errors() {
+    let gw = Gateway::start_with(Opts {
+        max_body_bytes: 4096,
+        ..Opts::default()
+    })
+    .await;
+    let url = format!("{}/v1/chat/completions", gw.url);
+    // 413 before anything else, even without credentials.
+    let big = json!({"model": "echo", "messages": [user(&"x".repeat(10_000))]});
+    let resp = gw.http.post(&url).json(&big).send().await.unwrap();
+    assert_eq!(resp.status(), 413);
+    assert_error_shape(&resp.json().await.unwrap(), "request_too_large");
+    // Malformed JSON and wrong shapes: 400.
+    let resp = gw
+        .http
+        .post(&url)
+        .bearer_auth(ALICE)
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    assert_error_shape(&resp.json().await.unwrap(), "invalid_request");
+    for bad in [
+        json!({"model": "echo"}),
+        json!({"model": "echo", "messages": []}),
+        json!({"messages": [user("x")]}),
+        json!({"model": "echo", "messages": [{"role": "assistant", "content": "x"}]}),
+    ] {
+        let (status, v) = gw.chat(ALICE, &bad).await;
+        assert_eq!(status, 400, "{bad}");
+        assert_error_shape(&v, "invalid_request");
+    }
+    // Unknown route and wrong method.
+    let resp = gw
+        .http
+        .get(format!("{}/v1/nothing", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    assert_error_shape(&resp.json().await.unwrap(), "not_found");
+    let resp = gw.http.get(&url).bearer_auth(ALICE).send().await.unwrap();
+    assert_eq!(resp.status(), 405);
+    assert_error_shape(&resp.json().await.unwrap(), "method_not_allowed");
+    // Unsupported tool_choice values are refused before anything runs.
+    for choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "read_file"}}),
+    ] {
+        let mut req = tool_request("tool", "x");
+        req["tool_choice"] = choice;
+        let (status, v) = gw.chat(ALICE, &req).await;
+        assert_eq!(status, 400);
+        assert_error_shape(&v, "unsupported_tool_choice");
+    }
+    assert!(gw.spy_events("thread_start").is_empty());
+}
+
+#[tokio::test]
+async fn garbage_from_the_backend_is_tolerated() {
+    let gw = Gateway::start().await;
+    let (status, v) = gw
+        .chat(
+            ALICE,
+            &json!({"model": "garbage", "messages": [user("still fine")]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(content(&v), "You said: still fine");
+    let answers = gw.wait_spy("server_request_answer", 1).await;
+    assert_eq!(answers[0]["answer"]["error"]["code"], -32601, "{answers:?}");
+}
+
+#[tokio::test]
+async fn failed_turn_is_502() {
+    let gw = Gateway::start().await;
+    let (status, v) = gw
+        .chat(ALICE, &json!({"model": "fail", "messages": [user("x")]}))
+        .await;
+    assert_eq!(status, 502);
+    assert_error_shape(&v, "upstream_error");
+    assert!(!v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("demo model failure"));
+}
+
+#[tokio::test]
+async fn health_endpoints() {
+    let gw = Gateway::start().await;
+    let r = gw
+        .http
+        .get(format!("{}/healthz", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = gw
+        .http
+        .get(format!("{}/readyz", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}

@@ -1,0 +1,249 @@
+//! Endings and process lifecycle: crashes, pool bounds, disconnects, expiry, restart,
+//! reload and shutdown.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+fn demo_pids(gw: &Gateway) -> Vec<u64> {
+    gw.spy_events("started")
+        .iter()
+        .filter_map(|e| e["pid"].as_u64())
+        .collect()
+}
+
+#[tokio::test]
+async fn backend_crash_mid_turn_is_502_and_the_next_request_works() {
+    let gw = Gateway::start().await;
+    let (status, v) = gw
+        .chat(ALICE, &json!({"model": "crash", "messages": [user("x")]}))
+        .await;
+    assert_eq!(status, 502, "{v}");
+    assert_eq!(error_code(&v), "upstream_error");
+    let first = demo_pids(&gw)[0];
+    wait_until("crashed child reaped", || !pid_alive(first)).await;
+    let (status, v) = gw
+        .chat(
+            ALICE,
+            &json!({"model": "echo", "messages": [user("again")]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(demo_pids(&gw).len(), 2, "a replacement process was started");
+
+    // Streaming: the failure after headers is one error event, then [DONE].
+    let (status, _, body) = gw
+        .chat_stream(ALICE, &json!({"model": "crash", "messages": [user("x")]}))
+        .await;
+    assert_eq!(status, 200);
+    let (events, done) = sse_events(&body);
+    assert_eq!(done, 1);
+    assert_eq!(events.last().unwrap()["error"]["code"], "upstream_error");
+}
+
+#[tokio::test]
+async fn pool_exhaustion_is_429_after_a_bounded_wait() {
+    let gw = Gateway::start_with(Opts {
+        max_sessions: 1,
+        acquire_timeout_ms: 300,
+        ..Opts::default()
+    })
+    .await;
+    let hold = gw
+        .post(
+            ALICE,
+            &json!({"model": "hang", "stream": true, "messages": [user("x")]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hold.status(), 200);
+    let (status, v) = gw
+        .chat(ALICE, &json!({"model": "echo", "messages": [user("y")]}))
+        .await;
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(error_code(&v), "capacity_exhausted");
+    drop(hold);
+    gw.wait_spy("interrupt", 1).await;
+    // The session comes back once the held turn is interrupted.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = gw
+            .chat(ALICE, &json!({"model": "echo", "messages": [user("z")]}))
+            .await;
+        if status == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "session never freed");
+    }
+}
+
+#[tokio::test]
+async fn client_disconnect_mid_stream_interrupts_the_turn() {
+    let gw = Gateway::start().await;
+    let mut resp = gw
+        .post(
+            ALICE,
+            &json!({"model": "hang", "stream": true, "messages": [user("x")]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // Keep-alive comments flow while the turn is silent.
+    let chunk = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let mut seen = String::from_utf8_lossy(&chunk).to_string();
+    while !seen.contains(": keep-alive") {
+        let c = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&c));
+    }
+    drop(resp);
+    let interrupts = gw.wait_spy("interrupt", 1).await;
+    assert_eq!(interrupts.len(), 1);
+}
+
+#[tokio::test]
+async fn suspended_turn_expires_with_410_and_an_interrupt() {
+    let gw = Gateway::start_with(Opts {
+        execution_ttl_seconds: 1,
+        ..Opts::default()
+    })
+    .await;
+    let req = tool_request("tool", "x");
+    let (_, resp) = gw.chat(ALICE, &req).await;
+    gw.wait_spy("interrupt", 1).await;
+    let next = continuation(&req, &resp, |_, _| json!("late"));
+    let (status, v) = gw.chat(ALICE, &next).await;
+    assert_eq!(status, 410, "{v}");
+    assert_eq!(error_code(&v), "continuation_expired");
+    assert!(gw.spy_events("tool_result").is_empty());
+}
+
+#[tokio::test]
+async fn backend_crash_while_suspended_is_410_lost() {
+    let gw = Gateway::start().await;
+    let req = tool_request("tool", "x");
+    let (_, resp) = gw.chat(ALICE, &req).await;
+    let pid = demo_pids(&gw)[0];
+    assert!(std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    wait_until("killed child reaped", || !pid_alive(pid)).await;
+    let next = continuation(&req, &resp, |_, _| json!("R"));
+    let (status, v) = gw.chat(ALICE, &next).await;
+    assert_eq!(status, 410, "{v}");
+    assert_eq!(error_code(&v), "continuation_lost");
+    let (status, v) = gw
+        .chat(ALICE, &json!({"model": "echo", "messages": [user("fine")]}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+}
+
+#[tokio::test]
+async fn restart_while_suspended_is_410_and_consumed_replay_stays_409() {
+    let mut gw = Gateway::start().await;
+    // One execution fully resumed (its token is consumed), one left suspended.
+    let req = tool_request("tool", "x");
+    let (_, resp) = gw.chat(ALICE, &req).await;
+    let consumed = continuation(&req, &resp, |_, _| json!("R"));
+    assert_eq!(gw.chat(ALICE, &consumed).await.0, 200);
+    let req2 = tool_request("tool", "y");
+    let (_, resp2) = gw.chat(ALICE, &req2).await;
+    let held = continuation(&req2, &resp2, |_, _| json!("R2"));
+
+    assert_eq!(gw.stop().await, Some(0));
+    for pid in demo_pids(&gw) {
+        assert!(!pid_alive(pid), "demo backend {pid} survived shutdown");
+    }
+    gw.spawn().await;
+    let (status, v) = gw.chat(ALICE, &held).await;
+    assert_eq!(status, 410, "{v}");
+    assert_eq!(error_code(&v), "continuation_lost");
+    let (status, v) = gw.chat(ALICE, &consumed).await;
+    assert_eq!(status, 409, "{v}");
+    // Tombstones stay principal-bound across restarts.
+    assert_eq!(gw.chat(BOB, &consumed).await.0, 404);
+    assert_eq!(gw.spy_events("tool_result").len(), 1);
+}
+
+#[tokio::test]
+async fn sighup_revocation_interrupts_and_broken_reload_keeps_serving() {
+    let gw = Gateway::start().await;
+    let req = tool_request("tool", "x");
+    let (_, resp) = gw.chat(ALICE, &req).await;
+    let next = continuation(&req, &resp, |_, _| json!("R"));
+
+    // A broken file is refused; the running config stays.
+    std::fs::write(gw.config_path(), "[server]\nbogus = 1\n").unwrap();
+    gw.signal("HUP");
+    wait_until("reload refusal logged", || {
+        gw.log().contains("config reload refused")
+    })
+    .await;
+    assert_eq!(
+        gw.chat(ALICE, &json!({"model": "echo", "messages": [user("ok")]}))
+            .await
+            .0,
+        200
+    );
+
+    // Narrow alice to `echo` only: the held turn is revoked on resume.
+    let narrowed = config_text(
+        &Opts {
+            alice_models: r#"["echo"]"#,
+            ..gw.opts.clone()
+        },
+        gw.dir.path(),
+    );
+    std::fs::write(gw.config_path(), narrowed).unwrap();
+    gw.signal("HUP");
+    wait_until("reload logged", || gw.log().contains("config reloaded")).await;
+    let (status, v) = gw.chat(ALICE, &next).await;
+    assert_eq!(status, 403, "{v}");
+    assert_eq!(error_code(&v), "unauthorized_target");
+    gw.wait_spy("interrupt", 1).await;
+    assert!(gw.spy_events("tool_result").is_empty());
+    // New requests see the narrower allowlist at once.
+    assert_eq!(gw.chat(ALICE, &tool_request("tool", "y")).await.0, 404);
+}
+
+#[tokio::test]
+async fn graceful_shutdown_leaves_no_child() {
+    let mut gw = Gateway::start().await;
+    // A running turn and a suspended one at the moment of shutdown.
+    let hold = gw
+        .post(
+            ALICE,
+            &json!({"model": "hang", "stream": true, "messages": [user("x")]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hold.status(), 200);
+    let (_, resp) = gw.chat(ALICE, &tool_request("tool", "x")).await;
+    assert_eq!(calls(&resp).len(), 1);
+    assert_eq!(gw.stop().await, Some(0));
+    let pids = demo_pids(&gw);
+    assert!(!pids.is_empty());
+    for pid in pids {
+        assert!(!pid_alive(pid), "demo backend {pid} survived shutdown");
+    }
+    let body = tokio::time::timeout(Duration::from_secs(5), hold.text())
+        .await
+        .unwrap()
+        .unwrap_or_default();
+    let (events, _) = sse_events(&body);
+    let _: Vec<Value> = events;
+}

@@ -1,0 +1,419 @@
+//! E2e harness: spawns the real `turnstile` binary on port 0 with a generated config whose
+//! backend is the real demo backend binary, reads its "listening on" line, and offers small
+//! HTTP helpers. Every wait is bounded; nothing sleeps to synchronise.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+pub const ALICE: &str = "sk-alice-test-key";
+pub const BOB: &str = "sk-bob-test-key";
+pub const CAROL: &str = "sk-carol-test-key";
+
+/// Scenario models served by the demo backend (model id = backend_model).
+pub const SCENARIOS: &[&str] = &[
+    "echo",
+    "tool",
+    "text_then_tool",
+    "parallel",
+    "rounds3",
+    "hang",
+    "slow",
+    "crash",
+    "fail",
+    "garbage",
+];
+
+#[derive(Clone)]
+pub struct Opts {
+    pub max_sessions: usize,
+    pub acquire_timeout_ms: u64,
+    pub execution_ttl_seconds: u64,
+    pub max_body_bytes: u64,
+    pub keepalive_seconds: u64,
+    pub max_tool_result_bytes: usize,
+    pub max_rounds: u32,
+    pub max_pending_per_client: usize,
+    pub alice_models: &'static str,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            max_sessions: 16,
+            acquire_timeout_ms: 500,
+            execution_ttl_seconds: 60,
+            max_body_bytes: 1 << 20,
+            keepalive_seconds: 1,
+            max_tool_result_bytes: 4096,
+            max_rounds: 32,
+            max_pending_per_client: 64,
+            alice_models: r#"["*"]"#,
+        }
+    }
+}
+
+pub fn hash(key: &str) -> String {
+    turnstile::auth::hash_key(key)
+}
+
+pub fn config_text(o: &Opts, dir: &std::path::Path) -> String {
+    let mut s = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+max_body_bytes = {max_body}
+keepalive_seconds = {keepalive}
+
+[store]
+path = "turnstile.db"
+
+[[clients]]
+id = "alice"
+key_sha256 = "{alice}"
+models = {alice_models}
+
+[[clients]]
+id = "bob"
+key_sha256 = "{bob}"
+models = ["*"]
+
+[[clients]]
+id = "carol"
+key_sha256 = "{carol}"
+models = ["echo"]
+
+[backends.demo]
+kind = "app-server"
+command = ["{demo}"]
+env = {{ TURNSTILE_DEMO_SPY = "{spy}" }}
+max_sessions = {max_sessions}
+acquire_timeout_ms = {acquire}
+
+[continuations]
+execution_ttl_seconds = {ttl}
+max_tool_result_bytes = {max_result}
+max_rounds = {max_rounds}
+max_pending_per_client = {per_client}
+batch_debounce_ms = 25
+"#,
+        max_body = o.max_body_bytes,
+        keepalive = o.keepalive_seconds,
+        alice = hash(ALICE),
+        bob = hash(BOB),
+        carol = hash(CAROL),
+        alice_models = o.alice_models,
+        demo = env!("CARGO_BIN_EXE_turnstile-demo-backend"),
+        spy = dir.join("spy.jsonl").display(),
+        max_sessions = o.max_sessions,
+        acquire = o.acquire_timeout_ms,
+        ttl = o.execution_ttl_seconds,
+        max_result = o.max_tool_result_bytes,
+        max_rounds = o.max_rounds,
+        per_client = o.max_pending_per_client,
+    );
+    for m in SCENARIOS {
+        s.push_str(&format!(
+            "\n[[models]]\nid = \"{m}\"\nbackend = \"demo\"\nbackend_model = \"{m}\"\n"
+        ));
+    }
+    s
+}
+
+pub struct Gateway {
+    pub child: Option<Child>,
+    pub url: String,
+    pub dir: tempfile::TempDir,
+    pub opts: Opts,
+    pub http: reqwest::Client,
+    stderr_log: PathBuf,
+}
+
+impl Gateway {
+    pub async fn start() -> Gateway {
+        Self::start_with(Opts::default()).await
+    }
+
+    pub async fn start_with(opts: Opts) -> Gateway {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("turnstile.toml"),
+            config_text(&opts, dir.path()),
+        )
+        .expect("write config");
+        let mut gw = Gateway {
+            child: None,
+            url: String::new(),
+            stderr_log: dir.path().join("gateway.log"),
+            dir,
+            opts,
+            http: reqwest::Client::builder().build().expect("client"),
+        };
+        gw.spawn().await;
+        gw
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("turnstile.toml")
+    }
+
+    pub fn spy_path(&self) -> PathBuf {
+        self.dir.path().join("spy.jsonl")
+    }
+
+    /// Starts (or restarts) the binary on the same folder, store and config.
+    pub async fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.stderr_log)
+            .expect("log file");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(["serve", "--config"])
+            .arg(self.config_path())
+            .env("TURNSTILE_LOG", "info,turnstile=debug")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn turnstile");
+        let stdout = child.stdout.take().expect("stdout");
+        let line = tokio::task::spawn_blocking(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            reader.read_line(&mut line).ok();
+            // Keep draining so the child never blocks on a full pipe.
+            std::thread::spawn(move || {
+                let mut sink = String::new();
+                while reader.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+                    sink.clear();
+                }
+            });
+            line
+        });
+        let line = tokio::time::timeout(Duration::from_secs(30), line)
+            .await
+            .expect("gateway did not announce itself in 30s")
+            .expect("join");
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}; log: {}", self.log()))
+            .to_string();
+        self.url = url;
+        self.child = Some(child);
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// Sends SIGTERM and waits (bounded) for a clean exit; returns the exit code.
+    pub async fn stop(&mut self) -> Option<i32> {
+        self.signal("TERM");
+        let mut child = self.child.take().expect("running");
+        let status = tokio::task::spawn_blocking(move || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Some(s) = child.try_wait().expect("wait") {
+                    return Some(s);
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .await
+        .expect("join");
+        status.and_then(|s| s.code())
+    }
+
+    pub fn spy(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.spy_path())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    pub fn spy_events(&self, event: &str) -> Vec<Value> {
+        self.spy()
+            .into_iter()
+            .filter(|e| e["event"] == event)
+            .collect()
+    }
+
+    /// Polls the spy (bounded) until `n` events of the kind exist.
+    pub async fn wait_spy(&self, event: &str, n: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let found = self.spy_events(event);
+            if found.len() >= n {
+                return found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "spy never saw {n} `{event}` events; saw {:?}",
+                self.spy()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn post(&self, key: &str, body: &Value) -> reqwest::RequestBuilder {
+        self.http
+            .post(format!("{}/v1/chat/completions", self.url))
+            .bearer_auth(key)
+            .json(body)
+    }
+
+    /// Non-streaming chat: status and parsed JSON body.
+    pub async fn chat(&self, key: &str, body: &Value) -> (StatusCode, Value) {
+        let resp = self.post(key, body).send().await.expect("send");
+        let status = resp.status();
+        let text = resp.text().await.expect("body");
+        let v = serde_json::from_str(&text).unwrap_or_else(|_| panic!("non-JSON body {text:?}"));
+        (status, v)
+    }
+
+    /// Streaming chat: status, content-type and the raw body.
+    pub async fn chat_stream(&self, key: &str, body: &Value) -> (StatusCode, String, String) {
+        let mut body = body.clone();
+        body["stream"] = json!(true);
+        let resp = self.post(key, &body).send().await.expect("send");
+        let status = resp.status();
+        let ct = resp
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap_or_default().to_string())
+            .unwrap_or_default();
+        let text = resp.text().await.expect("body");
+        (status, ct, text)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Parsed `data:` events of an SSE body (excluding `[DONE]`), plus the count of `[DONE]`.
+pub fn sse_events(body: &str) -> (Vec<Value>, usize) {
+    let mut events = Vec::new();
+    let mut done = 0;
+    for block in body.split("\n\n") {
+        for line in block.lines() {
+            if let Some(data) = line.strip_prefix("data: ") {
+                if data == "[DONE]" {
+                    done += 1;
+                } else {
+                    events.push(
+                        serde_json::from_str(data).unwrap_or_else(|_| panic!("bad event {data}")),
+                    );
+                }
+            }
+        }
+    }
+    (events, done)
+}
+
+pub fn user(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+
+pub fn read_tool() -> Value {
+    json!({"type": "function", "function": {"name": "read_file", "description": "Read a file",
+           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}})
+}
+
+pub fn list_tool() -> Value {
+    json!({"type": "function", "function": {"name": "list_dir", "description": "List a folder",
+           "parameters": {"type": "object", "properties": {"dir": {"type": "string"}}}}})
+}
+
+/// A fresh tool-using request.
+pub fn tool_request(model: &str, prompt: &str) -> Value {
+    json!({"model": model, "messages": [user(prompt)], "tools": [read_tool(), list_tool()]})
+}
+
+/// The tool calls of a non-streaming response.
+pub fn calls(resp: &Value) -> Vec<Value> {
+    resp["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Builds the continuation of `req` after `resp`: the assistant echo plus one tool message
+/// per call, with `result(i, call)` as content.
+pub fn continuation(req: &Value, resp: &Value, result: impl Fn(usize, &Value) -> Value) -> Value {
+    let msg = &resp["choices"][0]["message"];
+    let mut next = req.clone();
+    let messages = next["messages"].as_array_mut().expect("messages");
+    messages.push(
+        json!({"role": "assistant", "content": msg["content"], "tool_calls": msg["tool_calls"]}),
+    );
+    for (i, c) in calls(resp).iter().enumerate() {
+        messages.push(json!({"role": "tool", "tool_call_id": c["id"], "content": result(i, c)}));
+    }
+    next
+}
+
+pub fn content(resp: &Value) -> String {
+    resp["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+pub fn error_code(v: &Value) -> String {
+    v["error"]["code"].as_str().unwrap_or_default().to_string()
+}
+
+/// True while a process with this pid exists (zombies included until reaped).
+pub fn pid_alive(pid: u64) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+pub async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
