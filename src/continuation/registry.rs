@@ -95,7 +95,7 @@ pub enum Lookup {
     /// The caller's own settled token (first one found).
     Settled(Reason),
     /// All tokens are the caller's and pending, in one batch.
-    Pending(PendingView),
+    Pending(Box<PendingView>),
     /// All are the caller's and pending, but they span several batches or only part of one.
     Partial,
 }
@@ -334,7 +334,7 @@ impl<P: Parked> Registry<P> {
         if partial || b.tokens.len() != tokens.len() {
             return Lookup::Partial;
         }
-        Lookup::Pending(PendingView {
+        Lookup::Pending(Box::new(PendingView {
             alive: b.parked.is_alive(),
             batch: id,
             execution_id: b.execution_id.clone(),
@@ -342,7 +342,7 @@ impl<P: Parked> Registry<P> {
             deadline: b.deadline,
             digests: b.digests,
             tokens: b.tokens.clone(),
-        })
+        }))
     }
 
     /// Atomically takes a whole batch out of the pending set and tombstones its tokens with

@@ -355,10 +355,8 @@ impl Proc {
                     cached_tokens: n("cachedInputTokens"),
                 }));
             }
-            "error" => {
-                if params.get("willRetry").and_then(Value::as_bool) == Some(false) {
-                    tracing::warn!(backend_process = self.id, "backend reported a turn error");
-                }
+            "error" if params.get("willRetry").and_then(Value::as_bool) == Some(false) => {
+                tracing::warn!(backend_process = self.id, "backend reported a turn error");
             }
             "turn/completed" => {
                 if route.finished.swap(true, Ordering::SeqCst) {
