@@ -221,7 +221,10 @@ mod tests {
             tools_digest(Some(&[t1.clone(), t2])),
             tools_digest(Some(&[t1.clone(), t3]))
         );
-        assert_ne!(tools_digest(Some(std::slice::from_ref(&t1))), tools_digest(None));
+        assert_ne!(
+            tools_digest(Some(std::slice::from_ref(&t1))),
+            tools_digest(None)
+        );
         assert_eq!(tools_digest(None), tools_digest(Some(&[])));
     }
 

@@ -171,3 +171,135 @@ async fn readyz(State(gw): State<Gateway>) -> Response {
             .into_response()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Router tests with `oneshot`: routing, extractor failures and error shapes, with a
+    //! gateway that has clients but no backends.
+
+    use super::*;
+    use axum::http::Request as HttpRequest;
+    use serde_json::Value;
+    use tower::ServiceExt;
+
+    async fn app() -> (Router, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "[server]\nmax_body_bytes = 1024\n[store]\npath = \"t.db\"\n\
+             [[clients]]\nid = \"alice\"\nkey_sha256 = \"{}\"\n",
+            crate::auth::hash_key("sk-a")
+        );
+        let cfg = crate::config::from_toml_str(&text, dir.path()).unwrap();
+        let gw = Gateway::start(cfg, None).await.unwrap();
+        (router(gw), dir)
+    }
+
+    async fn send(app: &Router, req: HttpRequest<Body>) -> (StatusCode, Value) {
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    fn chat_req(key: Option<&str>, body: impl Into<Body>) -> HttpRequest<Body> {
+        let mut b =
+            HttpRequest::post("/v1/chat/completions").header("content-type", "application/json");
+        if let Some(k) = key {
+            b = b.header("authorization", format!("Bearer {k}"));
+        }
+        b.body(body.into()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn unknown_route_and_wrong_method_are_openai_shaped() {
+        let (app, _d) = app().await;
+        let (s, v) = send(&app, HttpRequest::get("/nope").body(Body::empty()).unwrap()).await;
+        assert_eq!(s, StatusCode::NOT_FOUND);
+        assert_eq!(v["error"]["code"], "not_found");
+        let (s, v) = send(
+            &app,
+            HttpRequest::delete("/v1/chat/completions")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(v["error"]["code"], "method_not_allowed");
+    }
+
+    #[tokio::test]
+    async fn size_limit_comes_before_auth_and_parsing() {
+        let (app, _d) = app().await;
+        let (s, v) = send(&app, chat_req(None, "x".repeat(2000))).await;
+        assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(v["error"]["code"], "request_too_large");
+        // Without a Content-Length (streamed body) the limit still holds.
+        let stream =
+            futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from("y".repeat(2000)))]);
+        let (s, _) = send(&app, chat_req(Some("sk-a"), Body::from_stream(stream))).await;
+        assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[tokio::test]
+    async fn auth_then_json_then_model() {
+        let (app, _d) = app().await;
+        let (s, v) = send(&app, chat_req(None, "{bad")).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some("invalid_api_key"))
+        );
+        let (s, v) = send(&app, chat_req(Some("sk-other"), "{}")).await;
+        assert_eq!(
+            (s, v["error"]["type"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some("authentication_error"))
+        );
+        let (s, v) = send(&app, chat_req(Some("sk-a"), "{bad")).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_request"))
+        );
+        let (s, _) = send(
+            &app,
+            chat_req(Some("sk-a"), r#"{"model":"m","messages":[]}"#),
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"unknown_field":1}"#;
+        let (s, v) = send(&app, chat_req(Some("sk-a"), body)).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("model_not_found"))
+        );
+        assert_eq!(v["error"]["param"], "model");
+    }
+
+    #[tokio::test]
+    async fn models_health_and_readiness() {
+        let (app, _d) = app().await;
+        let req = HttpRequest::get("/v1/models")
+            .header("authorization", "Bearer sk-a")
+            .body(Body::empty())
+            .unwrap();
+        let (s, v) = send(&app, req).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(v, json!({"object": "list", "data": []}));
+        let (s, _) = send(
+            &app,
+            HttpRequest::get("/v1/models").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED);
+        let (s, v) = send(
+            &app,
+            HttpRequest::get("/healthz").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!((s, v["status"].as_str()), (StatusCode::OK, Some("ok")));
+        let (s, _) = send(
+            &app,
+            HttpRequest::get("/readyz").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+    }
+}
