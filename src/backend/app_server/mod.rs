@@ -50,7 +50,22 @@ impl AppServer {
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
         });
-        server.live_proc().await?;
+        let first = server.live_proc().await?;
+        // Version guard: a backend that cannot take dynamic tools is refused now, not
+        // mid-request. The probe thread is ephemeral and never gets a turn.
+        first
+            .call(
+                "thread/start",
+                json!({"ephemeral": true, "dynamicTools": [{
+                    "type": "function", "name": "turnstile_probe",
+                    "description": "Startup probe; never called.",
+                    "inputSchema": {"type": "object", "properties": {}},
+                }]}),
+            )
+            .await
+            .map_err(|e| {
+                BackendError::Unavailable(format!("thread/start with dynamicTools failed: {e}"))
+            })?;
         // Warm the rest of the pool.
         for i in 0..server.cfg.processes {
             server.ensure_slot(i).await?;

@@ -141,12 +141,18 @@ impl Gateway {
     }
 
     pub async fn start_with(opts: Opts) -> Gateway {
+        Self::start_raw(opts, config_text).await
+    }
+
+    /// Starts with a config produced by `text(opts, folder)`; the folder is the gateway's own
+    /// temporary folder (config, store, spy and log live there).
+    pub async fn start_raw(
+        opts: Opts,
+        text: impl FnOnce(&Opts, &std::path::Path) -> String,
+    ) -> Gateway {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(
-            dir.path().join("turnstile.toml"),
-            config_text(&opts, dir.path()),
-        )
-        .expect("write config");
+        std::fs::write(dir.path().join("turnstile.toml"), text(&opts, dir.path()))
+            .expect("write config");
         let mut gw = Gateway {
             child: None,
             url: String::new(),
