@@ -378,7 +378,7 @@ async fn tool_choice_none_declares_no_tools() {
     let (status, v) = gw.chat(ALICE, &req).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(content(&v), "No tools available.");
-    assert_eq!(gw.spy_events("thread_start")[0]["dynamic_tools"], json!([]));
+    assert_eq!(gw.thread_starts()[0]["dynamic_tools"], json!([]));
 }
 
 #[tokio::test]

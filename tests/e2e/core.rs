@@ -32,7 +32,7 @@ async fn plain_turn_non_streaming() {
     assert_eq!(v["usage"]["completion_tokens"], 5);
     assert_eq!(v["usage"]["total_tokens"], 15);
     // The system message became instructions on a fresh ephemeral thread.
-    let starts = gw.wait_spy("thread_start", 1).await;
+    let starts = gw.thread_starts();
     assert_eq!(starts[0]["ephemeral"], true);
     assert_eq!(starts[0]["developer_instructions"], "be brief");
 }
@@ -227,7 +227,7 @@ async fn request_shape_errors() {
         assert_eq!(status, 400);
         assert_error_shape(&v, "unsupported_tool_choice");
     }
-    assert!(gw.spy_events("thread_start").is_empty());
+    assert!(gw.thread_starts().is_empty());
 }
 
 #[tokio::test]

@@ -270,6 +270,14 @@ impl Gateway {
             .collect()
     }
 
+    /// `thread_start` events of executions (the startup probe thread excluded).
+    pub fn thread_starts(&self) -> Vec<Value> {
+        self.spy_events("thread_start")
+            .into_iter()
+            .filter(|e| e["dynamic_tools"] != json!(["turnstile_probe"]))
+            .collect()
+    }
+
     /// Polls the spy (bounded) until `n` events of the kind exist.
     pub async fn wait_spy(&self, event: &str, n: usize) -> Vec<Value> {
         let deadline = Instant::now() + Duration::from_secs(15);
