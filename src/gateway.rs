@@ -21,10 +21,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::approvals::Approvals;
 use crate::auth::{self, Principal};
 use crate::backend::app_server::AppServer;
-use crate::backend::{render, Backend, HeldCall, Turn, TurnEvent, TurnRequest};
-use crate::config::{self, Config, ConfigError};
+use crate::backend::{
+    render, ApprovalAsk, ApprovalKind, Backend, HeldCall, Turn, TurnEvent, TurnRequest,
+};
+use crate::config::{self, Config, ConfigError, Decision};
 use crate::continuation::canonical::{
     echo_digest, echo_digest_of, prefix_digest, tool_choice_digest, tools_digest,
 };
@@ -40,6 +43,9 @@ use crate::store::{now_unix, Store};
 #[derive(Debug, Clone, PartialEq)]
 pub enum LegEvent {
     Delta(String),
+    /// Something a human watching the stream should know (an approval is pending); streams
+    /// carry it as an SSE comment.
+    Notice(String),
     /// The leg is over: `calls` empty means the turn finished (`stop`), else it is suspended.
     End {
         calls: Vec<ExposedCall>,
@@ -101,6 +107,7 @@ struct Inner {
     config_path: Option<PathBuf>,
     backends: BTreeMap<String, Arc<dyn Backend>>,
     registry: Registry<Execution>,
+    approvals: Approvals,
     store: Arc<Store>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
@@ -134,6 +141,7 @@ impl Gateway {
             tombstones_per_client: cfg.continuations.tombstones_per_client,
         };
         let registry = Registry::new(store.clone(), limits).map_err(|e| e.to_string())?;
+        let approvals = Approvals::new(store.clone()).map_err(|e| e.to_string())?;
         let mut backends: BTreeMap<String, Arc<dyn Backend>> = BTreeMap::new();
         for (name, b) in &cfg.backends {
             let server = AppServer::start(name, b.clone())
@@ -148,6 +156,7 @@ impl Gateway {
                 config_path,
                 backends,
                 registry,
+                approvals,
                 store,
                 shutdown: CancellationToken::new(),
                 tracker: TaskTracker::new(),
@@ -470,6 +479,7 @@ impl Gateway {
                     flush_at.get_or_insert_with(|| Instant::now() + debounce);
                 }
                 Some(TurnEvent::Usage(u)) => usage.add(u),
+                Some(TurnEvent::Approval(ask)) => self.on_approval(&exec, ask, &tx).await,
                 Some(TurnEvent::Completed) => {
                     let _ = tx
                         .send(LegEvent::End {
@@ -597,10 +607,71 @@ impl Gateway {
         }
     }
 
-    /// Ends an execution: the turn is interrupted if still running (by dropping it) and the
-    /// end is journaled.
+    /// Applies the model's approval policy to a backend side-effect request.
+    async fn on_approval(&self, exec: &Execution, ask: ApprovalAsk, tx: &mpsc::Sender<LegEvent>) {
+        let cfg = self.config();
+        let policy = cfg.model(&exec.model).map(|m| &m.approvals);
+        let decision = policy.map_or(Decision::Deny, |p| match ask.kind {
+            ApprovalKind::Command => p.command,
+            ApprovalKind::FileChange => p.file_change,
+            ApprovalKind::Permissions => p.permissions,
+            ApprovalKind::Elicitation => p.elicitation,
+        });
+        let kind = ask.kind.as_str();
+        match decision {
+            Decision::Allow | Decision::Deny => {
+                let allow = decision == Decision::Allow;
+                let detail = format!(
+                    "kind={kind} decision={} action={}",
+                    if allow { "allow" } else { "deny" },
+                    token::short(&ask.action_digest)
+                );
+                if let Err(e) = self
+                    .inner
+                    .store
+                    .journal(&exec.id, "approval_policy", &detail)
+                {
+                    tracing::error!(execution = %exec.id, error = %e, "approval not journaled; denied");
+                    ask.responder.answer(false);
+                    return;
+                }
+                tracing::info!(execution = %exec.id, kind, allow, "approval answered by policy");
+                ask.responder.answer(allow);
+            }
+            Decision::Ask => {
+                let created = self.inner.approvals.create(
+                    &exec.principal,
+                    &exec.id,
+                    &exec.model,
+                    ask,
+                    cfg.approval_ttl,
+                );
+                if let Ok(record) = created {
+                    let _ = tx
+                        .send(LegEvent::Notice(format!(
+                            "approval pending {} ({kind}); decide with POST /v1/approvals/{}/decision",
+                            record.id, record.id
+                        )))
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// Cancelled when shutdown begins (long-lived streams end on it).
+    pub fn stopping(&self) -> CancellationToken {
+        self.inner.shutdown.clone()
+    }
+
+    pub fn approvals(&self) -> &Approvals {
+        &self.inner.approvals
+    }
+
+    /// Ends an execution: its pending approvals are denied (cancelled), the turn is
+    /// interrupted if still running (by dropping it) and the end is journaled.
     fn finish(&self, exec: Execution, reason: &str) {
         let id = exec.id.clone();
+        self.inner.approvals.cancel_execution(&id);
         drop(exec);
         self.ended(&id, reason);
     }
@@ -629,6 +700,7 @@ impl Gateway {
                 tracing::info!(execution = %s.execution_id, "suspended execution expired; turn interrupted");
                 self.finish(s.parked, "expired");
             }
+            self.inner.approvals.expire_due(std::time::Instant::now());
             for s in self.inner.registry.take_dead() {
                 tracing::warn!(execution = %s.execution_id, "backend of a suspended execution died");
                 self.finish(s.parked, "lost");
@@ -643,6 +715,7 @@ impl Gateway {
         for s in self.inner.registry.take_all(Reason::Lost) {
             self.finish(s.parked, "lost");
         }
+        self.inner.approvals.cancel_all();
     }
 
     /// Stops legs, settles every suspended execution as `lost` (so replays after a restart

@@ -6,6 +6,7 @@
 //! - [`config`]: TOML config, parsed strictly, validated and frozen.
 //! - [`error`]: `ApiError` and `ErrorCode`, the only error -> HTTP mapping.
 //! - [`openai`]: Chat Completions wire types and response builders.
+//! - [`approvals`]: durable approval records of backend side effects, decisions, events.
 //! - [`auth`]: API-key principals (SHA-256 digests, constant-time match).
 //! - [`continuation`]: `srct-` tokens, canonical digests, pending records, tombstones, claim.
 //! - [`backend`]: the `Backend` trait, conversation rendering, and the `codex app-server`
@@ -15,6 +16,7 @@
 //! - [`http`]: router, thin handlers, SSE framing.
 //! - [`server`]: binding, signals (SIGINT/SIGTERM shutdown, SIGHUP reload) and serving.
 
+pub mod approvals;
 pub mod auth;
 pub mod backend;
 pub mod config;

@@ -40,6 +40,101 @@ enum Command {
     },
     /// Read an API key on stdin and print its SHA-256 hex (for `key_sha256`).
     HashKey,
+    /// Inspect and decide pending approvals on a running gateway.
+    Approvals {
+        /// Gateway base URL.
+        #[arg(long, env = "TURNSTILE_URL", default_value = "http://127.0.0.1:8787")]
+        url: String,
+        /// API key of an approver (or of the owning client).
+        #[arg(long, env = "TURNSTILE_KEY", hide_env_values = true)]
+        key: String,
+        #[command(subcommand)]
+        action: ApprovalAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum ApprovalAction {
+    /// List approvals, newest first.
+    List {
+        /// pending, approved or denied.
+        #[arg(long)]
+        state: Option<String>,
+    },
+    /// Show one approval.
+    Show { id: String },
+    /// Approve a pending approval.
+    Approve {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Deny a pending approval.
+    Deny {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+/// Runs one approvals command; prints the JSON answer. Non-2xx answers exit 1.
+fn approvals_cli(url: &str, key: &str, action: ApprovalAction) -> ExitCode {
+    let base = format!("{}/v1/approvals", url.trim_end_matches('/'));
+    let decision = |id: &str, d: &str, reason: Option<String>| {
+        let mut body = serde_json::json!({"decision": d});
+        if let Some(r) = reason {
+            body["reason"] = serde_json::json!(r);
+        }
+        (format!("{base}/{id}/decision"), Some(body))
+    };
+    let (target, body) = match action {
+        ApprovalAction::List { state } => match state {
+            Some(s) => (format!("{base}?state={s}"), None),
+            None => (base.clone(), None),
+        },
+        ApprovalAction::Show { id } => (format!("{base}/{id}"), None),
+        ApprovalAction::Approve { id, reason } => decision(&id, "approve", reason),
+        ApprovalAction::Deny { id, reason } => decision(&id, "deny", reason),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let client = reqwest::Client::new();
+        let req = match body {
+            Some(b) => client.post(&target).json(&b),
+            None => client.get(&target),
+        };
+        let resp = req.bearer_auth(key).send().await?;
+        let status = resp.status();
+        let text = resp.text().await?;
+        Ok::<_, reqwest::Error>((status, text))
+    });
+    match result {
+        Ok((status, text)) => {
+            let pretty = serde_json::from_str::<serde_json::Value>(&text)
+                .and_then(|v| serde_json::to_string_pretty(&v))
+                .unwrap_or(text);
+            if status.is_success() {
+                println!("{pretty}");
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("error: HTTP {status}\n{pretty}");
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("error: cannot reach {target}: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn init_logs(format: LogFormat) {
@@ -72,6 +167,7 @@ fn main() -> ExitCode {
             println!("{}", turnstile::auth::hash_key(key));
             ExitCode::SUCCESS
         }
+        Command::Approvals { url, key, action } => approvals_cli(&url, &key, action),
         Command::Check { config } => match turnstile::config::load(&config) {
             Ok(cfg) => {
                 println!(

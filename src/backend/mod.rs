@@ -40,10 +40,77 @@ pub struct HeldCall {
     pub arguments: String,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// What kind of side effect the backend asks to perform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalKind {
+    Command,
+    FileChange,
+    Permissions,
+    Elicitation,
+}
+
+impl ApprovalKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalKind::Command => "command",
+            ApprovalKind::FileChange => "file_change",
+            ApprovalKind::Permissions => "permissions",
+            ApprovalKind::Elicitation => "elicitation",
+        }
+    }
+}
+
+/// Answers one backend approval request exactly once. Dropping it unanswered declines
+/// (fail closed), so the backend is never left hanging.
+pub struct ApprovalResponder {
+    answer: Option<Box<dyn FnOnce(bool) + Send>>,
+}
+
+impl ApprovalResponder {
+    pub fn new(answer: impl FnOnce(bool) + Send + 'static) -> Self {
+        ApprovalResponder {
+            answer: Some(Box::new(answer)),
+        }
+    }
+
+    /// `true` lets the side effect run; `false` declines it.
+    pub fn answer(mut self, approve: bool) {
+        if let Some(f) = self.answer.take() {
+            f(approve);
+        }
+    }
+}
+
+impl Drop for ApprovalResponder {
+    fn drop(&mut self) {
+        if let Some(f) = self.answer.take() {
+            f(false);
+        }
+    }
+}
+
+impl std::fmt::Debug for ApprovalResponder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApprovalResponder")
+    }
+}
+
+/// A backend request to perform a side effect of its own.
+#[derive(Debug)]
+pub struct ApprovalAsk {
+    pub kind: ApprovalKind,
+    /// A short, redacted description for the approver (no backend ids).
+    pub summary: serde_json::Value,
+    /// SHA-256 of the canonical action (the request without its ids).
+    pub action_digest: [u8; 32],
+    pub responder: ApprovalResponder,
+}
+
+#[derive(Debug)]
 pub enum TurnEvent {
     Delta(String),
     ToolCall(HeldCall),
+    Approval(ApprovalAsk),
     Usage(Usage),
     Completed,
     /// The turn failed in the backend (model error). The detail is for logs only.

@@ -556,8 +556,13 @@ async fn run_scenario(turn: &Turn, spec: &TurnSpec) -> Step {
             rx.await.map_err(|_| Stopped)?;
             echo(turn)
         }
-        "approval" => approval(turn, false).await,
-        "file_approval" => approval(turn, true).await,
+        "approval" | "file_approval" => {
+            // `delay=MS` postpones the request (lets a test act between turn start and ask).
+            if let Some(ms) = directive(&spec.text, "delay").and_then(|d| d.parse().ok()) {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            approval(turn, spec.scenario == "file_approval").await
+        }
         _ => echo(turn),
     }
 }

@@ -3,6 +3,7 @@
 //! [`ApiError`] rendered in the OpenAI shape, including the 404 fallback and 405s. This module
 //! never sees backend ids.
 
+mod approvals;
 mod sse;
 
 use std::time::Instant;
@@ -26,6 +27,10 @@ pub fn router(gw: Gateway) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
+        .route("/v1/approvals", get(approvals::list))
+        .route("/v1/approvals/events", get(approvals::events))
+        .route("/v1/approvals/{id}", get(approvals::show))
+        .route("/v1/approvals/{id}/decision", post(approvals::decide))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(not_found)
@@ -126,6 +131,7 @@ async fn collect(mut leg: crate::gateway::Leg) -> Result<Response, ApiError> {
     while let Some(ev) = leg.events.recv().await {
         match ev {
             LegEvent::Delta(d) => text.push_str(&d),
+            LegEvent::Notice(_) => {}
             LegEvent::Error(e) => return Err(e),
             LegEvent::End { calls, usage } => {
                 let finish = if calls.is_empty() {

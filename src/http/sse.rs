@@ -37,6 +37,7 @@ impl Framer {
     fn frame(&self, ev: LegEvent) -> (String, bool) {
         match ev {
             LegEvent::Delta(d) => (self.chunk(json!({"content": d}), None), false),
+            LegEvent::Notice(n) => (format!(": {}\n\n", n.replace(['\n', '\r'], " ")), false),
             LegEvent::End { calls, usage } => {
                 let mut out = String::new();
                 for (i, c) in calls.iter().enumerate() {

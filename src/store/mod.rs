@@ -80,7 +80,68 @@ CREATE TABLE IF NOT EXISTS tombstones (
   at INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS tombstones_principal ON tombstones(principal, seq);
+CREATE TABLE IF NOT EXISTS approvals (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  principal TEXT NOT NULL,
+  execution_id TEXT NOT NULL,
+  invocation_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  model TEXT NOT NULL,
+  action_digest TEXT NOT NULL,
+  summary TEXT NOT NULL,
+  state TEXT NOT NULL,
+  reason TEXT,
+  created_at INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL,
+  decided_at INTEGER,
+  decided_by TEXT
+);
+CREATE INDEX IF NOT EXISTS approvals_state ON approvals(state);
 ";
+
+/// One approval as stored (and as the API shows it, minus the digest and invocation id).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalRecord {
+    pub id: String,
+    pub principal: String,
+    pub execution_id: String,
+    pub invocation_id: String,
+    pub kind: String,
+    pub model: String,
+    pub action_digest: String,
+    pub summary: serde_json::Value,
+    /// `pending`, `approved` or `denied`.
+    pub state: String,
+    /// None while pending; `human`, `expired`, `cancelled`, `orphaned`, `store_unavailable`.
+    pub reason: Option<String>,
+    pub created_at: u64,
+    pub expires_at: u64,
+    pub decided_at: Option<u64>,
+    pub decided_by: Option<String>,
+}
+
+const APPROVAL_COLUMNS: &str = "id, principal, execution_id, invocation_id, kind, model, action_digest, summary, state, reason, created_at, expires_at, decided_at, decided_by";
+
+fn approval_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRecord> {
+    let summary: String = r.get(7)?;
+    Ok(ApprovalRecord {
+        id: r.get(0)?,
+        principal: r.get(1)?,
+        execution_id: r.get(2)?,
+        invocation_id: r.get(3)?,
+        kind: r.get(4)?,
+        model: r.get(5)?,
+        action_digest: r.get(6)?,
+        summary: serde_json::from_str(&summary).unwrap_or(serde_json::Value::Null),
+        state: r.get(8)?,
+        reason: r.get(9)?,
+        created_at: r.get::<_, i64>(10)? as u64,
+        expires_at: r.get::<_, i64>(11)? as u64,
+        decided_at: r.get::<_, Option<i64>>(12)?.map(|v| v as u64),
+        decided_by: r.get(13)?,
+    })
+}
 
 impl Store {
     pub fn open(path: &Path) -> Result<Store, StoreError> {
@@ -93,7 +154,8 @@ impl Store {
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // Only this process writes; a lock held elsewhere is a fault to report quickly.
+        conn.busy_timeout(std::time::Duration::from_secs(1))?;
         conn.execute_batch(SCHEMA)?;
         Ok(Store {
             conn: Mutex::new(conn),
@@ -282,6 +344,89 @@ impl Store {
                 c.prepare("SELECT event FROM journal WHERE execution_id = ?1 ORDER BY seq")?;
             let rows = stmt.query_map(params![execution_id], |r| r.get::<_, String>(0))?;
             rows.collect()
+        })
+    }
+
+    pub fn approval_insert(&self, a: &ApprovalRecord) -> Result<(), StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                &format!("INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)"),
+                params![
+                    a.id, a.principal, a.execution_id, a.invocation_id, a.kind, a.model, a.action_digest,
+                    a.summary.to_string(), a.state, a.reason, a.created_at as i64, a.expires_at as i64,
+                    a.decided_at.map(|v| v as i64), a.decided_by
+                ],
+            )?;
+            tx.execute(
+                "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'approval_created', ?3)",
+                params![a.created_at as i64, a.execution_id, format!("approval={} kind={} action={}", a.id, a.kind, &a.action_digest[..8])],
+            )?;
+            tx.commit()
+        })
+    }
+
+    /// Settles pending approvals in one transaction; returns the ids that were still pending.
+    pub fn approvals_settle(
+        &self,
+        ids: &[String],
+        state: &str,
+        reason: &str,
+        decided_by: Option<&str>,
+    ) -> Result<Vec<String>, StoreError> {
+        let now = now_unix() as i64;
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let mut settled = Vec::new();
+            for id in ids {
+                let n = tx.execute(
+                    "UPDATE approvals SET state = ?2, reason = ?3, decided_at = ?4, decided_by = ?5
+                     WHERE id = ?1 AND state = 'pending'",
+                    params![id, state, reason, now, decided_by],
+                )?;
+                if n == 1 {
+                    tx.execute(
+                        "INSERT INTO journal (at, execution_id, event, detail)
+                         SELECT ?1, execution_id, 'approval_settled', ?2 FROM approvals WHERE id = ?3",
+                        params![now, format!("approval={id} state={state} reason={reason}"), id],
+                    )?;
+                    settled.push(id.clone());
+                }
+            }
+            tx.commit()?;
+            Ok(settled)
+        })
+    }
+
+    pub fn approval_get(&self, id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?1"
+            ))?;
+            let mut rows = stmt.query_map(params![id], approval_row)?;
+            rows.next().transpose()
+        })
+    }
+
+    /// Approvals newest first, optionally in one state.
+    pub fn approvals_list(&self, state: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE (?1 IS NULL OR state = ?1) ORDER BY seq DESC LIMIT 1000"
+            ))?;
+            let rows = stmt.query_map(params![state], approval_row)?;
+            rows.collect()
+        })
+    }
+
+    /// At startup: every approval still pending belongs to a turn that is gone.
+    pub fn approvals_orphan(&self) -> Result<usize, StoreError> {
+        let now = now_unix() as i64;
+        self.with(|c| {
+            c.execute(
+                "UPDATE approvals SET state = 'denied', reason = 'orphaned', decided_at = ?1 WHERE state = 'pending'",
+                params![now],
+            )
         })
     }
 

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use crate::support::*;
 
-fn python() -> Option<PathBuf> {
+pub(crate) fn python() -> Option<PathBuf> {
     let p = std::env::var_os("TURNSTILE_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| {

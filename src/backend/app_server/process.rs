@@ -17,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::rpc::{self, Incoming, RpcError};
-use crate::backend::{BackendError, HeldCall, TurnEvent};
+use crate::backend::{
+    ApprovalAsk, ApprovalKind, ApprovalResponder, BackendError, HeldCall, TurnEvent,
+};
 use crate::config::BackendConfig;
 use crate::openai::Usage;
 
@@ -292,7 +294,7 @@ impl Proc {
         }
     }
 
-    fn dispatch(&self, msg: Incoming) {
+    fn dispatch(self: &Arc<Self>, msg: Incoming) {
         match msg {
             Incoming::Response { id, result } => {
                 let Some(id) = id.as_i64() else { return };
@@ -379,7 +381,72 @@ impl Proc {
         }
     }
 
-    fn on_request(&self, id: Value, method: &str, params: &Value) {
+    /// Builds the approval event for a backend side-effect request; its responder writes
+    /// the answer in the shape the method expects.
+    fn approval_ask(self: &Arc<Self>, id: Value, method: &str, params: &Value) -> ApprovalAsk {
+        let kind = match method {
+            "item/commandExecution/requestApproval" => ApprovalKind::Command,
+            "item/fileChange/requestApproval" => ApprovalKind::FileChange,
+            "item/permissions/requestApproval" => ApprovalKind::Permissions,
+            _ => ApprovalKind::Elicitation,
+        };
+        let text = |k: &str| params.get(k).cloned().unwrap_or(Value::Null);
+        let summary = match kind {
+            ApprovalKind::Command => json!({"command": text("command"), "cwd": text("cwd"),
+                                           "backend_reason": text("reason")}),
+            ApprovalKind::FileChange => {
+                json!({"grant_root": text("grantRoot"), "backend_reason": text("reason")})
+            }
+            ApprovalKind::Permissions => {
+                json!({"permissions": text("permissions"), "backend_reason": text("reason")})
+            }
+            ApprovalKind::Elicitation => {
+                json!({"server": text("serverName"), "message": text("message"),
+                                               "mode": text("mode")})
+            }
+        };
+        // The action without the backend's ids and timestamps.
+        let mut action = params.clone();
+        if let Some(o) = action.as_object_mut() {
+            for k in ["threadId", "turnId", "itemId", "startedAtMs", "approvalId"] {
+                o.remove(k);
+            }
+        }
+        let action_digest =
+            crate::continuation::canonical::digest(&json!({"method": method, "action": action}));
+        let granted = params
+            .get("permissions")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let proc = Arc::downgrade(self);
+        let responder = ApprovalResponder::new(move |approve| {
+            let answer = match (kind, approve) {
+                (ApprovalKind::Command | ApprovalKind::FileChange, true) => {
+                    json!({"decision": "accept"})
+                }
+                (ApprovalKind::Command | ApprovalKind::FileChange, false) => {
+                    json!({"decision": "decline"})
+                }
+                (ApprovalKind::Permissions, true) => {
+                    json!({"permissions": granted, "scope": "turn"})
+                }
+                (ApprovalKind::Permissions, false) => json!({"permissions": {}}),
+                (ApprovalKind::Elicitation, true) => json!({"action": "accept", "content": null}),
+                (ApprovalKind::Elicitation, false) => json!({"action": "decline", "content": null}),
+            };
+            if let Some(p) = proc.upgrade() {
+                p.send(rpc::response(&id, answer));
+            }
+        });
+        ApprovalAsk {
+            kind,
+            summary: redact(summary),
+            action_digest,
+            responder,
+        }
+    }
+
+    fn on_request(self: &Arc<Self>, id: Value, method: &str, params: &Value) {
         let route = self.route(params);
         match (method, route) {
             ("item/tool/call", Some(route)) if !route.finished.load(Ordering::SeqCst) => {
@@ -411,23 +478,19 @@ impl Proc {
                     "no live execution for this thread",
                 ));
             }
-            // Side effects of the backend itself: denied until policy says otherwise.
-            ("item/commandExecution/requestApproval" | "item/fileChange/requestApproval", _) => {
-                tracing::info!(
-                    backend_process = self.id,
-                    method,
-                    "backend approval request declined by default policy"
-                );
-                self.send(rpc::response(&id, json!({"decision": "decline"})));
-            }
-            ("item/permissions/requestApproval", _) => {
-                self.send(rpc::response(&id, json!({"permissions": {}})));
-            }
-            ("mcpServer/elicitation/request", _) => {
-                self.send(rpc::response(
-                    &id,
-                    json!({"action": "decline", "content": null}),
-                ));
+            (
+                "item/commandExecution/requestApproval"
+                | "item/fileChange/requestApproval"
+                | "item/permissions/requestApproval"
+                | "mcpServer/elicitation/request",
+                route,
+            ) => {
+                let ask = self.approval_ask(id, method, params);
+                match route.filter(|r| !r.finished.load(Ordering::SeqCst)) {
+                    Some(route) => route.emit(TurnEvent::Approval(ask)),
+                    // No execution owns the thread: the responder's drop declines.
+                    None => drop(ask),
+                }
             }
             _ => {
                 tracing::debug!(
@@ -442,5 +505,23 @@ impl Proc {
                 ));
             }
         }
+    }
+}
+
+/// Caps every string in an approval summary so that a huge command or message cannot flood
+/// the approvals API; the action digest still covers the whole request.
+fn redact(v: Value) -> Value {
+    const MAX: usize = 1000;
+    match v {
+        Value::String(s) if s.len() > MAX => {
+            let mut end = MAX;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            Value::String(format!("{}…", &s[..end]))
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(redact).collect()),
+        Value::Object(o) => Value::Object(o.into_iter().map(|(k, v)| (k, redact(v))).collect()),
+        other => other,
     }
 }

@@ -15,6 +15,8 @@ use serde_json::{json, Value};
 pub const ALICE: &str = "sk-alice-test-key";
 pub const BOB: &str = "sk-bob-test-key";
 pub const CAROL: &str = "sk-carol-test-key";
+/// A client with the `approver` role.
+pub const ROOT: &str = "sk-root-approver-key";
 
 /// Scenario models served by the demo backend (model id = backend_model).
 pub const SCENARIOS: &[&str] = &[
@@ -30,6 +32,15 @@ pub const SCENARIOS: &[&str] = &[
     "garbage",
 ];
 
+/// Models whose demo scenario asks for approval, with their policy.
+pub const APPROVAL_MODELS: &[(&str, &str, &str)] = &[
+    ("cmd-allow", "approval", r#"{ command = "allow" }"#),
+    ("cmd-deny", "approval", r#"{ command = "deny" }"#),
+    ("cmd-default", "approval", "{}"),
+    ("cmd-ask", "approval", r#"{ command = "ask" }"#),
+    ("file-ask", "file_approval", r#"{ file_change = "ask" }"#),
+];
+
 #[derive(Clone)]
 pub struct Opts {
     pub max_sessions: usize,
@@ -41,6 +52,7 @@ pub struct Opts {
     pub max_rounds: u32,
     pub max_pending_per_client: usize,
     pub alice_models: &'static str,
+    pub approval_ttl_seconds: u64,
 }
 
 impl Default for Opts {
@@ -55,6 +67,7 @@ impl Default for Opts {
             max_rounds: 32,
             max_pending_per_client: 64,
             alice_models: r#"["*"]"#,
+            approval_ttl_seconds: 60,
         }
     }
 }
@@ -89,6 +102,15 @@ id = "carol"
 key_sha256 = "{carol}"
 models = ["echo"]
 
+[[clients]]
+id = "root"
+key_sha256 = "{root}"
+models = []
+roles = ["approver"]
+
+[approvals]
+ttl_seconds = {approval_ttl}
+
 [backends.demo]
 kind = "app-server"
 command = ["{demo}"]
@@ -108,6 +130,8 @@ batch_debounce_ms = 25
         alice = hash(ALICE),
         bob = hash(BOB),
         carol = hash(CAROL),
+        root = hash(ROOT),
+        approval_ttl = o.approval_ttl_seconds,
         alice_models = o.alice_models,
         demo = env!("CARGO_BIN_EXE_turnstile-demo-backend"),
         spy = dir.join("spy.jsonl").display(),
@@ -121,6 +145,11 @@ batch_debounce_ms = 25
     for m in SCENARIOS {
         s.push_str(&format!(
             "\n[[models]]\nid = \"{m}\"\nbackend = \"demo\"\nbackend_model = \"{m}\"\n"
+        ));
+    }
+    for (id, scenario, policy) in APPROVAL_MODELS {
+        s.push_str(&format!(
+            "\n[[models]]\nid = \"{id}\"\nbackend = \"demo\"\nbackend_model = \"{scenario}\"\napprovals = {policy}\n"
         ));
     }
     s

@@ -1,0 +1,422 @@
+//! Approvals of the backend's own side effects: durable, single-use, time-bounded and
+//! principal-scoped.
+//!
+//! An `ask` approval is written to the store as `pending` **before** anyone can see it (the
+//! `created` event and the API read the store), and its backend responder is parked here.
+//! Every settlement (human decision, expiry, cancellation) takes the responder out of the map
+//! under one lock, writes the new state durably, and only then answers the backend, so the
+//! backend gets exactly one answer and the stored decision equals what it received. If the
+//! store cannot record an approval, the backend is answered deny. This module never imports
+//! axum.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+use crate::auth::Principal;
+use crate::backend::{ApprovalAsk, ApprovalResponder};
+use crate::continuation::token;
+use crate::store::{now_unix, ApprovalRecord, Store, StoreError};
+
+/// A lifecycle event as published on `GET /v1/approvals/events`.
+#[derive(Debug, Clone)]
+pub struct ApprovalEvent {
+    /// `created`, `decided`, `expired`, `cancelled` or `orphaned`.
+    pub kind: &'static str,
+    pub record: ApprovalRecord,
+}
+
+struct Waiter {
+    responder: ApprovalResponder,
+    execution_id: String,
+    deadline: Instant,
+}
+
+pub struct Approvals {
+    store: Arc<Store>,
+    waiters: Mutex<HashMap<String, Waiter>>,
+    events: broadcast::Sender<ApprovalEvent>,
+}
+
+#[derive(Debug)]
+pub enum DecideError {
+    /// Unknown, or not visible to the caller.
+    NotFound,
+    /// Already settled; carries the settled record.
+    AlreadyDecided(Box<ApprovalRecord>),
+    Store(StoreError),
+}
+
+/// The API view of a record.
+pub fn to_json(r: &ApprovalRecord) -> Value {
+    json!({
+        "id": r.id,
+        "object": "approval",
+        "state": r.state,
+        "reason": r.reason,
+        "kind": r.kind,
+        "execution_id": r.execution_id,
+        "model": r.model,
+        "client": r.principal,
+        "summary": r.summary,
+        "created_at": r.created_at,
+        "expires_at": r.expires_at,
+        "decided_at": r.decided_at,
+        "decided_by": r.decided_by,
+    })
+}
+
+/// The owning client and approvers see an approval; nobody else learns it exists.
+pub fn visible(r: &ApprovalRecord, who: &Principal) -> bool {
+    who.approver || r.principal == who.id
+}
+
+impl Approvals {
+    /// Settles approvals a previous process left pending as `denied(orphaned)`.
+    pub fn new(store: Arc<Store>) -> Result<Approvals, StoreError> {
+        let orphaned = store.approvals_orphan()?;
+        if orphaned > 0 {
+            tracing::warn!(
+                orphaned,
+                "pending approvals of a previous process settled as orphaned"
+            );
+        }
+        let (events, _) = broadcast::channel(256);
+        Ok(Approvals {
+            store,
+            waiters: Mutex::new(HashMap::new()),
+            events,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Waiter>> {
+        // A poisoned map is still a valid map; refusing decisions would be worse.
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<ApprovalEvent> {
+        self.events.subscribe()
+    }
+
+    pub fn pending_count(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn publish(&self, kind: &'static str, record: ApprovalRecord) {
+        // No subscribers is fine.
+        let _ = self.events.send(ApprovalEvent { kind, record });
+    }
+
+    /// Records a pending approval and parks the backend's request. On a store failure the
+    /// backend is answered deny and the error is returned.
+    pub fn create(
+        &self,
+        principal: &str,
+        execution_id: &str,
+        model: &str,
+        ask: ApprovalAsk,
+        ttl: Duration,
+    ) -> Result<ApprovalRecord, StoreError> {
+        let now = now_unix();
+        let record = ApprovalRecord {
+            id: token::new_id("apr-"),
+            principal: principal.to_string(),
+            execution_id: execution_id.to_string(),
+            invocation_id: token::new_id("inv-"),
+            kind: ask.kind.as_str().to_string(),
+            model: model.to_string(),
+            action_digest: hex::encode(ask.action_digest),
+            summary: ask.summary,
+            state: "pending".into(),
+            reason: None,
+            created_at: now,
+            expires_at: now + ttl.as_secs(),
+            decided_at: None,
+            decided_by: None,
+        };
+        // Store, park and publish under one lock: no decision can slip in between, and
+        // `created` always precedes any other event of the approval.
+        let mut waiters = self.lock();
+        if let Err(e) = self.store.approval_insert(&record) {
+            drop(waiters);
+            tracing::error!(execution = %execution_id, error = %e, "approval not recorded; backend denied (store_unavailable)");
+            ask.responder.answer(false);
+            return Err(e);
+        }
+        waiters.insert(
+            record.id.clone(),
+            Waiter {
+                responder: ask.responder,
+                execution_id: execution_id.to_string(),
+                deadline: Instant::now() + ttl,
+            },
+        );
+        self.publish("created", record.clone());
+        drop(waiters);
+        tracing::info!(execution = %execution_id, approval = %record.id, kind = %record.kind, "approval pending");
+        Ok(record)
+    }
+
+    pub fn get(&self, id: &str, who: &Principal) -> Option<ApprovalRecord> {
+        self.store
+            .approval_get(id)
+            .ok()
+            .flatten()
+            .filter(|r| visible(r, who))
+    }
+
+    pub fn list(
+        &self,
+        state: Option<&str>,
+        who: &Principal,
+    ) -> Result<Vec<ApprovalRecord>, StoreError> {
+        Ok(self
+            .store
+            .approvals_list(state)?
+            .into_iter()
+            .filter(|r| visible(r, who))
+            .collect())
+    }
+
+    /// A human decision. Exactly one concurrent decision wins; the rest see the settled record.
+    pub fn decide(
+        &self,
+        id: &str,
+        approve: bool,
+        who: &Principal,
+    ) -> Result<ApprovalRecord, DecideError> {
+        let record = self.get(id, who).ok_or(DecideError::NotFound)?;
+        let mut waiters = self.lock();
+        let Some(waiter) = waiters.remove(id) else {
+            drop(waiters);
+            let settled = self.store.approval_get(id).ok().flatten().unwrap_or(record);
+            return Err(DecideError::AlreadyDecided(Box::new(settled)));
+        };
+        let (state, reason) = if approve {
+            ("approved", "human")
+        } else {
+            ("denied", "human")
+        };
+        // The durable write happens under the map lock so a losing racer reads the result.
+        let written = self
+            .store
+            .approvals_settle(&[id.to_string()], state, reason, Some(&who.id));
+        drop(waiters);
+        match written {
+            Ok(ids) if ids.len() == 1 => {
+                waiter.responder.answer(approve);
+                let settled = self.store.approval_get(id).ok().flatten().unwrap_or(record);
+                tracing::info!(approval = %id, state, decided_by = %who.id, "approval decided");
+                self.publish("decided", settled.clone());
+                Ok(settled)
+            }
+            Ok(_) => {
+                waiter.responder.answer(false);
+                let settled = self.store.approval_get(id).ok().flatten().unwrap_or(record);
+                Err(DecideError::AlreadyDecided(Box::new(settled)))
+            }
+            Err(e) => {
+                // Never approve what could not be recorded.
+                tracing::error!(approval = %id, error = %e, "decision not recorded; backend denied");
+                waiter.responder.answer(false);
+                let _ = self.store.approvals_settle(
+                    &[id.to_string()],
+                    "denied",
+                    "store_unavailable",
+                    None,
+                );
+                Err(DecideError::Store(e))
+            }
+        }
+    }
+
+    /// Settles every waiter matching `pick` as `denied(reason)` in one durable step, then
+    /// answers the backend deny for each.
+    fn settle_where(
+        &self,
+        reason: &'static str,
+        event: &'static str,
+        pick: impl Fn(&Waiter) -> bool,
+    ) -> usize {
+        let mut waiters = self.lock();
+        let ids: Vec<String> = waiters
+            .iter()
+            .filter(|(_, w)| pick(w))
+            .map(|(id, _)| id.clone())
+            .collect();
+        if ids.is_empty() {
+            return 0;
+        }
+        let taken: Vec<(String, Waiter)> = ids
+            .iter()
+            .filter_map(|id| waiters.remove_entry(id))
+            .collect();
+        if let Err(e) = self.store.approvals_settle(&ids, "denied", reason, None) {
+            tracing::error!(error = %e, reason, "could not record approval settlement; backend denied anyway");
+        }
+        drop(waiters);
+        for (id, w) in taken {
+            w.responder.answer(false);
+            if let Some(r) = self.store.approval_get(&id).ok().flatten() {
+                self.publish(event, r);
+            }
+        }
+        ids.len()
+    }
+
+    /// Denies approvals past their TTL (`denied(expired)`).
+    pub fn expire_due(&self, now: Instant) -> usize {
+        self.settle_where("expired", "expired", |w| w.deadline <= now)
+    }
+
+    /// Denies every pending approval of an execution that ended (`denied(cancelled)`).
+    pub fn cancel_execution(&self, execution_id: &str) -> usize {
+        self.settle_where("cancelled", "cancelled", |w| w.execution_id == execution_id)
+    }
+
+    /// Shutdown: every pending approval is cancelled.
+    pub fn cancel_all(&self) -> usize {
+        self.settle_where("cancelled", "cancelled", |_| true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ApprovalKind;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn ask(answers: Arc<Mutex<Vec<bool>>>) -> ApprovalAsk {
+        ApprovalAsk {
+            kind: ApprovalKind::Command,
+            summary: json!({"command": "rm -rf build"}),
+            action_digest: [7; 32],
+            responder: ApprovalResponder::new(move |a| answers.lock().unwrap().push(a)),
+        }
+    }
+
+    fn who(id: &str, approver: bool) -> Principal {
+        Principal {
+            id: id.into(),
+            approver,
+        }
+    }
+
+    #[test]
+    fn decide_once_and_visibility() {
+        let a = Approvals::new(Arc::new(Store::open_in_memory().unwrap())).unwrap();
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let r = a
+            .create(
+                "alice",
+                "exe-1",
+                "m",
+                ask(answers.clone()),
+                Duration::from_secs(60),
+            )
+            .unwrap();
+        assert!(r.id.starts_with("apr-") && r.id.len() == 36);
+        assert_eq!(a.pending_count(), 1);
+        assert!(a.get(&r.id, &who("bob", false)).is_none());
+        assert!(a.get(&r.id, &who("carol", true)).is_some());
+        assert!(matches!(
+            a.decide(&r.id, true, &who("bob", false)),
+            Err(DecideError::NotFound)
+        ));
+        let settled = a.decide(&r.id, true, &who("alice", false)).unwrap();
+        assert_eq!(
+            (settled.state.as_str(), settled.reason.as_deref()),
+            ("approved", Some("human"))
+        );
+        match a.decide(&r.id, false, &who("alice", false)) {
+            Err(DecideError::AlreadyDecided(r)) => assert_eq!(r.state, "approved"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(*answers.lock().unwrap(), [true]);
+    }
+
+    #[test]
+    fn cancel_and_expire_deny_once() {
+        let a = Approvals::new(Arc::new(Store::open_in_memory().unwrap())).unwrap();
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let r1 = a
+            .create(
+                "alice",
+                "exe-1",
+                "m",
+                ask(answers.clone()),
+                Duration::from_secs(60),
+            )
+            .unwrap();
+        let r2 = a
+            .create(
+                "alice",
+                "exe-1",
+                "m",
+                ask(answers.clone()),
+                Duration::from_secs(60),
+            )
+            .unwrap();
+        let r3 = a
+            .create(
+                "alice",
+                "exe-2",
+                "m",
+                ask(answers.clone()),
+                Duration::from_secs(0),
+            )
+            .unwrap();
+        assert_eq!(a.cancel_execution("exe-1"), 2);
+        assert_eq!(a.expire_due(Instant::now()), 1);
+        assert_eq!(*answers.lock().unwrap(), [false, false, false]);
+        let me = who("alice", false);
+        assert_eq!(
+            a.get(&r1.id, &me).unwrap().reason.as_deref(),
+            Some("cancelled")
+        );
+        assert_eq!(a.get(&r2.id, &me).unwrap().state, "denied");
+        assert_eq!(
+            a.get(&r3.id, &me).unwrap().reason.as_deref(),
+            Some("expired")
+        );
+        assert_eq!(a.list(Some("denied"), &me).unwrap().len(), 3);
+        assert_eq!(a.list(Some("denied"), &who("bob", false)).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn restart_orphans_pending() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let id = {
+            let a = Approvals::new(Arc::new(Store::open(&path).unwrap())).unwrap();
+            let count = Arc::new(AtomicUsize::new(0));
+            let c = count.clone();
+            let ask = ApprovalAsk {
+                kind: ApprovalKind::FileChange,
+                summary: json!({}),
+                action_digest: [1; 32],
+                responder: ApprovalResponder::new(move |_| {
+                    c.fetch_add(1, Ordering::SeqCst);
+                }),
+            };
+            let r = a
+                .create("alice", "exe-1", "m", ask, Duration::from_secs(60))
+                .unwrap();
+            std::mem::forget(a);
+            r.id
+        };
+        let a = Approvals::new(Arc::new(Store::open(&path).unwrap())).unwrap();
+        let r = a.get(&id, &who("alice", false)).unwrap();
+        assert_eq!(
+            (r.state.as_str(), r.reason.as_deref()),
+            ("denied", Some("orphaned"))
+        );
+        assert!(matches!(
+            a.decide(&id, true, &who("alice", false)),
+            Err(DecideError::AlreadyDecided(_))
+        ));
+    }
+}

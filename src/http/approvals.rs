@@ -1,0 +1,163 @@
+//! Approvals API: list, show, decide, and the SSE event stream. Visibility is decided by the
+//! approvals module; an approval the caller may not see is the same 404 as an unknown id.
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::{principal, read_body};
+use crate::approvals::{to_json, visible, DecideError};
+use crate::error::{ApiError, ErrorCode};
+use crate::gateway::Gateway;
+
+fn not_found() -> ApiError {
+    ApiError::new(ErrorCode::ApprovalNotFound, "No approval with this id.")
+}
+
+pub async fn list(
+    State(gw): State<Gateway>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let who = principal(&gw, &headers)?;
+    let mut state = None;
+    for pair in query
+        .as_deref()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        match pair.split_once('=') {
+            Some(("state", v @ ("pending" | "approved" | "denied"))) => state = Some(v),
+            Some(("state", _)) => {
+                return Err(
+                    ApiError::invalid("`state` must be pending, approved or denied")
+                        .with_param("state"),
+                )
+            }
+            _ => {}
+        }
+    }
+    let records = gw.approvals().list(state, &who).map_err(|e| {
+        tracing::error!(error = %e, "approvals list failed");
+        ApiError::new(ErrorCode::Internal, "The approvals store is unavailable.")
+    })?;
+    let data: Vec<_> = records.iter().map(to_json).collect();
+    Ok(Json(json!({"object": "list", "data": data})).into_response())
+}
+
+pub async fn show(
+    State(gw): State<Gateway>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let who = principal(&gw, &headers)?;
+    let record = gw.approvals().get(&id, &who).ok_or_else(not_found)?;
+    Ok(Json(to_json(&record)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecisionBody {
+    decision: DecisionValue,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum DecisionValue {
+    Approve,
+    Deny,
+}
+
+pub async fn decide(
+    State(gw): State<Gateway>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = read_body(body, &headers, 64 * 1024).await?;
+    let who = principal(&gw, &headers)?;
+    // Visibility first: a foreign caller learns nothing, not even that its body was bad.
+    gw.approvals().get(&id, &who).ok_or_else(not_found)?;
+    let body: DecisionBody = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::invalid(format!(
+            "The body must be {{\"decision\":\"approve\"|\"deny\",\"reason\"?:string}}: {e}"
+        ))
+        .with_param("decision")
+    })?;
+    let _ = body.reason; // Accepted for the approver's own records; never sent to the backend.
+    match gw
+        .approvals()
+        .decide(&id, body.decision == DecisionValue::Approve, &who)
+    {
+        Ok(record) => Ok(Json(to_json(&record)).into_response()),
+        Err(DecideError::NotFound) => Err(not_found()),
+        Err(DecideError::AlreadyDecided(record)) => {
+            let e = ApiError::new(
+                ErrorCode::ApprovalAlreadyDecided,
+                "This approval is already settled.",
+            );
+            let mut body = e.body();
+            body["approval"] = to_json(&record);
+            Ok((StatusCode::CONFLICT, Json(body)).into_response())
+        }
+        Err(DecideError::Store(_)) => Err(ApiError::new(
+            ErrorCode::Internal,
+            "The decision could not be recorded; the backend was denied.",
+        )),
+    }
+}
+
+/// `GET /v1/approvals/events`: `created`, `decided`, `expired`, `cancelled` events of the
+/// approvals the caller may see, as SSE, with keep-alive comments.
+pub async fn events(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let who = principal(&gw, &headers)?;
+    let rx = gw.approvals().subscribe();
+    let keepalive = gw.config().server.keepalive;
+    let stop = gw.stopping();
+    let stream = futures::stream::unfold(
+        (rx, who, stop, true),
+        move |(mut rx, who, stop, first)| async move {
+            if first {
+                let hello = Bytes::from(": approvals events\n\n");
+                return Some((
+                    Ok::<_, std::convert::Infallible>(hello),
+                    (rx, who, stop, false),
+                ));
+            }
+            loop {
+                let next = tokio::select! {
+                    _ = stop.cancelled() => return None,
+                    r = tokio::time::timeout(keepalive.max(Duration::from_millis(100)), rx.recv()) => r,
+                };
+                let chunk = match next {
+                    Err(_) => ": keep-alive\n\n".to_string(),
+                    Ok(Ok(ev)) if visible(&ev.record, &who) => {
+                        let data = json!({"type": ev.kind, "approval": to_json(&ev.record)});
+                        format!("event: {}\ndata: {data}\n\n", ev.kind)
+                    }
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(RecvError::Lagged(n))) => {
+                        format!(": lagged {n} events; re-read GET /v1/approvals\n\n")
+                    }
+                    Ok(Err(RecvError::Closed)) => return None,
+                };
+                return Some((Ok(Bytes::from(chunk)), (rx, who, stop, false)));
+            }
+        },
+    );
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .map_err(|_| ApiError::new(ErrorCode::Internal, "response build failed"))
+}
