@@ -36,6 +36,7 @@ use crate::continuation::{
     token, Digests, Limits, Lookup, NewBatch, Parked, Reason, RegisterError, Registry,
 };
 use crate::error::{ApiError, ErrorCode};
+use crate::metrics::{Gauges, Metrics};
 use crate::openai::{tool_def, ChatRequest, ExposedCall, ResponseMeta, ToolDef, Usage};
 use crate::store::{now_unix, Store};
 
@@ -108,6 +109,7 @@ struct Inner {
     backends: BTreeMap<String, Arc<dyn Backend>>,
     registry: Registry<Execution>,
     approvals: Approvals,
+    metrics: Metrics,
     store: Arc<Store>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
@@ -157,6 +159,7 @@ impl Gateway {
                 backends,
                 registry,
                 approvals,
+                metrics: Metrics::default(),
                 store,
                 shutdown: CancellationToken::new(),
                 tracker: TaskTracker::new(),
@@ -234,8 +237,38 @@ impl Gateway {
             .collect()
     }
 
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// Live values for the gauges of `/metrics`.
+    pub fn gauges(&self) -> Gauges {
+        Gauges {
+            suspended_executions: self.inner.registry.batch_count(),
+            pending_continuations: self.inner.registry.pending_count(),
+            tombstones: self.inner.registry.tombstone_count(),
+            pending_approvals: self.inner.approvals.pending_count(),
+            sessions: self
+                .inner
+                .backends
+                .iter()
+                .map(|(n, b)| {
+                    let s = b.stats();
+                    (n.clone(), s.busy, s.capacity)
+                })
+                .collect(),
+        }
+    }
+
     /// Handles one chat request: a fresh turn or the continuation of a suspended one.
-    pub async fn chat(&self, principal: &Principal, req: ChatRequest) -> Result<Leg, ApiError> {
+    /// `started` is when the request arrived; the time until the backend is engaged is
+    /// recorded as gateway overhead.
+    pub async fn chat(
+        &self,
+        principal: &Principal,
+        req: ChatRequest,
+        started: std::time::Instant,
+    ) -> Result<Leg, ApiError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(ApiError::new(
                 ErrorCode::CapacityExhausted,
@@ -245,8 +278,15 @@ impl Gateway {
         check_tool_choice(req.tool_choice.as_ref())?;
         let tools = parse_tools(&req)?;
         match detect(&req.messages)? {
-            Detected::Fresh => self.fresh(principal, req, tools).await,
-            Detected::Continuation(c) => self.resume(principal, req, c),
+            Detected::Fresh => self.fresh(principal, req, tools, started).await,
+            Detected::Continuation(c) => {
+                let leg = self.resume(principal, req, c);
+                match &leg {
+                    Ok(_) => self.inner.metrics.overhead.observe(started.elapsed()),
+                    Err(e) => self.inner.metrics.rejection(e.code.as_str()),
+                }
+                leg
+            }
         }
     }
 
@@ -255,6 +295,7 @@ impl Gateway {
         principal: &Principal,
         req: ChatRequest,
         tools: Vec<ToolDef>,
+        started: std::time::Instant,
     ) -> Result<Leg, ApiError> {
         let cfg = self.config();
         let model = cfg
@@ -290,6 +331,7 @@ impl Gateway {
                     "The gateway could not record the execution.",
                 )
             })?;
+        self.inner.metrics.overhead.observe(started.elapsed());
         let turn = match backend.start_turn(turn_req).await {
             Ok(t) => t,
             Err(e) => {

@@ -13,6 +13,7 @@
 //!   implementation (process pool, JSON-RPC framing, thread routing).
 //! - [`gateway`]: executions and legs: fresh turns, suspension, validated resume, endings.
 //! - [`store`]: the durable SQLite journal, live executions and tombstones.
+//! - [`metrics`]: Prometheus metric names and rendering.
 //! - [`http`]: router, thin handlers, SSE framing.
 //! - [`server`]: binding, signals (SIGINT/SIGTERM shutdown, SIGHUP reload) and serving.
 
@@ -24,6 +25,7 @@ pub mod continuation;
 pub mod error;
 pub mod gateway;
 pub mod http;
+pub mod metrics;
 pub mod openai;
 pub mod server;
 pub mod store;

@@ -33,9 +33,10 @@ pub fn router(gw: Gateway) -> Router {
         .route("/v1/approvals/{id}/decision", post(approvals::decide))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn(log_request))
+        .layer(middleware::from_fn_with_state(gw.clone(), log_request))
         .with_state(gw)
 }
 
@@ -50,20 +51,45 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// One log line per request: method, route, status, duration. Never bodies or headers.
-async fn log_request(req: Request, next: Next) -> Response {
+/// The execution a response belongs to, for the request log line.
+#[derive(Clone)]
+struct ExecutionId(String);
+
+/// One log line per request: request id, method, route, status, execution id, duration.
+/// Never bodies, headers or credentials. Also counts requests for `/metrics` and sets
+/// `x-request-id`.
+async fn log_request(State(gw): State<Gateway>, req: Request, next: Next) -> Response {
     let started = Instant::now();
+    let request_id = crate::continuation::token::new_id("req-");
     let method = req.method().clone();
-    let path = req.uri().path().to_string();
-    let resp = next.run(req).await;
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let mut resp = next.run(req).await;
     let status = resp.status().as_u16();
     let micros = started.elapsed().as_micros() as u64;
+    let execution = resp
+        .extensions()
+        .get::<ExecutionId>()
+        .map(|e| e.0.clone())
+        .unwrap_or_default();
+    gw.metrics().request(&route, status);
+    if let Ok(v) = header::HeaderValue::from_str(&request_id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
     if status >= 500 {
-        tracing::error!(%method, %path, status, micros, "request");
+        tracing::error!(request = %request_id, %method, %route, status, %execution, micros, "request");
     } else {
-        tracing::info!(%method, %path, status, micros, "request");
+        tracing::info!(request = %request_id, %method, %route, status, %execution, micros, "request");
     }
     resp
+}
+
+async fn metrics(State(gw): State<Gateway>) -> Response {
+    let text = gw.metrics().render(&gw.gauges());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 fn authorization(headers: &HeaderMap) -> Option<&str> {
@@ -103,6 +129,7 @@ async fn chat(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let started = std::time::Instant::now();
     let limit = gw.config().server.max_body_bytes;
     let bytes = read_body(body, &headers, limit).await?;
     let principal = principal(&gw, &headers)?;
@@ -117,12 +144,18 @@ async fn chat(
         .as_ref()
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
-    let leg = gw.chat(&principal, req).await?;
-    if stream {
+    let leg = gw.chat(&principal, req, started).await?;
+    let execution = ExecutionId(leg.execution_id.clone());
+    let mut resp = if stream {
         let keepalive = gw.config().server.keepalive;
-        return sse::respond(leg, include_usage, keepalive).await;
-    }
-    collect(leg).await
+        sse::respond(leg, include_usage, keepalive).await?
+    } else {
+        collect(leg).await?
+    };
+    // For streams this is when headers and the first bytes are ready to go.
+    gw.metrics().ttfb.observe(started.elapsed());
+    resp.extensions_mut().insert(execution);
+    Ok(resp)
 }
 
 /// Non-streaming: waits for the leg's end and answers one `chat.completion`.

@@ -280,3 +280,98 @@ async fn health_endpoints() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+#[tokio::test]
+async fn metrics_count_and_logs_never_carry_secrets() {
+    let gw = Gateway::start_with(Opts {
+        log_json: true,
+        ..Opts::default()
+    })
+    .await;
+    let req = json!({"model": "tool", "messages": [user("CANARY-PROMPT-7781 read /tmp/CANARY-ARG-5521")],
+                     "tools": [read_tool()]});
+    let (_, resp) = gw.chat(ALICE, &req).await;
+    let token = calls(&resp)[0]["id"].as_str().unwrap().to_string();
+    let mut drift = continuation(&req, &resp, |_, _| json!("CANARY-RESULT-3390"));
+    drift["messages"][0]["content"] = json!("CANARY-DRIFT-1204");
+    assert_eq!(gw.chat(ALICE, &drift).await.0, 400);
+    let next = continuation(&req, &resp, |_, _| json!("CANARY-RESULT-3390"));
+    let (status, done) = gw.chat(ALICE, &next).await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(gw.chat(ALICE, &next).await.0, 409);
+
+    let text = gw
+        .http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |line: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(line))
+            .unwrap_or_else(|| panic!("no {line} in\n{text}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(
+        value("turnstile_requests_total{route=\"/v1/chat/completions\",status=\"200\"}"),
+        2.0
+    );
+    assert_eq!(
+        value("turnstile_requests_total{route=\"/v1/chat/completions\",status=\"400\"}"),
+        1.0
+    );
+    assert_eq!(
+        value("turnstile_continuation_rejections_total{code=\"continuation_mismatch\"}"),
+        1.0
+    );
+    assert_eq!(
+        value("turnstile_continuation_rejections_total{code=\"continuation_already_resolved\"}"),
+        1.0
+    );
+    assert_eq!(value("turnstile_gateway_overhead_seconds_count"), 2.0);
+    assert!(value("turnstile_time_to_first_byte_seconds_count") >= 2.0);
+    assert_eq!(value("turnstile_suspended_executions"), 0.0);
+    assert_eq!(value("turnstile_pending_continuations"), 0.0);
+    assert_eq!(value("turnstile_tombstones"), 1.0);
+    assert_eq!(value("turnstile_pending_approvals"), 0.0);
+    assert_eq!(
+        value("turnstile_backend_sessions{backend=\"demo\",state=\"busy\"}"),
+        0.0
+    );
+
+    let log = gw.log();
+    for secret in [
+        "CANARY-PROMPT-7781",
+        "CANARY-ARG-5521",
+        "CANARY-RESULT-3390",
+        "CANARY-DRIFT-1204",
+        ALICE,
+        &token,
+        &token[5..],
+    ] {
+        assert!(!log.contains(secret), "log leaks {secret}");
+    }
+    // One JSON line per request, with the execution id.
+    let lines: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| {
+            v["fields"]["message"] == "request" && v["fields"]["route"] == "/v1/chat/completions"
+        })
+        .collect();
+    assert_eq!(lines.len(), 4, "{log}");
+    assert!(lines
+        .iter()
+        .all(|l| l["fields"]["request"].as_str().unwrap().starts_with("req-")));
+    assert!(lines[0]["fields"]["execution"]
+        .as_str()
+        .unwrap()
+        .starts_with("exe-"));
+}

@@ -53,6 +53,8 @@ pub struct Opts {
     pub max_pending_per_client: usize,
     pub alice_models: &'static str,
     pub approval_ttl_seconds: u64,
+    /// Run the gateway with `--log-format json`.
+    pub log_json: bool,
 }
 
 impl Default for Opts {
@@ -68,6 +70,7 @@ impl Default for Opts {
             max_pending_per_client: 64,
             alice_models: r#"["*"]"#,
             approval_ttl_seconds: 60,
+            log_json: false,
         }
     }
 }
@@ -209,8 +212,9 @@ impl Gateway {
             .append(true)
             .open(&self.stderr_log)
             .expect("log file");
+        let format = if self.opts.log_json { "json" } else { "text" };
         let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-            .args(["serve", "--config"])
+            .args(["--log-format", format, "serve", "--config"])
             .arg(self.config_path())
             .env("TURNSTILE_LOG", "info,turnstile=debug")
             .stdout(Stdio::piped())

@@ -1,0 +1,286 @@
+//! Resume-path benchmark (not a test): `cargo bench --bench resume`.
+//!
+//! 1. Latency from posting `role:"tool"` results to the first byte of the continued turn,
+//!    through the gateway, for conversations of 1 KB, 100 KB and 1 MB, against the demo
+//!    backend's own answer time measured directly over stdio JSON-RPC in the same run
+//!    (tool answer written -> first `item/agentMessage/delta` read).
+//! 2. Gateway memory per suspended execution with 10,000 held (RSS of the gateway process
+//!    before and after, divided by the count).
+//!
+//! Environment: `BENCH_ITERS` (default 40), `BENCH_HELD` (default 10000).
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const KEY: &str = "sk-bench";
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i]
+}
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}])
+}
+
+/// The demo backend driven directly: one thread, one turn, one tool call per sample.
+fn direct_samples(size: usize, iters: usize) -> Vec<f64> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile-demo-backend"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("demo backend");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut send = |v: Value| {
+        writeln!(stdin, "{v}").expect("write");
+        stdin.flush().expect("flush");
+    };
+    let mut read_until = |pred: &dyn Fn(&Value) -> bool| -> Value {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                out.read_line(&mut line).expect("read") > 0,
+                "demo backend exited"
+            );
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                if pred(&v) {
+                    return v;
+                }
+            }
+        }
+    };
+    send(
+        json!({"id": 1, "method": "initialize", "params": {"clientInfo": {"name": "bench", "version": "0"}, "capabilities": {"experimentalApi": true}}}),
+    );
+    read_until(&|v| v["id"] == 1);
+    send(json!({"method": "initialized"}));
+    let text = "x".repeat(size);
+    let mut samples = Vec::new();
+    for i in 0..iters {
+        let id = 10 + i as i64 * 3;
+        send(
+            json!({"id": id, "method": "thread/start", "params": {"ephemeral": true, "model": "tool",
+            "dynamicTools": [{"type": "function", "name": "read_file", "description": "Read a file",
+                              "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]}}),
+        );
+        let thread = read_until(&|v| v["id"] == id)["result"]["thread"]["id"].clone();
+        send(
+            json!({"id": id + 1, "method": "turn/start", "params": {"threadId": thread,
+            "input": [{"type": "text", "text": format!("{text} /tmp/f")}]}}),
+        );
+        let call = read_until(&|v| v["method"] == "item/tool/call");
+        let started = Instant::now();
+        send(
+            json!({"id": call["id"], "result": {"success": true, "contentItems": [{"type": "inputText", "text": "R"}]}}),
+        );
+        read_until(&|v| v["method"] == "item/agentMessage/delta");
+        samples.push(started.elapsed().as_secs_f64() * 1e3);
+        read_until(&|v| v["method"] == "turn/completed");
+    }
+    drop(stdin);
+    let _ = child.wait();
+    samples
+}
+
+struct Gateway {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn gateway(max: usize) -> Gateway {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+max_body_bytes = 16777216
+[store]
+path = "bench.db"
+[[clients]]
+id = "bench"
+key_sha256 = "{}"
+[[models]]
+id = "tool"
+backend = "demo"
+backend_model = "tool"
+[backends.demo]
+kind = "app-server"
+command = ["{}"]
+max_sessions = {max}
+processes = 2
+[continuations]
+max_pending = {max}
+max_pending_per_client = {max}
+max_tool_result_bytes = 16777216
+"#,
+        turnstile::auth::hash_key(KEY),
+        env!("CARGO_BIN_EXE_turnstile-demo-backend"),
+    );
+    std::fs::write(dir.path().join("t.toml"), cfg).expect("config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["serve", "--config"])
+        .arg(dir.path().join("t.toml"))
+        .env("TURNSTILE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("gateway");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("line");
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("announce")
+        .to_string();
+    Gateway {
+        child,
+        url,
+        _dir: dir,
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn suspend(http: &reqwest::Client, url: &str, prompt: &str) -> (Value, Value) {
+    let req = json!({"model": "tool", "messages": [{"role": "user", "content": prompt}], "tools": tools()});
+    let resp: Value = http
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&req)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(resp["choices"][0]["finish_reason"], "tool_calls", "{resp}");
+    (req, resp)
+}
+
+async fn gateway_samples(gw: &Gateway, size: usize, iters: usize) -> Vec<f64> {
+    let http = reqwest::Client::new();
+    let text = "x".repeat(size);
+    let mut samples = Vec::new();
+    for _ in 0..iters {
+        let (mut req, resp) = suspend(&http, &gw.url, &format!("{text} /tmp/f")).await;
+        let msg = &resp["choices"][0]["message"];
+        let id = msg["tool_calls"][0]["id"].clone();
+        let messages = req["messages"].as_array_mut().expect("messages");
+        messages
+            .push(json!({"role": "assistant", "content": null, "tool_calls": msg["tool_calls"]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": "R"}));
+        req["stream"] = json!(true);
+        let body = serde_json::to_vec(&req).expect("body");
+        let started = Instant::now();
+        let mut r = http
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .bearer_auth(KEY)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status(), 200);
+        let first = r.chunk().await.expect("chunk");
+        samples.push(started.elapsed().as_secs_f64() * 1e3);
+        assert!(first.is_some());
+        while r.chunk().await.expect("chunk").is_some() {}
+    }
+    samples
+}
+
+#[tokio::main]
+async fn main() {
+    let iters: usize = std::env::var("BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    let held: usize = std::env::var("BENCH_HELD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+
+    println!(
+        "resume path: POST role:tool -> first byte of the continued turn ({iters} samples each)"
+    );
+    println!(
+        "{:>8} {:>12} {:>12} {:>12} {:>12} {:>9}",
+        "size", "direct p50", "gateway p50", "direct p99", "gateway p99", "p50 added"
+    );
+    let gw = gateway(held + 100);
+    for (label, size) in [("1 KB", 1_000), ("100 KB", 100_000), ("1 MB", 1_000_000)] {
+        let n = if size >= 1_000_000 {
+            iters.min(20)
+        } else {
+            iters
+        };
+        let mut d = tokio::task::spawn_blocking(move || direct_samples(size, n))
+            .await
+            .expect("direct");
+        let mut g = gateway_samples(&gw, size, n).await;
+        let (d50, g50) = (percentile(&mut d, 0.5), percentile(&mut g, 0.5));
+        let (d99, g99) = (percentile(&mut d, 0.99), percentile(&mut g, 0.99));
+        println!(
+            "{label:>8} {d50:>10.3}ms {g50:>10.3}ms {d99:>10.3}ms {g99:>10.3}ms {:>7.3}ms",
+            g50 - d50
+        );
+    }
+
+    println!("\nmemory: {held} suspended executions held at once");
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .expect("client");
+    // Warm up allocator arenas and pools first, then measure the growth.
+    let warm = 200;
+    for i in 0..warm {
+        suspend(&http, &gw.url, &format!("warm {i} /tmp/f")).await;
+    }
+    let before = rss_kib(gw.child.id());
+    let started = Instant::now();
+    let mut done = 0;
+    while done < held {
+        let batch = (held - done).min(64);
+        let futs = (0..batch).map(|i| {
+            let http = http.clone();
+            let url = gw.url.clone();
+            async move { suspend(&http, &url, &format!("held {} /tmp/f", done + i)).await }
+        });
+        futures::future::join_all(futs).await;
+        done += batch;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = rss_kib(gw.child.id());
+    let per = (after.saturating_sub(before) as f64 * 1024.0) / held as f64;
+    println!(
+        "gateway RSS {before} KiB -> {after} KiB: {per:.0} bytes per suspended execution ({:.1} s to suspend them)",
+        started.elapsed().as_secs_f64()
+    );
+}

@@ -1,0 +1,201 @@
+//! Metric names and Prometheus text rendering.
+//!
+//! Hand-written on purpose: a dozen counters, gauges and two histograms need no global
+//! registry or extra dependency tree; everything here is lock-free atomics except the label
+//! maps (request and rejection counters), which take a short std lock and never await.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Bucket upper bounds in seconds (shared by both histograms).
+const BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0,
+];
+
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (i, le) in BUCKETS.iter().enumerate() {
+            if secs <= *le {
+                self.counts[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, le) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{le}\"}} {}",
+                self.counts[i].load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    rejections: Mutex<BTreeMap<&'static str, u64>>,
+    /// Time the gateway itself spends on a request before the backend is engaged.
+    pub overhead: Histogram,
+    /// Request start to the first response byte.
+    pub ttfb: Histogram,
+}
+
+/// Point-in-time values read from the live state when rendering.
+pub struct Gauges {
+    pub suspended_executions: usize,
+    pub pending_continuations: usize,
+    pub tombstones: usize,
+    pub pending_approvals: usize,
+    /// (backend, busy, capacity)
+    pub sessions: Vec<(String, usize, usize)>,
+}
+
+impl Metrics {
+    pub fn request(&self, route: &str, status: u16) {
+        let mut m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry((route.to_string(), status)).or_default() += 1;
+    }
+
+    pub fn rejection(&self, code: &'static str) {
+        let mut m = self.rejections.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry(code).or_default() += 1;
+    }
+
+    pub fn render(&self, g: &Gauges) -> String {
+        let mut out = String::new();
+        out.push_str("# HELP turnstile_requests_total HTTP requests by route and status.\n# TYPE turnstile_requests_total counter\n");
+        for ((route, status), n) in self
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "turnstile_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+            );
+        }
+        out.push_str("# HELP turnstile_continuation_rejections_total Rejected continuations by error code.\n# TYPE turnstile_continuation_rejections_total counter\n");
+        for (code, n) in self
+            .rejections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "turnstile_continuation_rejections_total{{code=\"{code}\"}} {n}"
+            );
+        }
+        self.overhead.render(
+            "turnstile_gateway_overhead_seconds",
+            "Gateway time per request before the backend is engaged (parsing, auth, digests, validation, claim).",
+            &mut out,
+        );
+        self.ttfb.render(
+            "turnstile_time_to_first_byte_seconds",
+            "Request start to the first response byte.",
+            &mut out,
+        );
+        let gauge = |out: &mut String, name: &str, help: &str, v: usize| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        gauge(
+            &mut out,
+            "turnstile_suspended_executions",
+            "Executions suspended on client tool calls.",
+            g.suspended_executions,
+        );
+        gauge(
+            &mut out,
+            "turnstile_pending_continuations",
+            "Continuation tokens awaiting results.",
+            g.pending_continuations,
+        );
+        gauge(
+            &mut out,
+            "turnstile_tombstones",
+            "Tombstoned continuation tokens held in memory.",
+            g.tombstones,
+        );
+        gauge(
+            &mut out,
+            "turnstile_pending_approvals",
+            "Approvals waiting for a decision.",
+            g.pending_approvals,
+        );
+        out.push_str("# HELP turnstile_backend_sessions Backend sessions by state.\n# TYPE turnstile_backend_sessions gauge\n");
+        for (b, busy, cap) in &g.sessions {
+            let _ = writeln!(
+                out,
+                "turnstile_backend_sessions{{backend=\"{b}\",state=\"busy\"}} {busy}"
+            );
+            let _ = writeln!(
+                out,
+                "turnstile_backend_sessions{{backend=\"{b}\",state=\"idle\"}} {}",
+                cap - busy
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_prometheus_text() {
+        let m = Metrics::default();
+        m.request("/v1/chat/completions", 200);
+        m.request("/v1/chat/completions", 200);
+        m.rejection("continuation_mismatch");
+        m.overhead.observe(Duration::from_micros(300));
+        let text = m.render(&Gauges {
+            suspended_executions: 1,
+            pending_continuations: 2,
+            tombstones: 3,
+            pending_approvals: 0,
+            sessions: vec![("demo".into(), 1, 16)],
+        });
+        assert!(text
+            .contains("turnstile_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2"));
+        assert!(text
+            .contains("turnstile_continuation_rejections_total{code=\"continuation_mismatch\"} 1"));
+        assert!(text.contains("turnstile_gateway_overhead_seconds_bucket{le=\"0.00025\"} 0"));
+        assert!(text.contains("turnstile_gateway_overhead_seconds_bucket{le=\"0.0005\"} 1"));
+        assert!(text.contains("turnstile_gateway_overhead_seconds_count 1"));
+        assert!(text.contains("turnstile_backend_sessions{backend=\"demo\",state=\"idle\"} 15"));
+        assert!(text.contains("turnstile_pending_continuations 2"));
+    }
+}
