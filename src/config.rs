@@ -134,16 +134,21 @@ struct RawApprovalPolicy {
 #[serde(deny_unknown_fields)]
 struct RawBackend {
     kind: String,
-    command: Vec<String>,
-    #[serde(default)]
-    env: BTreeMap<String, String>,
+    // kind = "app-server"
+    command: Option<Vec<String>>,
+    env: Option<BTreeMap<String, String>>,
     cwd: Option<String>,
-    #[serde(default = "default_max_sessions")]
-    max_sessions: usize,
-    #[serde(default = "default_processes")]
-    processes: usize,
-    #[serde(default = "default_acquire_timeout_ms")]
-    acquire_timeout_ms: u64,
+    max_sessions: Option<usize>,
+    processes: Option<usize>,
+    acquire_timeout_ms: Option<u64>,
+    // kind = "openai"
+    base_url: Option<String>,
+    api_key_env: Option<String>,
+    connect_timeout_ms: Option<u64>,
+    first_byte_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    total_timeout_ms: Option<u64>,
+    max_idle_connections: Option<usize>,
 }
 fn default_max_sessions() -> usize {
     16
@@ -247,7 +252,10 @@ pub struct Config {
     pub store_path: PathBuf,
     pub clients: Vec<ClientConfig>,
     pub models: Vec<ModelConfig>,
+    /// `kind = "app-server"` backends.
     pub backends: BTreeMap<String, BackendConfig>,
+    /// `kind = "openai"` backends.
+    pub upstreams: BTreeMap<String, UpstreamConfig>,
     pub approval_ttl: Duration,
     pub continuations: ContinuationLimits,
 }
@@ -295,6 +303,20 @@ pub struct BackendConfig {
     pub acquire_timeout: Duration,
 }
 
+/// `kind = "openai"`: a stateless OpenAI-compatible HTTP upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// Base URL ending before `/chat/completions` (e.g. `http://127.0.0.1:8080/v1`).
+    pub base_url: String,
+    /// Environment variable holding the upstream key (never the key itself).
+    pub api_key_env: Option<String>,
+    pub connect_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub total_timeout: Duration,
+    pub max_idle_connections: usize,
+}
+
 #[derive(Debug, Clone)]
 pub struct ContinuationLimits {
     pub execution_ttl: Duration,
@@ -340,6 +362,9 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     } else {
         base
     };
+    // Absolute, so that paths handed to children (command, CODEX_HOME) do not depend on
+    // the child's own working folder.
+    let base = std::path::absolute(&base).unwrap_or(base);
     let cfg = from_toml_str(&text, &base)?;
     check_store_path(&cfg.store_path)?;
     Ok(cfg)
@@ -410,51 +435,23 @@ fn validate(raw: RawConfig, base: &Path) -> Result<Config, ConfigError> {
     }
 
     let mut backends = BTreeMap::new();
+    let mut upstreams = BTreeMap::new();
     for (name, b) in raw.backends {
         let at = |k: &str| format!("backends.{name}.{k}");
-        if b.kind != "app-server" {
-            return Err(err(
-                at("kind"),
-                format!("unknown backend kind `{}` (expected `app-server`)", b.kind),
-            ));
+        match b.kind.as_str() {
+            "app-server" => {
+                backends.insert(name.clone(), app_server_backend(&name, b, base)?);
+            }
+            "openai" => {
+                upstreams.insert(name.clone(), upstream_backend(&name, b)?);
+            }
+            other => {
+                return Err(err(
+                    at("kind"),
+                    format!("unknown backend kind `{other}` (expected `app-server` or `openai`)"),
+                ))
+            }
         }
-        if b.command.is_empty() || b.command[0].trim().is_empty() {
-            return Err(err(at("command"), "must name a program"));
-        }
-        if b.max_sessions == 0 {
-            return Err(err(at("max_sessions"), "must be greater than 0"));
-        }
-        if b.processes == 0 {
-            return Err(err(at("processes"), "must be greater than 0"));
-        }
-        // A program given as a relative path with a slash is relative to the config's folder;
-        // a bare name is looked up on PATH as usual.
-        let mut command = b.command.clone();
-        if command[0].contains('/') && !Path::new(&command[0]).is_absolute() {
-            command[0] = resolve(base, &command[0]).display().to_string();
-        }
-        let env = b
-            .env
-            .into_iter()
-            .map(|(k, v)| {
-                if k == "CODEX_HOME" {
-                    (k, resolve(base, &v).display().to_string())
-                } else {
-                    (k, v)
-                }
-            })
-            .collect();
-        backends.insert(
-            name.clone(),
-            BackendConfig {
-                command,
-                env,
-                cwd: b.cwd.map(|c| resolve(base, &c)),
-                max_sessions: b.max_sessions,
-                processes: b.processes,
-                acquire_timeout: Duration::from_millis(b.acquire_timeout_ms),
-            },
-        );
     }
 
     let mut seen = HashSet::new();
@@ -467,7 +464,7 @@ fn validate(raw: RawConfig, base: &Path) -> Result<Config, ConfigError> {
         if !seen.insert(m.id.clone()) {
             return Err(err(at("id"), format!("duplicate model id `{}`", m.id)));
         }
-        if !backends.contains_key(&m.backend) {
+        if !backends.contains_key(&m.backend) && !upstreams.contains_key(&m.backend) {
             return Err(err(
                 at("backend"),
                 format!("no backend named `{}` in [backends]", m.backend),
@@ -581,6 +578,7 @@ fn validate(raw: RawConfig, base: &Path) -> Result<Config, ConfigError> {
         clients,
         models,
         backends,
+        upstreams,
         approval_ttl: Duration::from_secs(raw.approvals.ttl_seconds),
         continuations: ContinuationLimits {
             execution_ttl: Duration::from_secs(c.execution_ttl_seconds),
@@ -591,6 +589,124 @@ fn validate(raw: RawConfig, base: &Path) -> Result<Config, ConfigError> {
             max_tool_result_bytes: c.max_tool_result_bytes,
             batch_debounce: Duration::from_millis(c.batch_debounce_ms),
         },
+    })
+}
+
+/// Fails when a key that belongs to the other backend kind is set.
+fn reject_keys(name: &str, kind: &str, keys: &[(&str, bool)]) -> Result<(), ConfigError> {
+    match keys.iter().find(|(_, set)| *set) {
+        Some((k, _)) => Err(err(
+            format!("backends.{name}.{k}"),
+            format!("not valid for kind `{kind}`"),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn app_server_backend(
+    name: &str,
+    b: RawBackend,
+    base: &Path,
+) -> Result<BackendConfig, ConfigError> {
+    let at = |k: &str| format!("backends.{name}.{k}");
+    reject_keys(
+        name,
+        "app-server",
+        &[
+            ("base_url", b.base_url.is_some()),
+            ("api_key_env", b.api_key_env.is_some()),
+            ("connect_timeout_ms", b.connect_timeout_ms.is_some()),
+            ("first_byte_timeout_ms", b.first_byte_timeout_ms.is_some()),
+            ("idle_timeout_ms", b.idle_timeout_ms.is_some()),
+            ("total_timeout_ms", b.total_timeout_ms.is_some()),
+            ("max_idle_connections", b.max_idle_connections.is_some()),
+        ],
+    )?;
+    let mut command = b
+        .command
+        .ok_or_else(|| err(at("command"), "missing: the program to run"))?;
+    if command.is_empty() || command[0].trim().is_empty() {
+        return Err(err(at("command"), "must name a program"));
+    }
+    let max_sessions = b.max_sessions.unwrap_or_else(default_max_sessions);
+    if max_sessions == 0 {
+        return Err(err(at("max_sessions"), "must be greater than 0"));
+    }
+    let processes = b.processes.unwrap_or_else(default_processes);
+    if processes == 0 {
+        return Err(err(at("processes"), "must be greater than 0"));
+    }
+    // A program given as a relative path with a slash is relative to the config's folder;
+    // a bare name is looked up on PATH as usual.
+    if command[0].contains('/') && !Path::new(&command[0]).is_absolute() {
+        command[0] = resolve(base, &command[0]).display().to_string();
+    }
+    let env = b
+        .env
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| {
+            if k == "CODEX_HOME" {
+                (k, resolve(base, &v).display().to_string())
+            } else {
+                (k, v)
+            }
+        })
+        .collect();
+    Ok(BackendConfig {
+        command,
+        env,
+        cwd: b.cwd.map(|c| resolve(base, &c)),
+        max_sessions,
+        processes,
+        acquire_timeout: Duration::from_millis(
+            b.acquire_timeout_ms
+                .unwrap_or_else(default_acquire_timeout_ms),
+        ),
+    })
+}
+
+fn upstream_backend(name: &str, b: RawBackend) -> Result<UpstreamConfig, ConfigError> {
+    let at = |k: &str| format!("backends.{name}.{k}");
+    reject_keys(
+        name,
+        "openai",
+        &[
+            ("command", b.command.is_some()),
+            ("env", b.env.is_some()),
+            ("cwd", b.cwd.is_some()),
+            ("max_sessions", b.max_sessions.is_some()),
+            ("processes", b.processes.is_some()),
+            ("acquire_timeout_ms", b.acquire_timeout_ms.is_some()),
+        ],
+    )?;
+    let base_url = b
+        .base_url
+        .ok_or_else(|| err(at("base_url"), "missing: e.g. http://127.0.0.1:8080/v1"))?;
+    let parsed = reqwest::Url::parse(&base_url)
+        .map_err(|e| err(at("base_url"), format!("not a URL: {e}")))?;
+    if !["http", "https"].contains(&parsed.scheme()) {
+        return Err(err(at("base_url"), "must be an http or https URL"));
+    }
+    if let Some(var) = &b.api_key_env {
+        if var.is_empty() || var.contains('=') {
+            return Err(err(at("api_key_env"), "must name an environment variable"));
+        }
+    }
+    let ms = |v: Option<u64>, default: u64, k: &str| -> Result<Duration, ConfigError> {
+        match v.unwrap_or(default) {
+            0 => Err(err(at(k), "must be greater than 0")),
+            n => Ok(Duration::from_millis(n)),
+        }
+    };
+    Ok(UpstreamConfig {
+        base_url: base_url.trim_end_matches('/').to_string(),
+        api_key_env: b.api_key_env,
+        connect_timeout: ms(b.connect_timeout_ms, 5_000, "connect_timeout_ms")?,
+        first_byte_timeout: ms(b.first_byte_timeout_ms, 120_000, "first_byte_timeout_ms")?,
+        idle_timeout: ms(b.idle_timeout_ms, 120_000, "idle_timeout_ms")?,
+        total_timeout: ms(b.total_timeout_ms, 900_000, "total_timeout_ms")?,
+        max_idle_connections: b.max_idle_connections.unwrap_or(64),
     })
 }
 
@@ -699,6 +815,28 @@ command = ["./bin/demo"]
         let text = base_toml().replace("command = \"ask\"", "command = \"maybe\"");
         let e = parse(&text).unwrap_err();
         assert_eq!(e.path, "models[0].approvals.command", "{e}");
+    }
+
+    #[test]
+    fn openai_backend_and_kind_specific_keys() {
+        let text = base_toml().replace(
+            "[backends.demo]",
+            "[backends.up]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1/\"\napi_key_env = \"UP_KEY\"\nidle_timeout_ms = 50\n[backends.demo]",
+        );
+        let cfg = parse(&text).unwrap();
+        let up = &cfg.upstreams["up"];
+        assert_eq!(up.base_url, "http://127.0.0.1:9/v1");
+        assert_eq!(up.idle_timeout, Duration::from_millis(50));
+        assert_eq!(up.api_key_env.as_deref(), Some("UP_KEY"));
+        let bad = text.replace("idle_timeout_ms = 50", "command = [\"x\"]");
+        assert_eq!(parse(&bad).unwrap_err().path, "backends.up.command");
+        let bad = base_toml().replace(
+            "command = [\"./bin/demo\"]",
+            "command = [\"./bin/demo\"]\nbase_url = \"http://x\"",
+        );
+        assert_eq!(parse(&bad).unwrap_err().path, "backends.demo.base_url");
+        let bad = text.replace("http://127.0.0.1:9/v1/", "ftp://x");
+        assert_eq!(parse(&bad).unwrap_err().path, "backends.up.base_url");
     }
 
     #[test]

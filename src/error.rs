@@ -29,6 +29,8 @@ pub enum ErrorCode {
     NotFound,
     MethodNotAllowed,
     Internal,
+    /// An upstream's own 4xx, relayed with its status (kept in `ApiError::upstream_status`).
+    UpstreamRejected,
 }
 
 impl ErrorCode {
@@ -51,6 +53,7 @@ impl ErrorCode {
             UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            UpstreamRejected => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -77,6 +80,7 @@ impl ErrorCode {
             NotFound => "not_found",
             MethodNotAllowed => "method_not_allowed",
             Internal => "internal_error",
+            UpstreamRejected => "upstream_rejected",
         }
     }
 
@@ -100,6 +104,16 @@ pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
     pub param: Option<&'static str>,
+    /// For `UpstreamRejected`: the upstream's status, type, code and param, relayed as is.
+    pub upstream: Option<Box<UpstreamDetail>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamDetail {
+    pub status: u16,
+    pub kind: Option<String>,
+    pub code: Option<String>,
+    pub param: Option<String>,
 }
 
 impl ApiError {
@@ -108,7 +122,33 @@ impl ApiError {
             code,
             message: message.into(),
             param: None,
+            upstream: None,
         }
+    }
+
+    /// An upstream's 4xx: its status and message are kept (never its URL or credentials).
+    pub fn upstream_client_error(
+        status: u16,
+        message: &str,
+        kind: Option<&str>,
+        code: Option<&str>,
+        param: Option<&str>,
+    ) -> Self {
+        let mut e = Self::new(ErrorCode::UpstreamRejected, message);
+        e.upstream = Some(Box::new(UpstreamDetail {
+            status,
+            kind: kind.map(str::to_owned),
+            code: code.map(str::to_owned),
+            param: param.map(str::to_owned),
+        }));
+        e
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.upstream
+            .as_ref()
+            .and_then(|u| StatusCode::from_u16(u.status).ok())
+            .unwrap_or_else(|| self.code.status())
     }
 
     pub fn with_param(mut self, param: &'static str) -> Self {
@@ -145,6 +185,14 @@ impl ApiError {
 
     /// The JSON body, also used as the payload of a mid-stream SSE error event.
     pub fn body(&self) -> serde_json::Value {
+        if let Some(u) = &self.upstream {
+            return json!({"error": {
+                "message": self.message,
+                "type": u.kind.as_deref().unwrap_or("invalid_request_error"),
+                "code": u.code.as_deref().unwrap_or(self.code.as_str()),
+                "param": u.param,
+            }});
+        }
         json!({"error": {
             "message": self.message,
             "type": self.code.kind(),
@@ -162,7 +210,7 @@ impl std::fmt::Display for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.code.status();
+        let status = self.status();
         let mut resp = (status, axum::Json(self.body())).into_response();
         if self.code == ErrorCode::InvalidApiKey {
             resp.headers_mut()

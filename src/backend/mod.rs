@@ -6,6 +6,7 @@
 
 pub mod app_server;
 pub mod render;
+pub mod upstream;
 
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;

@@ -104,6 +104,12 @@ pub enum Lookup {
 pub trait Parked {
     /// False when the backend turn behind the record is gone.
     fn is_alive(&self) -> bool;
+    /// For a stateless upstream: the upstream's call ids (in token order), the round count and
+    /// the creation time, stored with the record so it survives a restart. None for a held
+    /// turn, whose record is journaled as a plain pending token.
+    fn upstream(&self) -> Option<(&[String], u32, u64)> {
+        None
+    }
 }
 
 impl Parked for &'static str {
@@ -230,6 +236,39 @@ impl<P: Parked> Registry<P> {
     /// Registers a batch durably. On success the tokens may be exposed.
     pub fn register(&self, b: NewBatch<P>) -> Result<(), RegisterError<P>> {
         let n = b.tokens.len();
+        let upstream_rows = b.parked.upstream().map(|(ids, rounds, created)| {
+            let left = b.deadline.saturating_duration_since(Instant::now());
+            let deadline_ms = crate::store::now_unix_ms() + left.as_millis() as u64;
+            let mut digests = [0u8; 128];
+            for (i, d) in [
+                b.digests.tools,
+                b.digests.tool_choice,
+                b.digests.prefix,
+                b.digests.echo,
+            ]
+            .iter()
+            .enumerate()
+            {
+                digests[i * 32..(i + 1) * 32].copy_from_slice(d);
+            }
+            b.tokens
+                .iter()
+                .zip(ids)
+                .enumerate()
+                .map(|(i, (t, up))| crate::store::UpstreamPending {
+                    digest: *t,
+                    execution_id: b.execution_id.clone(),
+                    principal: b.principal.clone(),
+                    model: b.model.clone(),
+                    deadline_ms,
+                    digests,
+                    upstream_id: up.clone(),
+                    position: i as u32,
+                    rounds,
+                    created_at: created,
+                })
+                .collect::<Vec<_>>()
+        });
         let id = {
             let mut g = self.lock();
             let mine = g.per_principal.get(&b.principal).copied().unwrap_or(0);
@@ -238,48 +277,90 @@ impl<P: Parked> Registry<P> {
             {
                 return Err(RegisterError::Capacity(b.parked));
             }
-            let id = g.next_batch;
-            g.next_batch += 1;
-            for t in &b.tokens {
-                g.token_batch.insert(*t, id);
-            }
-            g.pending += n;
-            *g.per_principal.entry(b.principal.clone()).or_default() += n;
-            g.batches.insert(
-                id,
-                Batch {
-                    principal: b.principal.clone(),
-                    execution_id: b.execution_id.clone(),
-                    model: b.model,
-                    deadline: b.deadline,
-                    tokens: b.tokens.clone(),
-                    digests: b.digests,
-                    parked: b.parked,
-                },
-            );
-            id
+            Self::insert(
+                &mut g,
+                b.principal.clone(),
+                b.execution_id.clone(),
+                b.model,
+                b.deadline,
+                b.tokens.clone(),
+                b.digests,
+                b.parked,
+            )
         };
-        let detail = format!(
-            "count={n} tokens={} tools={} prefix={} echo={}",
-            b.tokens
-                .iter()
-                .map(super::token::short)
-                .collect::<Vec<_>>()
-                .join(","),
-            super::token::short(&b.digests.tools),
-            super::token::short(&b.digests.prefix),
-            super::token::short(&b.digests.echo)
-        );
-        if let Err(e) =
-            self.store
-                .tokens_registered(&b.execution_id, &b.principal, &b.tokens, &detail)
-        {
+        let written = match &upstream_rows {
+            Some(rows) => self.store.upstream_registered(rows),
+            None => {
+                let detail = format!(
+                    "count={n} tokens={} tools={} prefix={} echo={}",
+                    b.tokens
+                        .iter()
+                        .map(super::token::short)
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    super::token::short(&b.digests.tools),
+                    super::token::short(&b.digests.prefix),
+                    super::token::short(&b.digests.echo)
+                );
+                self.store
+                    .tokens_registered(&b.execution_id, &b.principal, &b.tokens, &detail)
+            }
+        };
+        if let Err(e) = written {
             tracing::error!(execution = %b.execution_id, error = %e, "could not journal pending tokens");
             // Nobody can have claimed the batch: its tokens were never exposed.
             let batch = self.remove(&mut self.lock(), id);
             return Err(RegisterError::Store(batch.map(|b| b.parked)));
         }
         Ok(())
+    }
+
+    /// Puts back a batch recovered from the store at startup (no bounds, no new write).
+    pub fn restore(&self, b: NewBatch<P>) {
+        let mut g = self.lock();
+        Self::insert(
+            &mut g,
+            b.principal,
+            b.execution_id,
+            b.model,
+            b.deadline,
+            b.tokens,
+            b.digests,
+            b.parked,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        g: &mut Inner<P>,
+        principal: String,
+        execution_id: String,
+        model: String,
+        deadline: Instant,
+        tokens: Vec<[u8; 32]>,
+        digests: Digests,
+        parked: P,
+    ) -> u64 {
+        let id = g.next_batch;
+        g.next_batch += 1;
+        for t in &tokens {
+            g.token_batch.insert(*t, id);
+        }
+        g.pending += tokens.len();
+        *g.per_principal.entry(principal.clone()).or_default() += tokens.len();
+        g.batches.insert(
+            id,
+            Batch {
+                principal,
+                execution_id,
+                model,
+                deadline,
+                tokens,
+                digests,
+                parked,
+            },
+        );
+        id
     }
 
     fn remove(&self, g: &mut Inner<P>, id: u64) -> Option<Batch<P>> {
@@ -403,6 +484,16 @@ impl<P: Parked> Registry<P> {
         };
         ids.into_iter()
             .filter_map(|id| self.settle(id, Reason::Expired))
+            .collect()
+    }
+
+    /// Batches that hold a live backend turn (not stateless upstream records).
+    pub fn held_batches(&self) -> Vec<u64> {
+        self.lock()
+            .batches
+            .iter()
+            .filter(|(_, b)| b.parked.upstream().is_none())
+            .map(|(id, _)| *id)
             .collect()
     }
 

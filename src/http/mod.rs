@@ -20,8 +20,9 @@ use serde_json::json;
 
 use crate::auth::Principal;
 use crate::error::{ApiError, ErrorCode};
-use crate::gateway::{Gateway, LegEvent};
+use crate::gateway::{Gateway, LegEvent, RelayBody, Reply};
 use crate::openai::{completion, ChatRequest};
+use serde::Deserialize;
 
 pub fn router(gw: Gateway) -> Router {
     Router::new()
@@ -133,8 +134,10 @@ async fn chat(
     let limit = gw.config().server.max_body_bytes;
     let bytes = read_body(body, &headers, limit).await?;
     let principal = principal(&gw, &headers)?;
-    let req: ChatRequest = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::invalid(format!("Invalid request body: {e}")))?;
+    let invalid = |e: serde_json::Error| ApiError::invalid(format!("Invalid request body: {e}"));
+    // Parsed once as a value (forwarded as is to stateless upstreams) and read typed from it.
+    let raw: serde_json::Value = serde_json::from_slice(&bytes).map_err(invalid)?;
+    let req = ChatRequest::deserialize(&raw).map_err(invalid)?;
     if req.messages.is_empty() {
         return Err(ApiError::invalid("`messages` must not be empty").with_param("messages"));
     }
@@ -144,13 +147,24 @@ async fn chat(
         .as_ref()
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
-    let leg = gw.chat(&principal, req, started).await?;
-    let execution = ExecutionId(leg.execution_id.clone());
-    let mut resp = if stream {
-        let keepalive = gw.config().server.keepalive;
-        sse::respond(leg, include_usage, keepalive).await?
-    } else {
-        collect(leg).await?
+    let (execution, mut resp) = match gw.chat(&principal, req, raw, started).await? {
+        Reply::Leg(leg) => {
+            let execution = ExecutionId(leg.execution_id.clone());
+            let resp = if stream {
+                let keepalive = gw.config().server.keepalive;
+                sse::respond(leg, include_usage, keepalive).await?
+            } else {
+                collect(leg).await?
+            };
+            (execution, resp)
+        }
+        Reply::Relay { execution_id, body } => {
+            let resp = match body {
+                RelayBody::Json(v) => Json(v).into_response(),
+                RelayBody::Sse(stream) => sse::relay(stream)?,
+            };
+            (ExecutionId(execution_id), resp)
+        }
     };
     // For streams this is when headers and the first bytes are ready to go.
     gw.metrics().ttfb.observe(started.elapsed());

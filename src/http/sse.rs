@@ -117,6 +117,18 @@ pub async fn respond(
         .map_err(|_| ApiError::new(crate::error::ErrorCode::Internal, "response build failed"))
 }
 
+/// A stateless upstream's already-framed stream.
+pub fn relay(
+    stream: futures::stream::BoxStream<'static, Result<Bytes, std::convert::Infallible>>,
+) -> Result<Response, ApiError> {
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .header("x-accel-buffering", "no")
+        .body(Body::from_stream(stream))
+        .map_err(|_| ApiError::new(crate::error::ErrorCode::Internal, "response build failed"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,6 +42,30 @@ pub struct StoredTombstone {
     pub reason: String,
 }
 
+/// A pending continuation of a stateless upstream, as stored: everything needed to validate
+/// and forward it after a restart (digests and the upstream's own call id, no content).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamPending {
+    pub digest: [u8; 32],
+    pub execution_id: String,
+    pub principal: String,
+    pub model: String,
+    pub deadline_ms: u64,
+    /// tools | tool_choice | prefix | echo digests, 32 bytes each.
+    pub digests: [u8; 128],
+    pub upstream_id: String,
+    pub position: u32,
+    pub rounds: u32,
+    pub created_at: u64,
+}
+
+pub fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// What startup recovery settled.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Recovery {
@@ -80,6 +104,18 @@ CREATE TABLE IF NOT EXISTS tombstones (
   at INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS tombstones_principal ON tombstones(principal, seq);
+CREATE TABLE IF NOT EXISTS upstream_pending (
+  digest BLOB PRIMARY KEY,
+  execution_id TEXT NOT NULL,
+  principal TEXT NOT NULL,
+  model TEXT NOT NULL,
+  deadline_ms INTEGER NOT NULL,
+  digests BLOB NOT NULL,
+  upstream_id TEXT NOT NULL,
+  position INTEGER NOT NULL,
+  rounds INTEGER NOT NULL,
+  created_at INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS approvals (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
   id TEXT NOT NULL UNIQUE,
@@ -191,14 +227,17 @@ impl Store {
                 params![now],
             )?;
             tx.execute("DELETE FROM pending_tokens", [])?;
+            // Executions suspended on a stateless upstream hold nothing in memory: they stay.
             tx.execute(
                 "INSERT INTO journal (at, execution_id, event, detail)
                  SELECT ?1, execution_id, 'execution_ended', 'reason=lost (gateway restart)'
-                 FROM executions WHERE state = 'live'",
+                 FROM executions WHERE state = 'live'
+                 AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
                 params![now],
             )?;
             let execs = tx.execute(
-                "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?1 WHERE state = 'live'",
+                "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?1 WHERE state = 'live'
+                 AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
                 params![now],
             )?;
             tx.commit()?;
@@ -296,6 +335,7 @@ impl Store {
             let tx = c.transaction()?;
             for d in digests {
                 tx.execute("DELETE FROM pending_tokens WHERE digest = ?1", params![&d[..]])?;
+                tx.execute("DELETE FROM upstream_pending WHERE digest = ?1", params![&d[..]])?;
                 tx.execute(
                     "INSERT OR REPLACE INTO tombstones (digest, principal, reason, at) VALUES (?1, ?2, ?3, ?4)",
                     params![&d[..], principal, reason, now],
@@ -311,6 +351,65 @@ impl Store {
                 params![now, execution_id, format!("reason={reason} count={}", digests.len())],
             )?;
             tx.commit()
+        })
+    }
+
+    /// Records a pending batch of a stateless upstream (register-before-exposure).
+    pub fn upstream_registered(&self, rows: &[UpstreamPending]) -> Result<(), StoreError> {
+        let now = now_unix() as i64;
+        self.with(|c| {
+            let tx = c.transaction()?;
+            for r in rows {
+                tx.execute(
+                    "INSERT INTO upstream_pending (digest, execution_id, principal, model, deadline_ms, digests,
+                     upstream_id, position, rounds, created_at) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
+                    params![&r.digest[..], r.execution_id, r.principal, r.model, r.deadline_ms as i64,
+                            &r.digests[..], r.upstream_id, r.position, r.rounds, r.created_at as i64],
+                )?;
+            }
+            if let Some(r) = rows.first() {
+                tx.execute(
+                    "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_registered', ?3)",
+                    params![now, r.execution_id, format!("count={} upstream=1", rows.len())],
+                )?;
+            }
+            tx.commit()
+        })
+    }
+
+    /// Every pending upstream continuation, grouped by the caller (ordered by execution, position).
+    pub fn upstream_pending(&self) -> Result<Vec<UpstreamPending>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT digest, execution_id, principal, model, deadline_ms, digests, upstream_id, position, rounds, created_at
+                 FROM upstream_pending ORDER BY execution_id, position",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                let d: Vec<u8> = r.get(0)?;
+                let g: Vec<u8> = r.get(5)?;
+                Ok((d, g, UpstreamPending {
+                    digest: [0; 32],
+                    execution_id: r.get(1)?,
+                    principal: r.get(2)?,
+                    model: r.get(3)?,
+                    deadline_ms: r.get::<_, i64>(4)? as u64,
+                    digests: [0; 128],
+                    upstream_id: r.get(6)?,
+                    position: r.get(7)?,
+                    rounds: r.get(8)?,
+                    created_at: r.get::<_, i64>(9)? as u64,
+                }))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (d, g, mut p) = row?;
+                if let (Ok(d), Ok(g)) = (<[u8; 32]>::try_from(d.as_slice()), <[u8; 128]>::try_from(g.as_slice())) {
+                    p.digest = d;
+                    p.digests = g;
+                    out.push(p);
+                }
+            }
+            Ok(out)
         })
     }
 

@@ -103,4 +103,20 @@ except openai.NotFoundError as e:
 r = client.chat.completions.create(model="tool", messages=messages, tools=TOOLS)
 assert r.choices[0].message.content == "Tool result: X"
 
+# 429: held turns of one client pile up until a limit answers RateLimitError (the per-client
+# pending limit or, with the test defaults, the backend's session pool: a held turn keeps its
+# session). Last, since the held turns stay until shutdown.
+held = 0
+while True:
+    try:
+        r = other.chat.completions.create(
+            model="tool", messages=[{"role": "user", "content": f"read /tmp/held{held}"}], tools=TOOLS)
+        assert r.choices[0].finish_reason == "tool_calls", r
+        held += 1
+        assert held < 200, "no limit after 200 held turns"
+    except openai.RateLimitError as e:
+        assert e.status_code == 429 and e.code == "capacity_exhausted", e.body
+        assert held > 0
+        break
+
 print("ALL OK")

@@ -4,6 +4,9 @@
 mod approvals;
 mod continuation;
 mod core;
+mod harness;
 mod lifecycle;
 mod sdk;
+mod sdk_node;
 mod support;
+mod upstream;

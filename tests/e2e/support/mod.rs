@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_upstream;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -15,6 +17,8 @@ use serde_json::{json, Value};
 pub const ALICE: &str = "sk-alice-test-key";
 pub const BOB: &str = "sk-bob-test-key";
 pub const CAROL: &str = "sk-carol-test-key";
+/// The upstream key the gateway reads from `TURNSTILE_TEST_UPSTREAM_KEY` (a canary for logs).
+pub const UPSTREAM_KEY: &str = "sk-upstream-canary-8812";
 /// A client with the `approver` role.
 pub const ROOT: &str = "sk-root-approver-key";
 
@@ -217,6 +221,7 @@ impl Gateway {
             .args(["--log-format", format, "serve", "--config"])
             .arg(self.config_path())
             .env("TURNSTILE_LOG", "info,turnstile=debug")
+            .env("TURNSTILE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()

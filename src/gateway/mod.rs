@@ -8,7 +8,14 @@
 //! written to the client. A continuation request is validated in the spec's order and, after
 //! the atomic claim, answers the held calls and drives the next leg of the same turn.
 //!
+//! Stateless HTTP upstreams (`relay.rs`) share the validation and the claim; their pending
+//! records carry the upstream's call ids instead of a held turn, and live in the store.
+//!
 //! This module never imports axum; `http/` maps its results onto responses.
+
+mod relay;
+
+pub use relay::RelayBody;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -24,6 +31,7 @@ use tokio_util::task::TaskTracker;
 use crate::approvals::Approvals;
 use crate::auth::{self, Principal};
 use crate::backend::app_server::AppServer;
+use crate::backend::upstream::Upstream;
 use crate::backend::{
     render, ApprovalAsk, ApprovalKind, Backend, HeldCall, Turn, TurnEvent, TurnRequest,
 };
@@ -78,10 +86,38 @@ pub struct Execution {
     awaiting: HashMap<[u8; 32], u64>,
 }
 
-impl Parked for Execution {
+/// What a pending record keeps alive: a held backend turn, or (stateless upstream) just
+/// what is needed to forward the continuation.
+pub enum Suspended {
+    Held(Execution),
+    Upstream(relay::UpstreamSuspension),
+}
+
+impl Parked for Suspended {
     fn is_alive(&self) -> bool {
-        self.turn.control.is_alive()
+        match self {
+            Suspended::Held(e) => e.turn.control.is_alive(),
+            Suspended::Upstream(_) => true,
+        }
     }
+
+    fn upstream(&self) -> Option<(&[String], u32, u64)> {
+        match self {
+            Suspended::Held(_) => None,
+            Suspended::Upstream(u) => Some((&u.upstream_ids, u.rounds, u.created)),
+        }
+    }
+}
+
+/// What a chat request gets back.
+pub enum Reply {
+    /// A leg of a held (stateful) turn, framed by the HTTP layer.
+    Leg(Leg),
+    /// A stateless upstream's answer, already rewritten.
+    Relay {
+        execution_id: String,
+        body: relay::RelayBody,
+    },
 }
 
 /// Digests and options of the request that drives a leg, kept for its suspension point.
@@ -107,7 +143,8 @@ struct Inner {
     config: RwLock<Arc<Config>>,
     config_path: Option<PathBuf>,
     backends: BTreeMap<String, Arc<dyn Backend>>,
-    registry: Registry<Execution>,
+    registry: Registry<Suspended>,
+    upstreams: BTreeMap<String, Arc<Upstream>>,
     approvals: Approvals,
     metrics: Metrics,
     store: Arc<Store>,
@@ -152,8 +189,14 @@ impl Gateway {
             tracing::info!(backend = %name, user_agent = ?server.user_agent(), "backend ready");
             backends.insert(name.clone(), server);
         }
+        let mut upstreams = BTreeMap::new();
+        for (name, u) in &cfg.upstreams {
+            upstreams.insert(name.clone(), Arc::new(Upstream::new(name, u)?));
+        }
+        relay::restore_pending(&registry, &store).map_err(|e| e.to_string())?;
         let gw = Gateway {
             inner: Arc::new(Inner {
+                upstreams,
                 config: RwLock::new(Arc::new(cfg)),
                 config_path,
                 backends,
@@ -267,8 +310,9 @@ impl Gateway {
         &self,
         principal: &Principal,
         req: ChatRequest,
+        raw: Value,
         started: std::time::Instant,
-    ) -> Result<Leg, ApiError> {
+    ) -> Result<Reply, ApiError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(ApiError::new(
                 ErrorCode::CapacityExhausted,
@@ -278,14 +322,25 @@ impl Gateway {
         check_tool_choice(req.tool_choice.as_ref())?;
         let tools = parse_tools(&req)?;
         match detect(&req.messages)? {
-            Detected::Fresh => self.fresh(principal, req, tools, started).await,
+            Detected::Fresh => self.fresh(principal, req, raw, tools, started).await,
             Detected::Continuation(c) => {
-                let leg = self.resume(principal, req, c);
-                match &leg {
-                    Ok(_) => self.inner.metrics.overhead.observe(started.elapsed()),
-                    Err(e) => self.inner.metrics.rejection(e.code.as_str()),
+                let claimed = self.resume(principal, &req, &c);
+                match claimed {
+                    Err(e) => {
+                        self.inner.metrics.rejection(e.code.as_str());
+                        Err(e)
+                    }
+                    Ok(Suspended::Held(exec)) => {
+                        let leg = self.answer_held(exec, &req, &c);
+                        if leg.is_ok() {
+                            self.inner.metrics.overhead.observe(started.elapsed());
+                        }
+                        leg.map(Reply::Leg)
+                    }
+                    Ok(Suspended::Upstream(u)) => {
+                        self.relay_continue(u, &req, raw, &c, started).await
+                    }
                 }
-                leg
             }
         }
     }
@@ -294,15 +349,21 @@ impl Gateway {
         &self,
         principal: &Principal,
         req: ChatRequest,
+        raw: Value,
         tools: Vec<ToolDef>,
         started: std::time::Instant,
-    ) -> Result<Leg, ApiError> {
+    ) -> Result<Reply, ApiError> {
         let cfg = self.config();
         let model = cfg
             .model(&req.model)
             .filter(|m| cfg.client(&principal.id).is_some_and(|c| c.may_use(&m.id)))
             .ok_or_else(|| ApiError::model_not_found(&req.model))?
             .clone();
+        if let Some(up) = self.inner.upstreams.get(&model.backend).cloned() {
+            return self
+                .relay_fresh(up, principal, &model, &req, raw, started)
+                .await;
+        }
         let rendered = render::render(&req.messages)?;
         let backend = self
             .inner
@@ -351,16 +412,17 @@ impl Gateway {
             backlog: VecDeque::new(),
             awaiting: HashMap::new(),
         };
-        Ok(self.drive(exec, LegContext::of(&req)))
+        Ok(Reply::Leg(self.drive(exec, LegContext::of(&req))))
     }
 
     /// Validates a continuation in the spec's order; nothing mutates before the claim.
+    /// Returns the claimed suspension.
     fn resume(
         &self,
         principal: &Principal,
-        req: ChatRequest,
-        c: Continuation,
-    ) -> Result<Leg, ApiError> {
+        req: &ChatRequest,
+        c: &Continuation,
+    ) -> Result<Suspended, ApiError> {
         let registry = &self.inner.registry;
         let view = match registry.lookup(&principal.id, &c.tokens) {
             Lookup::NotFound => return Err(not_found()),
@@ -443,7 +505,16 @@ impl Gateway {
         let Some(settled) = registry.settle(view.batch, Reason::Resolved) else {
             return Err(settled_error(Reason::Resolved));
         };
-        let mut exec = settled.parked;
+        Ok(settled.parked)
+    }
+
+    /// Answers the held calls of a claimed execution and drives its next leg.
+    fn answer_held(
+        &self,
+        mut exec: Execution,
+        req: &ChatRequest,
+        c: &Continuation,
+    ) -> Result<Leg, ApiError> {
         for (digest, index) in &c.results {
             let Some(invocation) = exec.awaiting.remove(digest) else {
                 continue;
@@ -459,7 +530,7 @@ impl Gateway {
         }
         exec.awaiting.clear();
         tracing::debug!(execution = %exec.id, results = c.results.len(), "continuation claimed; held calls answered");
-        Ok(self.drive(exec, LegContext::of(&req)))
+        Ok(self.drive(exec, LegContext::of(req)))
     }
 
     /// Starts the leg task and hands back its stream.
@@ -612,7 +683,7 @@ impl Gateway {
                 prefix: ctx.prefix,
                 echo: echo_digest(&text, &echo_calls),
             },
-            parked: exec,
+            parked: Suspended::Held(exec),
         };
         let execution_id = batch.execution_id.clone();
         match self.inner.registry.register(batch) {
@@ -625,14 +696,14 @@ impl Gateway {
                     })
                     .await;
             }
-            Err(RegisterError::Capacity(exec)) => {
+            Err(RegisterError::Capacity(parked)) => {
                 let _ = tx
                     .send(LegEvent::Error(ApiError::new(
                         ErrorCode::CapacityExhausted,
                         "Too many suspended tool calls; retry later.",
                     )))
                     .await;
-                self.finish(exec, "capacity");
+                self.finish_parked(parked, "capacity");
             }
             Err(RegisterError::Store(exec)) => {
                 let _ = tx
@@ -642,7 +713,7 @@ impl Gateway {
                     )))
                     .await;
                 match exec {
-                    Some(exec) => self.finish(exec, "store_unavailable"),
+                    Some(parked) => self.finish_parked(parked, "store_unavailable"),
                     None => self.ended(&execution_id, "store_unavailable"),
                 }
             }
@@ -718,8 +789,11 @@ impl Gateway {
         self.ended(&id, reason);
     }
 
-    fn finish_parked(&self, exec: Execution, reason: &str) {
-        self.finish(exec, reason);
+    fn finish_parked(&self, parked: Suspended, reason: &str) {
+        match parked {
+            Suspended::Held(exec) => self.finish(exec, reason),
+            Suspended::Upstream(u) => self.ended(&u.execution_id, reason),
+        }
     }
 
     fn ended(&self, execution_id: &str, reason: &str) {
@@ -740,12 +814,12 @@ impl Gateway {
             }
             for s in self.inner.registry.take_expired(std::time::Instant::now()) {
                 tracing::info!(execution = %s.execution_id, "suspended execution expired; turn interrupted");
-                self.finish(s.parked, "expired");
+                self.finish_parked(s.parked, "expired");
             }
             self.inner.approvals.expire_due(std::time::Instant::now());
             for s in self.inner.registry.take_dead() {
                 tracing::warn!(execution = %s.execution_id, "backend of a suspended execution died");
-                self.finish(s.parked, "lost");
+                self.finish_parked(s.parked, "lost");
             }
         }
     }
@@ -754,8 +828,12 @@ impl Gateway {
     /// settled `lost` (its turn interrupted). Idempotent.
     pub fn begin_shutdown(&self) {
         self.inner.shutdown.cancel();
-        for s in self.inner.registry.take_all(Reason::Lost) {
-            self.finish(s.parked, "lost");
+        // Held turns die with the process; stateless upstream records stay in the store
+        // and are restored by the next start.
+        for id in self.inner.registry.held_batches() {
+            if let Some(s) = self.inner.registry.settle(id, Reason::Lost) {
+                self.finish_parked(s.parked, "lost");
+            }
         }
         self.inner.approvals.cancel_all();
     }

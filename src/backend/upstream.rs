@@ -1,0 +1,229 @@
+//! `kind = "openai"`: a stateless OpenAI-compatible HTTP upstream (llama.cpp, vLLM, Ollama,
+//! OpenAI itself). This module only speaks upstream HTTP: it sends a Chat Completions body,
+//! applies the connect / first-byte / idle / total timeouts, maps upstream failures to
+//! OpenAI-shaped errors (an upstream 4xx keeps its status and message; the upstream URL and
+//! key never appear), and splits an SSE body into events. Tool-call ids and continuations are
+//! the gateway's business (`relay.rs`).
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use serde_json::Value;
+
+use crate::config::UpstreamConfig;
+use crate::error::{ApiError, ErrorCode};
+
+pub struct Upstream {
+    name: String,
+    url: String,
+    key: Option<String>,
+    client: reqwest::Client,
+    pub idle_timeout: Duration,
+    pub total_timeout: Duration,
+    first_byte_timeout: Duration,
+}
+
+/// One event of an upstream SSE body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SseEvent {
+    /// A `data:` payload other than `[DONE]`.
+    Data(String),
+    Done,
+}
+
+impl Upstream {
+    /// Builds the client; fails when `api_key_env` names an unset variable.
+    pub fn new(name: &str, cfg: &UpstreamConfig) -> Result<Upstream, String> {
+        let key = match &cfg.api_key_env {
+            Some(var) => Some(std::env::var(var).map_err(|_| {
+                format!("backends.{name}.api_key_env: environment variable {var} is not set")
+            })?),
+            None => None,
+        };
+        let client = reqwest::Client::builder()
+            .connect_timeout(cfg.connect_timeout)
+            .pool_max_idle_per_host(cfg.max_idle_connections)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| format!("backends.{name}: cannot build HTTP client: {e}"))?;
+        Ok(Upstream {
+            name: name.to_string(),
+            url: format!("{}/chat/completions", cfg.base_url),
+            key,
+            client,
+            idle_timeout: cfg.idle_timeout,
+            total_timeout: cfg.total_timeout,
+            first_byte_timeout: cfg.first_byte_timeout,
+        })
+    }
+
+    /// Sends a request; resolves when the upstream's headers arrived with a 2xx status.
+    pub async fn send(&self, body: &Value) -> Result<reqwest::Response, ApiError> {
+        let mut req = self.client.post(&self.url).json(body);
+        if let Some(k) = &self.key {
+            req = req.bearer_auth(k);
+        }
+        let resp = match tokio::time::timeout(self.first_byte_timeout, req.send()).await {
+            Err(_) => {
+                tracing::warn!(backend = %self.name, "upstream first-byte timeout");
+                return Err(timeout());
+            }
+            Ok(Err(e)) => {
+                // reqwest errors can carry the URL; log the kind only.
+                tracing::warn!(backend = %self.name, connect = e.is_connect(), timeout = e.is_timeout(), "upstream request failed");
+                return Err(if e.is_timeout() {
+                    timeout()
+                } else {
+                    ApiError::upstream()
+                });
+            }
+            Ok(Ok(r)) => r,
+        };
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let text = tokio::time::timeout(self.idle_timeout, resp.text())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        tracing::warn!(backend = %self.name, status = status.as_u16(), "upstream answered an error");
+        if status.is_client_error() {
+            let upstream: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            let e = &upstream["error"];
+            let message = e["message"]
+                .as_str()
+                .or_else(|| upstream["message"].as_str())
+                .unwrap_or("The upstream rejected the request.");
+            return Err(ApiError::upstream_client_error(
+                status.as_u16(),
+                message,
+                e["type"].as_str(),
+                e["code"].as_str(),
+                e["param"].as_str(),
+            ));
+        }
+        Err(ApiError::upstream())
+    }
+
+    /// Reads a whole JSON body within the total timeout.
+    pub async fn json(&self, resp: reqwest::Response) -> Result<Value, ApiError> {
+        match tokio::time::timeout(self.total_timeout, resp.json::<Value>()).await {
+            Err(_) => Err(timeout()),
+            Ok(Err(_)) => Err(ApiError::upstream()),
+            Ok(Ok(v)) => Ok(v),
+        }
+    }
+
+    /// The SSE events of a streaming body. Each item waits at most `idle_timeout`.
+    pub fn events(
+        &self,
+        resp: reqwest::Response,
+    ) -> BoxStream<'static, Result<SseEvent, ApiError>> {
+        let idle = self.idle_timeout;
+        let state = (resp.bytes_stream().boxed(), SseSplitter::default(), false);
+        futures::stream::unfold(state, move |(mut body, mut split, mut ended)| async move {
+            loop {
+                if let Some(ev) = split.next_event() {
+                    return Some((Ok(ev), (body, split, ended)));
+                }
+                if ended {
+                    return None;
+                }
+                match tokio::time::timeout(idle, body.next()).await {
+                    Err(_) => return Some((Err(timeout()), (body, split, true))),
+                    Ok(Some(Ok(bytes))) => split.push(&bytes),
+                    Ok(Some(Err(_))) => {
+                        return Some((Err(ApiError::upstream()), (body, split, true)))
+                    }
+                    Ok(None) => {
+                        split.finish();
+                        ended = true;
+                    }
+                }
+            }
+        })
+        .boxed()
+    }
+}
+
+fn timeout() -> ApiError {
+    ApiError::new(
+        ErrorCode::UpstreamTimeout,
+        "The upstream did not answer in time.",
+    )
+}
+
+/// Splits a byte stream into SSE events (`data:` lines joined per event; comments and other
+/// fields ignored). Handles `\n` and `\r\n` line ends and events split across chunks.
+#[derive(Default)]
+pub struct SseSplitter {
+    buf: BytesMut,
+    data: Vec<String>,
+    ready: std::collections::VecDeque<SseEvent>,
+}
+
+impl SseSplitter {
+    pub fn push(&mut self, bytes: &Bytes) {
+        self.buf.extend_from_slice(bytes);
+        while let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+            let line = self.buf.split_to(pos + 1);
+            let line = String::from_utf8_lossy(&line);
+            self.line(line.trim_end_matches(['\n', '\r']));
+        }
+    }
+
+    /// The body ended: a last event without its blank line still counts.
+    pub fn finish(&mut self) {
+        if !self.buf.is_empty() {
+            let rest = String::from_utf8_lossy(&self.buf).to_string();
+            self.buf.clear();
+            self.line(rest.trim_end_matches(['\n', '\r']));
+        }
+        self.line("");
+    }
+
+    fn line(&mut self, line: &str) {
+        if line.is_empty() {
+            if !self.data.is_empty() {
+                let data = self.data.join("\n");
+                self.data.clear();
+                self.ready.push_back(if data.trim() == "[DONE]" {
+                    SseEvent::Done
+                } else {
+                    SseEvent::Data(data)
+                });
+            }
+        } else if let Some(d) = line.strip_prefix("data:") {
+            self.data.push(d.strip_prefix(' ').unwrap_or(d).to_string());
+        }
+    }
+
+    pub fn next_event(&mut self) -> Option<SseEvent> {
+        self.ready.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_events_across_chunks_and_line_ends() {
+        let mut s = SseSplitter::default();
+        s.push(&Bytes::from("data: {\"a\":1}\n\nda"));
+        assert_eq!(s.next_event(), Some(SseEvent::Data("{\"a\":1}".into())));
+        assert_eq!(s.next_event(), None);
+        s.push(&Bytes::from(
+            "ta: {\"b\":2}\r\n\r\n: comment\n\nevent: x\ndata: [DONE]\n\n",
+        ));
+        assert_eq!(s.next_event(), Some(SseEvent::Data("{\"b\":2}".into())));
+        assert_eq!(s.next_event(), Some(SseEvent::Done));
+        s.push(&Bytes::from("data: {\"c\":3}"));
+        s.finish();
+        assert_eq!(s.next_event(), Some(SseEvent::Data("{\"c\":3}".into())));
+    }
+}

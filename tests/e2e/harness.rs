@@ -1,0 +1,368 @@
+//! Real coding harnesses (opencode, qwen-code, pi-coding-agent; pinned npm packages that
+//! `.ci/run` installs under `.cache/harnesses/<name>`) run non-interactively against the real
+//! gateway and demo backend. Model `fake-model` is demo scenario `tool`: the backend calls the
+//! harness's own read tool on the first absolute path of the prompt, the gateway holds that
+//! turn and hands the harness an `srct-` call, the harness reads `secret.txt` itself and posts
+//! the result, and the same held turn answers `Tool result: <output>`. A test passes only if
+//! the demo backend's spy saw the secret in a tool result **and** the harness printed it.
+//!
+//! Each run gets its own temporary project folder (the cwd, holding `secret.txt`) and HOME (all
+//! XDG folders inside it), an environment cleared down to PATH, an npm registry pointed at a
+//! closed loopback port (no harness downloads anything at run time), and a time limit after
+//! which its whole process group is killed.
+//!
+//! A harness that is not installed is skipped loudly; under `CI` that is a failure only when
+//! `.ci/run` wrote the install marker (`.turnstile-installed`), i.e. its install step worked.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+/// The gateway model the harnesses use; it maps to demo scenario `tool`.
+const MODEL: &str = "fake-model";
+/// Bound on one harness run (they take 2-12 s here).
+const RUN_LIMIT: Duration = Duration::from_secs(180);
+/// Written by `.ci/run` into a harness folder after a successful install.
+const INSTALLED_MARKER: &str = ".turnstile-installed";
+
+struct Harness {
+    /// Folder under `.cache/harnesses/`.
+    name: &'static str,
+    /// The npm package.
+    package: &'static str,
+    /// Its executable under `node_modules/.bin/`.
+    bin: &'static str,
+}
+
+const OPENCODE: Harness = Harness {
+    name: "opencode",
+    package: "opencode-ai",
+    bin: "opencode",
+};
+const QWEN: Harness = Harness {
+    name: "qwen",
+    package: "@qwen-code/qwen-code",
+    bin: "qwen",
+};
+const PI: Harness = Harness {
+    name: "pi",
+    package: "@mariozechner/pi-coding-agent",
+    bin: "pi",
+};
+
+impl Harness {
+    fn dir(&self) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(".cache/harnesses")
+            .join(self.name)
+    }
+
+    fn version(&self) -> String {
+        let manifest = self
+            .dir()
+            .join("node_modules")
+            .join(self.package)
+            .join("package.json");
+        std::fs::read_to_string(manifest)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v["version"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "?".into())
+    }
+
+    /// The executable, or `None` after a loud skip message.
+    fn locate(&self) -> Option<PathBuf> {
+        let bin = self.dir().join("node_modules/.bin").join(self.bin);
+        if bin.exists() {
+            return Some(bin);
+        }
+        let marker = self.dir().join(INSTALLED_MARKER);
+        if std::env::var_os("CI").is_some() && marker.exists() {
+            panic!(
+                "{}: .ci/run reported a successful install but {} is missing",
+                self.name,
+                bin.display()
+            );
+        }
+        eprintln!(
+            "\n!!!!! SKIPPED {} harness test: {} is not installed at {} !!!!!\n\
+             !!!!! run .ci/run, which installs the pinned harnesses into .cache/harnesses !!!!!\n",
+            self.name,
+            self.package,
+            bin.display()
+        );
+        None
+    }
+}
+
+/// One harness run's world: the temporary project and HOME, the secret and the prompt.
+struct Scene {
+    tmp: tempfile::TempDir,
+    project: PathBuf,
+    home: PathBuf,
+    secret: String,
+    prompt: String,
+    base_url: String,
+}
+
+impl Scene {
+    fn new(gw: &Gateway) -> Scene {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let project = tmp.path().join("project");
+        let home = tmp.path().join("home");
+        std::fs::create_dir_all(&project).expect("project dir");
+        std::fs::create_dir_all(&home).expect("home dir");
+        let secret = format!("TS-SECRET-{:016x}", rand::random::<u64>());
+        std::fs::write(project.join("secret.txt"), format!("{secret}\n")).expect("secret");
+        let prompt = format!(
+            "Read the file {}/secret.txt and tell me the secret.",
+            project.display()
+        );
+        Scene {
+            tmp,
+            project,
+            home,
+            secret,
+            prompt,
+            base_url: format!("{}/v1", gw.url),
+        }
+    }
+
+    fn write(&self, path: &Path, v: &Value) {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("config dir");
+        std::fs::write(path, serde_json::to_string_pretty(v).expect("json")).expect("config");
+    }
+}
+
+/// The e2e config plus `fake-model` = demo scenario `tool`.
+fn harness_config(o: &Opts, dir: &Path) -> String {
+    let mut s = config_text(o, dir);
+    s.push_str(&format!(
+        "\n[[models]]\nid = \"{MODEL}\"\nbackend = \"demo\"\nbackend_model = \"tool\"\n"
+    ));
+    s
+}
+
+/// Runs `cmd` in its own process group; past `limit` the group is killed. The group is also
+/// killed after a normal exit, so nothing a harness left behind outlives the test.
+fn run_bounded(mut cmd: Command, limit: Duration) -> (Option<ExitStatus>, Duration) {
+    let start = Instant::now();
+    let mut child = cmd.process_group(0).spawn().expect("spawn harness");
+    let pgid = child.id();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait harness") {
+            break Some(s);
+        }
+        if start.elapsed() > limit {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let elapsed = start.elapsed();
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .stderr(Stdio::null())
+        .status();
+    if status.is_none() {
+        let _ = child.wait();
+    }
+    (status, elapsed)
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Starts the gateway, lets `configure` write the harness's config and arguments, runs the
+/// harness on the secret prompt and checks both ends: the spy and the harness's output.
+async fn reads_secret_through_held_turn(h: &Harness, configure: impl FnOnce(&Scene, &mut Command)) {
+    let Some(bin) = h.locate() else {
+        return;
+    };
+    let gw = Gateway::start_raw(Opts::default(), harness_config).await;
+    let scene = Scene::new(&gw);
+    let stdout_path = scene.tmp.path().join("stdout.txt");
+    let stderr_path = scene.tmp.path().join("stderr.txt");
+
+    let mut cmd = Command::new(&bin);
+    let home = &scene.home;
+    // Nothing from the caller's environment (keys, base URLs, configs) leaks in.
+    let dead_registry = "http://127.0.0.1:9/";
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("XDG_DATA_HOME", home.join(".local/share"))
+        .env("XDG_STATE_HOME", home.join(".local/state"))
+        .env("XDG_CACHE_HOME", home.join(".cache"))
+        .env("TMPDIR", scene.tmp.path())
+        .env("NO_COLOR", "1")
+        .env("TERM", "dumb")
+        .env("npm_config_registry", dead_registry)
+        .env("BUN_CONFIG_REGISTRY", dead_registry)
+        .current_dir(&scene.project)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout_path).expect("stdout file"))
+        .stderr(std::fs::File::create(&stderr_path).expect("stderr file"));
+    configure(&scene, &mut cmd);
+
+    let (status, elapsed) = tokio::task::spawn_blocking(move || run_bounded(cmd, RUN_LIMIT))
+        .await
+        .expect("join");
+    let stdout = std::fs::read_to_string(&stdout_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    let spy = gw.spy();
+    let log = gw.log();
+    let diagnostics = || {
+        format!(
+            "--- stdout\n{stdout}\n--- stderr (tail)\n{}\n--- gateway log (tail)\n{}\n--- spy\n{}",
+            tail(&stderr, 60),
+            tail(&log, 60),
+            spy.iter()
+                .map(|e| {
+                    let mut e = e.clone();
+                    e["developer_instructions"] = json!("…");
+                    e.to_string()
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    };
+
+    // What the gateway saw, for the record (`cargo test -- --nocapture`).
+    let statuses: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("/v1/chat/completions"))
+        .filter_map(|l| l.split("status=").nth(1))
+        .filter_map(|s| s.split_whitespace().next())
+        .collect();
+    let threads: Vec<String> = gw
+        .thread_starts()
+        .iter()
+        .map(|t| t["dynamic_tools"].to_string())
+        .collect();
+    eprintln!(
+        "harness {} {}: exit {:?} after {:.1} s; chat requests (status): {:?}; backend threads \
+         (tools): {}",
+        h.name,
+        h.version(),
+        status.and_then(|s| s.code()),
+        elapsed.as_secs_f64(),
+        statuses,
+        threads.join(" / ")
+    );
+
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "{} did not finish within {RUN_LIMIT:?}\n{}",
+            h.name,
+            diagnostics()
+        )
+    });
+    assert!(
+        status.success(),
+        "{} exited with {status}\n{}",
+        h.name,
+        diagnostics()
+    );
+    let ran_tool = gw.spy_events("tool_result").iter().any(|e| {
+        e["success"] == json!(true)
+            && e["text"]
+                .as_str()
+                .is_some_and(|t| t.contains(&scene.secret))
+    });
+    assert!(
+        ran_tool,
+        "{}: the backend never received a tool result with the secret {}\n{}",
+        h.name,
+        scene.secret,
+        diagnostics()
+    );
+    let answer = stdout
+        .find("Tool result:")
+        .map(|i| &stdout[i..])
+        .unwrap_or_default();
+    assert!(
+        answer.contains(&scene.secret),
+        "{}: the final answer (`Tool result: …` with the secret {}) is not in its output\n{}",
+        h.name,
+        scene.secret,
+        diagnostics()
+    );
+}
+
+#[tokio::test]
+async fn harness_opencode_reads_secret_through_held_turn() {
+    reads_secret_through_held_turn(&OPENCODE, |s, cmd| {
+        // Project config (opencode reads ./opencode.json); its title request goes to
+        // `small_model` without tools and gets "No tools available.".
+        let provider = json!({
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "Turnstile",
+            "options": {"baseURL": s.base_url, "apiKey": ALICE},
+            "models": {MODEL: {"name": "Turnstile demo", "tool_call": true}},
+        });
+        let config = json!({
+            "provider": {"turnstile": provider},
+            "model": format!("turnstile/{MODEL}"),
+            "small_model": format!("turnstile/{MODEL}"),
+            "autoupdate": false,
+            "share": "disabled",
+        });
+        s.write(&s.project.join("opencode.json"), &config);
+        cmd.env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+            .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+            .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
+            .args(["run", "-m", &format!("turnstile/{MODEL}"), &s.prompt]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn harness_qwen_code_reads_secret_through_held_turn() {
+    reads_secret_through_held_turn(&QWEN, |s, cmd| {
+        cmd.args([
+            "--auth-type",
+            "openai",
+            "--openai-api-key",
+            ALICE,
+            "--openai-base-url",
+            &s.base_url,
+            "-m",
+            MODEL,
+            "--yolo",
+            &s.prompt,
+        ]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn harness_pi_reads_secret_through_held_turn() {
+    reads_secret_through_held_turn(&PI, |s, cmd| {
+        let models = json!({"providers": {"turnstile": {
+            "baseUrl": s.base_url,
+            "api": "openai-completions",
+            "apiKey": ALICE,
+            "models": [{"id": MODEL}],
+        }}});
+        s.write(&s.home.join(".pi/agent/models.json"), &models);
+        cmd.args([
+            "--offline",
+            "--no-session",
+            "-p",
+            "--provider",
+            "turnstile",
+            "--model",
+            MODEL,
+            &s.prompt,
+        ]);
+    })
+    .await;
+}

@@ -1,0 +1,272 @@
+//! A scripted OpenAI-compatible upstream for the `openai` backend kind, on 127.0.0.1:0 in the
+//! test process. The scenario is the `model` the gateway forwards (the model's
+//! `backend_model`). Every request body and Authorization header is recorded; a streaming
+//! answer that is dropped by its reader is recorded as `disconnects`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+#[derive(Default)]
+pub struct Seen {
+    pub bodies: Mutex<Vec<Value>>,
+    pub auth: Mutex<Vec<String>>,
+    pub disconnects: AtomicUsize,
+}
+
+pub struct FakeUpstream {
+    pub url: String,
+    pub seen: Arc<Seen>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeUpstream {
+    pub async fn start() -> FakeUpstream {
+        let seen = Arc::new(Seen::default());
+        let app = Router::new()
+            .route("/v1/chat/completions", post(handle))
+            .with_state(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}/v1", listener.local_addr().expect("addr"));
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeUpstream { url, seen, task }
+    }
+
+    pub fn bodies(&self) -> Vec<Value> {
+        self.seen.bodies.lock().unwrap().clone()
+    }
+
+    pub fn disconnects(&self) -> usize {
+        self.seen.disconnects.load(Ordering::SeqCst)
+    }
+}
+
+fn chunk(model: &str, delta: Value, finish: Option<&str>) -> String {
+    let c = json!({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": model,
+                   "system_fingerprint": "fp_up", "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]});
+    format!("data: {c}\n\n")
+}
+
+fn usage() -> Value {
+    json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10})
+}
+
+fn last_user(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Counts a stream dropped by its reader before it finished.
+struct DropGuard(Arc<Seen>, bool);
+impl DropGuard {
+    fn disarm(&mut self) {
+        self.1 = true;
+    }
+}
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.disconnects.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn sse(parts: Vec<(u64, String)>, seen: Arc<Seen>, stall_at_end: bool) -> Response {
+    let stream = futures::stream::unfold(
+        (parts.into_iter(), DropGuard(seen, false)),
+        move |(mut it, mut guard)| async move {
+            match it.next() {
+                Some((delay, text)) => {
+                    if delay > 0 {
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                    }
+                    Some((Ok::<_, std::convert::Infallible>(text), (it, guard)))
+                }
+                None if stall_at_end => {
+                    std::future::pending::<()>().await;
+                    None
+                }
+                None => {
+                    guard.disarm();
+                    None
+                }
+            }
+        },
+    );
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(stream))
+        .unwrap()
+}
+
+async fn handle(
+    State(seen): State<Arc<Seen>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    seen.bodies.lock().unwrap().push(body.clone());
+    if let Some(a) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
+        seen.auth.lock().unwrap().push(a.to_string());
+    }
+    let model = body["model"].as_str().unwrap_or_default().to_string();
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    let include_usage = body["stream_options"]["include_usage"]
+        .as_bool()
+        .unwrap_or(false);
+    let last = body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap_or(Value::Null);
+    let calls: Vec<(&str, &str, &str)> = match model.as_str() {
+        "up-500" => return (StatusCode::INTERNAL_SERVER_ERROR, "boom at http://secret-upstream.internal").into_response(),
+        "up-400" => {
+            return (StatusCode::BAD_REQUEST, Json(json!({"error": {"message": "context too long", "type": "invalid_request_error", "code": "context_length_exceeded", "param": "messages"}}))).into_response()
+        }
+        "up-slow-first" => {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            vec![]
+        }
+        _ if last["role"] == "tool" => vec![],
+        "up-tool" => vec![("call_up_1", "read_file", "{\"path\":\"/x\"}")],
+        "up-parallel" | "up-oneshot" => vec![("call_up_1", "read_file", "{\"path\":\"/a\"}"), ("call_up_2", "list_dir", "{\"dir\":\"/b\"}")],
+        _ => vec![],
+    };
+    let text = if last["role"] == "tool" {
+        let results: Vec<String> = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| {
+                format!(
+                    "{}={}",
+                    m["tool_call_id"].as_str().unwrap_or(""),
+                    m["content"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        format!("Results: {}", results.join(", "))
+    } else {
+        format!("echo: {}", last_user(&body))
+    };
+    if !stream {
+        let message = if calls.is_empty() {
+            json!({"role": "assistant", "content": text})
+        } else {
+            let tc: Vec<Value> = calls
+                .iter()
+                .map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}))
+                .collect();
+            json!({"role": "assistant", "content": null, "tool_calls": tc})
+        };
+        let finish = if calls.is_empty() {
+            "stop"
+        } else {
+            "tool_calls"
+        };
+        return Json(json!({"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
+            "usage": usage(), "x_upstream_extra": {"kept": true}}))
+        .into_response();
+    }
+    let mut parts: Vec<(u64, String)> = vec![(
+        0,
+        chunk(&model, json!({"role": "assistant", "content": ""}), None),
+    )];
+    match model.as_str() {
+        "up-idle" => {
+            parts.push((0, chunk(&model, json!({"content": "partial"}), None)));
+            return sse(parts, seen, true);
+        }
+        "up-endless" => {
+            for i in 0..600 {
+                parts.push((
+                    50,
+                    chunk(&model, json!({"content": format!("t{i} ")}), None),
+                ));
+            }
+            return sse(parts, seen, false);
+        }
+        "up-parallel" if !calls.is_empty() => {
+            // Interleaved fragments, ids only on first deltas.
+            parts.push((0, chunk(&model, json!({"tool_calls": [{"index": 0, "id": "call_up_1", "type": "function", "function": {"name": "read_file", "arguments": ""}}]}), None)));
+            parts.push((0, chunk(&model, json!({"tool_calls": [{"index": 1, "id": "call_up_2", "type": "function", "function": {"name": "list_dir", "arguments": "{\"dir\""}}]}), None)));
+            parts.push((0, chunk(&model, json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"path\":\"/a\"}"}}]}), None)));
+            parts.push((
+                0,
+                chunk(
+                    &model,
+                    json!({"tool_calls": [{"index": 1, "function": {"arguments": ":\"/b\"}"}}]}),
+                    None,
+                ),
+            ));
+        }
+        "up-oneshot" if !calls.is_empty() => {
+            // vLLM/Ollama style: each call whole in one delta, id repeated, no type.
+            for (i, (id, name, args)) in calls.iter().enumerate() {
+                parts.push((0, chunk(&model, json!({"tool_calls": [{"index": i, "id": id, "function": {"name": name, "arguments": args}}]}), None)));
+            }
+        }
+        _ if !calls.is_empty() => {
+            let (id, name, _) = calls[0];
+            parts.push((0, chunk(&model, json!({"content": null, "tool_calls": [{"index": 0, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}), None)));
+            parts.push((
+                0,
+                chunk(
+                    &model,
+                    json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"path\""}}]}),
+                    None,
+                ),
+            ));
+            parts.push((
+                0,
+                chunk(
+                    &model,
+                    json!({"tool_calls": [{"index": 0, "function": {"arguments": ":\"/x\"}"}}]}),
+                    None,
+                ),
+            ));
+        }
+        _ => {
+            let third = text.len() / 3;
+            for piece in [&text[..third], &text[third..2 * third], &text[2 * third..]] {
+                parts.push((0, chunk(&model, json!({"content": piece}), None)));
+            }
+        }
+    }
+    let finish = if calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    };
+    parts.push((0, chunk(&model, json!({}), Some(finish))));
+    if include_usage {
+        let u = json!({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": [], "usage": usage()});
+        parts.push((0, format!("data: {u}\n\n")));
+    }
+    parts.push((0, "data: [DONE]\n\n".to_string()));
+    sse(parts, seen, false)
+}
