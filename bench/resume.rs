@@ -234,7 +234,7 @@ async fn main() {
         "{:>8} {:>12} {:>12} {:>12} {:>12} {:>9}",
         "size", "direct p50", "gateway p50", "direct p99", "gateway p99", "p50 added"
     );
-    let gw = gateway(held + 100);
+    let gw = gateway(held + 1000);
     for (label, size) in [("1 KB", 1_000), ("100 KB", 100_000), ("1 MB", 1_000_000)] {
         let n = if size >= 1_000_000 {
             iters.min(20)

@@ -8,10 +8,29 @@
 //! canonical JSON when they parse (else byte-exact), tool sets are order-insensitive and an
 //! absent `tool_choice` equals `"auto"`.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 
 use crate::auth::sha256;
-use crate::openai::{Message, ToolCall};
+use crate::openai::{Content, Message};
+
+/// Where canonical text goes: a `String`, or straight into a SHA-256 (no intermediate copy of
+/// a large conversation).
+trait Sink {
+    fn put(&mut self, s: &str);
+}
+
+impl Sink for String {
+    fn put(&mut self, s: &str) {
+        self.push_str(s);
+    }
+}
+
+impl Sink for Sha256 {
+    fn put(&mut self, s: &str) {
+        self.update(s.as_bytes());
+    }
+}
 
 /// Writes `v` in canonical form.
 pub fn canonical(v: &Value) -> String {
@@ -20,34 +39,67 @@ pub fn canonical(v: &Value) -> String {
     out
 }
 
-fn write(v: &Value, out: &mut String) {
+fn write<S: Sink>(v: &Value, out: &mut S) {
     match v {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
             keys.sort();
-            out.push('{');
+            out.put("{");
             for (i, k) in keys.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.put(",");
                 }
-                out.push_str(&Value::String((*k).clone()).to_string());
-                out.push(':');
+                write_str([k.as_str()], out);
+                out.put(":");
                 write(&map[k.as_str()], out);
             }
-            out.push('}');
+            out.put("}");
         }
         Value::Array(items) => {
-            out.push('[');
+            out.put("[");
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.put(",");
                 }
                 write(item, out);
             }
-            out.push(']');
+            out.put("]");
         }
-        other => out.push_str(&other.to_string()),
+        Value::String(s) => write_str([s.as_str()], out),
+        other => out.put(&other.to_string()),
     }
+}
+
+/// Writes the concatenation of `parts` as one JSON string, escaped exactly as serde_json
+/// does: `"` `\\` and the control characters `\b \f \n \r \t` by name, other control
+/// characters as `\u00xx`; everything else (non-ASCII included) verbatim.
+fn write_str<'a, S: Sink>(parts: impl IntoIterator<Item = &'a str>, out: &mut S) {
+    out.put("\"");
+    for part in parts {
+        let mut start = 0;
+        for (i, b) in part.bytes().enumerate() {
+            let esc: &str = match b {
+                b'"' => "\\\"",
+                b'\\' => "\\\\",
+                b'\n' => "\\n",
+                b'\r' => "\\r",
+                b'\t' => "\\t",
+                0x08 => "\\b",
+                0x0c => "\\f",
+                0x00..=0x1f => "",
+                _ => continue,
+            };
+            out.put(&part[start..i]);
+            if esc.is_empty() {
+                out.put(&format!("\\u{:04x}", b));
+            } else {
+                out.put(esc);
+            }
+            start = i + 1;
+        }
+        out.put(&part[start..]);
+    }
+    out.put("\"");
 }
 
 /// Arguments as canonical JSON when they parse, else the raw text.
@@ -58,36 +110,92 @@ pub fn canonical_arguments(raw: &str) -> Value {
     }
 }
 
-fn call_value(c: &ToolCall) -> Value {
-    json!({"id": c.id, "name": c.function.name,
-           "arguments": canonical_arguments(&c.function.arguments_text())})
+/// The text parts of a content value, in order (see `Content::text`).
+fn content_parts(c: Option<&Content>) -> Vec<&str> {
+    match c {
+        None => Vec::new(),
+        Some(Content::Text(s)) => vec![s.as_str()],
+        Some(Content::Parts(parts)) => parts
+            .iter()
+            .filter_map(|p| match p {
+                Value::String(s) => Some(s.as_str()),
+                Value::Object(o) => o.get("text").and_then(Value::as_str),
+                _ => None,
+            })
+            .collect(),
+    }
 }
 
-/// The meaning-carrying projection of one message.
-pub fn message_value(m: &Message) -> Value {
-    let mut o = Map::new();
-    o.insert("role".into(), json!(m.role));
-    o.insert("content".into(), json!(m.text()));
+/// Writes the meaning-carrying projection of one message, keys already in canonical order:
+/// `content`, `name`, `role`, `tool_call_id`, `tool_calls` (`arguments`, `id`, `name`).
+fn write_message<S: Sink>(m: &Message, out: &mut S) {
+    out.put("{\"content\":");
+    write_str(content_parts(m.content.as_ref()), out);
     if let Some(n) = &m.name {
-        o.insert("name".into(), json!(n));
+        out.put(",\"name\":");
+        write_str([n.as_str()], out);
     }
+    out.put(",\"role\":");
+    write_str([m.role.as_str()], out);
     if let Some(id) = &m.tool_call_id {
-        o.insert("tool_call_id".into(), json!(id));
+        out.put(",\"tool_call_id\":");
+        write_str([id.as_str()], out);
     }
-    let calls: Vec<Value> = m.tool_calls.iter().flatten().map(call_value).collect();
+    let calls = m.tool_calls.as_deref().unwrap_or_default();
     if !calls.is_empty() {
-        o.insert("tool_calls".into(), Value::Array(calls));
+        out.put(",\"tool_calls\":[");
+        for (i, c) in calls.iter().enumerate() {
+            if i > 0 {
+                out.put(",");
+            }
+            out.put("{\"arguments\":");
+            write(&canonical_arguments(&c.function.arguments_text()), out);
+            out.put(",\"id\":");
+            write_str([c.id.as_str()], out);
+            out.put(",\"name\":");
+            write_str([c.function.name.as_str()], out);
+            out.put("}");
+        }
+        out.put("]");
     }
-    Value::Object(o)
+    out.put("}");
+}
+
+/// The canonical text of one message's projection (tests and diagnostics).
+pub fn message_canonical(m: &Message) -> String {
+    let mut s = String::new();
+    write_message(m, &mut s);
+    s
 }
 
 pub fn digest(v: &Value) -> [u8; 32] {
-    sha256(canonical(v).as_bytes())
+    let mut h = Sha256::new();
+    write(v, &mut h);
+    h.finalize().into()
+}
+
+/// SHA-256 of one message's canonical projection.
+pub fn message_digest(m: &Message) -> [u8; 32] {
+    let mut h = Sha256::new();
+    write_message(m, &mut h);
+    h.finalize().into()
+}
+
+/// The prefix digest from per-message digests: SHA-256 over their concatenation. Computing
+/// message digests once serves both the check of a continuation's prefix and the prefix of
+/// its own next suspension.
+pub fn prefix_digest_of(message_digests: &[[u8; 32]]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for d in message_digests {
+        h.update(d);
+    }
+    h.finalize().into()
 }
 
 /// Digest of the conversation prefix (every message before the assistant `tool_calls`).
 pub fn prefix_digest(messages: &[Message]) -> [u8; 32] {
-    digest(&Value::Array(messages.iter().map(message_value).collect()))
+    let digests: Vec<[u8; 32]> = messages.iter().map(message_digest).collect();
+    prefix_digest_of(&digests)
 }
 
 /// Digest of the tool set, independent of the order the tools are listed in.
@@ -146,6 +254,32 @@ mod tests {
         assert_eq!(canonical(&v), r#"{"a":null,"b":[1,{"a":"x y","z":1}]}"#);
         let w: Value = serde_json::from_str(r#"{"a":null,"b":[1,{"z":1,"a":"x y"}]}"#).unwrap();
         assert_eq!(digest(&v), digest(&w));
+    }
+
+    #[test]
+    fn string_escaping_matches_serde_json() {
+        for s in [
+            "plain",
+            "q\"uote",
+            "back\\slash",
+            "nl\n cr\r tab\t",
+            "\u{0}\u{1}\u{8}\u{c}\u{1f}\u{7f}",
+            "é ü 漢字 🦀",
+            "</script>",
+        ] {
+            assert_eq!(
+                canonical(&json!(s)),
+                serde_json::to_string(s).unwrap(),
+                "{s:?}"
+            );
+        }
+        let m = msg(
+            json!({"role":"tool","tool_call_id":"i\"d","name":"n","content":[{"type":"text","text":"a\n"},{"type":"text","text":"b"}],
+                           "tool_calls":[{"id":"x","function":{"name":"f","arguments":"{\"b\":1,\"a\":[1, 2]}"}}]}),
+        );
+        let via_value = json!({"content": "a\nb", "name": "n", "role": "tool", "tool_call_id": "i\"d",
+                               "tool_calls": [{"arguments": "{\"a\":[1,2],\"b\":1}", "id": "x", "name": "f"}]});
+        assert_eq!(message_canonical(&m), canonical(&via_value));
     }
 
     #[test]

@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -37,7 +38,8 @@ use crate::backend::{
 };
 use crate::config::{self, Config, ConfigError, Decision};
 use crate::continuation::canonical::{
-    echo_digest, echo_digest_of, prefix_digest, tool_choice_digest, tools_digest,
+    echo_digest, echo_digest_of, message_digest, prefix_digest, prefix_digest_of,
+    tool_choice_digest, tools_digest,
 };
 use crate::continuation::detect::{detect, Continuation, Detected};
 use crate::continuation::{
@@ -130,10 +132,15 @@ struct LegContext {
 
 impl LegContext {
     fn of(req: &ChatRequest) -> LegContext {
+        Self::with_prefix(req, prefix_digest(&req.messages))
+    }
+
+    /// When the caller already has the digest of all of `req.messages`.
+    fn with_prefix(req: &ChatRequest, prefix: [u8; 32]) -> LegContext {
         LegContext {
             tools: tools_digest(req.tools.as_deref()),
             tool_choice: tool_choice_digest(req.tool_choice.as_ref()),
-            prefix: prefix_digest(&req.messages),
+            prefix,
             parallel: req.parallel_tool_calls.unwrap_or(true),
         }
     }
@@ -310,7 +317,7 @@ impl Gateway {
         &self,
         principal: &Principal,
         req: ChatRequest,
-        raw: Value,
+        raw: Bytes,
         started: std::time::Instant,
     ) -> Result<Reply, ApiError> {
         if self.inner.shutdown.is_cancelled() {
@@ -319,26 +326,33 @@ impl Gateway {
                 "The gateway is shutting down.",
             ));
         }
-        check_tool_choice(req.tool_choice.as_ref())?;
-        let tools = parse_tools(&req)?;
         match detect(&req.messages)? {
-            Detected::Fresh => self.fresh(principal, req, raw, tools, started).await,
+            Detected::Fresh => self.fresh(principal, req, raw, started).await,
             Detected::Continuation(c) => {
-                let claimed = self.resume(principal, &req, &c);
+                // Each message is digested once: the prefix check uses those before the
+                // assistant message, the next suspension's prefix all of them.
+                let digests: Vec<[u8; 32]> = req.messages.iter().map(message_digest).collect();
+                let claimed = self.resume(
+                    principal,
+                    &req,
+                    &c,
+                    prefix_digest_of(&digests[..c.assistant]),
+                );
+                let ctx = LegContext::with_prefix(&req, prefix_digest_of(&digests));
                 match claimed {
                     Err(e) => {
                         self.inner.metrics.rejection(e.code.as_str());
                         Err(e)
                     }
                     Ok(Suspended::Held(exec)) => {
-                        let leg = self.answer_held(exec, &req, &c);
+                        let leg = self.answer_held(exec, &req, &c, ctx);
                         if leg.is_ok() {
                             self.inner.metrics.overhead.observe(started.elapsed());
                         }
                         leg.map(Reply::Leg)
                     }
                     Ok(Suspended::Upstream(u)) => {
-                        self.relay_continue(u, &req, raw, &c, started).await
+                        self.relay_continue(u, raw, &c, ctx, started).await
                     }
                 }
             }
@@ -349,8 +363,7 @@ impl Gateway {
         &self,
         principal: &Principal,
         req: ChatRequest,
-        raw: Value,
-        tools: Vec<ToolDef>,
+        raw: Bytes,
         started: std::time::Instant,
     ) -> Result<Reply, ApiError> {
         let cfg = self.config();
@@ -364,6 +377,9 @@ impl Gateway {
                 .relay_fresh(up, principal, &model, &req, raw, started)
                 .await;
         }
+        // A stateless upstream enforces any tool_choice itself; an agent backend cannot.
+        check_tool_choice(req.tool_choice.as_ref())?;
+        let tools = parse_tools(&req)?;
         let rendered = render::render(&req.messages)?;
         let backend = self
             .inner
@@ -422,6 +438,7 @@ impl Gateway {
         principal: &Principal,
         req: &ChatRequest,
         c: &Continuation,
+        prefix: [u8; 32],
     ) -> Result<Suspended, ApiError> {
         let registry = &self.inner.registry;
         let view = match registry.lookup(&principal.id, &c.tokens) {
@@ -476,7 +493,7 @@ impl Gateway {
         let got = Digests {
             tools: tools_digest(req.tools.as_deref()),
             tool_choice: tool_choice_digest(req.tool_choice.as_ref()),
-            prefix: prefix_digest(&req.messages[..c.assistant]),
+            prefix,
             echo: echo_digest_of(&req.messages[c.assistant]),
         };
         if let Some(what) = view.digests.first_mismatch(&got) {
@@ -514,6 +531,7 @@ impl Gateway {
         mut exec: Execution,
         req: &ChatRequest,
         c: &Continuation,
+        ctx: LegContext,
     ) -> Result<Leg, ApiError> {
         for (digest, index) in &c.results {
             let Some(invocation) = exec.awaiting.remove(digest) else {
@@ -530,7 +548,7 @@ impl Gateway {
         }
         exec.awaiting.clear();
         tracing::debug!(execution = %exec.id, results = c.results.len(), "continuation claimed; held calls answered");
-        Ok(self.drive(exec, LegContext::of(req)))
+        Ok(self.drive(exec, ctx))
     }
 
     /// Starts the leg task and hands back its stream.

@@ -67,6 +67,11 @@ struct PartialCall {
     arguments: String,
 }
 
+/// The client's body as a JSON value, to forward with only `model` renamed.
+fn parse_body(raw: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(raw).map_err(|e| ApiError::invalid(format!("Invalid request body: {e}")))
+}
+
 /// Loads the stateless upstream records a previous process left pending.
 pub fn restore_pending(registry: &Registry<Suspended>, store: &Store) -> Result<(), StoreError> {
     let rows = store.upstream_pending()?;
@@ -118,9 +123,10 @@ impl Gateway {
         principal: &Principal,
         model: &ModelConfig,
         req: &ChatRequest,
-        raw: Value,
+        raw: Bytes,
         started: std::time::Instant,
     ) -> Result<Reply, ApiError> {
+        let raw = parse_body(&raw)?;
         let execution_id = token::new_id("exe-");
         self.inner
             .store
@@ -148,11 +154,13 @@ impl Gateway {
     pub(super) async fn relay_continue(
         &self,
         u: UpstreamSuspension,
-        req: &ChatRequest,
-        mut raw: Value,
+        raw: Bytes,
         c: &Continuation,
+        ctx: LegContext,
         started: std::time::Instant,
     ) -> Result<Reply, ApiError> {
+        let mut raw = parse_body(&raw)?;
+        let stream = raw["stream"].as_bool().unwrap_or(false);
         let cfg = self.config();
         let Some(up) = cfg
             .model(&u.model)
@@ -201,10 +209,10 @@ impl Gateway {
             created: u.created,
             rounds: u.rounds,
             deadline: std::time::Instant::now() + cfg.continuations.execution_ttl,
-            ctx: LegContext::of(req),
+            ctx,
         };
         tracing::debug!(execution = %leg.execution_id, "upstream continuation claimed; forwarding");
-        self.relay(up, leg, raw, req.stream, started).await
+        self.relay(up, leg, raw, stream, started).await
     }
 
     async fn relay(

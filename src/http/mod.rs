@@ -22,7 +22,6 @@ use crate::auth::Principal;
 use crate::error::{ApiError, ErrorCode};
 use crate::gateway::{Gateway, LegEvent, RelayBody, Reply};
 use crate::openai::{completion, ChatRequest};
-use serde::Deserialize;
 
 pub fn router(gw: Gateway) -> Router {
     Router::new()
@@ -134,10 +133,8 @@ async fn chat(
     let limit = gw.config().server.max_body_bytes;
     let bytes = read_body(body, &headers, limit).await?;
     let principal = principal(&gw, &headers)?;
-    let invalid = |e: serde_json::Error| ApiError::invalid(format!("Invalid request body: {e}"));
-    // Parsed once as a value (forwarded as is to stateless upstreams) and read typed from it.
-    let raw: serde_json::Value = serde_json::from_slice(&bytes).map_err(invalid)?;
-    let req = ChatRequest::deserialize(&raw).map_err(invalid)?;
+    let req: ChatRequest = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid(format!("Invalid request body: {e}")))?;
     if req.messages.is_empty() {
         return Err(ApiError::invalid("`messages` must not be empty").with_param("messages"));
     }
@@ -147,7 +144,7 @@ async fn chat(
         .as_ref()
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
-    let (execution, mut resp) = match gw.chat(&principal, req, raw, started).await? {
+    let (execution, mut resp) = match gw.chat(&principal, req, bytes, started).await? {
         Reply::Leg(leg) => {
             let execution = ExecutionId(leg.execution_id.clone());
             let resp = if stream {

@@ -1,0 +1,270 @@
+//! Plain-path benchmark for the `openai` backend kind (not a test):
+//! `cargo bench --bench upstream`.
+//!
+//! An in-repo zero-delay mock upstream (canned JSON, and canned SSE for `stream:true`) runs in
+//! this process; the gateway (release binary) runs as its own process in front of it. A fixed
+//! rate of requests is sent, open loop (each request is timed from its scheduled start, so a
+//! stall is not hidden), first directly to the mock and then through the gateway, alternating
+//! rounds, and p50/p90/p99, throughput, the gateway's CPU per request (from /proc) and the
+//! gateway/direct ratios are printed.
+//!
+//! Environment: `BENCH_RATE` (req/s, default 2000), `BENCH_SECONDS` (per round, default 5),
+//! `BENCH_ROUNDS` (default 2), `BENCH_STREAM=1` to measure the streaming relay instead.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::response::IntoResponse;
+use axum::routing::post;
+use serde_json::json;
+
+const KEY: &str = "sk-bench";
+
+const JSON_BODY: &str = r#"{"id":"chatcmpl-mock","object":"chat.completion","created":1,"model":"mock","choices":[{"index":0,"message":{"role":"assistant","content":"Hello from the mock upstream."},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":6,"total_tokens":11}}"#;
+
+fn sse_body() -> String {
+    let chunk = |delta: &str, finish: &str| {
+        format!("data: {{\"id\":\"chatcmpl-mock\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"mock\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n")
+    };
+    let mut s = chunk(r#"{"role":"assistant","content":""}"#, "null");
+    for w in ["Hello ", "from ", "the ", "mock."] {
+        s.push_str(&chunk(&format!("{{\"content\":\"{w}\"}}"), "null"));
+    }
+    s.push_str(&chunk("{}", "\"stop\""));
+    s.push_str("data: [DONE]\n\n");
+    s
+}
+
+async fn mock(body: axum::body::Bytes) -> axum::response::Response {
+    let stream = memchr_stream(&body);
+    if stream {
+        ([("content-type", "text/event-stream")], sse_body()).into_response()
+    } else {
+        ([("content-type", "application/json")], JSON_BODY).into_response()
+    }
+}
+
+/// Cheap check for `"stream":true` without parsing (the mock must cost nothing).
+fn memchr_stream(body: &[u8]) -> bool {
+    body.windows(13).any(|w| w == b"\"stream\":true")
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or_default();
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime) are at 11 and 12 after the command name.
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+struct Gw {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Gw {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn gateway(upstream: &str) -> Gw {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = \"b.db\"\n\
+         [[clients]]\nid = \"bench\"\nkey_sha256 = \"{}\"\n\
+         [[models]]\nid = \"mock\"\nbackend = \"mock\"\n\
+         [backends.mock]\nkind = \"openai\"\nbase_url = \"{upstream}\"\nmax_idle_connections = 256\n",
+        turnstile::auth::hash_key(KEY)
+    );
+    std::fs::write(dir.path().join("b.toml"), cfg).expect("config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["serve", "--config"])
+        .arg(dir.path().join("b.toml"))
+        .env("TURNSTILE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("gateway");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("line");
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("announce")
+        .to_string();
+    Gw {
+        child,
+        url,
+        _dir: dir,
+    }
+}
+
+struct Round {
+    lat_ms: Vec<f64>,
+    errors: usize,
+    elapsed: Duration,
+}
+
+/// Open-loop fixed-rate load: request i is scheduled at start + i/rate and timed from then.
+async fn load(url: &str, rate: u64, secs: u64, stream: bool) -> Round {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(512)
+        .tcp_nodelay(true)
+        .build()
+        .expect("client");
+    let body = Arc::new(
+        serde_json::to_vec(&json!({"model": "mock", "stream": stream,
+            "messages": [{"role": "user", "content": "Say hello."}]}))
+        .expect("body"),
+    );
+    let total = rate * secs;
+    let start = Instant::now() + Duration::from_millis(50);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        let at = start + Duration::from_nanos(i * 1_000_000_000 / rate);
+        tokio::time::sleep_until(at.into()).await;
+        let (client, body, url) = (
+            client.clone(),
+            body.clone(),
+            format!("{url}/chat/completions"),
+        );
+        tasks.spawn(async move {
+            let r = client
+                .post(url)
+                .bearer_auth(KEY)
+                .header("content-type", "application/json")
+                .body(body.as_ref().clone())
+                .send()
+                .await;
+            let ok = match r {
+                Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
+                _ => false,
+            };
+            (at.elapsed().as_secs_f64() * 1e3, ok)
+        });
+    }
+    let mut round = Round {
+        lat_ms: Vec::new(),
+        errors: 0,
+        elapsed: Duration::ZERO,
+    };
+    while let Some(r) = tasks.join_next().await {
+        let (ms, ok) = r.expect("join");
+        if ok {
+            round.lat_ms.push(ms);
+        } else {
+            round.errors += 1;
+        }
+    }
+    round.elapsed = start.elapsed();
+    round
+}
+
+fn report(label: &str, r: &mut Round) -> (f64, f64, f64) {
+    let n = r.lat_ms.len();
+    let (p50, p90, p99) = (
+        percentile(&mut r.lat_ms, 0.5),
+        percentile(&mut r.lat_ms, 0.9),
+        percentile(&mut r.lat_ms, 0.99),
+    );
+    println!(
+        "{label:>8}  p50 {p50:7.3} ms  p90 {p90:7.3} ms  p99 {p99:7.3} ms  {:8.0} req/s  errors {}",
+        n as f64 / r.elapsed.as_secs_f64(),
+        r.errors
+    );
+    (p50, p90, p99)
+}
+
+fn main() {
+    let rate: u64 = std::env::var("BENCH_RATE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let secs: u64 = std::env::var("BENCH_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let rounds: u64 = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let stream = std::env::var("BENCH_STREAM").is_ok_and(|v| v == "1");
+
+    // The mock gets its own single-threaded runtime on its own thread.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("rt");
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            tx.send(l.local_addr().expect("addr")).expect("send");
+            let app = axum::Router::new().route("/v1/chat/completions", post(mock));
+            let l = axum::serve::ListenerExt::tap_io(l, |t| {
+                let _ = t.set_nodelay(true);
+            });
+            axum::serve(l, app).await.expect("serve");
+        });
+    });
+    let upstream = format!("http://{}/v1", rx.recv().expect("mock addr"));
+    let gw = gateway(&upstream);
+    let gw_url = format!("{}/v1", gw.url);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("rt");
+
+    println!(
+        "{} req/s for {secs} s per round, {rounds} rounds, stream={stream}",
+        rate
+    );
+    rt.block_on(async {
+        // Warm both paths (connection pools, allocator).
+        load(&upstream, 200, 1, stream).await;
+        load(&gw_url, 200, 1, stream).await;
+        let (mut direct, mut via) = (Vec::new(), Vec::new());
+        let mut cpu_us_per_req = Vec::new();
+        for _ in 0..rounds {
+            let mut d = load(&upstream, rate, secs, stream).await;
+            direct.push(report("direct", &mut d));
+            let before = cpu_ticks(gw.child.id());
+            let mut g = load(&gw_url, rate, secs, stream).await;
+            let ticks = cpu_ticks(gw.child.id()) - before;
+            // USER_HZ is 100 on Linux.
+            let us = ticks as f64 * 10_000.0 / g.lat_ms.len().max(1) as f64;
+            cpu_us_per_req.push(us);
+            via.push(report("gateway", &mut g));
+            println!("          gateway CPU {us:.0} µs/request");
+        }
+        let avg = |v: &[(f64, f64, f64)], f: fn(&(f64, f64, f64)) -> f64| v.iter().map(f).sum::<f64>() / v.len() as f64;
+        let (d50, g50) = (avg(&direct, |x| x.0), avg(&via, |x| x.0));
+        let (d99, g99) = (avg(&direct, |x| x.2), avg(&via, |x| x.2));
+        println!(
+            "\nratio gateway/direct: p50 {:.2}x ({:+.3} ms), p99 {:.2}x ({:+.3} ms); gateway CPU {:.0} µs/request",
+            g50 / d50,
+            g50 - d50,
+            g99 / d99,
+            g99 - d99,
+            cpu_us_per_req.iter().sum::<f64>() / cpu_us_per_req.len() as f64
+        );
+    });
+}
