@@ -10,18 +10,15 @@
 //! Environment: `BENCH_ITERS` (default 40), `BENCH_HELD` (default 10000).
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-const KEY: &str = "sk-bench";
+#[path = "common.rs"]
+mod common;
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i]
-}
+const KEY: &str = "sk-bench";
 
 fn tools() -> Value {
     json!([{"type": "function", "function": {"name": "read_file", "description": "Read a file",
@@ -90,24 +87,8 @@ fn direct_samples(size: usize, iters: usize) -> Vec<f64> {
     samples
 }
 
-struct Gateway {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-fn gateway(max: usize) -> Gateway {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = format!(
+fn gateway(max: usize) -> common::Gateway {
+    common::Gateway::start(&format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -133,30 +114,7 @@ max_tool_result_bytes = 16777216
 "#,
         turnstile::auth::hash_key(KEY),
         env!("CARGO_BIN_EXE_turnstile-demo-backend"),
-    );
-    std::fs::write(dir.path().join("t.toml"), cfg).expect("config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["serve", "--config"])
-        .arg(dir.path().join("t.toml"))
-        .env("TURNSTILE_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("gateway");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("line");
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .expect("announce")
-        .to_string();
-    Gateway {
-        child,
-        url,
-        _dir: dir,
-    }
+    ))
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -184,7 +142,7 @@ async fn suspend(http: &reqwest::Client, url: &str, prompt: &str) -> (Value, Val
     (req, resp)
 }
 
-async fn gateway_samples(gw: &Gateway, size: usize, iters: usize) -> Vec<f64> {
+async fn gateway_samples(gw: &common::Gateway, size: usize, iters: usize) -> Vec<f64> {
     let http = reqwest::Client::new();
     let text = "x".repeat(size);
     let mut samples = Vec::new();
@@ -235,7 +193,12 @@ async fn main() {
         "size", "direct p50", "gateway p50", "direct p99", "gateway p99", "p50 added"
     );
     let gw = gateway(held + 1000);
-    for (label, size) in [("1 KB", 1_000), ("100 KB", 100_000), ("1 MB", 1_000_000)] {
+    let sizes: &[(&str, usize)] = if iters == 0 {
+        &[]
+    } else {
+        &[("1 KB", 1_000), ("100 KB", 100_000), ("1 MB", 1_000_000)]
+    };
+    for &(label, size) in sizes {
         let n = if size >= 1_000_000 {
             iters.min(20)
         } else {
@@ -245,8 +208,14 @@ async fn main() {
             .await
             .expect("direct");
         let mut g = gateway_samples(&gw, size, n).await;
-        let (d50, g50) = (percentile(&mut d, 0.5), percentile(&mut g, 0.5));
-        let (d99, g99) = (percentile(&mut d, 0.99), percentile(&mut g, 0.99));
+        let (d50, g50) = (
+            common::percentile(&mut d, 0.5),
+            common::percentile(&mut g, 0.5),
+        );
+        let (d99, g99) = (
+            common::percentile(&mut d, 0.99),
+            common::percentile(&mut g, 0.99),
+        );
         println!(
             "{label:>8} {d50:>10.3}ms {g50:>10.3}ms {d99:>10.3}ms {g99:>10.3}ms {:>7.3}ms",
             g50 - d50

@@ -11,10 +11,12 @@
 //! Environment: `BENCH_RATE` (req/s, default 2000), `BENCH_SECONDS` (per round, default 5),
 //! `BENCH_ROUNDS` (default 2), `BENCH_STREAM=1` to measure the streaming relay instead.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+
+#[path = "common.rs"]
+mod common;
+
+use common::{cpu_ticks, report};
 
 use axum::response::IntoResponse;
 use axum::routing::post;
@@ -51,77 +53,18 @@ fn memchr_stream(body: &[u8]) -> bool {
     body.windows(13).any(|w| w == b"\"stream\":true")
 }
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or_default();
-    let f: Vec<&str> = after.split_whitespace().collect();
-    // Fields 14 and 15 (utime, stime) are at 11 and 12 after the command name.
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-}
-
-struct Gw {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Gw {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-fn gateway(upstream: &str) -> Gw {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = format!(
+fn gateway(upstream: &str) -> common::Gateway {
+    common::Gateway::start(&format!(
         "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = \"b.db\"\n\
          [[clients]]\nid = \"bench\"\nkey_sha256 = \"{}\"\n\
          [[models]]\nid = \"mock\"\nbackend = \"mock\"\n\
          [backends.mock]\nkind = \"openai\"\nbase_url = \"{upstream}\"\nmax_idle_connections = 256\n",
         turnstile::auth::hash_key(KEY)
-    );
-    std::fs::write(dir.path().join("b.toml"), cfg).expect("config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["serve", "--config"])
-        .arg(dir.path().join("b.toml"))
-        .env("TURNSTILE_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("gateway");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("line");
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .expect("announce")
-        .to_string();
-    Gw {
-        child,
-        url,
-        _dir: dir,
-    }
+    ))
 }
 
-struct Round {
-    lat_ms: Vec<f64>,
-    errors: usize,
-    elapsed: Duration,
-}
-
-/// Open-loop fixed-rate load: request i is scheduled at start + i/rate and timed from then.
-async fn load(url: &str, rate: u64, secs: u64, stream: bool) -> Round {
+/// One fixed-rate round of plain chat requests against `url`.
+async fn load(url: &str, rate: u64, secs: u64, stream: bool) -> common::Round {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(512)
         .tcp_nodelay(true)
@@ -132,62 +75,24 @@ async fn load(url: &str, rate: u64, secs: u64, stream: bool) -> Round {
             "messages": [{"role": "user", "content": "Say hello."}]}))
         .expect("body"),
     );
-    let total = rate * secs;
-    let start = Instant::now() + Duration::from_millis(50);
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..total {
-        let at = start + Duration::from_nanos(i * 1_000_000_000 / rate);
-        tokio::time::sleep_until(at.into()).await;
-        let (client, body, url) = (
-            client.clone(),
-            body.clone(),
-            format!("{url}/chat/completions"),
-        );
-        tasks.spawn(async move {
-            let r = client
+    let url = format!("{url}/chat/completions");
+    common::drive(rate, secs, |_| {
+        let (client, body, url) = (client.clone(), body.clone(), url.clone());
+        async move {
+            match client
                 .post(url)
                 .bearer_auth(KEY)
                 .header("content-type", "application/json")
                 .body(body.as_ref().clone())
                 .send()
-                .await;
-            let ok = match r {
+                .await
+            {
                 Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
                 _ => false,
-            };
-            (at.elapsed().as_secs_f64() * 1e3, ok)
-        });
-    }
-    let mut round = Round {
-        lat_ms: Vec::new(),
-        errors: 0,
-        elapsed: Duration::ZERO,
-    };
-    while let Some(r) = tasks.join_next().await {
-        let (ms, ok) = r.expect("join");
-        if ok {
-            round.lat_ms.push(ms);
-        } else {
-            round.errors += 1;
+            }
         }
-    }
-    round.elapsed = start.elapsed();
-    round
-}
-
-fn report(label: &str, r: &mut Round) -> (f64, f64, f64) {
-    let n = r.lat_ms.len();
-    let (p50, p90, p99) = (
-        percentile(&mut r.lat_ms, 0.5),
-        percentile(&mut r.lat_ms, 0.9),
-        percentile(&mut r.lat_ms, 0.99),
-    );
-    println!(
-        "{label:>8}  p50 {p50:7.3} ms  p90 {p90:7.3} ms  p99 {p99:7.3} ms  {:8.0} req/s  errors {}",
-        n as f64 / r.elapsed.as_secs_f64(),
-        r.errors
-    );
-    (p50, p90, p99)
+    })
+    .await
 }
 
 fn main() {

@@ -106,6 +106,8 @@ pub struct ApiError {
     pub param: Option<&'static str>,
     /// For `UpstreamRejected`: the upstream's status, type, code and param, relayed as is.
     pub upstream: Option<Box<UpstreamDetail>>,
+    /// For `RateLimited`: whole seconds for the `Retry-After` header.
+    pub retry_after: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,7 +125,18 @@ impl ApiError {
             message: message.into(),
             param: None,
             upstream: None,
+            retry_after: None,
         }
+    }
+
+    /// 429 `rate_limited`: a per-client limit refused a fresh turn; retry after `seconds`.
+    pub fn rate_limited(limit: &str, seconds: u64) -> Self {
+        let mut e = Self::new(
+            ErrorCode::RateLimited,
+            format!("Rate limit reached ({limit}); retry after {seconds} s."),
+        );
+        e.retry_after = Some(seconds);
+        e
     }
 
     /// An upstream's 4xx: its status and message are kept (never its URL or credentials).
@@ -216,6 +229,10 @@ impl IntoResponse for ApiError {
             resp.headers_mut()
                 .insert("www-authenticate", HeaderValue::from_static("Bearer"));
         }
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert("retry-after", HeaderValue::from(secs));
+        }
         resp
     }
 }
@@ -233,5 +250,15 @@ mod tests {
         assert_eq!(b["error"]["message"], "drift");
         assert!(b["error"]["param"].is_null());
         assert_eq!(e.code.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn rate_limited_carries_retry_after() {
+        let e = ApiError::rate_limited("requests_per_minute", 2);
+        assert_eq!(e.body()["error"]["code"], "rate_limited");
+        assert_eq!(e.body()["error"]["type"], "rate_limit_error");
+        let resp = e.into_response();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(resp.headers()["retry-after"], "2");
     }
 }

@@ -7,7 +7,8 @@
 //! - [`error`]: `ApiError` and `ErrorCode`, the only error -> HTTP mapping.
 //! - [`openai`]: Chat Completions wire types and response builders.
 //! - [`approvals`]: durable approval records of backend side effects, decisions, events.
-//! - [`auth`]: API-key principals (SHA-256 digests, constant-time match).
+//! - [`auth`]: principals from API keys (SHA-256 digests, constant-time match) and JWTs
+//!   (`auth::jwt`: RFC 8725 verification, a digest-keyed cache).
 //! - [`continuation`]: `srct-` tokens, canonical digests, pending records, tombstones, claim.
 //! - [`backend`]: the `Backend` trait, conversation rendering, and the `codex app-server`
 //!   implementation (process pool, JSON-RPC framing, thread routing).

@@ -171,8 +171,9 @@ fn main() -> ExitCode {
         Command::Check { config } => match turnstile::config::load(&config) {
             Ok(cfg) => {
                 println!(
-                    "config OK: {} clients, {} models, {} backends",
+                    "config OK: {} clients, {} JWT issuers, {} models, {} backends",
                     cfg.clients.len(),
+                    cfg.jwt.len(),
                     cfg.models.len(),
                     cfg.backends.len()
                 );

@@ -1,13 +1,21 @@
-//! Principals and API-key authentication.
+//! Principals: API keys and JWT bearer tokens.
 //!
 //! A bearer key is never stored or compared as text: it is hashed with SHA-256 and the digest is
 //! compared in constant time against every configured client (no early exit), so neither the
 //! key nor which client almost matched leaks through timing. The principal is the client id.
+//!
+//! A bearer value shaped like a JWT (exactly two dots), when issuers are configured, is verified
+//! by [`jwt`]; one that fails is still tried as an API key, so every failure ends in the same
+//! 401. A verified (`iss`, `sub`) is the client a `[[clients]]` entry names with
+//! `jwt = { issuer, subject }` (its id), or else the principal `jwt:<iss>#<sub>` with its
+//! issuer's defaults.
+
+pub mod jwt;
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::{ClientConfig, Config};
+use crate::config::{ClientConfig, Config, Credential};
 use crate::error::ApiError;
 
 /// The authenticated caller. Cheap to clone; compared by id.
@@ -43,19 +51,62 @@ pub fn find_client<'a>(cfg: &'a Config, authorization: Option<&str>) -> Option<&
     let digest = sha256(key.as_bytes());
     let mut found = None;
     for client in &cfg.clients {
-        if bool::from(client.key_digest.ct_eq(&digest)) {
-            found = Some(client);
+        if let Credential::Key(d) = &client.credential {
+            if bool::from(d.ct_eq(&digest)) {
+                found = Some(client);
+            }
         }
     }
     found
 }
 
+/// API keys only, or JWTs verified without a cache.
 pub fn authenticate(cfg: &Config, authorization: Option<&str>) -> Result<Principal, ApiError> {
+    authenticate_cached(cfg, None, authorization, jwt_now())
+}
+
+/// Seconds since the epoch, the clock of JWT `exp`/`nbf`.
+pub fn jwt_now() -> u64 {
+    jsonwebtoken::get_current_timestamp()
+}
+
+/// The principal behind an `Authorization` header; `cache` remembers verified JWTs.
+pub fn authenticate_cached(
+    cfg: &Config,
+    cache: Option<&jwt::Cache>,
+    authorization: Option<&str>,
+    now: u64,
+) -> Result<Principal, ApiError> {
+    let value = bearer(authorization).ok_or_else(ApiError::unauthenticated)?;
+    if !cfg.jwt.is_empty() && jwt::looks_like_jwt(value) {
+        let verified = match cache {
+            Some(c) => c.verify(&cfg.jwt, value, now),
+            None => jwt::verify(&cfg.jwt, value),
+        };
+        match verified {
+            Ok(v) => return Ok(jwt_principal(cfg, &v)),
+            // Never logged with the token; the client sees the API-key failure below.
+            Err(e) => tracing::debug!(reason = %e, "JWT refused"),
+        }
+    }
     let client = find_client(cfg, authorization).ok_or_else(ApiError::unauthenticated)?;
     Ok(Principal {
         id: client.id.clone(),
         approver: client.roles.iter().any(|r| r == "approver"),
     })
+}
+
+fn jwt_principal(cfg: &Config, v: &jwt::Verified) -> Principal {
+    match cfg.jwt_client(&v.issuer.issuer, &v.subject) {
+        Some(client) => Principal {
+            id: client.id.clone(),
+            approver: client.roles.iter().any(|r| r == "approver"),
+        },
+        None => Principal {
+            id: jwt::principal_id(&v.issuer.issuer, &v.subject),
+            approver: v.issuer.roles.iter().any(|r| r == "approver"),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -115,5 +166,59 @@ mod tests {
         assert!(!alice.may_use("demo"));
         assert!(!alice.may_use("codex"));
         assert!(cfg.client("bob").unwrap().may_use("anything"));
+    }
+
+    mod with_jwt {
+        use super::super::*;
+        use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+        use serde_json::json;
+        use std::path::Path;
+
+        const PRIVATE: &str = include_str!("../../fixtures/jwt/issuer-private.pem");
+        const PUBLIC: &str = include_str!("../../fixtures/jwt/issuer-public.pem");
+
+        fn cfg() -> Config {
+            let text = format!(
+                "[[auth.jwt]]\nissuer = \"https://idp.test\"\naudiences = [\"t\"]\n\
+                 algorithms = [\"RS256\"]\npem_file = \"idp.pem\"\nroles = [\"approver\"]\n\
+                 [[clients]]\nid = \"sam\"\njwt = {{ issuer = \"https://idp.test\", subject = \"sam-1\" }}\n\
+                 [[clients]]\nid = \"dotted\"\nkey_sha256 = \"{}\"\n",
+                hash_key("sk.with.dots")
+            );
+            crate::config::from_toml_str_with(&text, Path::new("/k"), &|_| Ok(PUBLIC.into()))
+                .unwrap()
+        }
+
+        fn token(sub: &str, aud: &str) -> String {
+            let claims = json!({"iss": "https://idp.test", "sub": sub, "aud": aud,
+                                "exp": jwt_now() + 600});
+            let key = EncodingKey::from_rsa_pem(PRIVATE.as_bytes()).unwrap();
+            encode(&Header::new(Algorithm::RS256), &claims, &key).unwrap()
+        }
+
+        #[test]
+        fn verified_subjects_become_principals() {
+            let cfg = cfg();
+            let cache = jwt::Cache::default();
+            let auth = |t: &str| {
+                authenticate_cached(&cfg, Some(&cache), Some(&format!("Bearer {t}")), jwt_now())
+            };
+            // Named by a client entry: that client's id and roles (none here).
+            let p = auth(&token("sam-1", "t")).unwrap();
+            assert_eq!((p.id.as_str(), p.approver), ("sam", false));
+            // Not named: jwt:<iss>#<sub> with the issuer's roles; the same from the cache.
+            for _ in 0..2 {
+                let p = auth(&token("bob", "t")).unwrap();
+                assert_eq!(p.id, "jwt:https://idp.test#bob");
+                assert!(p.approver);
+            }
+            // A refused token is exactly the bad-key error.
+            assert_eq!(
+                auth(&token("bob", "other")).unwrap_err(),
+                ApiError::unauthenticated()
+            );
+            // A JWT-shaped API key still authenticates as a key.
+            assert_eq!(auth("sk.with.dots").unwrap().id, "dotted");
+        }
     }
 }

@@ -8,8 +8,8 @@ pub mod app_server;
 pub mod render;
 pub mod upstream;
 
+use futures::channel::mpsc;
 use futures::future::BoxFuture;
-use tokio::sync::mpsc;
 
 use crate::error::{ApiError, ErrorCode};
 use crate::openai::{ToolDef, Usage};
@@ -111,7 +111,8 @@ pub struct ApprovalAsk {
 pub enum TurnEvent {
     Delta(String),
     ToolCall(HeldCall),
-    Approval(ApprovalAsk),
+    /// Boxed: rare, and it would otherwise size every event.
+    Approval(Box<ApprovalAsk>),
     Usage(Usage),
     Completed,
     /// The turn failed in the backend (model error). The detail is for logs only.
@@ -133,6 +134,8 @@ pub trait TurnControl: Send + Sync {
 }
 
 pub struct Turn {
+    /// A futures channel: it allocates per queued event, not a block up front, which keeps
+    /// a suspended execution small.
     pub events: mpsc::UnboundedReceiver<TurnEvent>,
     pub control: Box<dyn TurnControl>,
 }

@@ -149,7 +149,8 @@ struct Tomb {
 struct Inner<P> {
     next_batch: u64,
     token_batch: HashMap<[u8; 32], u64>,
-    batches: HashMap<u64, Batch<P>>,
+    /// Boxed: the map's table stays small while thousands of executions are parked.
+    batches: HashMap<u64, Box<Batch<P>>>,
     per_principal: HashMap<String, usize>,
     pending: usize,
     tombs: HashMap<[u8; 32], Tomb>,
@@ -207,6 +208,8 @@ impl<P: Parked> Registry<P> {
                 t.digest,
                 &t.principal,
                 Reason::parse(&t.reason),
+                // Rows beyond the ring (a smaller ring than last time) just stay unloaded.
+                &mut Vec::new(),
             );
         }
         Ok(Registry {
@@ -227,6 +230,21 @@ impl<P: Parked> Registry<P> {
 
     pub fn batch_count(&self) -> usize {
         self.lock().batches.len()
+    }
+
+    /// Suspended batches (one per suspended execution) of one principal: all of them, and
+    /// those of stateless upstreams. A scan, made only for admission limits.
+    pub fn suspended_of(&self, principal: &str) -> (usize, usize) {
+        let inner = self.lock();
+        let mut all = 0;
+        let mut upstream = 0;
+        for b in inner.batches.values().filter(|b| b.principal == principal) {
+            all += 1;
+            if b.parked.upstream().is_some() {
+                upstream += 1;
+            }
+        }
+        (all, upstream)
     }
 
     pub fn tombstone_count(&self) -> usize {
@@ -350,7 +368,7 @@ impl<P: Parked> Registry<P> {
         *g.per_principal.entry(principal.clone()).or_default() += tokens.len();
         g.batches.insert(
             id,
-            Batch {
+            Box::new(Batch {
                 principal,
                 execution_id,
                 model,
@@ -358,13 +376,13 @@ impl<P: Parked> Registry<P> {
                 tokens,
                 digests,
                 parked,
-            },
+            }),
         );
         id
     }
 
     fn remove(&self, g: &mut Inner<P>, id: u64) -> Option<Batch<P>> {
-        let batch = g.batches.remove(&id)?;
+        let batch = *g.batches.remove(&id)?;
         for t in &batch.tokens {
             g.token_batch.remove(t);
         }
@@ -429,6 +447,7 @@ impl<P: Parked> Registry<P> {
     /// Atomically takes a whole batch out of the pending set and tombstones its tokens with
     /// `reason`. Exactly one caller gets `Some` for a batch; everyone after sees the tombstones.
     pub fn settle(&self, batch: u64, reason: Reason) -> Option<Settled<P>> {
+        let mut evicted = Vec::new();
         let b = {
             let mut g = self.lock();
             let b = self.remove(&mut g, batch)?;
@@ -439,11 +458,12 @@ impl<P: Parked> Registry<P> {
                     *t,
                     &b.principal,
                     reason,
+                    &mut evicted,
                 );
             }
             b
         };
-        self.persist_settled(&b.execution_id, &b.principal, &b.tokens, reason);
+        self.persist_settled(&b.execution_id, &b.principal, &b.tokens, reason, &evicted);
         Some(Settled {
             execution_id: b.execution_id,
             principal: b.principal,
@@ -458,14 +478,12 @@ impl<P: Parked> Registry<P> {
         principal: &str,
         tokens: &[[u8; 32]],
         reason: Reason,
+        evicted: &[[u8; 32]],
     ) {
-        if let Err(e) = self.store.tokens_settled(
-            execution_id,
-            principal,
-            tokens,
-            reason.as_str(),
-            self.limits.tombstones_per_client,
-        ) {
+        if let Err(e) =
+            self.store
+                .tokens_settled(execution_id, principal, tokens, reason.as_str(), evicted)
+        {
             // The in-memory tombstones still answer replays; after a restart, recovery turns
             // the still-pending rows into `lost` tombstones, which also never resume.
             tracing::error!(execution = %execution_id, error = %e, "could not persist tombstones");
@@ -536,7 +554,16 @@ impl<P: Parked> Registry<P> {
     }
 }
 
-fn push_tomb<P>(g: &mut Inner<P>, ring: usize, digest: [u8; 32], principal: &str, reason: Reason) {
+/// Adds a tombstone to the principal's ring; the digests pushed out of the ring go to
+/// `evicted` (the store deletes them too).
+fn push_tomb<P>(
+    g: &mut Inner<P>,
+    ring: usize,
+    digest: [u8; 32],
+    principal: &str,
+    reason: Reason,
+    evicted: &mut Vec<[u8; 32]>,
+) {
     g.tombs.insert(
         digest,
         Tomb {
@@ -549,6 +576,7 @@ fn push_tomb<P>(g: &mut Inner<P>, ring: usize, digest: [u8; 32], principal: &str
     while q.len() > ring {
         if let Some(old) = q.pop_front() {
             g.tombs.remove(&old);
+            evicted.push(old);
         }
     }
 }

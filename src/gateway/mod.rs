@@ -13,6 +13,7 @@
 //!
 //! This module never imports axum; `http/` maps its results onto responses.
 
+mod limits;
 mod relay;
 
 pub use relay::RelayBody;
@@ -85,7 +86,10 @@ pub struct Execution {
     /// Calls the backend issued that were not exposed yet (late arrivals, one-per-leg mode).
     backlog: VecDeque<HeldCall>,
     /// Token digest -> invocation, for the calls exposed at the current suspension.
-    awaiting: HashMap<[u8; 32], u64>,
+    /// A short list: a batch holds a handful of calls.
+    awaiting: Vec<([u8; 32], u64)>,
+    /// Its place in the principal's live executions, freed when the execution is dropped.
+    _slot: limits::Slot,
 }
 
 /// What a pending record keeps alive: a held backend turn, or (stateless upstream) just
@@ -157,6 +161,10 @@ struct Inner {
     store: Arc<Store>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
+    /// Per-principal admission limits of fresh turns.
+    limiter: limits::Limiter,
+    /// Verified JWTs by digest (each entry bound to the config generation that verified it).
+    jwt_cache: auth::jwt::Cache,
 }
 
 /// Cheap-clone handle to the gateway state.
@@ -213,6 +221,8 @@ impl Gateway {
                 store,
                 shutdown: CancellationToken::new(),
                 tracker: TaskTracker::new(),
+                limiter: limits::Limiter::default(),
+                jwt_cache: auth::jwt::Cache::default(),
             }),
         };
         let sweeper = gw.clone();
@@ -245,13 +255,43 @@ impl Gateway {
     }
 
     pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, ApiError> {
-        auth::authenticate(&self.config(), authorization)
+        auth::authenticate_cached(
+            &self.config(),
+            Some(&self.inner.jwt_cache),
+            authorization,
+            auth::jwt_now(),
+        )
+    }
+
+    /// Admission of a fresh turn under the principal's limits in the current config (so a
+    /// reload applies at once): 429 `rate_limited` with `Retry-After` before anything runs.
+    fn admit(&self, principal: &Principal) -> Result<limits::Slot, ApiError> {
+        let cfg = self.config();
+        let none = config::ClientLimits::default();
+        let grant = cfg.grant(&principal.id);
+        let client_limits = grant.as_ref().map_or(&none, |g| g.limits);
+        let (all, upstream) = if client_limits.max_suspended.is_some()
+            || client_limits.concurrent_executions.is_some()
+        {
+            self.inner.registry.suspended_of(&principal.id)
+        } else {
+            (0, 0)
+        };
+        let suspended = limits::Suspended { all, upstream };
+        self.inner
+            .limiter
+            .admit(&principal.id, client_limits, suspended)
+            .map_err(|r| {
+                let secs = limits::retry_after_secs(r.retry_after);
+                tracing::debug!(principal = %principal.id, limit = r.limit, retry_after = secs, "fresh turn refused by a client limit");
+                ApiError::rate_limited(r.limit, secs)
+            })
     }
 
     /// Model ids the principal may use, in config order.
     pub fn models_for(&self, principal: &Principal) -> Vec<String> {
         let cfg = self.config();
-        let Some(client) = cfg.client(&principal.id) else {
+        let Some(client) = cfg.grant(&principal.id) else {
             return Vec::new();
         };
         cfg.models
@@ -327,7 +367,12 @@ impl Gateway {
             ));
         }
         match detect(&req.messages)? {
-            Detected::Fresh => self.fresh(principal, req, raw, started).await,
+            Detected::Fresh => {
+                // Only fresh turns are limited: a continuation refused here would strand
+                // the held turn it answers.
+                let slot = self.admit(principal)?;
+                self.fresh(principal, req, raw, started, slot).await
+            }
             Detected::Continuation(c) => {
                 // Each message is digested once: the prefix check uses those before the
                 // assistant message, the next suspension's prefix all of them.
@@ -365,21 +410,34 @@ impl Gateway {
         req: ChatRequest,
         raw: Bytes,
         started: std::time::Instant,
+        slot: limits::Slot,
     ) -> Result<Reply, ApiError> {
         let cfg = self.config();
         let model = cfg
             .model(&req.model)
-            .filter(|m| cfg.client(&principal.id).is_some_and(|c| c.may_use(&m.id)))
+            .filter(|m| cfg.grant(&principal.id).is_some_and(|g| g.may_use(&m.id)))
             .ok_or_else(|| ApiError::model_not_found(&req.model))?
             .clone();
         if let Some(up) = self.inner.upstreams.get(&model.backend).cloned() {
             return self
-                .relay_fresh(up, principal, &model, &req, raw, started)
+                .relay_fresh(up, principal, &model, &req, raw, started, slot)
                 .await;
         }
         // A stateless upstream enforces any tool_choice itself; an agent backend cannot.
         check_tool_choice(req.tool_choice.as_ref())?;
         let tools = parse_tools(&req)?;
+        if let Some(b) = cfg.backends.get(&model.backend) {
+            if let Some(t) = tools
+                .iter()
+                .find(|t| b.reserved_tool_names.contains(&t.name))
+            {
+                return Err(ApiError::invalid(format!(
+                    "the tool name `{}` is reserved by this model's backend (its built-in would run instead of your tool); rename the tool",
+                    t.name
+                ))
+                .with_param("tools"));
+            }
+        }
         let rendered = render::render(&req.messages)?;
         let backend = self
             .inner
@@ -426,7 +484,8 @@ impl Gateway {
             rounds: 0,
             turn,
             backlog: VecDeque::new(),
-            awaiting: HashMap::new(),
+            awaiting: Vec::new(),
+            _slot: slot,
         };
         Ok(Reply::Leg(self.drive(exec, LegContext::of(&req))))
     }
@@ -505,8 +564,8 @@ impl Gateway {
         // Authority under the current config, for the original model.
         let allowed = cfg.model(&view.model).is_some()
             && cfg
-                .client(&principal.id)
-                .is_some_and(|cl| cl.may_use(&view.model));
+                .grant(&principal.id)
+                .is_some_and(|g| g.may_use(&view.model));
         if !allowed {
             if let Some(s) = registry.settle(view.batch, Reason::Revoked) {
                 tracing::info!(execution = %s.execution_id, "grant revoked while suspended; turn interrupted");
@@ -534,9 +593,10 @@ impl Gateway {
         ctx: LegContext,
     ) -> Result<Leg, ApiError> {
         for (digest, index) in &c.results {
-            let Some(invocation) = exec.awaiting.remove(digest) else {
+            let Some(pos) = exec.awaiting.iter().position(|(d, _)| d == digest) else {
                 continue;
             };
+            let (_, invocation) = exec.awaiting.swap_remove(pos);
             let text = req.messages[*index].text();
             if exec.turn.control.answer_tool(invocation, &text).is_err() {
                 tracing::warn!(execution = %exec.id, "held turn vanished during resume");
@@ -597,7 +657,7 @@ impl Gateway {
                 _ = sleep_until_opt(flush_at) => {
                     return self.suspend(exec, ctx, calls, text, usage, tx).await;
                 }
-                ev = exec.turn.events.recv() => ev,
+                ev = futures::StreamExt::next(&mut exec.turn.events) => ev,
             };
             match event {
                 Some(TurnEvent::Delta(d)) => {
@@ -610,7 +670,7 @@ impl Gateway {
                     flush_at.get_or_insert_with(|| Instant::now() + debounce);
                 }
                 Some(TurnEvent::Usage(u)) => usage.add(u),
-                Some(TurnEvent::Approval(ask)) => self.on_approval(&exec, ask, &tx).await,
+                Some(TurnEvent::Approval(ask)) => self.on_approval(&exec, *ask, &tx).await,
                 Some(TurnEvent::Completed) => {
                     let _ = tx
                         .send(LegEvent::End {
@@ -676,7 +736,7 @@ impl Gateway {
         exec.awaiting.clear();
         for call in calls {
             let (tok, digest) = token::new_token();
-            exec.awaiting.insert(digest, call.invocation);
+            exec.awaiting.push((digest, call.invocation));
             digests.push(digest);
             exposed.push(ExposedCall {
                 id: tok,
@@ -825,10 +885,16 @@ impl Gateway {
     async fn sweep(&self) {
         let mut tick = tokio::time::interval(SWEEP_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks: u64 = 0;
         loop {
             tokio::select! {
                 _ = self.inner.shutdown.cancelled() => return,
                 _ = tick.tick() => {}
+            }
+            ticks += 1;
+            if ticks.is_multiple_of(600) {
+                // About once a minute: rate state of idle principals.
+                self.inner.limiter.forget_idle();
             }
             for s in self.inner.registry.take_expired(std::time::Instant::now()) {
                 tracing::info!(execution = %s.execution_id, "suspended execution expired; turn interrupted");

@@ -50,6 +50,8 @@ pub enum RelayBody {
 
 /// One leg's identity and the digests its suspension would record.
 struct RelayLeg {
+    /// The execution has a row in the journal (it suspended at least once).
+    journaled: bool,
     execution_id: String,
     principal: String,
     model: String,
@@ -57,6 +59,9 @@ struct RelayLeg {
     rounds: u32,
     deadline: std::time::Instant,
     ctx: LegContext,
+    /// Counts the leg among the principal's live executions while it runs (a suspended
+    /// upstream execution is counted from the registry instead).
+    _slot: super::limits::Slot,
 }
 
 /// A tool call being assembled from upstream deltas.
@@ -117,6 +122,8 @@ pub fn restore_pending(registry: &Registry<Suspended>, store: &Store) -> Result<
 }
 
 impl Gateway {
+    // The fresh-turn inputs, one parameter each (the slot is the admission's).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn relay_fresh(
         &self,
         up: Arc<Upstream>,
@@ -125,27 +132,21 @@ impl Gateway {
         req: &ChatRequest,
         raw: Bytes,
         started: std::time::Instant,
+        slot: super::limits::Slot,
     ) -> Result<Reply, ApiError> {
         let raw = parse_body(&raw)?;
-        let execution_id = token::new_id("exe-");
-        self.inner
-            .store
-            .execution_started(&execution_id, &principal.id, &model.id)
-            .map_err(|e| {
-                tracing::error!(error = %e, "store unavailable");
-                ApiError::new(
-                    ErrorCode::Internal,
-                    "The gateway could not record the execution.",
-                )
-            })?;
+        // Journaled only if it suspends: a stateless leg that just answers leaves nothing to
+        // recover, and two store transactions per relayed request would cap the plain path.
         let leg = RelayLeg {
-            execution_id,
+            journaled: false,
+            execution_id: token::new_id("exe-"),
             principal: principal.id.clone(),
             model: model.id.clone(),
             created: now_unix(),
             rounds: 0,
             deadline: std::time::Instant::now() + self.config().continuations.execution_ttl,
             ctx: LegContext::of(req),
+            _slot: slot,
         };
         self.relay(up, leg, raw, req.stream, started).await
     }
@@ -203,6 +204,8 @@ impl Gateway {
             }
         }
         let leg = RelayLeg {
+            journaled: true,
+            _slot: self.inner.limiter.hold(&u.principal),
             execution_id: u.execution_id,
             principal: u.principal,
             model: u.model,
@@ -231,7 +234,7 @@ impl Gateway {
         let resp = match up.send(&body).await {
             Ok(r) => r,
             Err(e) => {
-                self.ended(&leg.execution_id, "failed");
+                self.leg_ended(&leg, "failed");
                 return Err(e);
             }
         };
@@ -240,7 +243,7 @@ impl Gateway {
             let mut v = match up.json(resp).await {
                 Ok(v) => v,
                 Err(e) => {
-                    self.ended(&leg.execution_id, "failed");
+                    self.leg_ended(&leg, "failed");
                     return Err(e);
                 }
             };
@@ -264,7 +267,7 @@ impl Gateway {
                 })
                 .collect();
             if calls.is_empty() {
-                self.ended(&leg.execution_id, "completed");
+                self.leg_ended(&leg, "completed");
                 return Ok(Reply::Relay {
                     execution_id,
                     body: RelayBody::Json(v),
@@ -307,6 +310,12 @@ impl Gateway {
 
     /// Registers the calls of a finished upstream answer under fresh tokens (durably, before
     /// any of them is written). Returns the tokens in call order.
+    fn leg_ended(&self, leg: &RelayLeg, reason: &str) {
+        if leg.journaled {
+            self.ended(&leg.execution_id, reason);
+        }
+    }
+
     fn suspend_upstream(
         &self,
         leg: &RelayLeg,
@@ -315,7 +324,7 @@ impl Gateway {
     ) -> Result<Vec<String>, ApiError> {
         let cfg = self.config();
         if leg.rounds >= cfg.continuations.max_rounds {
-            self.ended(&leg.execution_id, "max_rounds");
+            self.leg_ended(leg, "max_rounds");
             return Err(ApiError::new(
                 ErrorCode::CapacityExhausted,
                 format!(
@@ -353,9 +362,23 @@ impl Gateway {
                 tokens,
             }),
         };
+        if !leg.journaled {
+            if let Err(e) =
+                self.inner
+                    .store
+                    .execution_started(&leg.execution_id, &leg.principal, &leg.model)
+            {
+                tracing::error!(error = %e, "store unavailable; no token exposed");
+                return Err(ApiError::new(
+                    ErrorCode::CapacityExhausted,
+                    "The gateway could not record the suspension; retry later.",
+                ));
+            }
+        }
         match self.inner.registry.register(batch) {
             Ok(()) => Ok(minted.into_iter().map(|(t, _)| t).collect()),
             Err(e) => {
+                // Journaled by now (just above, or at an earlier suspension).
                 self.ended(&leg.execution_id, "capacity");
                 let why = match e {
                     RegisterError::Capacity(_) => "Too many suspended tool calls; retry later.",
@@ -446,7 +469,7 @@ impl StreamState {
 
     fn error(&self, e: ApiError) -> String {
         if !self.finished {
-            self.gw.ended(&self.leg.execution_id, "failed");
+            self.gw.leg_ended(&self.leg, "failed");
         }
         format!("data: {}\n\ndata: [DONE]\n\n", e.body())
     }
@@ -503,7 +526,7 @@ impl StreamState {
     fn flush_calls(&mut self, like: Option<&Value>) -> Result<String, ApiError> {
         self.finished = true;
         if self.calls.is_empty() {
-            self.gw.ended(&self.leg.execution_id, "completed");
+            self.gw.leg_ended(&self.leg, "completed");
             return Ok(String::new());
         }
         let calls: Vec<PartialCall> = self.calls.values().cloned().collect();

@@ -321,14 +321,15 @@ impl Store {
         })
     }
 
-    /// Turns pending tokens into tombstones and trims the principal's ring to `ring` entries.
+    /// Turns pending tokens into tombstones and deletes the tombstones the principal's ring
+    /// evicted (the registry owns the ring; deleting by key keeps this O(evicted)).
     pub fn tokens_settled(
         &self,
         execution_id: &str,
         principal: &str,
         digests: &[[u8; 32]],
         reason: &str,
-        ring: usize,
+        evicted: &[[u8; 32]],
     ) -> Result<(), StoreError> {
         let now = now_unix() as i64;
         self.with(|c| {
@@ -341,11 +342,9 @@ impl Store {
                     params![&d[..], principal, reason, now],
                 )?;
             }
-            tx.execute(
-                "DELETE FROM tombstones WHERE principal = ?1 AND seq NOT IN
-                 (SELECT seq FROM tombstones WHERE principal = ?1 ORDER BY seq DESC LIMIT ?2)",
-                params![principal, ring as i64],
-            )?;
+            for d in evicted {
+                tx.execute("DELETE FROM tombstones WHERE digest = ?1", params![&d[..]])?;
+            }
             tx.execute(
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_settled', ?3)",
                 params![now, execution_id, format!("reason={reason} count={}", digests.len())],
@@ -549,7 +548,7 @@ mod tests {
             s.execution_started("exe-1", "alice", "demo").unwrap();
             s.tokens_registered("exe-1", "alice", &[[1; 32], [2; 32]], "n=2")
                 .unwrap();
-            s.tokens_settled("exe-1", "alice", &[[1; 32]], "resolved", 10)
+            s.tokens_settled("exe-1", "alice", &[[1; 32]], "resolved", &[])
                 .unwrap();
         }
         let s = Store::open(&path).unwrap();
@@ -579,14 +578,15 @@ mod tests {
     }
 
     #[test]
-    fn tombstone_ring_is_bounded_per_principal() {
+    fn evicted_tombstones_are_deleted() {
         let s = Store::open_in_memory().unwrap();
         for i in 0..5u8 {
             s.tokens_registered("e", "alice", &[[i; 32]], "").unwrap();
-            s.tokens_settled("e", "alice", &[[i; 32]], "resolved", 3)
+            let evicted: &[[u8; 32]] = if i >= 3 { &[[i - 3; 32]] } else { &[] };
+            s.tokens_settled("e", "alice", &[[i; 32]], "resolved", evicted)
                 .unwrap();
         }
-        s.tokens_settled("e", "bob", &[[9; 32]], "resolved", 3)
+        s.tokens_settled("e", "bob", &[[9; 32]], "resolved", &[])
             .unwrap();
         let t = s.tombstones().unwrap();
         let alice: Vec<u8> = t

@@ -375,3 +375,19 @@ async fn metrics_count_and_logs_never_carry_secrets() {
         .unwrap()
         .starts_with("exe-"));
 }
+
+#[tokio::test]
+async fn client_tools_reserved_by_the_backend_are_refused() {
+    let gw = Gateway::start().await;
+    let mut req = tool_request("tool", "x");
+    req["tools"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "function",
+        "function": {"name": "request_user_input", "parameters": {"type": "object"}}}));
+    let (status, v) = gw.chat(ALICE, &req).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "invalid_request");
+    assert_eq!(v["error"]["param"], "tools");
+    assert!(gw.thread_starts().is_empty());
+}

@@ -1,10 +1,13 @@
 //! End-to-end tests: the real `turnstile` binary on port 0 against the real demo backend
-//! binary, driven over HTTP (and by the official `openai` Python package where installed).
+//! binary, driven over HTTP (and by the official `openai` Python package where installed);
+//! `codex` runs the real Codex `app-server` (where installed) against a fake Responses API.
 
 mod approvals;
+mod codex;
 mod continuation;
 mod core;
 mod harness;
+mod jwt;
 mod lifecycle;
 mod sdk;
 mod sdk_node;

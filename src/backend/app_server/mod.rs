@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -185,7 +185,7 @@ impl AppServer {
             .as_str()
             .ok_or_else(|| BackendError::Rejected("thread/start returned no thread id".into()))?
             .to_string();
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = futures::channel::mpsc::unbounded();
         let route = Arc::new(Route::new(tx));
         proc.add_route(&thread, route.clone());
         turn.thread = thread.clone();

@@ -32,31 +32,34 @@ type Pending = HashMap<i64, oneshot::Sender<Result<Value, RpcError>>>;
 
 /// The gateway side of one backend thread (= one execution's turn).
 pub(super) struct Route {
-    pub events: mpsc::UnboundedSender<TurnEvent>,
+    pub events: futures::channel::mpsc::UnboundedSender<TurnEvent>,
     /// invocation -> the backend's JSON-RPC request id of the held `item/tool/call`.
-    held: Mutex<HashMap<u64, Value>>,
+    /// A short list: a turn holds a handful of calls at once.
+    held: Mutex<Vec<(u64, Value)>>,
     /// Text already forwarded per agent-message item, to reconcile `item/completed`.
     streamed: Mutex<HashMap<String, String>>,
     pub finished: AtomicBool,
 }
 
 impl Route {
-    pub fn new(events: mpsc::UnboundedSender<TurnEvent>) -> Self {
+    pub fn new(events: futures::channel::mpsc::UnboundedSender<TurnEvent>) -> Self {
         Route {
             events,
-            held: Mutex::new(HashMap::new()),
+            held: Mutex::new(Vec::new()),
             streamed: Mutex::new(HashMap::new()),
             finished: AtomicBool::new(false),
         }
     }
 
     pub fn take_held(&self, invocation: u64) -> Option<Value> {
-        lock(&self.held).remove(&invocation)
+        let mut held = lock(&self.held);
+        let pos = held.iter().position(|(i, _)| *i == invocation)?;
+        Some(held.swap_remove(pos).1)
     }
 
     fn emit(&self, ev: TurnEvent) {
         // A closed receiver means the execution is gone; the event has no one to reach.
-        let _ = self.events.send(ev);
+        let _ = self.events.unbounded_send(ev);
     }
 }
 
@@ -464,7 +467,7 @@ impl Proc {
                     Some(Value::String(s)) => s.clone(),
                     Some(v) => v.to_string(),
                 };
-                lock(&route.held).insert(invocation, id);
+                lock(&route.held).push((invocation, id));
                 route.emit(TurnEvent::ToolCall(HeldCall {
                     invocation,
                     name,
@@ -487,7 +490,7 @@ impl Proc {
             ) => {
                 let ask = self.approval_ask(id, method, params);
                 match route.filter(|r| !r.finished.load(Ordering::SeqCst)) {
-                    Some(route) => route.emit(TurnEvent::Approval(ask)),
+                    Some(route) => route.emit(TurnEvent::Approval(Box::new(ask))),
                     // No execution owns the thread: the responder's drop declines.
                     None => drop(ask),
                 }

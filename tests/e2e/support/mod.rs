@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod fake_responses;
 pub mod fake_upstream;
 
 use std::io::{BufRead, BufReader};
@@ -124,6 +125,7 @@ command = ["{demo}"]
 env = {{ TURNSTILE_DEMO_SPY = "{spy}" }}
 max_sessions = {max_sessions}
 acquire_timeout_ms = {acquire}
+reserved_tool_names = ["request_user_input"]
 
 [continuations]
 execution_ttl_seconds = {ttl}

@@ -1,0 +1,727 @@
+//! JWT bearer tokens, verified along RFC 8725 against issuers named in the config.
+//!
+//! What decides, and what never does:
+//! - The **configuration** decides the algorithm: a token's header `alg` must be in its issuer's
+//!   `algorithms` allow-list, every algorithm of one issuer belongs to the family of that
+//!   issuer's key material, and only public-key families are accepted. `alg:none` does not
+//!   parse, and an `HS256` token "signed" with an RSA public key's bytes can never verify,
+//!   because no HMAC algorithm and no shared secret exist here.
+//! - Key material comes only from files read at config load (`pem_file`, `jwks_file`). The
+//!   header's `jku`, `x5u`, `jwk` and `x5c` are never followed or used; `kid` is only a lookup
+//!   key into the issuer's own JWKS.
+//! - The unverified `iss` claim only *selects* the issuer entry; after the signature check the
+//!   issuer, audience, `exp` (always required), `nbf` (checked when present), the issuer's
+//!   `require`d claims and `sub` are validated.
+//!
+//! Every failure is one [`JwtError`] that callers turn into the same 401 as a bad API key; the
+//! reason is for debug logs only. The principal is the (`iss`, `sub`) pair: see
+//! [`principal_id`]. A [`Cache`] remembers verified tokens by the SHA-256 of their text (never
+//! the text) until `exp` plus leeway, and only for the issuer entry (the exact config
+//! generation) that verified them, so a reload re-verifies everything.
+//!
+//! This module does no IO: `config::load` reads the key files and hands their bytes here.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet, PublicKeyUse};
+use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
+use serde_json::{Map, Value};
+
+use crate::config::JwtIssuer;
+
+/// Verified tokens remembered at most (by digest), whatever their lifetimes.
+pub const CACHE_CAPACITY: usize = 10_000;
+
+/// Longest accepted `sub`, in bytes: it becomes part of the principal id (logs, store).
+pub const MAX_SUBJECT_BYTES: usize = 256;
+
+/// Prefix of the principal id of a JWT subject not named in `[[clients]]`; client ids may
+/// not start with it.
+pub const PRINCIPAL_PREFIX: &str = "jwt:";
+
+/// The principal id of (`iss`, `sub`): `jwt:<iss>#<sub>`. Configured issuers never contain
+/// `#`, so the first `#` splits the pair unambiguously: the same `sub` under another issuer is
+/// another principal, and every token of the same pair is the same one.
+pub fn principal_id(issuer: &str, subject: &str) -> String {
+    format!("{PRINCIPAL_PREFIX}{issuer}#{subject}")
+}
+
+/// The (`iss`, `sub`) of a principal id made by [`principal_id`].
+pub fn split_principal(id: &str) -> Option<(&str, &str)> {
+    id.strip_prefix(PRINCIPAL_PREFIX)?.split_once('#')
+}
+
+/// A bearer value with exactly two dots is handled as a JWT; anything else is an API key.
+pub fn looks_like_jwt(bearer: &str) -> bool {
+    bearer.bytes().filter(|&b| b == b'.').count() == 2
+}
+
+/// Why a token was refused. Never shown to the client (all of them are one 401).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JwtError {
+    #[error("malformed token")]
+    Malformed,
+    #[error("no configured issuer matches `iss`")]
+    UnknownIssuer,
+    #[error("header `alg` is not allowed for this issuer")]
+    Algorithm,
+    #[error("header `typ` is not the one the issuer requires")]
+    Type,
+    #[error("no key of the issuer matches the header `kid`")]
+    UnknownKey,
+    #[error("bad signature")]
+    Signature,
+    #[error("expired")]
+    Expired,
+    #[error("not valid yet (`nbf`)")]
+    NotYetValid,
+    #[error("wrong audience")]
+    Audience,
+    #[error("wrong issuer")]
+    Issuer,
+    #[error("missing or null claim `{0}`")]
+    MissingClaim(String),
+    #[error("`sub` is not a usable subject")]
+    Subject,
+}
+
+/// The key material of one issuer, already checked against its algorithm family.
+#[derive(Debug, Clone)]
+pub enum Keys {
+    /// `pem_file`: one public key; the header `kid` is ignored.
+    Pem(DecodingKey),
+    /// `jwks_file`: signing keys by `kid`; a token must name one of them.
+    Jwks(Vec<JwkKey>),
+}
+
+#[derive(Debug, Clone)]
+pub struct JwkKey {
+    pub kid: String,
+    /// The JWK's own `alg`, when it states one: the header `alg` must then equal it.
+    pub alg: Option<Algorithm>,
+    pub key: DecodingKey,
+}
+
+/// Parses one configured algorithm name. `none` and the shared-secret `HS*` family are refused:
+/// key material here is public, and an HMAC "secret" taken from it would be public too.
+pub fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
+    if name.eq_ignore_ascii_case("none") {
+        return Err("`none` is never accepted".into());
+    }
+    let alg: Algorithm = name.parse().map_err(|_| {
+        format!(
+            "unknown algorithm `{name}` (known: RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA)"
+        )
+    })?;
+    if alg.family() == AlgorithmFamily::Hmac {
+        return Err(format!(
+            "`{name}` needs a shared secret; only public-key algorithms are accepted"
+        ));
+    }
+    Ok(alg)
+}
+
+pub fn family_name(f: AlgorithmFamily) -> &'static str {
+    match f {
+        AlgorithmFamily::Hmac => "HMAC",
+        AlgorithmFamily::Rsa => "RSA",
+        AlgorithmFamily::Ec => "EC",
+        AlgorithmFamily::Ed => "EdDSA",
+    }
+}
+
+/// A public key PEM for `family`. Private keys are refused: a gateway only verifies.
+pub fn pem_keys(pem: &[u8], family: AlgorithmFamily) -> Result<Keys, String> {
+    let text = String::from_utf8_lossy(pem);
+    if text.contains("PRIVATE KEY") {
+        return Err("holds a private key; give the public key (openssl pkey -pubout)".into());
+    }
+    let key = match family {
+        AlgorithmFamily::Rsa => DecodingKey::from_rsa_pem(pem),
+        AlgorithmFamily::Ec => DecodingKey::from_ec_pem(pem),
+        AlgorithmFamily::Ed => DecodingKey::from_ed_pem(pem),
+        AlgorithmFamily::Hmac => return Err("HMAC keys are not accepted".into()),
+    }
+    .map_err(|e| format!("not a {} public key PEM: {e}", family_name(family)))?;
+    Ok(Keys::Pem(key))
+}
+
+/// A JWKS document for `family`: every signing key needs a unique `kid`, a key type of that
+/// family and, if it states an `alg`, one of `algorithms`. Keys marked `use: enc` are skipped.
+pub fn jwks_keys(
+    json: &[u8],
+    family: AlgorithmFamily,
+    algorithms: &[Algorithm],
+) -> Result<Keys, String> {
+    let set: JwkSet =
+        serde_json::from_slice(json).map_err(|e| format!("not a JWKS document: {e}"))?;
+    let mut keys: Vec<JwkKey> = Vec::new();
+    for (i, jwk) in set.keys.iter().enumerate() {
+        if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
+            continue;
+        }
+        let kid = jwk
+            .common
+            .key_id
+            .clone()
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| format!("keys[{i}] has no `kid`"))?;
+        let key_family = match &jwk.algorithm {
+            AlgorithmParameters::RSA(_) => AlgorithmFamily::Rsa,
+            AlgorithmParameters::EllipticCurve(_) => AlgorithmFamily::Ec,
+            AlgorithmParameters::OctetKeyPair(_) => AlgorithmFamily::Ed,
+            AlgorithmParameters::OctetKey(_) => {
+                return Err(format!(
+                    "key `{kid}` is a shared secret (kty oct); only public keys are accepted"
+                ))
+            }
+            _ => return Err(format!("key `{kid}` has an unsupported key type")),
+        };
+        if key_family != family {
+            return Err(format!(
+                "key `{kid}` is {} but the algorithms are {}",
+                family_name(key_family),
+                family_name(family)
+            ));
+        }
+        let alg = match jwk.common.key_algorithm {
+            None => None,
+            Some(a) => {
+                let alg: Algorithm = a
+                    .to_string()
+                    .parse()
+                    .map_err(|_| format!("key `{kid}` states an unsupported `alg` {a}"))?;
+                if !algorithms.contains(&alg) {
+                    return Err(format!(
+                        "key `{kid}` is for {alg:?}, which is not in `algorithms`"
+                    ));
+                }
+                Some(alg)
+            }
+        };
+        if keys.iter().any(|k| k.kid == kid) {
+            return Err(format!("duplicate `kid` `{kid}`"));
+        }
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key `{kid}`: {e}"))?;
+        keys.push(JwkKey { kid, alg, key });
+    }
+    if keys.is_empty() {
+        return Err("no signing key in the JWKS".into());
+    }
+    Ok(Keys::Jwks(keys))
+}
+
+/// What a verified token proves.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    /// The issuer entry (of the config generation) that verified it.
+    pub issuer: Arc<JwtIssuer>,
+    pub subject: String,
+    /// `exp`, seconds since the epoch.
+    pub expires: u64,
+}
+
+/// Verifies `token` against the configured issuers, without any cache.
+pub fn verify(issuers: &[Arc<JwtIssuer>], token: &str) -> Result<Verified, JwtError> {
+    let header = jsonwebtoken::decode_header(token).map_err(|_| JwtError::Malformed)?;
+    // The unverified `iss` only picks the entry whose keys and rules apply; validation below
+    // checks it again once the signature holds.
+    let peek: Map<String, Value> =
+        jsonwebtoken::dangerous::insecure_decode_claims(token).map_err(|_| JwtError::Malformed)?;
+    let iss = peek
+        .get("iss")
+        .and_then(Value::as_str)
+        .ok_or(JwtError::UnknownIssuer)?;
+    let issuer = issuers
+        .iter()
+        .find(|i| i.issuer == iss)
+        .ok_or(JwtError::UnknownIssuer)?;
+    if !issuer.algorithms.contains(&header.alg) {
+        return Err(JwtError::Algorithm);
+    }
+    if let Some(want) = &issuer.typ {
+        let got = header.typ.as_deref().unwrap_or_default();
+        let got = got.strip_prefix("application/").unwrap_or(got);
+        if !got.eq_ignore_ascii_case(want) {
+            return Err(JwtError::Type);
+        }
+    }
+    let key = match &issuer.keys {
+        Keys::Pem(key) => key,
+        Keys::Jwks(keys) => {
+            let kid = header.kid.as_deref().ok_or(JwtError::UnknownKey)?;
+            let k = keys
+                .iter()
+                .find(|k| k.kid == kid)
+                .ok_or(JwtError::UnknownKey)?;
+            if k.alg.is_some_and(|a| a != header.alg) {
+                return Err(JwtError::Algorithm);
+            }
+            &k.key
+        }
+    };
+
+    let mut v = Validation::new(header.alg);
+    v.algorithms = issuer.algorithms.clone();
+    v.leeway = issuer.leeway_seconds;
+    v.validate_exp = true;
+    v.validate_nbf = true;
+    v.validate_aud = true;
+    v.set_issuer(&[&issuer.issuer]);
+    v.set_audience(&issuer.audiences);
+    v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+    let data = jsonwebtoken::decode::<Map<String, Value>>(token, key, &v).map_err(|e| {
+        use jsonwebtoken::errors::ErrorKind as K;
+        match e.into_kind() {
+            K::InvalidSignature => JwtError::Signature,
+            K::ExpiredSignature => JwtError::Expired,
+            K::ImmatureSignature => JwtError::NotYetValid,
+            K::InvalidAudience => JwtError::Audience,
+            K::InvalidIssuer => JwtError::Issuer,
+            K::MissingRequiredClaim(c) | K::InvalidClaimFormat(c) => JwtError::MissingClaim(c),
+            K::InvalidAlgorithm | K::MissingAlgorithm => JwtError::Algorithm,
+            _ => JwtError::Malformed,
+        }
+    })?;
+    let claims = data.claims;
+    for name in &issuer.require {
+        if claims.get(name).is_none_or(Value::is_null) {
+            return Err(JwtError::MissingClaim(name.clone()));
+        }
+    }
+    let subject = claims
+        .get("sub")
+        .and_then(Value::as_str)
+        .filter(|s| {
+            !s.is_empty() && s.len() <= MAX_SUBJECT_BYTES && !s.chars().any(char::is_control)
+        })
+        .ok_or(JwtError::Subject)?
+        .to_string();
+    let expires = match claims.get("exp") {
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .or_else(|| n.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64)),
+        _ => None,
+    }
+    .ok_or_else(|| JwtError::MissingClaim("exp".into()))?;
+    Ok(Verified {
+        issuer: issuer.clone(),
+        subject,
+        expires,
+    })
+}
+
+struct Entry {
+    /// Compared by address with the current config's entries: a reload makes new ones, so
+    /// entries of an older generation never match (the `Weak` keeps the address from reuse).
+    issuer: Weak<JwtIssuer>,
+    subject: String,
+    /// `exp` plus the issuer's leeway: what a fresh verification would still accept.
+    valid_until: u64,
+}
+
+/// Verified tokens by the SHA-256 of their text, bounded to [`CACHE_CAPACITY`] entries.
+pub struct Cache {
+    entries: Mutex<HashMap<[u8; 32], Entry>>,
+    capacity: usize,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Cache::with_capacity(CACHE_CAPACITY)
+    }
+}
+
+impl Cache {
+    pub fn with_capacity(capacity: usize) -> Cache {
+        Cache {
+            entries: Mutex::new(HashMap::new()),
+            capacity: capacity.max(1),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Entry>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// [`verify`], answered from the cache when this exact token was verified before by an
+    /// issuer entry of `issuers` and is still within `exp` + leeway at `now` (Unix seconds).
+    pub fn verify(
+        &self,
+        issuers: &[Arc<JwtIssuer>],
+        token: &str,
+        now: u64,
+    ) -> Result<Verified, JwtError> {
+        let digest = super::sha256(token.as_bytes());
+        {
+            let mut map = self.lock();
+            if let Some(e) = map.get(&digest) {
+                let current = issuers
+                    .iter()
+                    .find(|i| std::ptr::eq(Arc::as_ptr(i), e.issuer.as_ptr()));
+                match current {
+                    Some(issuer) if now <= e.valid_until => {
+                        return Ok(Verified {
+                            issuer: issuer.clone(),
+                            subject: e.subject.clone(),
+                            expires: e.valid_until.saturating_sub(issuer.leeway_seconds),
+                        });
+                    }
+                    _ => {
+                        map.remove(&digest);
+                    }
+                }
+            }
+        }
+        let verified = verify(issuers, token)?;
+        let valid_until = verified
+            .expires
+            .saturating_add(verified.issuer.leeway_seconds);
+        let mut map = self.lock();
+        if map.len() >= self.capacity {
+            map.retain(|_, e| e.valid_until >= now && e.issuer.strong_count() > 0);
+        }
+        if map.len() >= self.capacity {
+            // Still full of live entries: drop one; the cache only saves work.
+            if let Some(k) = map.keys().next().copied() {
+                map.remove(&k);
+            }
+        }
+        map.insert(
+            digest,
+            Entry {
+                issuer: Arc::downgrade(&verified.issuer),
+                subject: verified.subject.clone(),
+                valid_until,
+            },
+        );
+        Ok(verified)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{from_toml_str_with, Config};
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    use serde_json::json;
+    use std::path::Path;
+
+    const PRIVATE: &str = include_str!("../../fixtures/jwt/issuer-private.pem");
+    const PUBLIC: &str = include_str!("../../fixtures/jwt/issuer-public.pem");
+    const OTHER_PRIVATE: &str = include_str!("../../fixtures/jwt/other-private.pem");
+    const OTHER_JWKS: &str = include_str!("../../fixtures/jwt/other-jwks.json");
+    const ISS: &str = "https://idp.test";
+    const ISS2: &str = "https://other.test";
+
+    fn files(p: &Path) -> std::io::Result<Vec<u8>> {
+        match p.file_name().and_then(|n| n.to_str()) {
+            Some("issuer-public.pem") => Ok(PUBLIC.as_bytes().to_vec()),
+            Some("other-jwks.json") => Ok(OTHER_JWKS.as_bytes().to_vec()),
+            _ => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+        }
+    }
+
+    fn cfg(extra: &str) -> Config {
+        let text = format!(
+            r#"
+[[auth.jwt]]
+issuer = "{ISS}"
+audiences = ["turnstile"]
+algorithms = ["RS256"]
+pem_file = "keys/issuer-public.pem"
+leeway_seconds = 30
+{extra}
+[[auth.jwt]]
+issuer = "{ISS2}"
+audiences = ["turnstile"]
+algorithms = ["RS256", "PS256"]
+jwks_file = "other-jwks.json"
+"#
+        );
+        from_toml_str_with(&text, Path::new("/etc/t"), &files).unwrap()
+    }
+
+    fn now() -> u64 {
+        jsonwebtoken::get_current_timestamp()
+    }
+
+    fn claims() -> Value {
+        json!({"iss": ISS, "sub": "alice", "aud": "turnstile", "exp": now() + 600})
+    }
+
+    fn sign(header: &Header, claims: &Value, pem: &str) -> String {
+        encode(
+            header,
+            claims,
+            &EncodingKey::from_rsa_pem(pem.as_bytes()).unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn rs256(claims: &Value) -> String {
+        sign(&Header::new(Algorithm::RS256), claims, PRIVATE)
+    }
+
+    /// base64url without padding, so the tests can forge tokens by hand.
+    fn b64(input: &[u8]) -> String {
+        const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut out = String::new();
+        for chunk in input.chunks(3) {
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
+            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+            for i in 0..=chunk.len() {
+                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            }
+        }
+        out
+    }
+
+    fn verify_one(cfg: &Config, token: &str) -> Result<Verified, JwtError> {
+        verify(&cfg.jwt, token)
+    }
+
+    #[test]
+    fn principal_ids_split_at_the_first_hash() {
+        let id = principal_id("https://idp.test", "a#b");
+        assert_eq!(id, "jwt:https://idp.test#a#b");
+        assert_eq!(split_principal(&id), Some(("https://idp.test", "a#b")));
+        assert_ne!(principal_id(ISS, "alice"), principal_id(ISS2, "alice"));
+        assert_eq!(split_principal("alice"), None);
+        assert!(looks_like_jwt("a.b.c") && !looks_like_jwt("sk-a.b") && !looks_like_jwt("a.b.c.d"));
+    }
+
+    #[test]
+    fn a_good_token_verifies_to_its_subject() {
+        let cfg = cfg("");
+        let v = verify_one(&cfg, &rs256(&claims())).unwrap();
+        assert_eq!(
+            (v.issuer.issuer.as_str(), v.subject.as_str()),
+            (ISS, "alice")
+        );
+        // `aud` as a list containing ours is fine too.
+        let mut c = claims();
+        c["aud"] = json!(["other", "turnstile"]);
+        assert!(verify_one(&cfg, &rs256(&c)).is_ok());
+    }
+
+    #[test]
+    fn the_attack_matrix_fails_closed() {
+        let cfg = cfg("");
+        let cases: Vec<(&str, String, JwtError)> = vec![
+            {
+                // alg:none, no signature.
+                let h = b64(br#"{"alg":"none","typ":"JWT"}"#);
+                let p = b64(claims().to_string().as_bytes());
+                ("alg none", format!("{h}.{p}."), JwtError::Malformed)
+            },
+            {
+                // HS256 with the RSA public key bytes as the HMAC secret.
+                let t = encode(
+                    &Header::new(Algorithm::HS256),
+                    &claims(),
+                    &EncodingKey::from_secret(PUBLIC.as_bytes()).unwrap(),
+                )
+                .unwrap();
+                ("HS256 with the public key", t, JwtError::Algorithm)
+            },
+            {
+                let mut c = claims();
+                c["exp"] = json!(now() - 120);
+                ("expired beyond leeway", rs256(&c), JwtError::Expired)
+            },
+            {
+                let mut c = claims();
+                c["nbf"] = json!(now() + 120);
+                ("nbf in the future", rs256(&c), JwtError::NotYetValid)
+            },
+            {
+                let mut c = claims();
+                c["aud"] = json!("someone-else");
+                ("wrong aud", rs256(&c), JwtError::Audience)
+            },
+            {
+                let mut c = claims();
+                c["iss"] = json!("https://evil.test");
+                ("unknown iss", rs256(&c), JwtError::UnknownIssuer)
+            },
+            {
+                let t = sign(&Header::new(Algorithm::RS256), &claims(), OTHER_PRIVATE);
+                ("bad signature", t, JwtError::Signature)
+            },
+            {
+                let mut c = claims();
+                c.as_object_mut().unwrap().remove("exp");
+                (
+                    "missing exp",
+                    rs256(&c),
+                    JwtError::MissingClaim("exp".into()),
+                )
+            },
+            {
+                let mut c = claims();
+                c.as_object_mut().unwrap().remove("sub");
+                (
+                    "missing sub",
+                    rs256(&c),
+                    JwtError::MissingClaim("sub".into()),
+                )
+            },
+            {
+                let mut c = claims();
+                c["sub"] = json!("a\nb");
+                ("control character in sub", rs256(&c), JwtError::Subject)
+            },
+            {
+                let t = sign(&Header::new(Algorithm::RS512), &claims(), PRIVATE);
+                ("alg outside the allow-list", t, JwtError::Algorithm)
+            },
+            {
+                // A tampered payload under a valid signature.
+                let t = rs256(&claims());
+                let parts: Vec<&str> = t.split('.').collect();
+                let mut c = claims();
+                c["sub"] = json!("root");
+                let forged = format!(
+                    "{}.{}.{}",
+                    parts[0],
+                    b64(c.to_string().as_bytes()),
+                    parts[2]
+                );
+                ("tampered payload", forged, JwtError::Signature)
+            },
+        ];
+        for (name, token, want) in cases {
+            assert_eq!(verify_one(&cfg, &token).unwrap_err(), want, "case: {name}");
+        }
+    }
+
+    #[test]
+    fn leeway_accepts_a_token_just_expired() {
+        let cfg = cfg("");
+        let mut c = claims();
+        c["exp"] = json!(now() - 10);
+        assert!(verify_one(&cfg, &rs256(&c)).is_ok());
+        c["nbf"] = json!(now() + 10);
+        assert!(verify_one(&cfg, &rs256(&c)).is_ok());
+    }
+
+    #[test]
+    fn jwks_selects_by_kid_and_honours_the_key_alg() {
+        let cfg = cfg("");
+        let mut c = claims();
+        c["iss"] = json!(ISS2);
+        let mut h = Header::new(Algorithm::RS256);
+        h.kid = Some("other-1".into());
+        let v = verify_one(&cfg, &sign(&h, &c, OTHER_PRIVATE)).unwrap();
+        assert_eq!(v.issuer.issuer, ISS2);
+        h.kid = Some("../../etc/passwd' OR 1=1".into());
+        assert_eq!(
+            verify_one(&cfg, &sign(&h, &c, OTHER_PRIVATE)).unwrap_err(),
+            JwtError::UnknownKey
+        );
+        h.kid = None;
+        assert_eq!(
+            verify_one(&cfg, &sign(&h, &c, OTHER_PRIVATE)).unwrap_err(),
+            JwtError::UnknownKey
+        );
+        // PS256 is allowed for the issuer, but the JWK says RS256.
+        let mut h = Header::new(Algorithm::PS256);
+        h.kid = Some("other-1".into());
+        assert_eq!(
+            verify_one(&cfg, &sign(&h, &c, OTHER_PRIVATE)).unwrap_err(),
+            JwtError::Algorithm
+        );
+        // The right key of the wrong issuer.
+        let mut h = Header::new(Algorithm::RS256);
+        h.kid = Some("other-1".into());
+        assert_eq!(
+            verify_one(&cfg, &sign(&h, &c, PRIVATE)).unwrap_err(),
+            JwtError::Signature
+        );
+    }
+
+    #[test]
+    fn required_claims_and_typ() {
+        let cfg = cfg("require = [\"tenant\"]\ntyp = \"at+jwt\"");
+        let mut h = Header::new(Algorithm::RS256);
+        h.typ = Some("at+jwt".into());
+        let mut c = claims();
+        assert_eq!(
+            verify_one(&cfg, &sign(&h, &c, PRIVATE)).unwrap_err(),
+            JwtError::MissingClaim("tenant".into())
+        );
+        c["tenant"] = json!("t1");
+        assert!(verify_one(&cfg, &sign(&h, &c, PRIVATE)).is_ok());
+        h.typ = Some("application/AT+JWT".into());
+        assert!(verify_one(&cfg, &sign(&h, &c, PRIVATE)).is_ok());
+        // An ID token (typ JWT) is not an access token.
+        h.typ = Some("JWT".into());
+        assert_eq!(
+            verify_one(&cfg, &sign(&h, &c, PRIVATE)).unwrap_err(),
+            JwtError::Type
+        );
+    }
+
+    #[test]
+    fn cache_serves_only_live_entries_of_the_current_generation() {
+        let cfg = cfg("");
+        let cache = Cache::with_capacity(2);
+        let t = rs256(&claims());
+        let a = cache.verify(&cfg.jwt, &t, now()).unwrap();
+        let b = cache.verify(&cfg.jwt, &t, now()).unwrap();
+        assert_eq!((a.subject.as_str(), b.subject.as_str()), ("alice", "alice"));
+        assert_eq!(cache.len(), 1);
+
+        // An expired token planted as if verified earlier: the cache answers while the entry
+        // is live, and never past its `valid_until` or for another config generation.
+        let mut c = claims();
+        c["exp"] = json!(now() - 120);
+        let expired = rs256(&c);
+        let plant = |cache: &Cache| {
+            cache.lock().insert(
+                crate::auth::sha256(expired.as_bytes()),
+                Entry {
+                    issuer: Arc::downgrade(&cfg.jwt[0]),
+                    subject: "alice".into(),
+                    valid_until: now() + 1000,
+                },
+            );
+        };
+        plant(&cache);
+        assert!(cache.verify(&cfg.jwt, &expired, now()).is_ok());
+        assert_eq!(
+            cache.verify(&cfg.jwt, &expired, now() + 1001).unwrap_err(),
+            JwtError::Expired,
+            "past valid_until the token is verified afresh"
+        );
+        plant(&cache);
+        let reloaded = self::cfg("");
+        assert_eq!(
+            cache.verify(&reloaded.jwt, &expired, now()).unwrap_err(),
+            JwtError::Expired,
+            "a reload never answers from an older generation"
+        );
+
+        // The bound holds; no token text is kept (keys are digests).
+        for sub in ["b", "c", "d"] {
+            let mut c = claims();
+            c["sub"] = json!(sub);
+            cache.verify(&cfg.jwt, &rs256(&c), now()).unwrap();
+        }
+        assert!(cache.len() <= 2);
+    }
+}
