@@ -17,7 +17,8 @@ use crate::error::{ApiError, ErrorCode};
 
 pub struct Upstream {
     name: String,
-    url: String,
+    /// Parsed once: parsing (IDNA included) per request showed in profiles.
+    url: reqwest::Url,
     key: Option<String>,
     client: reqwest::Client,
     pub idle_timeout: Duration,
@@ -48,9 +49,11 @@ impl Upstream {
             .tcp_nodelay(true)
             .build()
             .map_err(|e| format!("backends.{name}: cannot build HTTP client: {e}"))?;
+        let url = reqwest::Url::parse(&format!("{}/chat/completions", cfg.base_url))
+            .map_err(|e| format!("backends.{name}.base_url: {e}"))?;
         Ok(Upstream {
             name: name.to_string(),
-            url: format!("{}/chat/completions", cfg.base_url),
+            url,
             key,
             client,
             idle_timeout: cfg.idle_timeout,
@@ -61,7 +64,7 @@ impl Upstream {
 
     /// Sends a request; resolves when the upstream's headers arrived with a 2xx status.
     pub async fn send(&self, body: &Value) -> Result<reqwest::Response, ApiError> {
-        let mut req = self.client.post(&self.url).json(body);
+        let mut req = self.client.post(self.url.clone()).json(body);
         if let Some(k) = &self.key {
             req = req.bearer_auth(k);
         }
