@@ -136,8 +136,41 @@ pub trait TurnControl: Send + Sync {
 pub struct Turn {
     /// A futures channel: it allocates per queued event, not a block up front, which keeps
     /// a suspended execution small.
-    pub events: mpsc::UnboundedReceiver<TurnEvent>,
+    events: mpsc::UnboundedReceiver<TurnEvent>,
+    /// Events taken out of the channel by `park`, delivered first by `next_event`.
+    stash: std::collections::VecDeque<TurnEvent>,
     pub control: Box<dyn TurnControl>,
+}
+
+impl Turn {
+    pub fn new(events: mpsc::UnboundedReceiver<TurnEvent>, control: Box<dyn TurnControl>) -> Turn {
+        Turn {
+            events,
+            stash: std::collections::VecDeque::new(),
+            control,
+        }
+    }
+
+    /// The next event; `None` once the backend side is gone.
+    pub async fn next_event(&mut self) -> Option<TurnEvent> {
+        if let Some(ev) = self.stash.pop_front() {
+            return Some(ev);
+        }
+        futures::StreamExt::next(&mut self.events).await
+    }
+
+    /// Called when the turn is parked: the channel still holds the waker of the task that
+    /// last waited on it, which would keep that finished task's memory alive for as long as
+    /// the turn stays suspended. Polling once with a no-op waker replaces it; anything
+    /// already queued is kept for the next leg.
+    pub fn park(&mut self) {
+        let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+        while let std::task::Poll::Ready(Some(ev)) =
+            futures::StreamExt::poll_next_unpin(&mut self.events, &mut cx)
+        {
+            self.stash.push_back(ev);
+        }
+    }
 }
 
 #[derive(Debug, Clone, thiserror::Error)]

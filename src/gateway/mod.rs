@@ -92,6 +92,13 @@ pub struct Execution {
     _slot: limits::Slot,
 }
 
+/// The identity of an execution, for work that awaits (an `Execution` is not `Sync`).
+struct Who {
+    id: String,
+    principal: String,
+    model: String,
+}
+
 /// What a pending record keeps alive: a held backend turn, or (stateless upstream) just
 /// what is needed to forward the continuation.
 pub enum Suspended {
@@ -657,7 +664,7 @@ impl Gateway {
                 _ = sleep_until_opt(flush_at) => {
                     return self.suspend(exec, ctx, calls, text, usage, tx).await;
                 }
-                ev = futures::StreamExt::next(&mut exec.turn.events) => ev,
+                ev = exec.turn.next_event() => ev,
             };
             match event {
                 Some(TurnEvent::Delta(d)) => {
@@ -670,7 +677,14 @@ impl Gateway {
                     flush_at.get_or_insert_with(|| Instant::now() + debounce);
                 }
                 Some(TurnEvent::Usage(u)) => usage.add(u),
-                Some(TurnEvent::Approval(ask)) => self.on_approval(&exec, *ask, &tx).await,
+                Some(TurnEvent::Approval(ask)) => {
+                    let who = Who {
+                        id: exec.id.clone(),
+                        principal: exec.principal.clone(),
+                        model: exec.model.clone(),
+                    };
+                    self.on_approval(&who, *ask, &tx).await
+                }
                 Some(TurnEvent::Completed) => {
                     let _ = tx
                         .send(LegEvent::End {
@@ -748,6 +762,7 @@ impl Gateway {
             .iter()
             .map(|c| (c.id.clone(), c.name.clone(), c.arguments.clone()))
             .collect();
+        exec.turn.park();
         exec.rounds += 1;
         let batch = NewBatch {
             principal: exec.principal.clone(),
@@ -799,7 +814,7 @@ impl Gateway {
     }
 
     /// Applies the model's approval policy to a backend side-effect request.
-    async fn on_approval(&self, exec: &Execution, ask: ApprovalAsk, tx: &mpsc::Sender<LegEvent>) {
+    async fn on_approval(&self, exec: &Who, ask: ApprovalAsk, tx: &mpsc::Sender<LegEvent>) {
         let cfg = self.config();
         let policy = cfg.model(&exec.model).map(|m| &m.approvals);
         let decision = policy.map_or(Decision::Deny, |p| match ask.kind {

@@ -204,10 +204,7 @@ impl AppServer {
             .unwrap_or_default()
             .to_string();
         tracing::debug!(backend = %self.name, execution = %req.execution_id, backend_process = proc.id, "backend turn started");
-        Ok(Turn {
-            events: rx,
-            control: Box::new(turn),
-        })
+        Ok(Turn::new(rx, Box::new(turn)))
     }
 }
 
