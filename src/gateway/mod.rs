@@ -748,6 +748,7 @@ impl Gateway {
         let mut exposed = Vec::with_capacity(calls.len());
         let mut digests = Vec::with_capacity(calls.len());
         exec.awaiting.clear();
+        exec.awaiting.reserve_exact(calls.len());
         for call in calls {
             let (tok, digest) = token::new_token();
             exec.awaiting.push((digest, call.invocation));

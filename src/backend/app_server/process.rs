@@ -467,7 +467,10 @@ impl Proc {
                     Some(Value::String(s)) => s.clone(),
                     Some(v) => v.to_string(),
                 };
-                lock(&route.held).push((invocation, id));
+                let mut held = lock(&route.held);
+                // Exact growth: a turn usually holds one call, and thousands may be parked.
+                held.reserve_exact(1);
+                held.push((invocation, id));
                 route.emit(TurnEvent::ToolCall(HeldCall {
                     invocation,
                     name,
