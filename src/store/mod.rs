@@ -27,6 +27,12 @@ pub struct Store {
     conn: Mutex<Connection>,
 }
 
+/// Executes one statement through the connection's prepared-statement cache (the same few
+/// statements run on every suspension and claim; re-preparing them each time showed).
+fn run(c: &Connection, sql: &str, p: impl rusqlite::Params) -> rusqlite::Result<usize> {
+    c.prepare_cached(sql)?.execute(p)
+}
+
 pub fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -193,6 +199,8 @@ impl Store {
         // Only this process writes; a lock held elsewhere is a fault to report quickly.
         conn.busy_timeout(std::time::Duration::from_secs(1))?;
         conn.execute_batch(SCHEMA)?;
+        // Room for every statement this module runs.
+        conn.set_prepared_statement_cache_capacity(64);
         Ok(Store {
             conn: Mutex::new(conn),
         })
@@ -221,21 +229,21 @@ impl Store {
         let now = now_unix() as i64;
         self.with(|c| {
             let tx = c.transaction()?;
-            let tokens = tx.execute(
+            let tokens = run(&tx,
                 "INSERT OR IGNORE INTO tombstones (digest, principal, reason, at)
                  SELECT digest, principal, 'lost', ?1 FROM pending_tokens",
                 params![now],
             )?;
-            tx.execute("DELETE FROM pending_tokens", [])?;
+            run(&tx, "DELETE FROM pending_tokens", [])?;
             // Executions suspended on a stateless upstream hold nothing in memory: they stay.
-            tx.execute(
+            run(&tx,
                 "INSERT INTO journal (at, execution_id, event, detail)
                  SELECT ?1, execution_id, 'execution_ended', 'reason=lost (gateway restart)'
                  FROM executions WHERE state = 'live'
                  AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
                 params![now],
             )?;
-            let execs = tx.execute(
+            let execs = run(&tx,
                 "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?1 WHERE state = 'live'
                  AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
                 params![now],
@@ -250,7 +258,8 @@ impl Store {
 
     pub fn journal(&self, execution_id: &str, event: &str, detail: &str) -> Result<(), StoreError> {
         self.with(|c| {
-            c.execute(
+            run(
+                c,
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, ?3, ?4)",
                 params![now_unix() as i64, execution_id, event, detail],
             )
@@ -267,12 +276,12 @@ impl Store {
         let now = now_unix() as i64;
         self.with(|c| {
             let tx = c.transaction()?;
-            tx.execute(
+            run(&tx,
                 "INSERT INTO executions (execution_id, principal, model, state, created_at)
                  VALUES (?1, ?2, ?3, 'live', ?4)",
                 params![execution_id, principal, model, now],
             )?;
-            tx.execute(
+            run(&tx,
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_started', ?3)",
                 params![now, execution_id, format!("principal={principal} model={model}")],
             )?;
@@ -284,11 +293,11 @@ impl Store {
         let now = now_unix() as i64;
         self.with(|c| {
             let tx = c.transaction()?;
-            tx.execute(
+            run(&tx,
                 "UPDATE executions SET state = 'ended', reason = ?2, ended_at = ?3 WHERE execution_id = ?1",
                 params![execution_id, reason, now],
             )?;
-            tx.execute(
+            run(&tx,
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_ended', ?3)",
                 params![now, execution_id, format!("reason={reason}")],
             )?;
@@ -308,12 +317,12 @@ impl Store {
         self.with(|c| {
             let tx = c.transaction()?;
             for d in digests {
-                tx.execute(
+                run(&tx,
                     "INSERT INTO pending_tokens (digest, principal, execution_id) VALUES (?1, ?2, ?3)",
                     params![&d[..], principal, execution_id],
                 )?;
             }
-            tx.execute(
+            run(&tx,
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_registered', ?3)",
                 params![now, execution_id, detail],
             )?;
@@ -335,17 +344,17 @@ impl Store {
         self.with(|c| {
             let tx = c.transaction()?;
             for d in digests {
-                tx.execute("DELETE FROM pending_tokens WHERE digest = ?1", params![&d[..]])?;
-                tx.execute("DELETE FROM upstream_pending WHERE digest = ?1", params![&d[..]])?;
-                tx.execute(
+                run(&tx, "DELETE FROM pending_tokens WHERE digest = ?1", params![&d[..]])?;
+                run(&tx, "DELETE FROM upstream_pending WHERE digest = ?1", params![&d[..]])?;
+                run(&tx,
                     "INSERT OR REPLACE INTO tombstones (digest, principal, reason, at) VALUES (?1, ?2, ?3, ?4)",
                     params![&d[..], principal, reason, now],
                 )?;
             }
             for d in evicted {
-                tx.execute("DELETE FROM tombstones WHERE digest = ?1", params![&d[..]])?;
+                run(&tx, "DELETE FROM tombstones WHERE digest = ?1", params![&d[..]])?;
             }
-            tx.execute(
+            run(&tx,
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_settled', ?3)",
                 params![now, execution_id, format!("reason={reason} count={}", digests.len())],
             )?;
@@ -359,7 +368,7 @@ impl Store {
         self.with(|c| {
             let tx = c.transaction()?;
             for r in rows {
-                tx.execute(
+                run(&tx,
                     "INSERT INTO upstream_pending (digest, execution_id, principal, model, deadline_ms, digests,
                      upstream_id, position, rounds, created_at) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
                     params![&r.digest[..], r.execution_id, r.principal, r.model, r.deadline_ms as i64,
@@ -367,7 +376,7 @@ impl Store {
                 )?;
             }
             if let Some(r) = rows.first() {
-                tx.execute(
+                run(&tx,
                     "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_registered', ?3)",
                     params![now, r.execution_id, format!("count={} upstream=1", rows.len())],
                 )?;
@@ -448,7 +457,7 @@ impl Store {
     pub fn approval_insert(&self, a: &ApprovalRecord) -> Result<(), StoreError> {
         self.with(|c| {
             let tx = c.transaction()?;
-            tx.execute(
+            run(&tx,
                 &format!("INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)"),
                 params![
                     a.id, a.principal, a.execution_id, a.invocation_id, a.kind, a.model, a.action_digest,
@@ -456,7 +465,7 @@ impl Store {
                     a.decided_at.map(|v| v as i64), a.decided_by
                 ],
             )?;
-            tx.execute(
+            run(&tx,
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'approval_created', ?3)",
                 params![a.created_at as i64, a.execution_id, format!("approval={} kind={} action={}", a.id, a.kind, &a.action_digest[..8])],
             )?;
@@ -477,13 +486,13 @@ impl Store {
             let tx = c.transaction()?;
             let mut settled = Vec::new();
             for id in ids {
-                let n = tx.execute(
+                let n = run(&tx,
                     "UPDATE approvals SET state = ?2, reason = ?3, decided_at = ?4, decided_by = ?5
                      WHERE id = ?1 AND state = 'pending'",
                     params![id, state, reason, now, decided_by],
                 )?;
                 if n == 1 {
-                    tx.execute(
+                    run(&tx,
                         "INSERT INTO journal (at, execution_id, event, detail)
                          SELECT ?1, execution_id, 'approval_settled', ?2 FROM approvals WHERE id = ?3",
                         params![now, format!("approval={id} state={state} reason={reason}"), id],
@@ -521,7 +530,7 @@ impl Store {
     pub fn approvals_orphan(&self) -> Result<usize, StoreError> {
         let now = now_unix() as i64;
         self.with(|c| {
-            c.execute(
+            run(c,
                 "UPDATE approvals SET state = 'denied', reason = 'orphaned', decided_at = ?1 WHERE state = 'pending'",
                 params![now],
             )
