@@ -72,6 +72,8 @@ pub(super) struct Proc {
     next_invocation: Arc<AtomicU64>,
     pub dead: CancellationToken,
     pub exited: CancellationToken,
+    /// Cancelled when the reader has seen the end of stdout (every line dispatched).
+    reader_done: CancellationToken,
     pub active: AtomicUsize,
     pub user_agent: Mutex<String>,
 }
@@ -125,6 +127,7 @@ impl Proc {
             next_invocation,
             dead: CancellationToken::new(),
             exited: CancellationToken::new(),
+            reader_done: CancellationToken::new(),
             active: AtomicUsize::new(0),
             user_agent: Mutex::new(String::new()),
         });
@@ -180,6 +183,7 @@ impl Proc {
                 }
             }
             reader_proc.die("backend closed its output");
+            reader_proc.reader_done.cancel();
         });
 
         // Supervisor: reaps the child, killing it if it outlives the shutdown grace period.
@@ -198,6 +202,11 @@ impl Proc {
                 }
             };
             tracing::info!(backend_process = id, pid, status = ?status, "backend process exited");
+            // Dead for new work at once, but the lines it wrote before exiting are delivered
+            // before its turns learn they are lost: the reader settles them at end of output.
+            // A grandchild holding stdout open must not delay that forever.
+            sup_proc.dead.cancel();
+            let _ = tokio::time::timeout(EXIT_GRACE, sup_proc.reader_done.cancelled()).await;
             sup_proc.die("backend process exited");
             sup_proc.exited.cancel();
         });
