@@ -523,21 +523,6 @@ impl<P: Parked> Registry<P> {
             .collect()
     }
 
-    /// Settles every batch of one execution (e.g. its backend died).
-    pub fn take_execution(&self, execution_id: &str, reason: Reason) -> Vec<Settled<P>> {
-        let ids: Vec<u64> = {
-            let g = self.lock();
-            g.batches
-                .iter()
-                .filter(|(_, b)| b.execution_id == execution_id)
-                .map(|(id, _)| *id)
-                .collect()
-        };
-        ids.into_iter()
-            .filter_map(|id| self.settle(id, reason))
-            .collect()
-    }
-
     /// Settles every batch whose held turn is gone (backend crash) as `lost`.
     pub fn take_dead(&self) -> Vec<Settled<P>> {
         let ids: Vec<u64> = {
