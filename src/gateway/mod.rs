@@ -384,13 +384,15 @@ impl Gateway {
                 // Each message is digested once: the prefix check uses those before the
                 // assistant message, the next suspension's prefix all of them.
                 let digests: Vec<[u8; 32]> = req.messages.iter().map(message_digest).collect();
+                // The tools and tool_choice digests serve the check and the next leg alike.
+                let ctx = LegContext::with_prefix(&req, prefix_digest_of(&digests));
                 let claimed = self.resume(
                     principal,
                     &req,
                     &c,
+                    &ctx,
                     prefix_digest_of(&digests[..c.assistant]),
                 );
-                let ctx = LegContext::with_prefix(&req, prefix_digest_of(&digests));
                 match claimed {
                     Err(e) => {
                         self.inner.metrics.rejection(e.code.as_str());
@@ -504,6 +506,7 @@ impl Gateway {
         principal: &Principal,
         req: &ChatRequest,
         c: &Continuation,
+        ctx: &LegContext,
         prefix: [u8; 32],
     ) -> Result<Suspended, ApiError> {
         let registry = &self.inner.registry;
@@ -557,8 +560,8 @@ impl Gateway {
             return Err(mismatch(format!("a tool result exceeds {limit} bytes")));
         }
         let got = Digests {
-            tools: tools_digest(req.tools.as_deref()),
-            tool_choice: tool_choice_digest(req.tool_choice.as_ref()),
+            tools: ctx.tools,
+            tool_choice: ctx.tool_choice,
             prefix,
             echo: echo_digest_of(&req.messages[c.assistant]),
         };

@@ -51,15 +51,7 @@ async fn pool_exhaustion_is_429_after_a_bounded_wait() {
         ..Opts::default()
     })
     .await;
-    let hold = gw
-        .post(
-            ALICE,
-            &json!({"model": "hang", "stream": true, "messages": [user("x")]}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(hold.status(), 200);
+    let hold = gw.hold_stream(ALICE).await;
     let (status, v) = gw
         .chat(ALICE, &json!({"model": "echo", "messages": [user("y")]}))
         .await;
@@ -83,15 +75,7 @@ async fn pool_exhaustion_is_429_after_a_bounded_wait() {
 #[tokio::test]
 async fn client_disconnect_mid_stream_interrupts_the_turn() {
     let gw = Gateway::start().await;
-    let mut resp = gw
-        .post(
-            ALICE,
-            &json!({"model": "hang", "stream": true, "messages": [user("x")]}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    let mut resp = gw.hold_stream(ALICE).await;
     // Keep-alive comments flow while the turn is silent.
     let chunk = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
         .await
@@ -223,15 +207,7 @@ async fn sighup_revocation_interrupts_and_broken_reload_keeps_serving() {
 async fn graceful_shutdown_leaves_no_child() {
     let mut gw = Gateway::start().await;
     // A running turn and a suspended one at the moment of shutdown.
-    let hold = gw
-        .post(
-            ALICE,
-            &json!({"model": "hang", "stream": true, "messages": [user("x")]}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(hold.status(), 200);
+    let hold = gw.hold_stream(ALICE).await;
     let (_, resp) = gw.chat(ALICE, &tool_request("tool", "x")).await;
     assert_eq!(calls(&resp).len(), 1);
     assert_eq!(gw.stop().await, Some(0));

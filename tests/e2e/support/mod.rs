@@ -342,6 +342,15 @@ impl Gateway {
             .json(body)
     }
 
+    /// Opens a streaming request on the demo `hang` scenario and returns the live response:
+    /// a turn that holds a backend session until the response is dropped.
+    pub async fn hold_stream(&self, key: &str) -> reqwest::Response {
+        let body = json!({"model": "hang", "stream": true, "messages": [user("x")]});
+        let resp = self.post(key, &body).send().await.expect("send");
+        assert_eq!(resp.status(), 200);
+        resp
+    }
+
     /// Non-streaming chat: status and parsed JSON body.
     pub async fn chat(&self, key: &str, body: &Value) -> (StatusCode, Value) {
         let resp = self.post(key, body).send().await.expect("send");
