@@ -9,6 +9,9 @@
 //!
 //! Environment: `BENCH_COLD` (default 2000 iterations), `BENCH_CACHED` (default 200000).
 
+// Tests and benchmarks: unwrap is the assertion, and wall-clock time is what they measure.
+#![allow(clippy::unwrap_used, clippy::disallowed_types)]
+
 use std::hint::black_box;
 use std::path::Path;
 use std::time::Instant;

@@ -8,6 +8,9 @@
 //! Environment: `BENCH_RATE` (plain req/s, default 500), `BENCH_TOOL_RATE` (round trips/s,
 //! default 200), `BENCH_SECONDS` (default 5).
 
+// Tests and benchmarks: unwrap is the assertion, and wall-clock time is what they measure.
+#![allow(clippy::unwrap_used, clippy::disallowed_types)]
+
 use serde_json::{json, Value};
 
 #[path = "common.rs"]

@@ -11,6 +11,9 @@
 //! Environment: `BENCH_RATE` (req/s, default 2000), `BENCH_SECONDS` (per round, default 5),
 //! `BENCH_ROUNDS` (default 2), `BENCH_STREAM=1` to measure the streaming relay instead.
 
+// Tests and benchmarks: unwrap is the assertion, and wall-clock time is what they measure.
+#![allow(clippy::unwrap_used, clippy::disallowed_types)]
+
 use std::sync::Arc;
 
 #[path = "common.rs"]

@@ -1,12 +1,12 @@
-//! The one place that decides HTTP statuses. Every rejection the gateway makes is an
-//! [`ApiError`] carrying a stable [`ErrorCode`]; `ErrorCode::status` is exhaustive, so a new code
-//! forces a status decision. Domain modules convert their own errors into `ApiError`.
+//! Stable error codes and the one place that decides their statuses. Every rejection the
+//! gateway makes ends as an [`ApiError`] carrying an [`ErrorCode`]; `ErrorCode::status` and
+//! `ErrorCode::kind` are exhaustive, so a new code forces both decisions. Domain modules return
+//! their own error enums (`engine::EngineError` and the enums inside it); the `From` impls at
+//! the bottom of `engine/error.rs` are the only place that picks a code and a message for them.
+//! This module knows no web framework and no wire format: each surface renders an `ApiError`
+//! in its own body shape (`surface::chat` in OpenAI's).
 
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use serde_json::json;
-
-/// Stable snake_case codes from the product spec's error table.
+/// Stable snake_case codes (the README's error table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
     InvalidApiKey,
@@ -24,36 +24,37 @@ pub enum ErrorCode {
     RateLimited,
     UpstreamError,
     UpstreamTimeout,
+    StoreUnavailable,
+    ShuttingDown,
     ApprovalNotFound,
     ApprovalAlreadyDecided,
     NotFound,
     MethodNotAllowed,
     Internal,
-    /// An upstream's own 4xx, relayed with its status (kept in `ApiError::upstream_status`).
+    /// An upstream's own 4xx, relayed with its status (kept in `ApiError::upstream`).
     UpstreamRejected,
 }
 
 impl ErrorCode {
-    pub fn status(self) -> StatusCode {
+    /// The HTTP status. `UpstreamRejected` answers the upstream's own status
+    /// ([`ApiError::status`]); 400 is its fallback when that status is not a 4xx.
+    pub fn status(self) -> u16 {
         use ErrorCode::*;
         match self {
-            InvalidApiKey => StatusCode::UNAUTHORIZED,
-            ModelNotFound | ContinuationNotFound | ApprovalNotFound | NotFound => {
-                StatusCode::NOT_FOUND
-            }
-            InvalidRequest | UnsupportedToolChoice | ContinuationMismatch => {
-                StatusCode::BAD_REQUEST
-            }
-            RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ContinuationAlreadyResolved | ApprovalAlreadyDecided => StatusCode::CONFLICT,
-            ContinuationExpired | ContinuationLost => StatusCode::GONE,
-            UnauthorizedTarget => StatusCode::FORBIDDEN,
-            CapacityExhausted | RateLimited => StatusCode::TOO_MANY_REQUESTS,
-            UpstreamError => StatusCode::BAD_GATEWAY,
-            UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            UpstreamRejected => StatusCode::BAD_REQUEST,
+            InvalidApiKey => 401,
+            ModelNotFound | ContinuationNotFound | ApprovalNotFound | NotFound => 404,
+            InvalidRequest | UnsupportedToolChoice | ContinuationMismatch => 400,
+            RequestTooLarge => 413,
+            ContinuationAlreadyResolved | ApprovalAlreadyDecided => 409,
+            ContinuationExpired | ContinuationLost => 410,
+            UnauthorizedTarget => 403,
+            CapacityExhausted | RateLimited => 429,
+            UpstreamError => 502,
+            UpstreamTimeout => 504,
+            StoreUnavailable | ShuttingDown => 503,
+            MethodNotAllowed => 405,
+            Internal => 500,
+            UpstreamRejected => 400,
         }
     }
 
@@ -75,6 +76,8 @@ impl ErrorCode {
             RateLimited => "rate_limited",
             UpstreamError => "upstream_error",
             UpstreamTimeout => "upstream_timeout",
+            StoreUnavailable => "store_unavailable",
+            ShuttingDown => "shutting_down",
             ApprovalNotFound => "approval_not_found",
             ApprovalAlreadyDecided => "approval_already_decided",
             NotFound => "not_found",
@@ -84,22 +87,34 @@ impl ErrorCode {
         }
     }
 
-    /// The OpenAI `type` field that SDKs read.
-    fn kind(self) -> &'static str {
+    /// The class of the error in OpenAI's vocabulary (the `type` field SDKs read). Other
+    /// surfaces translate it into their own (`surface::messages` later).
+    pub fn kind(self) -> &'static str {
         use ErrorCode::*;
         match self {
             InvalidApiKey => "authentication_error",
             UnauthorizedTarget => "permission_error",
             ModelNotFound | ContinuationNotFound | ApprovalNotFound | NotFound => "not_found_error",
             CapacityExhausted | RateLimited => "rate_limit_error",
-            UpstreamError | UpstreamTimeout | Internal => "server_error",
-            _ => "invalid_request_error",
+            UpstreamError | UpstreamTimeout | StoreUnavailable | ShuttingDown | Internal => {
+                "server_error"
+            }
+            InvalidRequest
+            | UnsupportedToolChoice
+            | RequestTooLarge
+            | ContinuationAlreadyResolved
+            | ContinuationMismatch
+            | ContinuationExpired
+            | ContinuationLost
+            | ApprovalAlreadyDecided
+            | MethodNotAllowed
+            | UpstreamRejected => "invalid_request_error",
         }
     }
 }
 
-/// An error on its way to a client, in the OpenAI shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// An error on its way to a client.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
@@ -108,8 +123,11 @@ pub struct ApiError {
     pub upstream: Option<Box<UpstreamDetail>>,
     /// For `RateLimited`: whole seconds for the `Retry-After` header.
     pub retry_after: Option<u64>,
+    /// Extra top-level body members (the settled approval of a 409).
+    pub extra: Option<Box<(&'static str, serde_json::Value)>>,
 }
 
+/// An upstream's own rejection, relayed to the client as it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamDetail {
     pub status: u16,
@@ -126,46 +144,24 @@ impl ApiError {
             param: None,
             upstream: None,
             retry_after: None,
+            extra: None,
         }
     }
 
-    /// 429 `rate_limited`: a per-client limit refused a fresh turn; retry after `seconds`.
-    pub fn rate_limited(limit: &str, seconds: u64) -> Self {
-        let mut e = Self::new(
-            ErrorCode::RateLimited,
-            format!("Rate limit reached ({limit}); retry after {seconds} s."),
-        );
-        e.retry_after = Some(seconds);
-        e
-    }
-
-    /// An upstream's 4xx: its status and message are kept (never its URL or credentials).
-    pub fn upstream_client_error(
-        status: u16,
-        message: &str,
-        kind: Option<&str>,
-        code: Option<&str>,
-        param: Option<&str>,
-    ) -> Self {
-        let mut e = Self::new(ErrorCode::UpstreamRejected, message);
-        e.upstream = Some(Box::new(UpstreamDetail {
-            status,
-            kind: kind.map(str::to_owned),
-            code: code.map(str::to_owned),
-            param: param.map(str::to_owned),
-        }));
-        e
-    }
-
-    pub fn status(&self) -> StatusCode {
-        self.upstream
-            .as_ref()
-            .and_then(|u| StatusCode::from_u16(u.status).ok())
-            .unwrap_or_else(|| self.code.status())
+    pub fn status(&self) -> u16 {
+        match &self.upstream {
+            Some(u) if (400..500).contains(&u.status) => u.status,
+            _ => self.code.status(),
+        }
     }
 
     pub fn with_param(mut self, param: &'static str) -> Self {
         self.param = Some(param);
+        self
+    }
+
+    pub fn with_extra(mut self, key: &'static str, value: serde_json::Value) -> Self {
+        self.extra = Some(Box::new((key, value)));
         self
     }
 
@@ -196,22 +192,11 @@ impl ApiError {
         )
     }
 
-    /// The JSON body, also used as the payload of a mid-stream SSE error event.
-    pub fn body(&self) -> serde_json::Value {
-        if let Some(u) = &self.upstream {
-            return json!({"error": {
-                "message": self.message,
-                "type": u.kind.as_deref().unwrap_or("invalid_request_error"),
-                "code": u.code.as_deref().unwrap_or(self.code.as_str()),
-                "param": u.param,
-            }});
-        }
-        json!({"error": {
-            "message": self.message,
-            "type": self.code.kind(),
-            "code": self.code.as_str(),
-            "param": self.param,
-        }})
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            ErrorCode::RequestTooLarge,
+            format!("The request body exceeds {limit} bytes."),
+        )
     }
 }
 
@@ -221,44 +206,26 @@ impl std::fmt::Display for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = self.status();
-        let mut resp = (status, axum::Json(self.body())).into_response();
-        if self.code == ErrorCode::InvalidApiKey {
-            resp.headers_mut()
-                .insert("www-authenticate", HeaderValue::from_static("Bearer"));
-        }
-        if let Some(secs) = self.retry_after {
-            resp.headers_mut()
-                .insert("retry-after", HeaderValue::from(secs));
-        }
-        resp
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn body_has_openai_shape() {
-        let e = ApiError::new(ErrorCode::ContinuationMismatch, "drift");
-        let b = e.body();
-        assert_eq!(b["error"]["code"], "continuation_mismatch");
-        assert_eq!(b["error"]["type"], "invalid_request_error");
-        assert_eq!(b["error"]["message"], "drift");
-        assert!(b["error"]["param"].is_null());
-        assert_eq!(e.code.status(), StatusCode::BAD_REQUEST);
-    }
-
-    #[test]
-    fn rate_limited_carries_retry_after() {
-        let e = ApiError::rate_limited("requests_per_minute", 2);
-        assert_eq!(e.body()["error"]["code"], "rate_limited");
-        assert_eq!(e.body()["error"]["type"], "rate_limit_error");
-        let resp = e.into_response();
-        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(resp.headers()["retry-after"], "2");
+    fn status_classes_follow_the_source() {
+        assert_eq!(ErrorCode::StoreUnavailable.status(), 503);
+        assert_eq!(ErrorCode::ShuttingDown.status(), 503);
+        assert_eq!(ErrorCode::ContinuationMismatch.status(), 400);
+        assert_eq!(
+            ErrorCode::ContinuationMismatch.kind(),
+            "invalid_request_error"
+        );
+        let mut e = ApiError::new(ErrorCode::UpstreamRejected, "context too long");
+        e.upstream = Some(Box::new(UpstreamDetail {
+            status: 422,
+            kind: None,
+            code: None,
+            param: None,
+        }));
+        assert_eq!(e.status(), 422);
     }
 }

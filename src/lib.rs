@@ -1,21 +1,25 @@
-//! Turnstile: an OpenAI Chat Completions gateway in front of stateful agent backends that
-//! holds the backend's turn open while the client runs its own tools, and resumes that same
-//! turn exactly once when the same client posts matching `role:"tool"` results.
+//! Turnstile: a gateway in front of stateful agent backends that holds the backend's turn open
+//! while the client runs its own tools, and resumes that same turn exactly once when the same
+//! client posts the matching results.
 //!
-//! # Layout
-//! - [`config`]: TOML config, parsed strictly, validated and frozen.
-//! - [`error`]: `ApiError` and `ErrorCode`, the only error -> HTTP mapping.
-//! - [`openai`]: Chat Completions wire types and response builders.
+//! # Layout (surfaces -> engine -> backends / store)
+//! - [`http`]: router, thin handlers, how an error becomes a response.
+//! - [`surface`]: one module per client API (`chat`): wire types, tolerant parsing into a
+//!   neutral [`turn::TurnInput`], canonical projection, continuation detection, framing.
+//! - [`turn`]: the neutral vocabulary shared by surfaces, the engine and backends.
+//! - [`engine`]: executions and legs: admission, fresh turns, the one suspension path, the
+//!   claim, the one ending path, the deadline timer.
+//! - [`backend`]: the `Backend` trait and its two kinds: `app_server` (a held Codex turn over
+//!   JSON-RPC) and `upstream` (a stateless OpenAI-compatible HTTP endpoint).
+//! - [`continuation`]: `srct-` tokens, canonical JSON, pending records and tombstones in
+//!   memory, the claim.
 //! - [`approvals`]: durable approval records of backend side effects, decisions, events.
-//! - [`auth`]: principals from API keys (SHA-256 digests, constant-time match) and JWTs
-//!   (`auth::jwt`: RFC 8725 verification, a digest-keyed cache).
-//! - [`continuation`]: `srct-` tokens, canonical digests, pending records, tombstones, claim.
-//! - [`backend`]: the `Backend` trait, conversation rendering, and the `codex app-server`
-//!   implementation (process pool, JSON-RPC framing, thread routing).
-//! - [`gateway`]: executions and legs: fresh turns, suspension, validated resume, endings.
-//! - [`store`]: the durable SQLite journal, live executions and tombstones.
+//! - [`store`]: the durable SQLite journal, suspensions, tombstones and approvals.
+//! - [`auth`]: principals from API keys (SHA-256 digests, constant-time match) and JWTs.
+//! - [`config`]: TOML config, parsed strictly, validated and frozen.
+//! - [`error`]: stable error codes and their statuses.
 //! - [`metrics`]: Prometheus metric names and rendering.
-//! - [`http`]: router, thin handlers, SSE framing.
+//! - [`digest`], [`ids`]: SHA-256 and the ids the gateway issues.
 //! - [`server`]: binding, signals (SIGINT/SIGTERM shutdown, SIGHUP reload) and serving.
 
 pub mod approvals;
@@ -23,10 +27,13 @@ pub mod auth;
 pub mod backend;
 pub mod config;
 pub mod continuation;
+pub mod digest;
+pub mod engine;
 pub mod error;
-pub mod gateway;
 pub mod http;
+pub mod ids;
 pub mod metrics;
-pub mod openai;
 pub mod server;
 pub mod store;
+pub mod surface;
+pub mod turn;

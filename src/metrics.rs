@@ -64,6 +64,7 @@ impl Histogram {
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     rejections: Mutex<BTreeMap<&'static str, u64>>,
+    endings: Mutex<BTreeMap<&'static str, u64>>,
     /// Time the gateway itself spends on a request before the backend is engaged.
     pub overhead: Histogram,
     /// Request start to the first response byte.
@@ -91,6 +92,12 @@ impl Metrics {
         *m.entry(code).or_default() += 1;
     }
 
+    /// An execution ended, by reason.
+    pub fn ended(&self, reason: &'static str) {
+        let mut m = self.endings.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry(reason).or_default() += 1;
+    }
+
     pub fn render(&self, g: &Gauges) -> String {
         let mut out = String::new();
         out.push_str("# HELP turnstile_requests_total HTTP requests by route and status.\n# TYPE turnstile_requests_total counter\n");
@@ -115,6 +122,18 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "turnstile_continuation_rejections_total{{code=\"{code}\"}} {n}"
+            );
+        }
+        out.push_str("# HELP turnstile_executions_ended_total Executions ended, by reason.\n# TYPE turnstile_executions_ended_total counter\n");
+        for (reason, n) in self
+            .endings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "turnstile_executions_ended_total{{reason=\"{reason}\"}} {n}"
             );
         }
         self.overhead.render(
@@ -180,6 +199,7 @@ mod tests {
         m.request("/v1/chat/completions", 200);
         m.request("/v1/chat/completions", 200);
         m.rejection("continuation_mismatch");
+        m.ended("completed");
         m.overhead.observe(Duration::from_micros(300));
         let text = m.render(&Gauges {
             suspended_executions: 1,
@@ -192,6 +212,7 @@ mod tests {
             .contains("turnstile_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2"));
         assert!(text
             .contains("turnstile_continuation_rejections_total{code=\"continuation_mismatch\"} 1"));
+        assert!(text.contains("turnstile_executions_ended_total{reason=\"completed\"} 1"));
         assert!(text.contains("turnstile_gateway_overhead_seconds_bucket{le=\"0.00025\"} 0"));
         assert!(text.contains("turnstile_gateway_overhead_seconds_bucket{le=\"0.0005\"} 1"));
         assert!(text.contains("turnstile_gateway_overhead_seconds_count 1"));

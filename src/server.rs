@@ -10,15 +10,15 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config;
-use crate::gateway::Gateway;
+use crate::engine::Engine;
 
-/// How long in-flight responses get to finish once shutdown begins.
+/// How long settling held turns and reaping children may take once serving has stopped.
 const DRAIN: Duration = Duration::from_secs(10);
 
 pub async fn serve(config_path: &Path) -> Result<(), String> {
     let cfg = config::load(config_path).map_err(|e| e.to_string())?;
     let listen = cfg.server.listen;
-    let gw = Gateway::start(cfg, Some(config_path.to_path_buf())).await?;
+    let gw = Engine::start(cfg, Some(config_path.to_path_buf())).await?;
     let listener = match TcpListener::bind(listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -57,11 +57,9 @@ pub async fn serve(config_path: &Path) -> Result<(), String> {
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, "listening");
     let server = axum::serve(listener, app).with_graceful_shutdown(stop);
-    let served = tokio::spawn(async move { server.await });
-    // Wait for the server; once shutdown has begun, give it a bounded drain.
-    let result = tokio::select! {
-        r = served => r.map_err(|e| e.to_string())?.map_err(|e| e.to_string()),
-    };
+    // Serves until a signal has begun the shutdown and open responses have ended.
+    let result = server.await.map_err(|e| e.to_string());
+    // Held turns are settled and children reaped, within a bound.
     let _ = tokio::time::timeout(DRAIN, gw.shutdown()).await;
     tracing::info!("stopped");
     result

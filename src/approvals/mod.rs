@@ -11,14 +11,15 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, Notify};
+use tokio::time::Instant;
 
 use crate::auth::Principal;
 use crate::backend::{ApprovalAsk, ApprovalResponder};
-use crate::continuation::token;
+use crate::ids::new_id;
 use crate::store::{now_unix, ApprovalRecord, Store, StoreError};
 
 /// A lifecycle event as published on `GET /v1/approvals/events`.
@@ -39,6 +40,8 @@ pub struct Approvals {
     store: Arc<Store>,
     waiters: Mutex<HashMap<String, Waiter>>,
     events: broadcast::Sender<ApprovalEvent>,
+    /// Notified when an approval is parked (the earliest expiry may be earlier).
+    changed: Notify,
 }
 
 #[derive(Debug)]
@@ -89,6 +92,7 @@ impl Approvals {
             store,
             waiters: Mutex::new(HashMap::new()),
             events,
+            changed: Notify::new(),
         })
     }
 
@@ -103,6 +107,15 @@ impl Approvals {
 
     pub fn pending_count(&self) -> usize {
         self.lock().len()
+    }
+
+    pub fn changed(&self) -> &Notify {
+        &self.changed
+    }
+
+    /// The earliest expiry of a pending approval (a scan: pending approvals are few).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.lock().values().map(|w| w.deadline).min()
     }
 
     fn publish(&self, kind: &'static str, record: ApprovalRecord) {
@@ -122,10 +135,10 @@ impl Approvals {
     ) -> Result<ApprovalRecord, StoreError> {
         let now = now_unix();
         let record = ApprovalRecord {
-            id: token::new_id("apr-"),
+            id: new_id("apr-"),
             principal: principal.to_string(),
             execution_id: execution_id.to_string(),
-            invocation_id: token::new_id("inv-"),
+            invocation_id: new_id("inv-"),
             kind: ask.kind.as_str().to_string(),
             model: model.to_string(),
             action_digest: hex::encode(ask.action_digest),
@@ -156,6 +169,7 @@ impl Approvals {
         );
         self.publish("created", record.clone());
         drop(waiters);
+        self.changed.notify_one();
         tracing::info!(execution = %execution_id, approval = %record.id, kind = %record.kind, "approval pending");
         Ok(record)
     }

@@ -19,16 +19,18 @@
 //! the text) until `exp` plus leeway, and only for the issuer entry (the exact config
 //! generation) that verified them, so a reload re-verifies everything.
 //!
-//! This module does no IO: `config::load` reads the key files and hands their bytes here.
+//! This module does no IO and does not import `config` (only its tests do): `config::load`
+//! reads the key files, hands their bytes here and builds each [`JwtIssuer`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
+use globset::GlobSet;
 use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet, PublicKeyUse};
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
-use crate::config::JwtIssuer;
+use super::grant::{ClientLimits, Role};
 
 /// Verified tokens remembered at most (by digest), whatever their lifetimes.
 pub const CACHE_CAPACITY: usize = 10_000;
@@ -101,6 +103,25 @@ pub struct JwkKey {
     /// The JWK's own `alg`, when it states one: the header `alg` must then equal it.
     pub alg: Option<Algorithm>,
     pub key: DecodingKey,
+}
+
+/// One `[[auth.jwt]]` issuer: how its tokens are verified, and what its subjects that no
+/// `[[clients]]` entry names may do. Built (and validated) by `config`.
+#[derive(Debug)]
+pub struct JwtIssuer {
+    pub issuer: String,
+    pub audiences: Vec<String>,
+    /// The allow-list; all of one key family, never `none` or `HS*`.
+    pub algorithms: Vec<Algorithm>,
+    pub keys: Keys,
+    pub leeway_seconds: u64,
+    /// Claims that must be present (and not null) besides `exp`, `iss`, `aud` and `sub`.
+    pub require: Vec<String>,
+    /// When set, the header `typ` must equal it (e.g. `at+jwt`).
+    pub typ: Option<String>,
+    pub models: GlobSet,
+    pub roles: Vec<Role>,
+    pub limits: ClientLimits,
 }
 
 /// Parses one configured algorithm name. `none` and the shared-secret `HS*` family are refused:

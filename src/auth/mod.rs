@@ -10,11 +10,13 @@
 //! `jwt = { issuer, subject }` (its id), or else the principal `jwt:<iss>#<sub>` with its
 //! issuer's defaults.
 
+pub mod grant;
 pub mod jwt;
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use self::grant::Role;
 use crate::config::{ClientConfig, Config, Credential};
 use crate::error::ApiError;
 
@@ -92,7 +94,7 @@ pub fn authenticate_cached(
     let client = find_client(cfg, authorization).ok_or_else(ApiError::unauthenticated)?;
     Ok(Principal {
         id: client.id.clone(),
-        approver: client.roles.iter().any(|r| r == "approver"),
+        approver: client.roles.contains(&Role::Approver),
     })
 }
 
@@ -100,11 +102,11 @@ fn jwt_principal(cfg: &Config, v: &jwt::Verified) -> Principal {
     match cfg.jwt_client(&v.issuer.issuer, &v.subject) {
         Some(client) => Principal {
             id: client.id.clone(),
-            approver: client.roles.iter().any(|r| r == "approver"),
+            approver: client.roles.contains(&Role::Approver),
         },
         None => Principal {
             id: jwt::principal_id(&v.issuer.issuer, &v.subject),
-            approver: v.issuer.roles.iter().any(|r| r == "approver"),
+            approver: v.issuer.roles.contains(&Role::Approver),
         },
     }
 }

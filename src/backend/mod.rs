@@ -1,34 +1,89 @@
-//! Backends: the agents that run turns. Only this module speaks a backend's wire protocol
-//! (JSON-RPC to `codex app-server` lives in `app_server/`); the rest of the gateway sees a
-//! [`Turn`]: a stream of [`TurnEvent`]s plus a [`TurnControl`] to answer held tool calls and to
-//! interrupt. Backend-side ids (process, thread, turn, `callId`) never leave this module: a held
-//! tool call is known outside only by its gateway-issued `invocation` number.
+//! Backends: what runs turns. One [`Backend`] trait covers both kinds: a stateful agent
+//! (`app_server/`: `codex app-server` over JSON-RPC, which holds the turn open while the client
+//! runs its tools) and a stateless upstream (`upstream/`: an OpenAI-compatible HTTP endpoint,
+//! where nothing is held and a continuation is a new request with the upstream's ids restored).
+//! Only this module speaks a backend's protocol; the engine sees a [`Turn`]: a stream of
+//! [`TurnEvent`]s plus a [`TurnControl`]. Backend-side ids (process, thread, turn, `callId`,
+//! upstream `tool_call.id`) never leave this module except as the opaque [`Hold::Ids`] the
+//! store keeps for a stateless continuation: a held call is known outside only by its
+//! gateway-issued `invocation` number.
 
 pub mod app_server;
-pub mod render;
 pub mod upstream;
 
 use futures::channel::mpsc;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 
-use crate::error::{ApiError, ErrorCode};
-use crate::openai::{ToolDef, Usage};
+use crate::config::ModelConfig;
+use crate::turn::{Continuation, TurnInput, Usage};
 
-/// Everything a backend needs to start one execution's turn.
-#[derive(Debug, Clone, Default)]
-pub struct TurnRequest {
-    pub execution_id: String,
-    pub backend_model: Option<String>,
-    /// System and developer messages, joined.
-    pub instructions: Option<String>,
-    /// A faithful transcript of the conversation before the last user message, if any.
-    pub history: Option<String>,
-    /// The last user message: the turn's input.
-    pub input: String,
-    /// The client's tools, declared to the backend as dynamic tools.
-    pub tools: Vec<ToolDef>,
-    pub approval_policy: Option<String>,
-    pub sandbox: Option<String>,
+/// What a backend is, as far as the engine's lifecycle cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// Holds the turn open across a suspension (lost if its process dies).
+    Agent,
+    /// Holds nothing: a suspension is a durable record, and it survives a restart.
+    Upstream,
+}
+
+impl BackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Agent => "app-server",
+            BackendKind::Upstream => "openai",
+        }
+    }
+}
+
+/// Everything a backend needs to run one leg.
+pub struct LegRequest<'a> {
+    pub execution_id: &'a str,
+    pub model: &'a ModelConfig,
+    pub input: &'a TurnInput,
+}
+
+/// One client result for an exposed call.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    /// The call's position in the suspended batch (exposure order).
+    pub call: usize,
+    /// Index of the result's message in the input.
+    pub message: usize,
+    /// The result, verbatim.
+    pub text: &'a str,
+}
+
+/// A claimed continuation, handed to the backend that suspended it.
+pub struct Resume<'a> {
+    pub leg: LegRequest<'a>,
+    pub continuation: &'a Continuation,
+    /// One answer per exposed call, in the order the client sent them.
+    pub answers: Vec<Answer<'a>>,
+    /// For each call of the assistant message being answered, its position in the batch.
+    pub echo_calls: Vec<usize>,
+}
+
+/// What keeps a suspended execution resumable.
+pub enum Hold {
+    /// A live turn holding the exposed calls open; `invocations[i]` is exposed call `i`.
+    Live { turn: Turn, invocations: Vec<u64> },
+    /// The upstream's own ids of the exposed calls, in exposure order: all a stateless
+    /// continuation needs (stored durably, never shown to the client).
+    Ids(Vec<String>),
+}
+
+impl Hold {
+    pub fn is_alive(&self) -> bool {
+        match self {
+            Hold::Live { turn, .. } => turn.control.is_alive(),
+            Hold::Ids(_) => true,
+        }
+    }
+
+    pub fn is_durable(&self) -> bool {
+        matches!(self, Hold::Ids(_))
+    }
 }
 
 /// A tool call the backend is holding open, waiting for the client's result.
@@ -110,13 +165,21 @@ pub struct ApprovalAsk {
 #[derive(Debug)]
 pub enum TurnEvent {
     Delta(String),
+    /// A Chat Completions chunk (or whole body) as a stateless upstream sent it, tool calls
+    /// removed; only on turns whose `native` flag is set. Its text also arrives as `Delta`.
+    Native(serde_json::Value),
     ToolCall(HeldCall),
     /// Boxed: rare, and it would otherwise size every event.
     Approval(Box<ApprovalAsk>),
     Usage(Usage),
     Completed,
+    /// The leg is over and the backend waits for the calls it issued (a stateless upstream's
+    /// answer ended with tool calls): suspend now.
+    Yield,
     /// The turn failed in the backend (model error). The detail is for logs only.
     Failed(String),
+    /// The backend did not answer in time (504).
+    TimedOut,
     Interrupted,
     /// The backend process died or stopped answering. The detail is for logs only.
     Lost(String),
@@ -131,23 +194,50 @@ pub trait TurnControl: Send + Sync {
     fn interrupt(&self);
     /// False once the backend incarnation holding the turn is gone (process died).
     fn is_alive(&self) -> bool;
+    /// At a suspension: a stateless backend's leg is over, and it returns the provider ids of
+    /// the exposed calls (all a continuation needs); a stateful one returns None and the live
+    /// turn itself is parked.
+    fn detach(&self, _invocations: &[u64]) -> Option<Vec<String>> {
+        None
+    }
+}
+
+enum Events {
+    /// A futures channel: it allocates per queued event, not a block up front, which keeps a
+    /// suspended execution small.
+    Channel(mpsc::UnboundedReceiver<TurnEvent>),
+    Stream(BoxStream<'static, TurnEvent>),
 }
 
 pub struct Turn {
-    /// A futures channel: it allocates per queued event, not a block up front, which keeps
-    /// a suspended execution small.
-    events: mpsc::UnboundedReceiver<TurnEvent>,
+    events: Events,
     /// Events taken out of the channel by `park`, delivered first by `next_event`.
     stash: std::collections::VecDeque<TurnEvent>,
     pub control: Box<dyn TurnControl>,
+    /// The events include the backend's own Chat Completions chunks (`TurnEvent::Native`).
+    pub native: bool,
 }
 
 impl Turn {
     pub fn new(events: mpsc::UnboundedReceiver<TurnEvent>, control: Box<dyn TurnControl>) -> Turn {
         Turn {
-            events,
+            events: Events::Channel(events),
             stash: std::collections::VecDeque::new(),
             control,
+            native: false,
+        }
+    }
+
+    pub fn from_stream(
+        events: BoxStream<'static, TurnEvent>,
+        control: Box<dyn TurnControl>,
+        native: bool,
+    ) -> Turn {
+        Turn {
+            events: Events::Stream(events),
+            stash: std::collections::VecDeque::new(),
+            control,
+            native,
         }
     }
 
@@ -156,24 +246,37 @@ impl Turn {
         if let Some(ev) = self.stash.pop_front() {
             return Some(ev);
         }
-        futures::StreamExt::next(&mut self.events).await
+        match &mut self.events {
+            Events::Channel(rx) => futures::StreamExt::next(rx).await,
+            Events::Stream(s) => futures::StreamExt::next(s).await,
+        }
     }
 
-    /// Called when the turn is parked: the channel still holds the waker of the task that
-    /// last waited on it, which would keep that finished task's memory alive for as long as
-    /// the turn stays suspended. Polling once with a no-op waker replaces it; anything
-    /// already queued is kept for the next leg.
-    pub fn park(&mut self) {
+    /// Suspends the turn behind the exposed calls. A stateless backend's turn ends here (its
+    /// provider ids are kept); a live one is parked: its channel still holds the waker of the
+    /// task that last waited on it, which would keep that finished task's memory alive for as
+    /// long as the turn stays suspended, so it is polled once with a no-op waker (anything
+    /// already queued is kept for the next leg).
+    pub fn suspend(mut self, invocations: Vec<u64>) -> Hold {
+        if let Some(ids) = self.control.detach(&invocations) {
+            return Hold::Ids(ids);
+        }
         let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
-        while let std::task::Poll::Ready(Some(ev)) =
-            futures::StreamExt::poll_next_unpin(&mut self.events, &mut cx)
-        {
-            self.stash.push_back(ev);
+        if let Events::Channel(rx) = &mut self.events {
+            while let std::task::Poll::Ready(Some(ev)) =
+                futures::StreamExt::poll_next_unpin(rx, &mut cx)
+            {
+                self.stash.push_back(ev);
+            }
+        }
+        Hold::Live {
+            turn: self,
+            invocations,
         }
     }
 }
 
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BackendError {
     #[error("all backend sessions are busy")]
     Capacity,
@@ -183,22 +286,30 @@ pub enum BackendError {
     Rejected(String),
     #[error("the backend turn is gone")]
     Lost,
+    #[error("the backend did not answer in time")]
+    Timeout,
+    /// An upstream's own 4xx, relayed to the client with its status and message.
+    #[error("upstream refused the request ({})", .0.status)]
+    Refused(Box<UpstreamRefusal>),
+    /// The request cannot run on this backend (400 on `param`).
+    #[error("invalid request: {message}")]
+    Invalid {
+        message: String,
+        param: &'static str,
+    },
+    /// A `tool_choice` this backend cannot enforce.
+    #[error("unsupported tool_choice")]
+    UnsupportedToolChoice,
 }
 
-impl From<BackendError> for ApiError {
-    fn from(e: BackendError) -> Self {
-        match e {
-            BackendError::Capacity => ApiError::new(
-                ErrorCode::CapacityExhausted,
-                "All backend sessions are busy; retry later.",
-            ),
-            BackendError::Lost => ApiError::new(
-                ErrorCode::ContinuationLost,
-                "The held turn is gone (backend restart); start a new turn.",
-            ),
-            BackendError::Unavailable(_) | BackendError::Rejected(_) => ApiError::upstream(),
-        }
-    }
+/// An upstream's rejection: its status, message, type, code and param (never its URL or key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamRefusal {
+    pub status: u16,
+    pub message: String,
+    pub kind: Option<String>,
+    pub code: Option<String>,
+    pub param: Option<String>,
 }
 
 /// Sessions in use and idle, for metrics and readiness.
@@ -210,8 +321,20 @@ pub struct SessionStats {
 }
 
 pub trait Backend: Send + Sync {
-    fn start_turn(&self, req: TurnRequest) -> BoxFuture<'_, Result<Turn, BackendError>>;
+    fn kind(&self) -> BackendKind;
+    /// Refuses what this backend cannot run, before anything is journaled or started.
+    fn validate(&self, input: &TurnInput) -> Result<(), BackendError>;
+    /// Starts a fresh leg; resolves once the backend has accepted it (a stateless upstream:
+    /// once its response headers arrived with a 2xx).
+    fn start<'a>(&'a self, leg: LegRequest<'a>) -> BoxFuture<'a, Result<Turn, BackendError>>;
+    /// Continues a claimed suspension with the client's answers.
+    fn resume<'a>(&'a self, hold: Hold, r: Resume<'a>)
+        -> BoxFuture<'a, Result<Turn, BackendError>>;
     fn stats(&self) -> SessionStats;
+    /// Changes each time one of the backend's processes dies (its held turns are then lost).
+    fn deaths(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
     /// Stops every child and waits for it to be reaped.
     fn shutdown(&self) -> BoxFuture<'_, ()>;
 }

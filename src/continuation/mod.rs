@@ -1,12 +1,11 @@
-//! Continuations: `srct-` tokens, canonical digests, pending records, tombstones and the claim.
-//! This module knows nothing of HTTP or of backend protocols; the parked execution is opaque.
+//! Continuations: `srct-` tokens, canonical JSON for the digests, the pending records and
+//! tombstones in memory, and the claim. This module knows nothing of HTTP, of wire formats or
+//! of backend protocols, and writes nothing durable: the parked execution is opaque.
 
 pub mod canonical;
-pub mod detect;
+pub mod digests;
 pub mod registry;
 pub mod token;
 
-pub use registry::{
-    Digests, Limits, Lookup, NewBatch, Parked, PendingView, Reason, RegisterError, Registry,
-    Settled,
-};
+pub use digests::Digests;
+pub use registry::{Batch, Limits, Lookup, Parked, PendingView, Reason, Registry, Settled};

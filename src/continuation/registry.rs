@@ -1,19 +1,23 @@
-//! Pending continuation records and tombstones, and the atomic claim.
+//! Pending continuation records and tombstones, in memory, and the atomic claim.
 //!
-//! A record holds digests only (principal, execution id, model, deadline and the SHA-256 of
-//! tools, tool_choice, conversation prefix and assistant echo) plus the parked execution
-//! (`P`), which owns the backend's held turn. Tokens are keyed by their SHA-256; the token
-//! text is never stored. Every state change happens under one lock that is never held across
-//! an `.await` and never returns a guard; the durable store is written after the in-memory
-//! change (claims) or before the record becomes visible to anyone (registration).
+//! A record holds digests only (principal, execution id, model, surface, deadline and the
+//! SHA-256 of tools, tool_choice, conversation prefix and assistant echo) plus the parked
+//! execution (`P`, opaque here). Tokens are keyed by their SHA-256; the token text is never
+//! stored. Every state change happens under one lock that is never held across an `.await`
+//! and never returns a guard. Deadlines are kept in an ordered index, so expiry costs
+//! O(expired), and [`Registry::changed`] wakes the engine's timer when the earliest deadline
+//! may have moved. Durability is the caller's: the store is written by the engine (before
+//! exposure, and after each settlement), never from here.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Mutex;
 
 use subtle::ConstantTimeEq;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
-use crate::store::Store;
+pub use super::digests::Digests;
+use crate::turn::Surface;
 
 /// Why a token stopped being pending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,39 +51,12 @@ impl Reason {
     }
 }
 
-/// The four digests of a suspension point.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Digests {
-    pub tools: [u8; 32],
-    pub tool_choice: [u8; 32],
-    pub prefix: [u8; 32],
-    pub echo: [u8; 32],
-}
-
-impl Digests {
-    /// Which digest differs, compared in constant time on fixed 32-byte arrays.
-    pub fn first_mismatch(&self, other: &Digests) -> Option<&'static str> {
-        let pairs = [
-            ("tools", &self.tools, &other.tools),
-            ("tool_choice", &self.tool_choice, &other.tool_choice),
-            ("conversation prefix", &self.prefix, &other.prefix),
-            ("assistant message", &self.echo, &other.echo),
-        ];
-        let mut first = None;
-        for (name, a, b) in pairs {
-            if !bool::from(a.ct_eq(b)) && first.is_none() {
-                first = Some(name);
-            }
-        }
-        first
-    }
-}
-
-/// A batch about to be registered.
-pub struct NewBatch<P> {
+/// A pending batch: the calls exposed at one suspension of one execution.
+pub struct Batch<P> {
     pub principal: String,
     pub execution_id: String,
     pub model: String,
+    pub surface: Surface,
     pub deadline: Instant,
     /// Token digests, in the order the calls were exposed.
     pub tokens: Vec<[u8; 32]>,
@@ -104,18 +81,9 @@ pub enum Lookup {
 pub trait Parked {
     /// False when the backend turn behind the record is gone.
     fn is_alive(&self) -> bool;
-    /// For a stateless upstream: the upstream's call ids (in token order), the round count and
-    /// the creation time, stored with the record so it survives a restart. None for a held
-    /// turn, whose record is journaled as a plain pending token.
-    fn upstream(&self) -> Option<(&[String], u32, u64)> {
-        None
-    }
-}
-
-impl Parked for &'static str {
-    fn is_alive(&self) -> bool {
-        true
-    }
+    /// True for a record that survives a restart (a stateless upstream's), which holds no
+    /// backend session or live-execution slot while suspended.
+    fn is_durable(&self) -> bool;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,20 +93,11 @@ pub struct PendingView {
     pub batch: u64,
     pub execution_id: String,
     pub model: String,
+    pub surface: Surface,
     pub deadline: Instant,
     pub digests: Digests,
     /// Token digests of the batch in exposure order.
     pub tokens: Vec<[u8; 32]>,
-}
-
-struct Batch<P> {
-    principal: String,
-    execution_id: String,
-    model: String,
-    deadline: Instant,
-    tokens: Vec<[u8; 32]>,
-    digests: Digests,
-    parked: P,
 }
 
 struct Tomb {
@@ -155,6 +114,8 @@ struct Inner<P> {
     pending: usize,
     tombs: HashMap<[u8; 32], Tomb>,
     rings: HashMap<String, VecDeque<[u8; 32]>>,
+    /// Every batch by deadline.
+    deadlines: BTreeSet<(Instant, u64)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -164,25 +125,21 @@ pub struct Limits {
     pub tombstones_per_client: usize,
 }
 
-/// A settled batch handed back to the caller (to resume or to clean up).
+/// A settled batch handed back to the caller (to resume or to clean up, and to persist).
 pub struct Settled<P> {
     pub execution_id: String,
     pub principal: String,
     pub tokens: Vec<[u8; 32]>,
+    pub reason: Reason,
+    /// Tombstones the principal's ring pushed out (the store deletes them too).
+    pub evicted: Vec<[u8; 32]>,
     pub parked: P,
-}
-
-pub enum RegisterError<P> {
-    /// A bound was hit; the parked execution comes back so its held calls can be cancelled.
-    Capacity(P),
-    /// The journal write failed; the batch was withdrawn.
-    Store(Option<P>),
 }
 
 pub struct Registry<P> {
     inner: Mutex<Inner<P>>,
-    store: Arc<Store>,
     limits: Limits,
+    changed: Notify,
 }
 
 fn principal_eq(a: &str, b: &str) -> bool {
@@ -190,8 +147,11 @@ fn principal_eq(a: &str, b: &str) -> bool {
 }
 
 impl<P: Parked> Registry<P> {
-    /// Builds the registry, loading durable tombstones (oldest first) into the rings.
-    pub fn new(store: Arc<Store>, limits: Limits) -> Result<Self, crate::store::StoreError> {
+    /// Builds the registry with the durable tombstones (oldest first) loaded into the rings.
+    pub fn new(
+        limits: Limits,
+        tombstones: impl IntoIterator<Item = ([u8; 32], String, Reason)>,
+    ) -> Self {
         let mut inner = Inner {
             next_batch: 1,
             token_batch: HashMap::new(),
@@ -200,28 +160,39 @@ impl<P: Parked> Registry<P> {
             pending: 0,
             tombs: HashMap::new(),
             rings: HashMap::new(),
+            deadlines: BTreeSet::new(),
         };
-        for t in store.tombstones()? {
+        for (digest, principal, reason) in tombstones {
             push_tomb(
                 &mut inner,
                 limits.tombstones_per_client,
-                t.digest,
-                &t.principal,
-                Reason::parse(&t.reason),
+                digest,
+                &principal,
+                reason,
                 // Rows beyond the ring (a smaller ring than last time) just stay unloaded.
                 &mut Vec::new(),
             );
         }
-        Ok(Registry {
+        Registry {
             inner: Mutex::new(inner),
-            store,
             limits,
-        })
+            changed: Notify::new(),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner<P>> {
         // Poisoning means a panic elsewhere mid-update; the maps stay structurally valid.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notified whenever a batch is added (the earliest deadline may be earlier).
+    pub fn changed(&self) -> &Notify {
+        &self.changed
+    }
+
+    /// The earliest deadline of any pending batch.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.lock().deadlines.first().map(|(at, _)| *at)
     }
 
     pub fn pending_count(&self) -> usize {
@@ -233,156 +204,69 @@ impl<P: Parked> Registry<P> {
     }
 
     /// Suspended batches (one per suspended execution) of one principal: all of them, and
-    /// those of stateless upstreams. A scan, made only for admission limits.
+    /// the durable ones. A scan, made only for admission limits.
     pub fn suspended_of(&self, principal: &str) -> (usize, usize) {
         let inner = self.lock();
         let mut all = 0;
-        let mut upstream = 0;
+        let mut durable = 0;
         for b in inner.batches.values().filter(|b| b.principal == principal) {
             all += 1;
-            if b.parked.upstream().is_some() {
-                upstream += 1;
+            if b.parked.is_durable() {
+                durable += 1;
             }
         }
-        (all, upstream)
+        (all, durable)
     }
 
     pub fn tombstone_count(&self) -> usize {
         self.lock().tombs.len()
     }
 
-    /// Registers a batch durably. On success the tokens may be exposed.
-    pub fn register(&self, b: NewBatch<P>) -> Result<(), RegisterError<P>> {
+    /// Adds a batch within the bounds; on success its id (the caller records it durably,
+    /// and withdraws it if that fails). A refusal hands the batch back (boxed: rare).
+    pub fn register(&self, b: Batch<P>) -> Result<u64, Box<Batch<P>>> {
         let n = b.tokens.len();
-        let upstream_rows = b.parked.upstream().map(|(ids, rounds, created)| {
-            let left = b.deadline.saturating_duration_since(Instant::now());
-            let deadline_ms = crate::store::now_unix_ms() + left.as_millis() as u64;
-            let mut digests = [0u8; 128];
-            for (i, d) in [
-                b.digests.tools,
-                b.digests.tool_choice,
-                b.digests.prefix,
-                b.digests.echo,
-            ]
-            .iter()
-            .enumerate()
-            {
-                digests[i * 32..(i + 1) * 32].copy_from_slice(d);
-            }
-            b.tokens
-                .iter()
-                .zip(ids)
-                .enumerate()
-                .map(|(i, (t, up))| crate::store::UpstreamPending {
-                    digest: *t,
-                    execution_id: b.execution_id.clone(),
-                    principal: b.principal.clone(),
-                    model: b.model.clone(),
-                    deadline_ms,
-                    digests,
-                    upstream_id: up.clone(),
-                    position: i as u32,
-                    rounds,
-                    created_at: created,
-                })
-                .collect::<Vec<_>>()
-        });
         let id = {
             let mut g = self.lock();
             let mine = g.per_principal.get(&b.principal).copied().unwrap_or(0);
             if g.pending + n > self.limits.max_pending
                 || mine + n > self.limits.max_pending_per_client
             {
-                return Err(RegisterError::Capacity(b.parked));
+                return Err(Box::new(b));
             }
-            Self::insert(
-                &mut g,
-                b.principal.clone(),
-                b.execution_id.clone(),
-                b.model,
-                b.deadline,
-                b.tokens.clone(),
-                b.digests,
-                b.parked,
-            )
+            Self::insert(&mut g, b)
         };
-        let written = match &upstream_rows {
-            Some(rows) => self.store.upstream_registered(rows),
-            None => {
-                let detail = format!(
-                    "count={n} tokens={} tools={} prefix={} echo={}",
-                    b.tokens
-                        .iter()
-                        .map(super::token::short)
-                        .collect::<Vec<_>>()
-                        .join(","),
-                    super::token::short(&b.digests.tools),
-                    super::token::short(&b.digests.prefix),
-                    super::token::short(&b.digests.echo)
-                );
-                self.store
-                    .tokens_registered(&b.execution_id, &b.principal, &b.tokens, &detail)
-            }
-        };
-        if let Err(e) = written {
-            tracing::error!(execution = %b.execution_id, error = %e, "could not journal pending tokens");
-            // Nobody can have claimed the batch: its tokens were never exposed.
-            let batch = self.remove(&mut self.lock(), id);
-            return Err(RegisterError::Store(batch.map(|b| b.parked)));
-        }
-        Ok(())
+        self.changed.notify_one();
+        Ok(id)
     }
 
-    /// Puts back a batch recovered from the store at startup (no bounds, no new write).
-    pub fn restore(&self, b: NewBatch<P>) {
-        let mut g = self.lock();
-        Self::insert(
-            &mut g,
-            b.principal,
-            b.execution_id,
-            b.model,
-            b.deadline,
-            b.tokens,
-            b.digests,
-            b.parked,
-        );
+    /// Puts back a batch recovered from the store at startup (no bounds).
+    pub fn restore(&self, b: Batch<P>) {
+        Self::insert(&mut self.lock(), b);
+        self.changed.notify_one();
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn insert(
-        g: &mut Inner<P>,
-        principal: String,
-        execution_id: String,
-        model: String,
-        deadline: Instant,
-        tokens: Vec<[u8; 32]>,
-        digests: Digests,
-        parked: P,
-    ) -> u64 {
+    /// Takes back a batch whose tokens were never exposed (its durable record failed).
+    pub fn withdraw(&self, id: u64) -> Option<Batch<P>> {
+        Self::remove(&mut self.lock(), id)
+    }
+
+    fn insert(g: &mut Inner<P>, b: Batch<P>) -> u64 {
         let id = g.next_batch;
         g.next_batch += 1;
-        for t in &tokens {
+        for t in &b.tokens {
             g.token_batch.insert(*t, id);
         }
-        g.pending += tokens.len();
-        *g.per_principal.entry(principal.clone()).or_default() += tokens.len();
-        g.batches.insert(
-            id,
-            Box::new(Batch {
-                principal,
-                execution_id,
-                model,
-                deadline,
-                tokens,
-                digests,
-                parked,
-            }),
-        );
+        g.pending += b.tokens.len();
+        *g.per_principal.entry(b.principal.clone()).or_default() += b.tokens.len();
+        g.deadlines.insert((b.deadline, id));
+        g.batches.insert(id, Box::new(b));
         id
     }
 
-    fn remove(&self, g: &mut Inner<P>, id: u64) -> Option<Batch<P>> {
+    fn remove(g: &mut Inner<P>, id: u64) -> Option<Batch<P>> {
         let batch = *g.batches.remove(&id)?;
+        g.deadlines.remove(&(batch.deadline, id));
         for t in &batch.tokens {
             g.token_batch.remove(t);
         }
@@ -438,6 +322,7 @@ impl<P: Parked> Registry<P> {
             batch: id,
             execution_id: b.execution_id.clone(),
             model: b.model.clone(),
+            surface: b.surface,
             deadline: b.deadline,
             digests: b.digests,
             tokens: b.tokens.clone(),
@@ -448,56 +333,37 @@ impl<P: Parked> Registry<P> {
     /// `reason`. Exactly one caller gets `Some` for a batch; everyone after sees the tombstones.
     pub fn settle(&self, batch: u64, reason: Reason) -> Option<Settled<P>> {
         let mut evicted = Vec::new();
-        let b = {
-            let mut g = self.lock();
-            let b = self.remove(&mut g, batch)?;
-            for t in &b.tokens {
-                push_tomb(
-                    &mut g,
-                    self.limits.tombstones_per_client,
-                    *t,
-                    &b.principal,
-                    reason,
-                    &mut evicted,
-                );
-            }
-            b
-        };
-        self.persist_settled(&b.execution_id, &b.principal, &b.tokens, reason, &evicted);
+        let mut g = self.lock();
+        let b = Self::remove(&mut g, batch)?;
+        for t in &b.tokens {
+            push_tomb(
+                &mut g,
+                self.limits.tombstones_per_client,
+                *t,
+                &b.principal,
+                reason,
+                &mut evicted,
+            );
+        }
+        drop(g);
         Some(Settled {
             execution_id: b.execution_id,
             principal: b.principal,
             tokens: b.tokens,
+            reason,
+            evicted,
             parked: b.parked,
         })
     }
 
-    fn persist_settled(
-        &self,
-        execution_id: &str,
-        principal: &str,
-        tokens: &[[u8; 32]],
-        reason: Reason,
-        evicted: &[[u8; 32]],
-    ) {
-        if let Err(e) =
-            self.store
-                .tokens_settled(execution_id, principal, tokens, reason.as_str(), evicted)
-        {
-            // The in-memory tombstones still answer replays; after a restart, recovery turns
-            // the still-pending rows into `lost` tombstones, which also never resume.
-            tracing::error!(execution = %execution_id, error = %e, "could not persist tombstones");
-        }
-    }
-
-    /// Settles every batch whose deadline has passed.
+    /// Settles every batch whose deadline is at or before `now`, earliest first.
     pub fn take_expired(&self, now: Instant) -> Vec<Settled<P>> {
         let ids: Vec<u64> = {
             let g = self.lock();
-            g.batches
+            g.deadlines
                 .iter()
-                .filter(|(_, b)| b.deadline <= now)
-                .map(|(id, _)| *id)
+                .take_while(|(at, _)| *at <= now)
+                .map(|(_, id)| *id)
                 .collect()
         };
         ids.into_iter()
@@ -505,25 +371,18 @@ impl<P: Parked> Registry<P> {
             .collect()
     }
 
-    /// Batches that hold a live backend turn (not stateless upstream records).
+    /// Batches that hold a live backend turn (not durable records).
     pub fn held_batches(&self) -> Vec<u64> {
         self.lock()
             .batches
             .iter()
-            .filter(|(_, b)| b.parked.upstream().is_none())
+            .filter(|(_, b)| !b.parked.is_durable())
             .map(|(id, _)| *id)
             .collect()
     }
 
-    /// Settles every batch (shutdown).
-    pub fn take_all(&self, reason: Reason) -> Vec<Settled<P>> {
-        let ids: Vec<u64> = self.lock().batches.keys().copied().collect();
-        ids.into_iter()
-            .filter_map(|id| self.settle(id, reason))
-            .collect()
-    }
-
-    /// Settles every batch whose held turn is gone (backend crash) as `lost`.
+    /// Settles every batch whose held turn is gone as `lost`. Called when a backend
+    /// process died, not on a timer.
     pub fn take_dead(&self) -> Vec<Settled<P>> {
         let ids: Vec<u64> = {
             let g = self.lock();
@@ -571,16 +430,28 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn reg(max: usize, per: usize, ring: usize) -> Registry<&'static str> {
+    struct Fake {
+        alive: bool,
+    }
+
+    impl Parked for Fake {
+        fn is_alive(&self) -> bool {
+            self.alive
+        }
+        fn is_durable(&self) -> bool {
+            false
+        }
+    }
+
+    fn reg(max: usize, per: usize, ring: usize) -> Registry<Fake> {
         Registry::new(
-            Arc::new(Store::open_in_memory().unwrap()),
             Limits {
                 max_pending: max,
                 max_pending_per_client: per,
                 tombstones_per_client: ring,
             },
+            [],
         )
-        .unwrap()
     }
 
     fn digests() -> Digests {
@@ -592,15 +463,16 @@ mod tests {
         }
     }
 
-    fn batch(principal: &str, tokens: Vec<[u8; 32]>, deadline: Instant) -> NewBatch<&'static str> {
-        NewBatch {
+    fn batch(principal: &str, tokens: Vec<[u8; 32]>, deadline: Instant) -> Batch<Fake> {
+        Batch {
             principal: principal.into(),
             execution_id: "exe-1".into(),
             model: "m".into(),
+            surface: Surface::Chat,
             deadline,
             tokens,
             digests: digests(),
-            parked: "parked",
+            parked: Fake { alive: true },
         }
     }
 
@@ -627,10 +499,14 @@ mod tests {
     #[test]
     fn claim_is_once_and_tombstones_are_principal_bound() {
         let r = reg(10, 10, 10);
-        assert!(r.register(batch("alice", vec![[7; 32]], later())).is_ok());
+        let id = r
+            .register(batch("alice", vec![[7; 32]], later()))
+            .ok()
+            .unwrap();
         let Lookup::Pending(v) = r.lookup("alice", &[[7; 32]]) else {
             panic!()
         };
+        assert_eq!(v.batch, id);
         assert!(r.settle(v.batch, Reason::Resolved).is_some());
         assert!(r.settle(v.batch, Reason::Resolved).is_none());
         assert_eq!(r.pending_count(), 0);
@@ -642,56 +518,71 @@ mod tests {
     }
 
     #[test]
-    fn bounds_refuse_and_return_the_parked_value() {
+    fn bounds_refuse_and_hand_the_batch_back() {
         let r = reg(3, 2, 10);
         assert!(r
             .register(batch("alice", vec![[1; 32], [2; 32]], later()))
             .is_ok());
-        assert!(matches!(
-            r.register(batch("alice", vec![[3; 32]], later())),
-            Err(RegisterError::Capacity("parked"))
-        ));
+        assert!(r.register(batch("alice", vec![[3; 32]], later())).is_err());
         assert!(r.register(batch("bob", vec![[4; 32]], later())).is_ok());
-        assert!(matches!(
-            r.register(batch("carol", vec![[5; 32]], later())),
-            Err(RegisterError::Capacity(_))
-        ));
+        assert!(r.register(batch("carol", vec![[5; 32]], later())).is_err());
         assert_eq!(r.pending_count(), 3);
     }
 
     #[test]
-    fn expiry_and_ring_eviction() {
+    fn withdrawn_batches_leave_no_tombstone() {
+        let r = reg(10, 10, 10);
+        let id = r
+            .register(batch("alice", vec![[1; 32]], later()))
+            .ok()
+            .unwrap();
+        assert!(r.withdraw(id).is_some());
+        assert_eq!((r.pending_count(), r.tombstone_count()), (0, 0));
+        assert_eq!(r.next_deadline(), None);
+        assert_eq!(r.lookup("alice", &[[1; 32]]), Lookup::NotFound);
+    }
+
+    #[test]
+    fn deadline_index_expires_in_order_and_ring_evicts() {
         let r = reg(10, 10, 2);
         let now = Instant::now();
-        assert!(r.register(batch("alice", vec![[1; 32]], now)).is_ok());
+        let soon = now + Duration::from_secs(1);
         assert!(r.register(batch("alice", vec![[2; 32]], later())).is_ok());
-        let expired = r.take_expired(now);
+        assert!(r.register(batch("alice", vec![[1; 32]], soon)).is_ok());
+        assert_eq!(r.next_deadline(), Some(soon));
+        assert!(r.take_expired(now).is_empty());
+        let expired = r.take_expired(soon);
         assert_eq!(expired.len(), 1);
+        assert_eq!(expired[0].tokens, [[1; 32]]);
         assert_eq!(
             r.lookup("alice", &[[1; 32]]),
             Lookup::Settled(Reason::Expired)
         );
-        assert_eq!(r.take_all(Reason::Lost).len(), 1);
-        assert_eq!(r.pending_count(), 0);
+        assert_eq!(r.next_deadline().map(|d| d > soon), Some(true));
         // Ring of 2: the oldest tombstone is evicted and reads as unknown.
-        assert!(r.register(batch("alice", vec![[3; 32]], later())).is_ok());
-        assert_eq!(r.take_all(Reason::Resolved).len(), 1);
+        for id in r.held_batches() {
+            r.settle(id, Reason::Lost);
+        }
+        let id = r
+            .register(batch("alice", vec![[3; 32]], later()))
+            .ok()
+            .unwrap();
+        let settled = r.settle(id, Reason::Resolved).unwrap();
+        assert_eq!(settled.evicted, [[1; 32]]);
         assert_eq!(r.lookup("alice", &[[1; 32]]), Lookup::NotFound);
-        assert_eq!(
-            r.lookup("alice", &[[3; 32]]),
-            Lookup::Settled(Reason::Resolved)
-        );
         assert_eq!(r.tombstone_count(), 2);
     }
 
     #[test]
-    fn digest_mismatch_names_the_first_difference() {
-        let a = digests();
-        let mut b = a;
-        assert_eq!(a.first_mismatch(&b), None);
-        b.echo[0] ^= 1;
-        assert_eq!(a.first_mismatch(&b), Some("assistant message"));
-        b.tools[31] ^= 1;
-        assert_eq!(a.first_mismatch(&b), Some("tools"));
+    fn dead_turns_are_taken_on_demand() {
+        let r = reg(10, 10, 10);
+        let mut b = batch("alice", vec![[1; 32]], later());
+        b.parked.alive = false;
+        assert!(r.register(b).is_ok());
+        assert!(r.register(batch("alice", vec![[2; 32]], later())).is_ok());
+        let dead = r.take_dead();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].reason, Reason::Lost);
+        assert_eq!(r.pending_count(), 1);
     }
 }

@@ -1,23 +1,10 @@
-//! Ids the gateway issues: continuation tokens (`srct-`), execution ids (`exe-`) and approval
-//! ids (`apr-`), each the prefix plus 32 lowercase hex digits of 128 CSPRNG bits.
+//! Continuation tokens: `srct-` plus 32 lowercase hex digits of 128 CSPRNG bits, known to the
+//! gateway only by their SHA-256.
 
-use rand::RngCore;
-
-use crate::auth::sha256;
+use crate::digest::sha256;
+use crate::ids::new_id;
 
 pub const TOKEN_PREFIX: &str = "srct-";
-
-fn random_hex() -> String {
-    let mut bytes = [0u8; 16];
-    // ThreadRng is a CSPRNG (ChaCha, seeded and periodically reseeded from the OS).
-    rand::rng().fill_bytes(&mut bytes);
-    hex::encode(bytes)
-}
-
-/// A fresh id with the given prefix (`exe-`, `apr-`).
-pub fn new_id(prefix: &str) -> String {
-    format!("{prefix}{}", random_hex())
-}
 
 /// A fresh continuation token and its SHA-256 digest (the only form that is stored).
 pub fn new_token() -> (String, [u8; 32]) {
@@ -39,11 +26,6 @@ pub fn is_token_shape(s: &str) -> bool {
 /// The digest of a well-formed token, or None for any other shape.
 pub fn token_digest(s: &str) -> Option<[u8; 32]> {
     is_token_shape(s).then(|| sha256(s.as_bytes()))
-}
-
-/// A short, non-reversible reference to a token digest for logs.
-pub fn short(digest: &[u8; 32]) -> String {
-    hex::encode(&digest[..4])
 }
 
 #[cfg(test)]

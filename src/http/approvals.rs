@@ -5,17 +5,16 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{principal, read_body};
+use super::{principal, read_body, Gateway};
 use crate::approvals::{to_json, visible, DecideError};
 use crate::error::{ApiError, ErrorCode};
-use crate::gateway::Gateway;
 
 fn not_found() -> ApiError {
     ApiError::new(ErrorCode::ApprovalNotFound, "No approval with this id.")
@@ -47,7 +46,10 @@ pub async fn list(
     }
     let records = gw.approvals().list(state, &who).map_err(|e| {
         tracing::error!(error = %e, "approvals list failed");
-        ApiError::new(ErrorCode::Internal, "The approvals store is unavailable.")
+        ApiError::new(
+            ErrorCode::StoreUnavailable,
+            "The approvals store is unavailable.",
+        )
     })?;
     let data: Vec<_> = records.iter().map(to_json).collect();
     Ok(Json(json!({"object": "list", "data": data})).into_response())
@@ -94,24 +96,21 @@ pub async fn decide(
         ))
         .with_param("decision")
     })?;
-    let _ = body.reason; // Accepted for the approver's own records; never sent to the backend.
+    // The reason is accepted (clients send it) but neither stored nor sent to the backend.
+    let _ = body.reason;
     match gw
         .approvals()
         .decide(&id, body.decision == DecisionValue::Approve, &who)
     {
         Ok(record) => Ok(Json(to_json(&record)).into_response()),
         Err(DecideError::NotFound) => Err(not_found()),
-        Err(DecideError::AlreadyDecided(record)) => {
-            let e = ApiError::new(
-                ErrorCode::ApprovalAlreadyDecided,
-                "This approval is already settled.",
-            );
-            let mut body = e.body();
-            body["approval"] = to_json(&record);
-            Ok((StatusCode::CONFLICT, Json(body)).into_response())
-        }
+        Err(DecideError::AlreadyDecided(record)) => Err(ApiError::new(
+            ErrorCode::ApprovalAlreadyDecided,
+            "This approval is already settled.",
+        )
+        .with_extra("approval", to_json(&record))),
         Err(DecideError::Store(_)) => Err(ApiError::new(
-            ErrorCode::Internal,
+            ErrorCode::StoreUnavailable,
             "The decision could not be recorded; the backend was denied.",
         )),
     }

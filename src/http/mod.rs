@@ -1,12 +1,11 @@
-//! HTTP surface: the router (routes and layers in one function), thin handlers and SSE
-//! framing. Handlers authenticate, parse and hand over to [`Gateway`]; every error is an
-//! [`ApiError`] rendered in the OpenAI shape, including the 404 fallback and 405s. This module
-//! never sees backend ids.
+//! HTTP: the router (routes and layers in one function) and thin handlers. A handler reads
+//! the body under the limit, authenticates, lets its surface translate the request, hands the
+//! neutral turn to the [`Engine`] and lets the surface frame the answer. Every error is an
+//! [`ApiError`] (`error.rs` renders it), including the 404 fallback and 405s. This module never
+//! sees backend ids and knows no wire format.
 
 mod approvals;
-mod sse;
-
-use std::time::Instant;
+mod error;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -19,11 +18,13 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
 
 use crate::auth::Principal;
+use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
-use crate::gateway::{Gateway, LegEvent, RelayBody, Reply};
-use crate::openai::{completion, ChatRequest};
+use crate::surface::chat;
 
-pub fn router(gw: Gateway) -> Router {
+type Gateway = Engine;
+
+pub fn router(gw: Engine) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
@@ -59,8 +60,8 @@ struct ExecutionId(String);
 /// Never bodies, headers or credentials. Also counts requests for `/metrics` and sets
 /// `x-request-id`.
 async fn log_request(State(gw): State<Gateway>, req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let request_id = crate::continuation::token::new_id("req-");
+    let started = tokio::time::Instant::now();
+    let request_id = crate::ids::new_id("req-");
     let method = req.method().clone();
     let route = req
         .extensions()
@@ -69,6 +70,7 @@ async fn log_request(State(gw): State<Gateway>, req: Request, next: Next) -> Res
         .unwrap_or_else(|| "unmatched".to_string());
     let mut resp = next.run(req).await;
     let status = resp.status().as_u16();
+    let code = resp.extensions().get::<error::Code>().map_or("", |c| c.0);
     let micros = started.elapsed().as_micros() as u64;
     let execution = resp
         .extensions()
@@ -80,9 +82,9 @@ async fn log_request(State(gw): State<Gateway>, req: Request, next: Next) -> Res
         resp.headers_mut().insert("x-request-id", v);
     }
     if status >= 500 {
-        tracing::error!(request = %request_id, %method, %route, status, %execution, micros, "request");
+        tracing::error!(request = %request_id, %method, %route, status, code, %execution, micros, "request");
     } else {
-        tracing::info!(request = %request_id, %method, %route, status, %execution, micros, "request");
+        tracing::info!(request = %request_id, %method, %route, status, code, %execution, micros, "request");
     }
     resp
 }
@@ -100,22 +102,16 @@ fn authorization(headers: &HeaderMap) -> Option<&str> {
 
 /// Reads the body under the configured limit: 413 before any parsing or digest work.
 async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
-    let too_large = || {
-        ApiError::new(
-            ErrorCode::RequestTooLarge,
-            format!("The request body exceeds {limit} bytes."),
-        )
-    };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
+        return Err(ApiError::too_large(limit));
     }
     match Limited::new(body, limit).collect().await {
         Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
         Err(_) => Err(ApiError::invalid("The request body could not be read.")),
     }
 }
@@ -124,76 +120,45 @@ fn principal(gw: &Gateway, headers: &HeaderMap) -> Result<Principal, ApiError> {
     gw.authenticate(authorization(headers))
 }
 
+fn sse(
+    stream: futures::stream::BoxStream<'static, Result<Bytes, std::convert::Infallible>>,
+) -> Response {
+    let mut resp = Body::from_stream(stream).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache"),
+    );
+    h.insert("x-accel-buffering", header::HeaderValue::from_static("no"));
+    resp
+}
+
+/// `POST /v1/chat/completions`.
 async fn chat(
     State(gw): State<Gateway>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let started = std::time::Instant::now();
-    let limit = gw.config().server.max_body_bytes;
-    let bytes = read_body(body, &headers, limit).await?;
+    let arrived = tokio::time::Instant::now();
+    let cfg = gw.config();
+    let bytes = read_body(body, &headers, cfg.server.max_body_bytes).await?;
     let principal = principal(&gw, &headers)?;
-    let req: ChatRequest = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::invalid(format!("Invalid request body: {e}")))?;
-    if req.messages.is_empty() {
-        return Err(ApiError::invalid("`messages` must not be empty").with_param("messages"));
-    }
-    let stream = req.stream;
-    let include_usage = req
-        .stream_options
-        .as_ref()
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false);
-    let (execution, mut resp) = match gw.chat(&principal, req, bytes, started).await? {
-        Reply::Leg(leg) => {
-            let execution = ExecutionId(leg.execution_id.clone());
-            let resp = if stream {
-                let keepalive = gw.config().server.keepalive;
-                sse::respond(leg, include_usage, keepalive).await?
-            } else {
-                collect(leg).await?
-            };
-            (execution, resp)
-        }
-        Reply::Relay { execution_id, body } => {
-            let resp = match body {
-                RelayBody::Json(v) => Json(v).into_response(),
-                RelayBody::Sse(stream) => sse::relay(stream)?,
-            };
-            (ExecutionId(execution_id), resp)
-        }
+    let (input, framing) = chat::parse(bytes, arrived)?;
+    let leg = gw.execute(&principal, input).await?;
+    let execution = ExecutionId(leg.execution_id.clone());
+    let mut resp = if framing.stream {
+        sse(chat::framing::stream(leg, framing.include_usage, cfg.server.keepalive).await?)
+    } else {
+        Json(chat::framing::collect(leg).await?).into_response()
     };
     // For streams this is when headers and the first bytes are ready to go.
-    gw.metrics().ttfb.observe(started.elapsed());
+    gw.metrics().ttfb.observe(arrived.elapsed());
     resp.extensions_mut().insert(execution);
     Ok(resp)
-}
-
-/// Non-streaming: waits for the leg's end and answers one `chat.completion`.
-async fn collect(mut leg: crate::gateway::Leg) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    while let Some(ev) = leg.events.recv().await {
-        match ev {
-            LegEvent::Delta(d) => text.push_str(&d),
-            LegEvent::Notice(_) => {}
-            LegEvent::Error(e) => return Err(e),
-            LegEvent::End { calls, usage } => {
-                let finish = if calls.is_empty() {
-                    "stop"
-                } else {
-                    "tool_calls"
-                };
-                let content = if text.is_empty() && !calls.is_empty() {
-                    None
-                } else {
-                    Some(text)
-                };
-                let body = completion(&leg.meta, content, &calls, finish, usage);
-                return Ok(Json(body).into_response());
-            }
-        }
-    }
-    Err(ApiError::upstream())
 }
 
 async fn models(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Response, ApiError> {
@@ -240,7 +205,7 @@ mod tests {
             crate::auth::hash_key("sk-a")
         );
         let cfg = crate::config::from_toml_str(&text, dir.path()).unwrap();
-        let gw = Gateway::start(cfg, None).await.unwrap();
+        let gw = Engine::start(cfg, None).await.unwrap();
         (router(gw), dir)
     }
 

@@ -13,6 +13,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection};
 
+mod suspensions;
+
+pub use suspensions::{StoredSuspension, SuspensionRecord};
+
 #[derive(Debug, thiserror::Error)]
 #[error("store: {0}")]
 pub struct StoreError(String);
@@ -29,7 +33,7 @@ pub struct Store {
 
 /// Executes one statement through the connection's prepared-statement cache (the same few
 /// statements run on every suspension and claim; re-preparing them each time showed).
-fn run(c: &Connection, sql: &str, p: impl rusqlite::Params) -> rusqlite::Result<usize> {
+pub(super) fn run(c: &Connection, sql: &str, p: impl rusqlite::Params) -> rusqlite::Result<usize> {
     c.prepare_cached(sql)?.execute(p)
 }
 
@@ -46,23 +50,6 @@ pub struct StoredTombstone {
     pub digest: [u8; 32],
     pub principal: String,
     pub reason: String,
-}
-
-/// A pending continuation of a stateless upstream, as stored: everything needed to validate
-/// and forward it after a restart (digests and the upstream's own call id, no content).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamPending {
-    pub digest: [u8; 32],
-    pub execution_id: String,
-    pub principal: String,
-    pub model: String,
-    pub deadline_ms: u64,
-    /// tools | tool_choice | prefix | echo digests, 32 bytes each.
-    pub digests: [u8; 128],
-    pub upstream_id: String,
-    pub position: u32,
-    pub rounds: u32,
-    pub created_at: u64,
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -120,7 +107,8 @@ CREATE TABLE IF NOT EXISTS upstream_pending (
   upstream_id TEXT NOT NULL,
   position INTEGER NOT NULL,
   rounds INTEGER NOT NULL,
-  created_at INTEGER NOT NULL
+  created_at INTEGER NOT NULL,
+  surface TEXT NOT NULL DEFAULT 'chat'
 );
 CREATE TABLE IF NOT EXISTS approvals (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -199,6 +187,7 @@ impl Store {
         // Only this process writes; a lock held elsewhere is a fault to report quickly.
         conn.busy_timeout(std::time::Duration::from_secs(1))?;
         conn.execute_batch(SCHEMA)?;
+        suspensions::migrate(&conn)?;
         // Room for every statement this module runs.
         conn.set_prepared_statement_cache_capacity(64);
         Ok(Store {
@@ -209,12 +198,13 @@ impl Store {
     pub fn open_in_memory() -> Result<Store, StoreError> {
         let conn = Connection::open_in_memory()?;
         conn.execute_batch(SCHEMA)?;
+        suspensions::migrate(&conn)?;
         Ok(Store {
             conn: Mutex::new(conn),
         })
     }
 
-    fn with<T>(
+    pub(super) fn with<T>(
         &self,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
     ) -> Result<T, StoreError> {
@@ -302,122 +292,6 @@ impl Store {
                 params![now, execution_id, format!("reason={reason}")],
             )?;
             tx.commit()
-        })
-    }
-
-    /// Records a batch of pending token digests (register-before-exposure).
-    pub fn tokens_registered(
-        &self,
-        execution_id: &str,
-        principal: &str,
-        digests: &[[u8; 32]],
-        detail: &str,
-    ) -> Result<(), StoreError> {
-        let now = now_unix() as i64;
-        self.with(|c| {
-            let tx = c.transaction()?;
-            for d in digests {
-                run(&tx,
-                    "INSERT INTO pending_tokens (digest, principal, execution_id) VALUES (?1, ?2, ?3)",
-                    params![&d[..], principal, execution_id],
-                )?;
-            }
-            run(&tx,
-                "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_registered', ?3)",
-                params![now, execution_id, detail],
-            )?;
-            tx.commit()
-        })
-    }
-
-    /// Turns pending tokens into tombstones and deletes the tombstones the principal's ring
-    /// evicted (the registry owns the ring; deleting by key keeps this O(evicted)).
-    pub fn tokens_settled(
-        &self,
-        execution_id: &str,
-        principal: &str,
-        digests: &[[u8; 32]],
-        reason: &str,
-        evicted: &[[u8; 32]],
-    ) -> Result<(), StoreError> {
-        let now = now_unix() as i64;
-        self.with(|c| {
-            let tx = c.transaction()?;
-            for d in digests {
-                run(&tx, "DELETE FROM pending_tokens WHERE digest = ?1", params![&d[..]])?;
-                run(&tx, "DELETE FROM upstream_pending WHERE digest = ?1", params![&d[..]])?;
-                run(&tx,
-                    "INSERT OR REPLACE INTO tombstones (digest, principal, reason, at) VALUES (?1, ?2, ?3, ?4)",
-                    params![&d[..], principal, reason, now],
-                )?;
-            }
-            for d in evicted {
-                run(&tx, "DELETE FROM tombstones WHERE digest = ?1", params![&d[..]])?;
-            }
-            run(&tx,
-                "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_settled', ?3)",
-                params![now, execution_id, format!("reason={reason} count={}", digests.len())],
-            )?;
-            tx.commit()
-        })
-    }
-
-    /// Records a pending batch of a stateless upstream (register-before-exposure).
-    pub fn upstream_registered(&self, rows: &[UpstreamPending]) -> Result<(), StoreError> {
-        let now = now_unix() as i64;
-        self.with(|c| {
-            let tx = c.transaction()?;
-            for r in rows {
-                run(&tx,
-                    "INSERT INTO upstream_pending (digest, execution_id, principal, model, deadline_ms, digests,
-                     upstream_id, position, rounds, created_at) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
-                    params![&r.digest[..], r.execution_id, r.principal, r.model, r.deadline_ms as i64,
-                            &r.digests[..], r.upstream_id, r.position, r.rounds, r.created_at as i64],
-                )?;
-            }
-            if let Some(r) = rows.first() {
-                run(&tx,
-                    "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_registered', ?3)",
-                    params![now, r.execution_id, format!("count={} upstream=1", rows.len())],
-                )?;
-            }
-            tx.commit()
-        })
-    }
-
-    /// Every pending upstream continuation, grouped by the caller (ordered by execution, position).
-    pub fn upstream_pending(&self) -> Result<Vec<UpstreamPending>, StoreError> {
-        self.with(|c| {
-            let mut stmt = c.prepare(
-                "SELECT digest, execution_id, principal, model, deadline_ms, digests, upstream_id, position, rounds, created_at
-                 FROM upstream_pending ORDER BY execution_id, position",
-            )?;
-            let rows = stmt.query_map([], |r| {
-                let d: Vec<u8> = r.get(0)?;
-                let g: Vec<u8> = r.get(5)?;
-                Ok((d, g, UpstreamPending {
-                    digest: [0; 32],
-                    execution_id: r.get(1)?,
-                    principal: r.get(2)?,
-                    model: r.get(3)?,
-                    deadline_ms: r.get::<_, i64>(4)? as u64,
-                    digests: [0; 128],
-                    upstream_id: r.get(6)?,
-                    position: r.get(7)?,
-                    rounds: r.get(8)?,
-                    created_at: r.get::<_, i64>(9)? as u64,
-                }))
-            })?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (d, g, mut p) = row?;
-                if let (Ok(d), Ok(g)) = (<[u8; 32]>::try_from(d.as_slice()), <[u8; 128]>::try_from(g.as_slice())) {
-                    p.digest = d;
-                    p.digests = g;
-                    out.push(p);
-                }
-            }
-            Ok(out)
         })
     }
 

@@ -2,6 +2,9 @@
 //! binary, driven over HTTP (and by the official `openai` Python package where installed);
 //! `codex` runs the real Codex `app-server` (where installed) against a fake Responses API.
 
+// Tests and benchmarks: unwrap is the assertion, and wall-clock time is what they measure.
+#![allow(clippy::unwrap_used, clippy::disallowed_types)]
+
 mod approvals;
 mod codex;
 mod continuation;

@@ -7,6 +7,7 @@
 //! by its supervisor and replaced on the next turn.
 
 mod process;
+mod render;
 pub mod rpc;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,8 +20,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::process::{Proc, Route};
-use super::{Backend, BackendError, SessionStats, Turn, TurnControl, TurnRequest};
+use super::{
+    Backend, BackendError, BackendKind, Hold, LegRequest, Resume, SessionStats, Turn, TurnControl,
+};
 use crate::config::BackendConfig;
+use crate::turn::{ToolChoice, TurnInput};
 
 pub struct AppServer {
     name: String,
@@ -33,6 +37,8 @@ pub struct AppServer {
     next_invocation: Arc<AtomicU64>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
+    /// Counts process deaths, so the engine settles the held turns of a dead process at once.
+    deaths: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl AppServer {
@@ -49,6 +55,7 @@ impl AppServer {
             next_invocation: Arc::new(AtomicU64::new(1)),
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            deaths: Arc::new(tokio::sync::watch::Sender::new(0)),
         });
         let first = server.live_proc().await?;
         // Version guard: a backend that cannot take dynamic tools is refused now, not
@@ -103,6 +110,7 @@ impl AppServer {
             &self.tracker,
             &self.shutdown,
             self.next_invocation.clone(),
+            self.deaths.clone(),
         )
         .await
         .inspect_err(|e| tracing::error!(backend = %self.name, error = %e, "backend process failed to start"))?;
@@ -133,7 +141,8 @@ impl AppServer {
         })
     }
 
-    async fn open_turn(&self, req: TurnRequest) -> Result<Turn, BackendError> {
+    async fn open_turn(&self, leg: LegRequest<'_>) -> Result<Turn, BackendError> {
+        let rendered = render::render(&leg.input.messages)?;
         let permit = tokio::time::timeout(
             self.cfg.acquire_timeout,
             self.permits.clone().acquire_owned(),
@@ -154,24 +163,24 @@ impl AppServer {
 
         let mut params = Map::new();
         params.insert("ephemeral".into(), json!(true));
-        if let Some(m) = &req.backend_model {
+        if let Some(m) = &leg.model.backend_model {
             params.insert("model".into(), json!(m));
         }
         if let Some(cwd) = &self.cfg.cwd {
             params.insert("cwd".into(), json!(cwd.display().to_string()));
         }
-        if let Some(p) = &req.approval_policy {
+        if let Some(p) = &leg.model.approval_policy {
             params.insert("approvalPolicy".into(), json!(p));
         }
-        if let Some(s) = &req.sandbox {
+        if let Some(s) = &leg.model.sandbox {
             params.insert("sandbox".into(), json!(s));
         }
-        if let Some(i) = &req.instructions {
+        if let Some(i) = &rendered.instructions {
             params.insert("developerInstructions".into(), json!(i));
         }
-        if !req.tools.is_empty() {
-            let tools: Vec<Value> = req
-                .tools
+        let tools = leg.input.tools.as_deref().unwrap_or_default();
+        if !tools.is_empty() {
+            let tools: Vec<Value> = tools
                 .iter()
                 .map(|t| {
                     json!({"type": "function", "name": t.name, "description": t.description,
@@ -192,10 +201,10 @@ impl AppServer {
         turn.route = Some(route);
 
         let mut input = Vec::new();
-        if let Some(h) = &req.history {
+        if let Some(h) = &rendered.history {
             input.push(json!({"type": "text", "text": h, "text_elements": []}));
         }
-        input.push(json!({"type": "text", "text": req.input, "text_elements": []}));
+        input.push(json!({"type": "text", "text": rendered.input, "text_elements": []}));
         let result = proc
             .call("turn/start", json!({"threadId": thread, "input": input}))
             .await?;
@@ -203,14 +212,74 @@ impl AppServer {
             .as_str()
             .unwrap_or_default()
             .to_string();
-        tracing::debug!(backend = %self.name, execution = %req.execution_id, backend_process = proc.id, "backend turn started");
+        tracing::debug!(backend = %self.name, execution = %leg.execution_id, backend_process = proc.id, "backend turn started");
         Ok(Turn::new(rx, Box::new(turn)))
     }
 }
 
 impl Backend for AppServer {
-    fn start_turn(&self, req: TurnRequest) -> BoxFuture<'_, Result<Turn, BackendError>> {
-        Box::pin(self.open_turn(req))
+    fn kind(&self) -> BackendKind {
+        BackendKind::Agent
+    }
+
+    /// An agent cannot be forced to call a tool, takes only well-formed function tools whose
+    /// names do not shadow its built-ins, and needs a user message as the turn's input.
+    fn validate(&self, input: &TurnInput) -> Result<(), BackendError> {
+        match input.tool_choice {
+            ToolChoice::Auto | ToolChoice::None => {}
+            ToolChoice::Required | ToolChoice::Named(_) => {
+                return Err(BackendError::UnsupportedToolChoice)
+            }
+            ToolChoice::Invalid => {
+                return Err(BackendError::Invalid {
+                    message: "`tool_choice` must be \"auto\", \"none\", \"required\" or a function"
+                        .into(),
+                    param: "tool_choice",
+                })
+            }
+        }
+        let tools = input.tools.as_ref().map_err(|why| BackendError::Invalid {
+            message: why.clone(),
+            param: "tools",
+        })?;
+        if let Some(t) = tools
+            .iter()
+            .find(|t| self.cfg.reserved_tool_names.contains(&t.name))
+        {
+            return Err(BackendError::Invalid {
+                message: format!(
+                    "the tool name `{}` is reserved by this model's backend (its built-in would run instead of your tool); rename the tool",
+                    t.name
+                ),
+                param: "tools",
+            });
+        }
+        render::input_index(&input.messages).map(|_| ())
+    }
+
+    fn start<'a>(&'a self, leg: LegRequest<'a>) -> BoxFuture<'a, Result<Turn, BackendError>> {
+        Box::pin(self.open_turn(leg))
+    }
+
+    /// Answers each held call with the client's result, verbatim, on the same turn.
+    fn resume<'a>(
+        &'a self,
+        hold: Hold,
+        r: Resume<'a>,
+    ) -> BoxFuture<'a, Result<Turn, BackendError>> {
+        Box::pin(async move {
+            let Hold::Live { turn, invocations } = hold else {
+                return Err(BackendError::Lost);
+            };
+            for a in &r.answers {
+                turn.control.answer_tool(invocations[a.call], a.text)?;
+            }
+            Ok(turn)
+        })
+    }
+
+    fn deaths(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.deaths.subscribe())
     }
 
     fn stats(&self) -> SessionStats {

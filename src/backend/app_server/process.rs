@@ -21,7 +21,7 @@ use crate::backend::{
     ApprovalAsk, ApprovalKind, ApprovalResponder, BackendError, HeldCall, TurnEvent,
 };
 use crate::config::BackendConfig;
-use crate::openai::Usage;
+use crate::turn::Usage;
 
 /// How long a request to the backend (handshake, thread/start, turn/start) may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -71,7 +71,6 @@ pub(super) struct Proc {
     next_id: AtomicI64,
     next_invocation: Arc<AtomicU64>,
     pub dead: CancellationToken,
-    pub exited: CancellationToken,
     /// Cancelled when the reader has seen the end of stdout (every line dispatched).
     reader_done: CancellationToken,
     pub active: AtomicUsize,
@@ -92,6 +91,7 @@ impl Proc {
         tracker: &TaskTracker,
         shutdown: &CancellationToken,
         next_invocation: Arc<AtomicU64>,
+        deaths: Arc<tokio::sync::watch::Sender<u64>>,
     ) -> Result<Arc<Proc>, BackendError> {
         let mut cmd = Command::new(&cfg.command[0]);
         cmd.args(&cfg.command[1..])
@@ -126,7 +126,6 @@ impl Proc {
             next_id: AtomicI64::new(1),
             next_invocation,
             dead: CancellationToken::new(),
-            exited: CancellationToken::new(),
             reader_done: CancellationToken::new(),
             active: AtomicUsize::new(0),
             user_agent: Mutex::new(String::new()),
@@ -208,7 +207,7 @@ impl Proc {
             sup_proc.dead.cancel();
             let _ = tokio::time::timeout(EXIT_GRACE, sup_proc.reader_done.cancelled()).await;
             sup_proc.die("backend process exited");
-            sup_proc.exited.cancel();
+            deaths.send_modify(|n| *n += 1);
         });
 
         let init = proc

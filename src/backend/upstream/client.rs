@@ -1,9 +1,7 @@
-//! `kind = "openai"`: a stateless OpenAI-compatible HTTP upstream (llama.cpp, vLLM, Ollama,
-//! OpenAI itself). This module only speaks upstream HTTP: it sends a Chat Completions body,
-//! applies the connect / first-byte / idle / total timeouts, maps upstream failures to
-//! OpenAI-shaped errors (an upstream 4xx keeps its status and message; the upstream URL and
-//! key never appear), and splits an SSE body into events. Tool-call ids and continuations are
-//! the gateway's business (`relay.rs`).
+//! The HTTP client of a stateless upstream: sends a Chat Completions body, applies the
+//! connect / first-byte / idle / total timeouts, maps upstream failures to [`BackendError`]s (an
+//! upstream 4xx keeps its status and message; the upstream URL and key never appear), and
+//! splits an SSE body into events.
 
 use std::time::Duration;
 
@@ -12,10 +10,10 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use serde_json::Value;
 
+use crate::backend::{BackendError, UpstreamRefusal};
 use crate::config::UpstreamConfig;
-use crate::error::{ApiError, ErrorCode};
 
-pub struct Upstream {
+pub struct Client {
     name: String,
     /// Parsed once: parsing (IDNA included) per request showed in profiles.
     url: reqwest::Url,
@@ -34,9 +32,9 @@ pub enum SseEvent {
     Done,
 }
 
-impl Upstream {
+impl Client {
     /// Builds the client; fails when `api_key_env` names an unset variable.
-    pub fn new(name: &str, cfg: &UpstreamConfig) -> Result<Upstream, String> {
+    pub fn new(name: &str, cfg: &UpstreamConfig) -> Result<Client, String> {
         let key = match &cfg.api_key_env {
             Some(var) => Some(std::env::var(var).map_err(|_| {
                 format!("backends.{name}.api_key_env: environment variable {var} is not set")
@@ -51,7 +49,7 @@ impl Upstream {
             .map_err(|e| format!("backends.{name}: cannot build HTTP client: {e}"))?;
         let url = reqwest::Url::parse(&format!("{}/chat/completions", cfg.base_url))
             .map_err(|e| format!("backends.{name}.base_url: {e}"))?;
-        Ok(Upstream {
+        Ok(Client {
             name: name.to_string(),
             url,
             key,
@@ -63,7 +61,7 @@ impl Upstream {
     }
 
     /// Sends a request; resolves when the upstream's headers arrived with a 2xx status.
-    pub async fn send(&self, body: &Value) -> Result<reqwest::Response, ApiError> {
+    pub async fn send(&self, body: &Value) -> Result<reqwest::Response, BackendError> {
         let mut req = self.client.post(self.url.clone()).json(body);
         if let Some(k) = &self.key {
             req = req.bearer_auth(k);
@@ -71,15 +69,15 @@ impl Upstream {
         let resp = match tokio::time::timeout(self.first_byte_timeout, req.send()).await {
             Err(_) => {
                 tracing::warn!(backend = %self.name, "upstream first-byte timeout");
-                return Err(timeout());
+                return Err(BackendError::Timeout);
             }
             Ok(Err(e)) => {
                 // reqwest errors can carry the URL; log the kind only.
                 tracing::warn!(backend = %self.name, connect = e.is_connect(), timeout = e.is_timeout(), "upstream request failed");
                 return Err(if e.is_timeout() {
-                    timeout()
+                    BackendError::Timeout
                 } else {
-                    ApiError::upstream()
+                    BackendError::Unavailable("request failed".into())
                 });
             }
             Ok(Ok(r)) => r,
@@ -101,31 +99,25 @@ impl Upstream {
                 .as_str()
                 .or_else(|| upstream["message"].as_str())
                 .unwrap_or("The upstream rejected the request.");
-            return Err(ApiError::upstream_client_error(
-                status.as_u16(),
-                message,
-                e["type"].as_str(),
-                e["code"].as_str(),
-                e["param"].as_str(),
-            ));
+            return Err(BackendError::Refused(Box::new(UpstreamRefusal {
+                status: status.as_u16(),
+                message: message.to_string(),
+                kind: e["type"].as_str().map(str::to_owned),
+                code: e["code"].as_str().map(str::to_owned),
+                param: e["param"].as_str().map(str::to_owned),
+            })));
         }
-        Err(ApiError::upstream())
-    }
-
-    /// Reads a whole JSON body within the total timeout.
-    pub async fn json(&self, resp: reqwest::Response) -> Result<Value, ApiError> {
-        match tokio::time::timeout(self.total_timeout, resp.json::<Value>()).await {
-            Err(_) => Err(timeout()),
-            Ok(Err(_)) => Err(ApiError::upstream()),
-            Ok(Ok(v)) => Ok(v),
-        }
+        Err(BackendError::Unavailable(format!(
+            "status {}",
+            status.as_u16()
+        )))
     }
 
     /// The SSE events of a streaming body. Each item waits at most `idle_timeout`.
     pub fn events(
         &self,
         resp: reqwest::Response,
-    ) -> BoxStream<'static, Result<SseEvent, ApiError>> {
+    ) -> BoxStream<'static, Result<SseEvent, BackendError>> {
         let idle = self.idle_timeout;
         let state = (resp.bytes_stream().boxed(), SseSplitter::default(), false);
         futures::stream::unfold(state, move |(mut body, mut split, mut ended)| async move {
@@ -137,10 +129,11 @@ impl Upstream {
                     return None;
                 }
                 match tokio::time::timeout(idle, body.next()).await {
-                    Err(_) => return Some((Err(timeout()), (body, split, true))),
+                    Err(_) => return Some((Err(BackendError::Timeout), (body, split, true))),
                     Ok(Some(Ok(bytes))) => split.push(&bytes),
                     Ok(Some(Err(_))) => {
-                        return Some((Err(ApiError::upstream()), (body, split, true)))
+                        let e = BackendError::Unavailable("body broke off".into());
+                        return Some((Err(e), (body, split, true)));
                     }
                     Ok(None) => {
                         split.finish();
@@ -151,13 +144,6 @@ impl Upstream {
         })
         .boxed()
     }
-}
-
-fn timeout() -> ApiError {
-    ApiError::new(
-        ErrorCode::UpstreamTimeout,
-        "The upstream did not answer in time.",
-    )
 }
 
 /// Splits a byte stream into SSE events (`data:` lines joined per event; comments and other

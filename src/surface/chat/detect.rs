@@ -1,11 +1,11 @@
-//! Detection of a continuation request (spec section 3): messages that end with a run of
+//! Detection of a continuation request: messages that end with a run of
 //! `role:"tool"` messages after an assistant message with `tool_calls`. Shapes are checked
 //! here, before any lookup: every id involved must be a well-formed `srct-` token.
 
+use crate::continuation::token::token_digest;
 use crate::error::ApiError;
-use crate::openai::Message;
 
-use super::token::token_digest;
+use super::wire::Message;
 
 #[derive(Debug)]
 pub enum Detected {

@@ -1,9 +1,11 @@
-//! OpenAI Chat Completions wire types: tolerant request structs and response/chunk builders.
+//! Chat Completions wire types: tolerant request structs and response/chunk builders.
 //! No gateway logic lives here. Requests accept what real harnesses send (array `content`,
 //! `role:"developer"`, extra keys); unknown request fields are ignored.
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+
+use crate::turn::{ExposedCall, Usage};
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
@@ -104,70 +106,14 @@ impl FunctionCall {
     }
 }
 
-/// A client tool definition, reduced to what a backend needs.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolDef {
-    pub name: String,
-    pub description: String,
-    pub parameters: Value,
-}
-
-/// Reads `{"type":"function","function":{name, description?, parameters?}}`, tolerating extra
-/// keys (codex sends a top-level `name`). Returns None for anything that has no function name.
-pub fn tool_def(tool: &Value) -> Option<ToolDef> {
-    let f = tool.get("function")?;
-    let name = f.get("name")?.as_str()?.to_string();
-    if name.is_empty() {
-        return None;
-    }
-    let description = f
-        .get("description")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    let parameters = f
-        .get("parameters")
-        .cloned()
-        .unwrap_or_else(|| json!({"type":"object","properties":{}}));
-    Some(ToolDef {
-        name,
-        description,
-        parameters,
+/// Usage in the Chat Completions shape.
+pub fn usage_json(u: Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
     })
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub total_tokens: u64,
-    pub cached_tokens: u64,
-}
-
-impl Usage {
-    pub fn add(&mut self, other: Usage) {
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
-        self.total_tokens += other.total_tokens;
-        self.cached_tokens += other.cached_tokens;
-    }
-
-    pub fn to_json(self) -> Value {
-        json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        })
-    }
-}
-
-/// A tool call as exposed to the client: the id is a continuation token.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ExposedCall {
-    pub id: String,
-    pub name: String,
-    pub arguments: String,
 }
 
 /// Identity fields shared by every response of one leg.
@@ -206,7 +152,7 @@ pub fn completion(
         "model": meta.model,
         "choices": [{"index": 0, "message": message, "logprobs": null,
                      "finish_reason": finish_reason}],
-        "usage": usage.to_json(),
+        "usage": usage_json(usage),
         "system_fingerprint": null,
     })
 }
@@ -242,7 +188,7 @@ pub fn usage_chunk(meta: &ResponseMeta, usage: Usage) -> Value {
         "model": meta.model,
         "system_fingerprint": null,
         "choices": [],
-        "usage": usage.to_json(),
+        "usage": usage_json(usage),
     })
 }
 
@@ -269,6 +215,5 @@ mod tests {
         assert_eq!(req.messages[3].text(), "r");
         let call = &req.messages[2].tool_calls.as_ref().unwrap()[0];
         assert_eq!(call.function.arguments_text(), "{\"k\":1}");
-        assert_eq!(tool_def(&req.tools.unwrap()[0]).unwrap().name, "f");
     }
 }

@@ -1,9 +1,9 @@
-//! Renders an OpenAI conversation into a stateful backend's turn: system and developer
-//! messages become instructions, everything before the last user message becomes a faithful
-//! transcript, and the last user message is the turn input.
+//! Renders a conversation into a Codex thread's turn: system and developer messages become
+//! instructions, everything before the last user message becomes a faithful transcript, and
+//! the last user message is the turn input.
 
-use crate::error::ApiError;
-use crate::openai::Message;
+use crate::backend::BackendError;
+use crate::turn::{Message, Role};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rendered {
@@ -12,50 +12,58 @@ pub struct Rendered {
     pub input: String,
 }
 
-pub fn render(messages: &[Message]) -> Result<Rendered, ApiError> {
+fn invalid(message: &str) -> BackendError {
+    BackendError::Invalid {
+        message: message.to_string(),
+        param: "messages",
+    }
+}
+
+/// The index of the turn's input: the last message that is not an instruction, which must be
+/// a user message.
+pub fn input_index(messages: &[Message]) -> Result<usize, BackendError> {
     let last = messages
         .iter()
-        .rposition(|m| m.role != "system" && m.role != "developer")
-        .ok_or_else(|| {
-            ApiError::invalid("`messages` must contain a user message").with_param("messages")
-        })?;
-    if messages[last].role != "user" {
-        return Err(ApiError::invalid(
+        .rposition(|m| !m.role.instructs())
+        .ok_or_else(|| invalid("`messages` must contain a user message"))?;
+    if messages[last].role != Role::User {
+        return Err(invalid(
             "the last message must be a user message (or tool results answering an `srct-` tool call)",
-        )
-        .with_param("messages"));
+        ));
     }
+    Ok(last)
+}
+
+pub fn render(messages: &[Message]) -> Result<Rendered, BackendError> {
+    let last = input_index(messages)?;
     let mut instructions = Vec::new();
     let mut transcript = Vec::new();
     for m in &messages[..last] {
-        match m.role.as_str() {
-            "system" | "developer" => instructions.push(m.text()),
-            "user" => transcript.push(format!("[user]\n{}", m.text())),
-            "assistant" => {
-                let text = m.text();
-                if !text.is_empty() {
-                    transcript.push(format!("[assistant]\n{text}"));
+        match &m.role {
+            Role::System | Role::Developer => instructions.push(m.text.clone()),
+            Role::User => transcript.push(format!("[user]\n{}", m.text)),
+            Role::Assistant => {
+                if !m.text.is_empty() {
+                    transcript.push(format!("[assistant]\n{}", m.text));
                 }
-                for c in m.tool_calls.iter().flatten() {
+                for c in &m.tool_calls {
                     transcript.push(format!(
                         "[assistant called tool {} with id {}]\n{}",
-                        c.function.name,
-                        c.id,
-                        c.function.arguments_text()
+                        c.name, c.id, c.arguments
                     ));
                 }
             }
-            "tool" => transcript.push(format!(
+            Role::Tool => transcript.push(format!(
                 "[tool result for id {}]\n{}",
                 m.tool_call_id.as_deref().unwrap_or(""),
-                m.text()
+                m.text
             )),
-            other => transcript.push(format!("[{other}]\n{}", m.text())),
+            Role::Other(other) => transcript.push(format!("[{other}]\n{}", m.text)),
         }
     }
     // System messages after the last user message are still instructions.
     for m in &messages[last + 1..] {
-        instructions.push(m.text());
+        instructions.push(m.text.clone());
     }
     Ok(Rendered {
         instructions: (!instructions.is_empty()).then(|| instructions.join("\n\n")),
@@ -65,7 +73,7 @@ pub fn render(messages: &[Message]) -> Result<Rendered, ApiError> {
                 transcript.join("\n\n")
             )
         }),
-        input: messages[last].text(),
+        input: messages[last].text.clone(),
     })
 }
 
@@ -75,7 +83,10 @@ mod tests {
     use serde_json::json;
 
     fn msgs(v: serde_json::Value) -> Vec<Message> {
-        serde_json::from_value(v).unwrap()
+        let wire: Vec<crate::surface::chat::wire::Message> = serde_json::from_value(v).unwrap();
+        wire.iter()
+            .map(crate::surface::chat::neutral_message)
+            .collect()
     }
 
     #[test]

@@ -28,11 +28,11 @@ pub struct Refusal {
 
 /// How many of a principal's executions are suspended, as the registry sees them.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Suspended {
+pub struct SuspendedCounts {
     /// All suspended executions.
     pub all: usize,
-    /// Those of stateless upstreams: they hold no [`Slot`] while suspended.
-    pub upstream: usize,
+    /// Durable ones (stateless upstreams): they hold no [`Slot`] while suspended.
+    pub durable: usize,
 }
 
 /// Live executions by principal; shared with every [`Slot`].
@@ -93,12 +93,12 @@ impl Limiter {
         &self,
         principal: &str,
         limits: &ClientLimits,
-        suspended: Suspended,
+        suspended: SuspendedCounts,
     ) -> Result<Slot, Refusal> {
         let mut live = lock(&self.live);
         let running = live.get(principal).copied().unwrap_or(0);
         if let Some(max) = limits.concurrent_executions {
-            if running + suspended.upstream >= max {
+            if running + suspended.durable >= max {
                 return Err(Refusal {
                     limit: "concurrent_executions",
                     retry_after: Duration::from_secs(1),
@@ -198,7 +198,7 @@ mod tests {
     fn gcra_refuses_past_the_burst_with_a_wait() {
         let l = Limiter::default();
         let lim = limits(Some(60), Some(2), None, None);
-        let none = Suspended::default();
+        let none = SuspendedCounts::default();
         let a = l.admit("alice", &lim, none).unwrap();
         let b = l.admit("alice", &lim, none).unwrap();
         let r = l.admit("alice", &lim, none).unwrap_err();
@@ -218,7 +218,7 @@ mod tests {
     fn slots_count_live_executions_until_dropped() {
         let l = Limiter::default();
         let lim = limits(None, None, Some(2), Some(1));
-        let none = Suspended::default();
+        let none = SuspendedCounts::default();
         let a = l.admit("alice", &lim, none).unwrap();
         let b = l.admit("alice", &lim, none).unwrap();
         assert_eq!(l.live("alice"), 2);
@@ -228,20 +228,14 @@ mod tests {
         );
         drop(a);
         let c = l.admit("alice", &lim, none).unwrap();
-        // Suspended upstream executions hold no slot but count as live.
+        // Durable suspended executions hold no slot but count as live.
         drop(c);
-        let up = Suspended {
-            all: 0,
-            upstream: 1,
-        };
+        let up = SuspendedCounts { all: 0, durable: 1 };
         assert_eq!(
             l.admit("alice", &lim, up).unwrap_err().limit,
             "concurrent_executions"
         );
-        let held = Suspended {
-            all: 1,
-            upstream: 0,
-        };
+        let held = SuspendedCounts { all: 1, durable: 0 };
         assert_eq!(
             l.admit("alice", &lim, held).unwrap_err().limit,
             "max_suspended"

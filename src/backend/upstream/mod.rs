@@ -1,0 +1,139 @@
+//! `kind = "openai"`: a stateless OpenAI-compatible upstream (llama.cpp, vLLM, Ollama, OpenAI
+//! itself) behind the same [`Backend`] trait as an agent. Nothing is held between legs: a leg
+//! is one HTTP request, its tool calls end it (`TurnEvent::Yield`), and the suspension keeps
+//! only the upstream's call ids ([`Hold::Ids`], durable). A continuation is a new request with
+//! those ids restored in place of the tokens.
+//!
+//! A request from a surface that speaks Chat Completions (`TurnInput::native`) is forwarded as
+//! the client sent it with only `model` renamed, and its answer's chunks are passed back as
+//! `TurnEvent::Native` for that surface to relay; any other surface's turn is translated
+//! (`translate.rs`).
+
+mod client;
+mod stream;
+mod translate;
+
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use serde_json::{json, Value};
+
+use self::client::Client;
+use super::{
+    Backend, BackendError, BackendKind, Hold, LegRequest, Resume, SessionStats, Turn, TurnControl,
+};
+use crate::config::UpstreamConfig;
+use crate::turn::TurnInput;
+
+pub use self::client::{SseEvent, SseSplitter};
+
+pub struct Upstream {
+    client: Client,
+}
+
+impl Upstream {
+    /// Builds the client; fails when `api_key_env` names an unset variable.
+    pub fn new(name: &str, cfg: &UpstreamConfig) -> Result<Upstream, String> {
+        Ok(Upstream {
+            client: Client::new(name, cfg)?,
+        })
+    }
+
+    /// The request body: the client's own (native) or a translation, `model` renamed.
+    fn body(&self, leg: &LegRequest<'_>) -> Result<Value, BackendError> {
+        let mut body = match &leg.input.native {
+            Some(raw) => serde_json::from_slice(raw).map_err(|e| BackendError::Invalid {
+                message: format!("Invalid request body: {e}"),
+                param: "messages",
+            })?,
+            None => translate::chat_body(leg.input),
+        };
+        if let Some(bm) = &leg.model.backend_model {
+            body["model"] = json!(bm);
+        }
+        Ok(body)
+    }
+
+    async fn run(&self, body: Value, input: &TurnInput) -> Result<Turn, BackendError> {
+        let resp = self.client.send(&body).await?;
+        let ids = Arc::new(Mutex::new(Vec::new()));
+        let native = input.native.is_some();
+        let events = if input.stream {
+            stream::events(&self.client, resp, native, ids.clone())
+        } else {
+            stream::whole(&self.client, resp, native, ids.clone())
+        };
+        Ok(Turn::from_stream(events, Box::new(Ids(ids)), native))
+    }
+}
+
+/// A leg's upstream call ids by invocation number (a leg's calls are numbered from 0).
+struct Ids(Arc<Mutex<Vec<String>>>);
+
+impl TurnControl for Ids {
+    fn answer_tool(&self, _invocation: u64, _text: &str) -> Result<(), BackendError> {
+        // Nothing is held: results travel in the next request.
+        Err(BackendError::Lost)
+    }
+
+    fn interrupt(&self) {
+        // Dropping the turn drops the response body, which closes the upstream request.
+    }
+
+    fn is_alive(&self) -> bool {
+        true
+    }
+
+    fn detach(&self, invocations: &[u64]) -> Option<Vec<String>> {
+        let ids = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        Some(
+            invocations
+                .iter()
+                .map(|i| ids.get(*i as usize).cloned().unwrap_or_default())
+                .collect(),
+        )
+    }
+}
+
+impl Backend for Upstream {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Upstream
+    }
+
+    /// The upstream enforces (or refuses) whatever the client asked for itself.
+    fn validate(&self, _input: &TurnInput) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn start<'a>(&'a self, leg: LegRequest<'a>) -> BoxFuture<'a, Result<Turn, BackendError>> {
+        Box::pin(async move {
+            let body = self.body(&leg)?;
+            self.run(body, leg.input).await
+        })
+    }
+
+    /// Forwards the conversation with the upstream's ids restored in place of the tokens of
+    /// the answered batch (earlier rounds' tokens stay as the client sent them).
+    fn resume<'a>(
+        &'a self,
+        hold: Hold,
+        r: Resume<'a>,
+    ) -> BoxFuture<'a, Result<Turn, BackendError>> {
+        Box::pin(async move {
+            let Hold::Ids(ids) = hold else {
+                return Err(BackendError::Lost);
+            };
+            let mut body = self.body(&r.leg)?;
+            translate::restore_ids(&mut body, &r, &ids);
+            self.run(body, r.leg.input).await
+        })
+    }
+
+    fn stats(&self) -> SessionStats {
+        SessionStats::default()
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}

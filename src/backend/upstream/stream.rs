@@ -1,0 +1,274 @@
+//! An upstream's answer as turn events. Text becomes `Delta`s; tool calls are assembled from
+//! their deltas and announced once complete (at the finish chunk, or the end of the body),
+//! their upstream ids recorded by invocation number for the suspension; the leg ends with
+//! `Yield` when it produced calls, else `Completed`. With `native` set, each chunk (or the whole
+//! body) is also passed on as `Native`, tool calls removed, for a Chat Completions client.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::client::{Client, SseEvent};
+use crate::backend::{BackendError, HeldCall, TurnEvent};
+use crate::turn::Usage;
+
+type Ids = Arc<Mutex<Vec<String>>>;
+
+/// A tool call being assembled from upstream deltas.
+#[derive(Default)]
+struct PartialCall {
+    upstream_id: String,
+    name: String,
+    arguments: String,
+}
+
+fn arguments_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+fn usage(v: &Value) -> Option<Usage> {
+    let u = v.get("usage").filter(|u| u.is_object())?;
+    let n = |k: &str| u[k].as_u64().unwrap_or(0);
+    Some(Usage {
+        prompt_tokens: n("prompt_tokens"),
+        completion_tokens: n("completion_tokens"),
+        total_tokens: n("total_tokens"),
+        cached_tokens: u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+    })
+}
+
+fn failure(e: BackendError) -> TurnEvent {
+    match e {
+        BackendError::Timeout => TurnEvent::TimedOut,
+        other => TurnEvent::Failed(other.to_string()),
+    }
+}
+
+/// Announces the assembled calls in index order and records their upstream ids.
+fn announce(calls: Vec<PartialCall>, ids: &Ids, out: &mut VecDeque<TurnEvent>) {
+    let mut ids = ids.lock().unwrap_or_else(|e| e.into_inner());
+    for c in calls {
+        out.push_back(TurnEvent::ToolCall(HeldCall {
+            invocation: ids.len() as u64,
+            name: c.name,
+            arguments: c.arguments,
+        }));
+        ids.push(c.upstream_id);
+    }
+}
+
+/// A non-streamed answer: one JSON body, read within the total timeout.
+pub fn whole(
+    client: &Client,
+    resp: reqwest::Response,
+    native: bool,
+    ids: Ids,
+) -> BoxStream<'static, TurnEvent> {
+    let total = client.total_timeout;
+    futures::stream::once(async move {
+        let mut out = VecDeque::new();
+        let mut body = match tokio::time::timeout(total, resp.json::<Value>()).await {
+            Err(_) => {
+                out.push_back(TurnEvent::TimedOut);
+                return out;
+            }
+            Ok(Err(_)) => {
+                out.push_back(TurnEvent::Failed("unreadable upstream body".into()));
+                return out;
+            }
+            Ok(Ok(v)) => v,
+        };
+        let message = &mut body["choices"][0]["message"];
+        let text = message["content"].as_str().unwrap_or_default().to_string();
+        let calls: Vec<PartialCall> =
+            match message.as_object_mut().and_then(|m| m.remove("tool_calls")) {
+                Some(Value::Array(list)) => list
+                    .iter()
+                    .map(|c| PartialCall {
+                        upstream_id: c["id"].as_str().unwrap_or_default().to_string(),
+                        name: c["function"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
+                        arguments: arguments_text(&c["function"]["arguments"]),
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+        if !text.is_empty() {
+            out.push_back(TurnEvent::Delta(text));
+        }
+        if let Some(u) = usage(&body) {
+            out.push_back(TurnEvent::Usage(u));
+        }
+        if native {
+            out.push_back(TurnEvent::Native(body));
+        }
+        let yielded = !calls.is_empty();
+        announce(calls, &ids, &mut out);
+        out.push_back(if yielded {
+            TurnEvent::Yield
+        } else {
+            TurnEvent::Completed
+        });
+        out
+    })
+    .flat_map(futures::stream::iter)
+    .boxed()
+}
+
+struct Relay {
+    events: BoxStream<'static, Result<SseEvent, BackendError>>,
+    /// The leg's total deadline (`total_timeout_ms`).
+    total: Instant,
+    native: bool,
+    ids: Ids,
+    calls: BTreeMap<u64, PartialCall>,
+    /// The calls were announced (a finish chunk was seen).
+    announced: bool,
+    out: VecDeque<TurnEvent>,
+    over: bool,
+}
+
+/// A streamed answer, event by event; each waits at most the idle timeout, the whole at most
+/// the total timeout.
+pub fn events(
+    client: &Client,
+    resp: reqwest::Response,
+    native: bool,
+    ids: Ids,
+) -> BoxStream<'static, TurnEvent> {
+    let relay = Relay {
+        events: client.events(resp),
+        total: Instant::now() + client.total_timeout,
+        native,
+        ids,
+        calls: BTreeMap::new(),
+        announced: false,
+        out: VecDeque::new(),
+        over: false,
+    };
+    futures::stream::unfold(relay, |mut r| async move {
+        let ev = r.next().await?;
+        Some((ev, r))
+    })
+    .boxed()
+}
+
+impl Relay {
+    async fn next(&mut self) -> Option<TurnEvent> {
+        loop {
+            if let Some(ev) = self.out.pop_front() {
+                return Some(ev);
+            }
+            if self.over {
+                return None;
+            }
+            let Ok(ev) = tokio::time::timeout_at(self.total, self.events.next()).await else {
+                self.over = true;
+                return Some(TurnEvent::TimedOut);
+            };
+            match ev {
+                None => {
+                    // Ended without [DONE]: fine once something finished, else a failure.
+                    self.over = true;
+                    if self.announced || !self.calls.is_empty() {
+                        self.end();
+                    } else {
+                        return Some(TurnEvent::Failed("upstream ended early".into()));
+                    }
+                }
+                Some(Err(e)) => {
+                    self.over = true;
+                    return Some(failure(e));
+                }
+                Some(Ok(SseEvent::Done)) => {
+                    self.over = true;
+                    self.end();
+                }
+                Some(Ok(SseEvent::Data(data))) => {
+                    if let Ok(chunk) = serde_json::from_str::<Value>(&data) {
+                        self.chunk(chunk);
+                    }
+                }
+            }
+        }
+    }
+
+    fn end(&mut self) {
+        let calls = std::mem::take(&mut self.calls);
+        announce(calls.into_values().collect(), &self.ids, &mut self.out);
+        let yielded = !self
+            .ids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty();
+        self.out.push_back(if yielded {
+            TurnEvent::Yield
+        } else {
+            TurnEvent::Completed
+        });
+    }
+
+    /// Absorbs tool-call deltas; passes everything else on.
+    fn chunk(&mut self, mut chunk: Value) {
+        if let Some(u) = usage(&chunk) {
+            self.out.push_back(TurnEvent::Usage(u));
+        }
+        let mut finish = false;
+        let mut forward = true;
+        if let Some(choice) = chunk.get_mut("choices").and_then(|c| c.get_mut(0)) {
+            finish = choice["finish_reason"].as_str().is_some();
+            if let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) {
+                if let Some(text) = delta.get("content").and_then(Value::as_str) {
+                    if !text.is_empty() {
+                        self.out.push_back(TurnEvent::Delta(text.to_string()));
+                    }
+                }
+                if let Some(Value::Array(calls)) = delta.remove("tool_calls") {
+                    for (pos, tc) in calls.iter().enumerate() {
+                        let index = tc["index"].as_u64().unwrap_or(pos as u64);
+                        let entry = self.calls.entry(index).or_default();
+                        if let Some(id) = tc["id"].as_str().filter(|s| !s.is_empty()) {
+                            if entry.upstream_id.is_empty() {
+                                entry.upstream_id = id.to_string();
+                            }
+                        }
+                        if let Some(name) = tc["function"]["name"].as_str() {
+                            if entry.name.is_empty() {
+                                entry.name = name.to_string();
+                            }
+                        }
+                        if let Some(args) = tc["function"]["arguments"].as_str() {
+                            entry.arguments.push_str(args);
+                        }
+                    }
+                    // Nothing else in this delta: nothing to pass on.
+                    let meaningful = delta.iter().any(|(k, v)| k != "content" && !v.is_null())
+                        || delta
+                            .get("content")
+                            .is_some_and(|c| c.as_str().is_some_and(|s| !s.is_empty()));
+                    forward = meaningful || finish;
+                }
+            }
+        }
+        if self.native && forward {
+            self.out.push_back(TurnEvent::Native(chunk));
+        }
+        if finish && !self.announced {
+            self.announced = true;
+            let calls = std::mem::take(&mut self.calls);
+            announce(calls.into_values().collect(), &self.ids, &mut self.out);
+        }
+    }
+}

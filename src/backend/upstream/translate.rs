@@ -1,0 +1,102 @@
+//! Chat Completions request bodies for an upstream: the translation of a neutral turn (for
+//! surfaces other than Chat Completions), and the restoring of the upstream's own call ids in
+//! a continuation. Both keep one body message per input message, so input indices address
+//! the body's `messages` whether it is the client's own body or a translation.
+
+use serde_json::{json, Map, Value};
+
+use crate::backend::Resume;
+use crate::turn::{Role, ToolChoice, TurnInput};
+
+/// A Chat Completions body for a neutral turn.
+pub fn chat_body(input: &TurnInput) -> Value {
+    let messages: Vec<Value> = input
+        .messages
+        .iter()
+        .map(|m| {
+            let mut o = Map::new();
+            o.insert("role".into(), json!(m.role.as_str()));
+            let empty_assistant = m.role == Role::Assistant && m.text.is_empty();
+            o.insert(
+                "content".into(),
+                if empty_assistant && !m.tool_calls.is_empty() {
+                    Value::Null
+                } else {
+                    json!(m.text)
+                },
+            );
+            if let Some(n) = &m.name {
+                o.insert("name".into(), json!(n));
+            }
+            if !m.tool_calls.is_empty() {
+                let calls: Vec<Value> = m
+                    .tool_calls
+                    .iter()
+                    .map(|c| {
+                        json!({"id": c.id, "type": "function",
+                               "function": {"name": c.name, "arguments": c.arguments}})
+                    })
+                    .collect();
+                o.insert("tool_calls".into(), Value::Array(calls));
+            }
+            if let Some(id) = &m.tool_call_id {
+                o.insert("tool_call_id".into(), json!(id));
+            }
+            Value::Object(o)
+        })
+        .collect();
+    let mut body = json!({"model": input.model, "messages": messages, "stream": input.stream});
+    let tools = input.tools.as_deref().unwrap_or_default();
+    if !tools.is_empty() {
+        let tools: Vec<Value> = tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {"name": t.name,
+                       "description": t.description, "parameters": t.parameters}})
+            })
+            .collect();
+        body["tools"] = Value::Array(tools);
+        body["parallel_tool_calls"] = json!(input.parallel_tool_calls);
+    }
+    let choice = match &input.tool_choice {
+        ToolChoice::Auto | ToolChoice::Invalid => None,
+        ToolChoice::None => Some(json!("none")),
+        ToolChoice::Required => Some(json!("required")),
+        ToolChoice::Named(n) => Some(json!({"type": "function", "function": {"name": n}})),
+    };
+    if let Some(c) = choice {
+        body["tool_choice"] = c;
+    }
+    if input.stream {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
+}
+
+/// Puts the upstream's ids back where the answered batch's tokens are: the assistant
+/// message's `tool_calls[].id` and each result's `tool_call_id`.
+pub fn restore_ids(body: &mut Value, r: &Resume<'_>, ids: &[String]) {
+    let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else {
+        return;
+    };
+    let assistant = r.continuation.assistant;
+    if let Some(calls) = messages
+        .get_mut(assistant)
+        .and_then(|m| m.get_mut("tool_calls"))
+        .and_then(Value::as_array_mut)
+    {
+        for (call, pos) in calls.iter_mut().zip(&r.echo_calls) {
+            if let (Some(id), Some(original)) = (call.get_mut("id"), ids.get(*pos)) {
+                *id = json!(original);
+            }
+        }
+    }
+    for a in &r.answers {
+        let slot = messages
+            .get_mut(a.message)
+            .and_then(|m| m.get_mut("tool_call_id"));
+        if let (Some(id), Some(original)) = (slot, ids.get(a.call)) {
+            *id = json!(original);
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! Configuration: raw serde structs -> `validate()` -> frozen [`Config`].
+//!
+//! What it owns: the file format (every key, its default and its rules) and the frozen types
+//! the rest of the gateway reads. Parsing is strict (`deny_unknown_fields` everywhere) and
+//! every failure names the key path, e.g. `clients[1].key_sha256: expected 64 hex characters`.
+//! `from_toml_str` is pure (unit tests call it); `load` does the IO and resolves relative paths
+//! against the file's folder. JWT key files (`auth.jwt[N].pem_file` / `jwks_file`) are read
+//! through the reader that `from_toml_str_with` is given: `load` passes the file system, unit
+//! tests a map.
+//!
+//! What it must not do: touch sockets, processes or the store, or hold state; a reload is
+//! just another `load`.
+//!
+//! Layout: [`raw`] is the file as written (and every default), [`validate`] turns it into a
+//! [`Config`], with the `[backends]` sections in [`backends`] and `[[auth.jwt]]` in [`jwt`].
+//! The roles and limits a client or issuer grants are [`crate::auth::grant`]'s, and the issuer
+//! type is [`crate::auth::jwt::JwtIssuer`]: both are re-exported here.
+
+mod backends;
+mod jwt;
+mod raw;
+#[cfg(test)]
+mod tests;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use globset::GlobSet;
+use serde::Deserialize;
+
+pub use crate::auth::grant::{ClientLimits, Rate, Role};
+pub use crate::auth::jwt::JwtIssuer;
+
+#[derive(Debug, thiserror::Error)]
+#[error("config {path}: {message}")]
+pub struct ConfigError {
+    /// Key path of the bad value (`clients[0].models[2]`), or the file for IO failures.
+    pub path: String,
+    pub message: String,
+}
+
+fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+/// What policy says about one kind of backend side effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Allow,
+    Deny,
+    Ask,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalPolicy {
+    pub command: Decision,
+    pub file_change: Decision,
+    pub permissions: Decision,
+    pub elicitation: Decision,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub store_path: PathBuf,
+    /// `[[auth.jwt]]`: trusted issuers. Each is an `Arc` made at load, so a reload makes new
+    /// ones and the JWT cache can tell generations apart.
+    pub jwt: Vec<Arc<JwtIssuer>>,
+    pub clients: Vec<ClientConfig>,
+    pub models: Vec<ModelConfig>,
+    /// `kind = "app-server"` backends.
+    pub backends: BTreeMap<String, BackendConfig>,
+    /// `kind = "openai"` backends.
+    pub upstreams: BTreeMap<String, UpstreamConfig>,
+    pub approval_ttl: Duration,
+    pub continuations: ContinuationLimits,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+    pub keepalive: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub id: String,
+    pub credential: Credential,
+    pub models: GlobSet,
+    pub roles: Vec<Role>,
+    pub limits: ClientLimits,
+}
+
+impl ClientConfig {
+    pub fn may_use(&self, model: &str) -> bool {
+        self.models.is_match(model)
+    }
+}
+
+/// How a client proves who it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// `key_sha256`: the SHA-256 of its API key.
+    Key([u8; 32]),
+    /// `jwt = { issuer, subject }`: tokens of a configured issuer with this `sub`.
+    Jwt { issuer: String, subject: String },
+}
+
+/// What a principal may do under one config: its models, roles and limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Grant<'a> {
+    pub models: &'a GlobSet,
+    pub roles: &'a [Role],
+    pub limits: &'a ClientLimits,
+}
+
+impl Grant<'_> {
+    pub fn may_use(&self, model: &str) -> bool {
+        self.models.is_match(model)
+    }
+
+    pub fn approver(&self) -> bool {
+        self.roles.contains(&Role::Approver)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub id: String,
+    pub backend: String,
+    pub backend_model: Option<String>,
+    pub approvals: ApprovalPolicy,
+    /// Codex `approvalPolicy` for threads of this model (`untrusted`, `on-request`, `never`).
+    pub approval_policy: Option<String>,
+    /// Codex `sandbox` for threads of this model.
+    pub sandbox: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendConfig {
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<PathBuf>,
+    pub max_sessions: usize,
+    pub processes: usize,
+    pub acquire_timeout: Duration,
+    /// Client tool names the backend would shadow with a built-in of its own (Codex runs its
+    /// `view_image` or `request_user_input` instead of calling the client's tool of that
+    /// name). A request declaring one is refused rather than silently rerouted.
+    pub reserved_tool_names: Vec<String>,
+}
+
+/// `kind = "openai"`: a stateless OpenAI-compatible HTTP upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// Base URL ending before `/chat/completions` (e.g. `http://127.0.0.1:8080/v1`).
+    pub base_url: String,
+    /// Environment variable holding the upstream key (never the key itself).
+    pub api_key_env: Option<String>,
+    pub connect_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub total_timeout: Duration,
+    pub max_idle_connections: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct ContinuationLimits {
+    pub execution_ttl: Duration,
+    pub max_pending: usize,
+    pub max_pending_per_client: usize,
+    pub tombstones_per_client: usize,
+    pub max_rounds: u32,
+    pub max_tool_result_bytes: usize,
+    pub batch_debounce: Duration,
+}
+
+impl Config {
+    pub fn model(&self, id: &str) -> Option<&ModelConfig> {
+        self.models.iter().find(|m| m.id == id)
+    }
+
+    pub fn client(&self, id: &str) -> Option<&ClientConfig> {
+        self.clients.iter().find(|c| c.id == id)
+    }
+
+    /// The client entry naming the JWT principal (`iss`, `sub`), if any.
+    pub fn jwt_client(&self, issuer: &str, subject: &str) -> Option<&ClientConfig> {
+        self.clients.iter().find(|c| {
+            matches!(&c.credential, Credential::Jwt { issuer: i, subject: s }
+                if i == issuer && s == subject)
+        })
+    }
+
+    /// What the principal `id` may do under this config: its client entry, or for a JWT
+    /// subject no entry names (`jwt:<iss>#<sub>`), its issuer's defaults. None when neither
+    /// exists (any more).
+    pub fn grant(&self, id: &str) -> Option<Grant<'_>> {
+        if let Some(c) = self.client(id) {
+            return Some(Grant {
+                models: &c.models,
+                roles: &c.roles,
+                limits: &c.limits,
+            });
+        }
+        let (issuer, _) = crate::auth::jwt::split_principal(id)?;
+        let i = self.jwt.iter().find(|i| i.issuer == issuer)?;
+        Some(Grant {
+            models: &i.models,
+            roles: &i.roles,
+            limits: &i.limits,
+        })
+    }
+}
+
+/// Parses and validates config text. `base` resolves relative paths (the file's folder).
+/// Pure: a config whose `[[auth.jwt]]` names key files needs [`from_toml_str_with`].
+pub fn from_toml_str(text: &str, base: &Path) -> Result<Config, ConfigError> {
+    from_toml_str_with(text, base, &|_| {
+        Err(std::io::Error::other(
+            "key files are read by `config::load` only",
+        ))
+    })
+}
+
+/// [`from_toml_str`] with a reader for the JWT key files (absolute paths).
+pub fn from_toml_str_with(
+    text: &str,
+    base: &Path,
+    read: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
+) -> Result<Config, ConfigError> {
+    let de = toml::Deserializer::parse(text).map_err(|e| err("(syntax)", e.to_string()))?;
+    let raw: raw::RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+        // A `[backends.NAME]` section is read as a whole before its kind is known, so serde
+        // reports its errors at the section; re-reading that section alone names the key.
+        if let Some(precise) = backends::section_error(text, e.path()) {
+            return precise;
+        }
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        err(path, inner.message().to_string())
+    })?;
+    validate::validate(raw, base, read)
+}
+
+/// Reads, parses and validates the file at `path`, including the store path's usability.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| err(path.display().to_string(), format!("cannot read: {e}")))?;
+    let base = path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let base = if base.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        base
+    };
+    // Absolute, so that paths handed to children (command, CODEX_HOME) do not depend on
+    // the child's own working folder.
+    let base = std::path::absolute(&base).unwrap_or(base);
+    let cfg = from_toml_str_with(&text, &base, &|p| std::fs::read(p))?;
+    check_store_path(&cfg.store_path)?;
+    Ok(cfg)
+}
+
+/// A configured path: absolute as written, else relative to `base` (the config's folder).
+fn resolve(base: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+/// The store file must be creatable (nearest existing ancestor is a writable folder) or, if it
+/// exists, a readable and writable file.
+fn check_store_path(path: &Path) -> Result<(), ConfigError> {
+    let bad = |m: String| err("store.path", m);
+    if path.exists() {
+        if !path.is_file() {
+            return Err(bad(format!("{} is not a file", path.display())));
+        }
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| bad(format!("cannot open {}: {e}", path.display())))?;
+        return Ok(());
+    }
+    let mut dir = path.parent();
+    while let Some(d) = dir {
+        let d = if d.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            d
+        };
+        if d.exists() {
+            let meta = std::fs::metadata(d)
+                .map_err(|e| bad(format!("cannot read {}: {e}", d.display())))?;
+            if !meta.is_dir() {
+                return Err(bad(format!("{} is not a folder", d.display())));
+            }
+            if meta.permissions().readonly() {
+                return Err(bad(format!("{} is not writable", d.display())));
+            }
+            return Ok(());
+        }
+        dir = d.parent();
+    }
+    Ok(())
+}

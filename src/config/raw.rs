@@ -1,0 +1,252 @@
+//! The file as the administrator writes it, and every default, in one place.
+//!
+//! Every struct is `deny_unknown_fields`, so a misspelt key is an error naming its path. A
+//! section whose keys are all optional is `#[serde(default)]` with a `Default` built from the
+//! `DEFAULT_*` consts below. `[backends.NAME]` sections are [`super::backends::RawBackend`].
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::backends::RawBackend;
+use super::Decision;
+
+// ---------- defaults ----------
+
+/// `server.listen`.
+pub(super) const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+/// `server.max_body_bytes`.
+pub(super) const DEFAULT_MAX_BODY_BYTES: u64 = 16 * 1024 * 1024;
+/// `server.keepalive_seconds`.
+pub(super) const DEFAULT_KEEPALIVE_SECONDS: u64 = 5;
+/// `store.path`, relative to the config's folder.
+pub(super) const DEFAULT_STORE_PATH: &str = "data/turnstile.db";
+
+/// `clients[N].models`: every model.
+pub(super) const DEFAULT_CLIENT_MODELS: &[&str] = &["*"];
+/// `auth.jwt[N].leeway_seconds`.
+pub(super) const DEFAULT_LEEWAY_SECONDS: u64 = 30;
+
+/// `models[N].approvals.*`: a side effect policy does not mention is refused.
+pub(super) const DEFAULT_DECISION: Decision = Decision::Deny;
+
+/// `backends.NAME.max_sessions` (`kind = "app-server"`).
+pub(super) const DEFAULT_MAX_SESSIONS: usize = 16;
+/// `backends.NAME.processes` (`kind = "app-server"`).
+pub(super) const DEFAULT_PROCESSES: usize = 1;
+/// `backends.NAME.acquire_timeout_ms` (`kind = "app-server"`).
+pub(super) const DEFAULT_ACQUIRE_TIMEOUT_MS: u64 = 3_000;
+
+/// `backends.NAME.connect_timeout_ms` (`kind = "openai"`).
+pub(super) const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 5_000;
+/// `backends.NAME.first_byte_timeout_ms` (`kind = "openai"`).
+pub(super) const DEFAULT_FIRST_BYTE_TIMEOUT_MS: u64 = 120_000;
+/// `backends.NAME.idle_timeout_ms` (`kind = "openai"`).
+pub(super) const DEFAULT_IDLE_TIMEOUT_MS: u64 = 120_000;
+/// `backends.NAME.total_timeout_ms` (`kind = "openai"`).
+pub(super) const DEFAULT_TOTAL_TIMEOUT_MS: u64 = 900_000;
+/// `backends.NAME.max_idle_connections` (`kind = "openai"`).
+pub(super) const DEFAULT_MAX_IDLE_CONNECTIONS: usize = 64;
+
+/// `approvals.ttl_seconds`.
+pub(super) const DEFAULT_APPROVAL_TTL_SECONDS: u64 = 900;
+
+/// `continuations.execution_ttl_seconds`.
+pub(super) const DEFAULT_EXECUTION_TTL_SECONDS: u64 = 900;
+/// `continuations.max_pending`.
+pub(super) const DEFAULT_MAX_PENDING: usize = 4096;
+/// `continuations.max_pending_per_client`.
+pub(super) const DEFAULT_MAX_PENDING_PER_CLIENT: usize = 64;
+/// `continuations.tombstones_per_client`.
+pub(super) const DEFAULT_TOMBSTONES_PER_CLIENT: usize = 1024;
+/// `continuations.max_rounds`.
+pub(super) const DEFAULT_MAX_ROUNDS: u32 = 32;
+/// `continuations.max_tool_result_bytes`.
+pub(super) const DEFAULT_MAX_TOOL_RESULT_BYTES: usize = 4 * 1024 * 1024;
+/// `continuations.batch_debounce_ms`.
+pub(super) const DEFAULT_BATCH_DEBOUNCE_MS: u64 = 25;
+
+fn default_client_models() -> Vec<String> {
+    DEFAULT_CLIENT_MODELS
+        .iter()
+        .map(|m| m.to_string())
+        .collect()
+}
+
+fn default_leeway_seconds() -> u64 {
+    DEFAULT_LEEWAY_SECONDS
+}
+
+// ---------- sections ----------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub store: RawStore,
+    #[serde(default)]
+    pub auth: RawAuth,
+    #[serde(default)]
+    pub clients: Vec<RawClient>,
+    #[serde(default)]
+    pub models: Vec<RawModel>,
+    #[serde(default)]
+    pub backends: BTreeMap<String, RawBackend>,
+    #[serde(default)]
+    pub approvals: RawApprovals,
+    #[serde(default)]
+    pub continuations: RawContinuations,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawServer {
+    pub listen: String,
+    pub max_body_bytes: u64,
+    pub keepalive_seconds: u64,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        RawServer {
+            listen: DEFAULT_LISTEN.into(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            keepalive_seconds: DEFAULT_KEEPALIVE_SECONDS,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawStore {
+    pub path: String,
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        RawStore {
+            path: DEFAULT_STORE_PATH.into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawClient {
+    pub id: String,
+    /// Exactly one of `key_sha256` and `jwt`.
+    pub key_sha256: Option<String>,
+    pub jwt: Option<RawClientJwt>,
+    #[serde(default = "default_client_models")]
+    pub models: Vec<String>,
+    #[serde(default)]
+    pub roles: Vec<String>,
+    pub requests_per_minute: Option<u32>,
+    pub burst: Option<u32>,
+    pub concurrent_executions: Option<usize>,
+    pub max_suspended: Option<usize>,
+}
+
+/// A JWT principal named by a client entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawClientJwt {
+    pub issuer: String,
+    pub subject: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAuth {
+    #[serde(default)]
+    pub jwt: Vec<RawJwt>,
+}
+
+/// One trusted JWT issuer. (The limit keys are spelled out rather than flattened:
+/// `deny_unknown_fields` does not work with `flatten`.)
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawJwt {
+    pub issuer: String,
+    pub audiences: Vec<String>,
+    pub algorithms: Vec<String>,
+    pub pem_file: Option<String>,
+    pub jwks_file: Option<String>,
+    #[serde(default = "default_leeway_seconds")]
+    pub leeway_seconds: u64,
+    #[serde(default)]
+    pub require: Vec<String>,
+    pub typ: Option<String>,
+    #[serde(default)]
+    pub models: Vec<String>,
+    #[serde(default)]
+    pub roles: Vec<String>,
+    pub requests_per_minute: Option<u32>,
+    pub burst: Option<u32>,
+    pub concurrent_executions: Option<usize>,
+    pub max_suspended: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawModel {
+    pub id: String,
+    pub backend: String,
+    pub backend_model: Option<String>,
+    #[serde(default)]
+    pub approvals: RawApprovalPolicy,
+    pub approval_policy: Option<String>,
+    pub sandbox: Option<String>,
+}
+
+/// `None` is [`DEFAULT_DECISION`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawApprovalPolicy {
+    pub command: Option<Decision>,
+    pub file_change: Option<Decision>,
+    pub permissions: Option<Decision>,
+    pub elicitation: Option<Decision>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawApprovals {
+    pub ttl_seconds: u64,
+}
+
+impl Default for RawApprovals {
+    fn default() -> Self {
+        RawApprovals {
+            ttl_seconds: DEFAULT_APPROVAL_TTL_SECONDS,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawContinuations {
+    pub execution_ttl_seconds: u64,
+    pub max_pending: usize,
+    pub max_pending_per_client: usize,
+    pub tombstones_per_client: usize,
+    pub max_rounds: u32,
+    pub max_tool_result_bytes: usize,
+    pub batch_debounce_ms: u64,
+}
+
+impl Default for RawContinuations {
+    fn default() -> Self {
+        RawContinuations {
+            execution_ttl_seconds: DEFAULT_EXECUTION_TTL_SECONDS,
+            max_pending: DEFAULT_MAX_PENDING,
+            max_pending_per_client: DEFAULT_MAX_PENDING_PER_CLIENT,
+            tombstones_per_client: DEFAULT_TOMBSTONES_PER_CLIENT,
+            max_rounds: DEFAULT_MAX_ROUNDS,
+            max_tool_result_bytes: DEFAULT_MAX_TOOL_RESULT_BYTES,
+            batch_debounce_ms: DEFAULT_BATCH_DEBOUNCE_MS,
+        }
+    }
+}

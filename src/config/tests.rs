@@ -1,0 +1,426 @@
+//! Unit tests of parsing and validation (`from_toml_str`, `from_toml_str_with`, `load`).
+
+use super::*;
+use crate::auth::jwt;
+use jsonwebtoken::Algorithm;
+
+const KEY: &str = "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b";
+
+fn base_toml() -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[store]
+path = "data/t.db"
+[[clients]]
+id = "alice"
+key_sha256 = "{KEY}"
+models = ["demo*"]
+[[models]]
+id = "demo"
+backend = "demo"
+approvals = {{ command = "ask" }}
+[backends.demo]
+kind = "app-server"
+command = ["./bin/demo"]
+"#
+    )
+}
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    from_toml_str(text, Path::new("/etc/turnstile"))
+}
+
+#[test]
+fn valid_config_resolves_paths_and_defaults() {
+    let cfg = parse(&base_toml()).unwrap();
+    assert_eq!(cfg.store_path, PathBuf::from("/etc/turnstile/data/t.db"));
+    assert_eq!(cfg.backends["demo"].command[0], "/etc/turnstile/./bin/demo");
+    assert_eq!(cfg.backends["demo"].max_sessions, 16);
+    assert_eq!(cfg.continuations.max_rounds, 32);
+    assert_eq!(cfg.models[0].approvals.command, Decision::Ask);
+    assert_eq!(cfg.models[0].approvals.file_change, Decision::Deny);
+    assert!(cfg.clients[0].may_use("demo-tool"));
+    assert!(!cfg.clients[0].may_use("codex"));
+}
+
+#[test]
+fn unknown_key_names_its_path() {
+    let text = base_toml().replace("max_sessions", "x").replace(
+        "kind = \"app-server\"",
+        "kind = \"app-server\"\nmax_sesions = 3",
+    );
+    let e = parse(&text).unwrap_err();
+    assert!(
+        e.path.contains("backends") && e.path.contains("demo"),
+        "{e}"
+    );
+    assert!(e.message.contains("max_sesions"), "{e}");
+}
+
+#[test]
+fn unknown_nested_key_in_client() {
+    let text = base_toml().replace("models = [\"demo*\"]", "models = [\"demo*\"]\nrole = []");
+    let e = parse(&text).unwrap_err();
+    assert_eq!(e.path, "clients[0].role", "{e}");
+}
+
+#[test]
+fn missing_backend_is_an_error() {
+    let text = base_toml().replace("backend = \"demo\"", "backend = \"nope\"");
+    let e = parse(&text).unwrap_err();
+    assert_eq!(e.path, "models[0].backend");
+}
+
+#[test]
+fn duplicate_ids_are_errors() {
+    let mut text = base_toml();
+    text.push_str("[[models]]\nid = \"demo\"\nbackend = \"demo\"\n");
+    assert_eq!(parse(&text).unwrap_err().path, "models[1].id");
+
+    let mut text = base_toml();
+    text.push_str(&format!(
+        "[[clients]]\nid = \"alice\"\nkey_sha256 = \"{}\"\n",
+        "a".repeat(64)
+    ));
+    assert_eq!(parse(&text).unwrap_err().path, "clients[1].id");
+}
+
+#[test]
+fn bad_glob_and_bad_digest() {
+    let text = base_toml().replace("[\"demo*\"]", "[\"demo\", \"[oops\"]");
+    assert_eq!(parse(&text).unwrap_err().path, "clients[0].models[1]");
+    let text = base_toml().replace(KEY, "xyz");
+    assert_eq!(parse(&text).unwrap_err().path, "clients[0].key_sha256");
+}
+
+#[test]
+fn bad_enum_value_names_path() {
+    let text = base_toml().replace("command = \"ask\"", "command = \"maybe\"");
+    let e = parse(&text).unwrap_err();
+    assert_eq!(e.path, "models[0].approvals.command", "{e}");
+}
+
+#[test]
+fn openai_backend_and_kind_specific_keys() {
+    let text = base_toml().replace(
+        "[backends.demo]",
+        "[backends.up]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1/\"\napi_key_env = \"UP_KEY\"\nidle_timeout_ms = 50\n[backends.demo]",
+    );
+    let cfg = parse(&text).unwrap();
+    let up = &cfg.upstreams["up"];
+    assert_eq!(up.base_url, "http://127.0.0.1:9/v1");
+    assert_eq!(up.idle_timeout, Duration::from_millis(50));
+    assert_eq!(up.api_key_env.as_deref(), Some("UP_KEY"));
+    let bad = text.replace("idle_timeout_ms = 50", "command = [\"x\"]");
+    assert_eq!(parse(&bad).unwrap_err().path, "backends.up.command");
+    let bad = base_toml().replace(
+        "command = [\"./bin/demo\"]",
+        "command = [\"./bin/demo\"]\nbase_url = \"http://x\"",
+    );
+    assert_eq!(parse(&bad).unwrap_err().path, "backends.demo.base_url");
+    let bad = text.replace("http://127.0.0.1:9/v1/", "ftp://x");
+    assert_eq!(parse(&bad).unwrap_err().path, "backends.up.base_url");
+}
+
+#[test]
+fn store_path_that_is_a_folder_fails_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg_path = dir.path().join("t.toml");
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    std::fs::create_dir(dir.path().join("data/t.db")).unwrap();
+    std::fs::write(&cfg_path, base_toml()).unwrap();
+    let e = load(&cfg_path).unwrap_err();
+    assert_eq!(e.path, "store.path");
+}
+
+const PUBLIC: &str = include_str!("../../fixtures/jwt/issuer-public.pem");
+const PRIVATE: &str = include_str!("../../fixtures/jwt/issuer-private.pem");
+const JWKS: &str = include_str!("../../fixtures/jwt/other-jwks.json");
+
+/// Key files by absolute path, as `load` would read them under `/etc/turnstile`.
+fn files(p: &Path) -> std::io::Result<Vec<u8>> {
+    match p.to_str().unwrap_or_default() {
+        "/etc/turnstile/keys/idp.pem" => Ok(PUBLIC.into()),
+        "/etc/turnstile/keys/private.pem" => Ok(PRIVATE.into()),
+        "/keys/jwks.json" => Ok(JWKS.into()),
+        _ => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+    }
+}
+
+const ISSUER: &str = r#"
+[[auth.jwt]]
+issuer = "https://idp.test"
+audiences = ["turnstile"]
+algorithms = ["RS256"]
+pem_file = "keys/idp.pem"
+"#;
+
+fn jwt_toml(issuer: &str, client: &str) -> String {
+    format!("{}{issuer}{client}", base_toml())
+}
+
+fn parse_jwt(text: &str) -> Result<Config, ConfigError> {
+    from_toml_str_with(text, Path::new("/etc/turnstile"), &files)
+}
+
+#[test]
+fn jwt_issuer_defaults_and_relative_key_path() {
+    let cfg = parse_jwt(&jwt_toml(ISSUER, "")).unwrap();
+    let i = &cfg.jwt[0];
+    assert_eq!(i.issuer, "https://idp.test");
+    assert_eq!(i.leeway_seconds, 30);
+    assert_eq!(i.algorithms, vec![Algorithm::RS256]);
+    assert!(matches!(i.keys, jwt::Keys::Pem(_)));
+    assert!(i.roles.is_empty() && i.require.is_empty() && i.typ.is_none());
+    assert_eq!(i.limits, ClientLimits::default());
+    // Unnamed subjects get the issuer's defaults: no models unless granted.
+    let g = cfg.grant("jwt:https://idp.test#sam").unwrap();
+    assert!(!g.may_use("demo") && !g.approver());
+    assert!(cfg.grant("jwt:https://other.test#sam").is_none());
+    assert!(cfg.grant("alice").unwrap().may_use("demo"));
+
+    let jwks = ISSUER
+        .replace("pem_file = \"keys/idp.pem\"", "jwks_file = \"/keys/jwks.json\"")
+        .replace("audiences", "models = [\"demo*\"]\nroles = [\"approver\"]\nrequests_per_minute = 60\nburst = 2\nconcurrent_executions = 3\nmax_suspended = 1\naudiences");
+    let cfg = parse_jwt(&jwt_toml(&jwks, "")).unwrap();
+    let i = &cfg.jwt[0];
+    assert!(matches!(&i.keys, jwt::Keys::Jwks(k) if k.len() == 1 && k[0].kid == "other-1"));
+    let g = cfg.grant("jwt:https://idp.test#sam").unwrap();
+    assert!(g.may_use("demo") && g.approver());
+    assert_eq!(g.limits.rate.unwrap().burst.get(), 2);
+    assert_eq!(g.limits.rate.unwrap().per_minute.get(), 60);
+    assert_eq!(
+        (g.limits.concurrent_executions, g.limits.max_suspended),
+        (Some(3), Some(1))
+    );
+    // `from_toml_str` reads no files: the error names the key that needed one.
+    let e = from_toml_str(&jwt_toml(ISSUER, ""), Path::new("/etc/turnstile")).unwrap_err();
+    assert_eq!(e.path, "auth.jwt[0].pem_file", "{e}");
+}
+
+#[test]
+fn jwt_issuer_errors_name_their_key_path() {
+    const RS: &str = "algorithms = [\"RS256\"]";
+    const PEM: &str = "pem_file = \"keys/idp.pem\"";
+    const AUD: &str = "audiences = [\"turnstile\"]";
+    // Each case: replacements applied to ISSUER, and the key path the error must name.
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[(RS, "algorithms = [\"none\"]")],
+            "auth.jwt[0].algorithms[0]",
+        ),
+        (
+            &[(RS, "algorithms = [\"RS256\", \"HS256\"]")],
+            "auth.jwt[0].algorithms[1]",
+        ),
+        (
+            &[(RS, "algorithms = [\"RS256\", \"ES256\"]")],
+            "auth.jwt[0].algorithms[1]",
+        ),
+        (
+            &[(RS, "algorithms = [\"XX1\"]")],
+            "auth.jwt[0].algorithms[0]",
+        ),
+        (&[(RS, "algorithms = []")], "auth.jwt[0].algorithms"),
+        // EC algorithms cannot use an RSA key.
+        (&[(RS, "algorithms = [\"ES256\"]")], "auth.jwt[0].pem_file"),
+        (&[(AUD, "audiences = []")], "auth.jwt[0].audiences"),
+        (&[("idp.test\"", "idp.test#x\"")], "auth.jwt[0].issuer"),
+        (&[(PEM, "")], "auth.jwt[0].pem_file"),
+        (
+            &[(
+                PEM,
+                "pem_file = \"keys/idp.pem\"\njwks_file = \"/keys/jwks.json\"",
+            )],
+            "auth.jwt[0].jwks_file",
+        ),
+        (
+            &[(PEM, "pem_file = \"keys/missing.pem\"")],
+            "auth.jwt[0].pem_file",
+        ),
+        (
+            &[(PEM, "pem_file = \"keys/private.pem\"")],
+            "auth.jwt[0].pem_file",
+        ),
+        (
+            &[(PEM, "jwks_file = \"keys/idp.pem\"")],
+            "auth.jwt[0].jwks_file",
+        ),
+        // The JWK says RS256; the issuer allows only PS256.
+        (
+            &[
+                (PEM, "jwks_file = \"/keys/jwks.json\""),
+                (RS, "algorithms = [\"PS256\"]"),
+            ],
+            "auth.jwt[0].jwks_file",
+        ),
+        (
+            &[(AUD, "audiences = [\"t\"]\nleeway_seconds = 301")],
+            "auth.jwt[0].leeway_seconds",
+        ),
+        (
+            &[(AUD, "audiences = [\"t\"]\nrequire = [\"\"]")],
+            "auth.jwt[0].require[0]",
+        ),
+        (
+            &[(AUD, "audiences = [\"t\"]\nleway_seconds = 3")],
+            "auth.jwt[0].leway_seconds",
+        ),
+        (
+            &[(AUD, "audiences = [\"t\"]\nroles = [\"admin\"]")],
+            "auth.jwt[0].roles[0]",
+        ),
+        (
+            &[(AUD, "audiences = [\"t\"]\nmodels = [\"[x\"]")],
+            "auth.jwt[0].models[0]",
+        ),
+        (
+            &[(AUD, "audiences = [\"t\"]\nmax_suspended = 0")],
+            "auth.jwt[0].max_suspended",
+        ),
+    ];
+    for (edits, path) in cases {
+        let mut issuer = ISSUER.to_string();
+        for (from, to) in edits.iter() {
+            assert!(issuer.contains(from), "{from}");
+            issuer = issuer.replace(from, to);
+        }
+        let e = parse_jwt(&jwt_toml(&issuer, "")).expect_err(path);
+        assert_eq!(e.path, *path, "{edits:?}: {e}");
+    }
+    let twice = format!("{ISSUER}{ISSUER}");
+    assert_eq!(
+        parse_jwt(&jwt_toml(&twice, "")).unwrap_err().path,
+        "auth.jwt[1].issuer"
+    );
+}
+
+#[test]
+fn clients_name_a_key_or_a_jwt_subject() {
+    let jwt_client = "[[clients]]\nid = \"sam\"\njwt = { issuer = \"https://idp.test\", subject = \"sam-1\" }\nrequests_per_minute = 10\n";
+    let cfg = parse_jwt(&jwt_toml(ISSUER, jwt_client)).unwrap();
+    let sam = cfg.jwt_client("https://idp.test", "sam-1").unwrap();
+    assert_eq!(sam.id, "sam");
+    assert_eq!(
+        sam.credential,
+        Credential::Jwt {
+            issuer: "https://idp.test".into(),
+            subject: "sam-1".into()
+        }
+    );
+    assert_eq!(
+        sam.limits.rate.unwrap().burst.get(),
+        10,
+        "burst defaults to the rate"
+    );
+    assert!(cfg.grant("sam").unwrap().may_use("demo"));
+
+    let key = format!("key_sha256 = \"{KEY}\"\n");
+    let cases: Vec<(String, &str)> = vec![
+        (
+            jwt_client.replace("jwt =", &format!("{key}jwt =")),
+            "clients[1].jwt",
+        ),
+        (
+            jwt_client.replace(
+                "jwt = { issuer = \"https://idp.test\", subject = \"sam-1\" }\n",
+                "",
+            ),
+            "clients[1].key_sha256",
+        ),
+        (
+            jwt_client.replace("idp.test\"", "nope.test\""),
+            "clients[1].jwt.issuer",
+        ),
+        (
+            jwt_client.replace("\"sam-1\"", "\"\""),
+            "clients[1].jwt.subject",
+        ),
+        (
+            jwt_client.replace(" }", ", tenant = \"x\" }"),
+            "clients[1].jwt.tenant",
+        ),
+        (
+            jwt_client.replace("id = \"sam\"", "id = \"jwt:sam\""),
+            "clients[1].id",
+        ),
+        (
+            format!("{jwt_client}{}", jwt_client.replace("\"sam\"", "\"sam2\"")),
+            "clients[2].jwt",
+        ),
+        (
+            jwt_client.replace("= 10", "= 0"),
+            "clients[1].requests_per_minute",
+        ),
+        (
+            jwt_client.replace("requests_per_minute", "burst"),
+            "clients[1].burst",
+        ),
+        (
+            jwt_client.replace("requests_per_minute = 10", "concurrent_executions = 0"),
+            "clients[1].concurrent_executions",
+        ),
+    ];
+    for (client, path) in cases {
+        let e = parse_jwt(&jwt_toml(ISSUER, &client)).expect_err(path);
+        assert_eq!(e.path, path, "{client}: {e}");
+    }
+}
+
+#[test]
+fn backend_errors_name_their_key() {
+    // Each case: a `[backends.b]` section, and the whole error it must produce.
+    let cases: &[(&str, &str)] = &[
+        (
+            "kind = \"nope\"\ncommand = [\"x\"]",
+            "config backends.b.kind: unknown backend kind `nope` (expected `app-server` or `openai`)",
+        ),
+        (
+            "kind = 3",
+            "config backends.b.kind: invalid type: integer `3`, expected a string",
+        ),
+        ("command = [\"x\"]", "config backends.b: missing field `kind`"),
+        (
+            "command = [\"x\"]\nkind = \"openai\"\nbase_url = \"http://x\"",
+            "config backends.b.command: not valid for kind `openai`",
+        ),
+        (
+            "kind = \"app-server\"\ncommand = [\"x\"]\nbase_url = \"http://x\"",
+            "config backends.b.base_url: not valid for kind `app-server`",
+        ),
+        (
+            "kind = \"app-server\"\ncommand = [\"x\"]\nmax_sessions = \"x\"",
+            "config backends.b.max_sessions: invalid type: string \"x\", expected usize",
+        ),
+        (
+            "kind = \"app-server\"\ncommand = [1]",
+            "config backends.b.command[0]: invalid type: integer `1`, expected a string",
+        ),
+        (
+            "kind = \"app-server\"\ncommand = [\"x\"]\nenv = { A = 1 }",
+            "config backends.b.env.A: invalid type: integer `1`, expected a string",
+        ),
+        (
+            "kind = \"openai\"\nbase_url = \"http://x\"\nidle_timeout_ms = -3",
+            "config backends.b.idle_timeout_ms: invalid value: integer `-3`, expected u64",
+        ),
+        (
+            "kind = \"app-server\"",
+            "config backends.b.command: missing: the program to run",
+        ),
+        (
+            "kind = \"openai\"",
+            "config backends.b.base_url: missing: e.g. http://127.0.0.1:8080/v1",
+        ),
+    ];
+    for (section, want) in cases {
+        let e = parse(&format!("[backends.b]\n{section}\n")).expect_err(section);
+        assert_eq!(e.to_string(), *want, "{section}");
+    }
+    let e = parse("[backends.b]\nkind = \"openai\"\nbase_url = \"http://x\"\nproceses = 2\n")
+        .unwrap_err();
+    assert_eq!(e.path, "backends.b.proceses");
+    assert!(e.message.starts_with("unknown field `proceses`"), "{e}");
+}

@@ -1,0 +1,311 @@
+//! `validate()`: the raw file -> the frozen [`Config`], checking what serde cannot (ranges,
+//! references between sections, duplicates) and naming the key path of the first failure.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::time::Duration;
+
+use globset::{Glob, GlobSet, GlobSetBuilder};
+
+use super::raw::{RawClient, RawConfig, RawContinuations, RawModel, DEFAULT_DECISION};
+use super::{
+    backends, err, jwt, resolve, ApprovalPolicy, ClientConfig, ClientLimits, Config, ConfigError,
+    ContinuationLimits, Credential, JwtIssuer, ModelConfig, Rate, Role, ServerConfig,
+};
+use crate::auth::jwt::{MAX_SUBJECT_BYTES, PRINCIPAL_PREFIX};
+
+pub(super) fn validate(
+    raw: RawConfig,
+    base: &Path,
+    read: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
+) -> Result<Config, ConfigError> {
+    let listen: SocketAddr = raw.server.listen.parse().map_err(|_| {
+        err(
+            "server.listen",
+            format!("`{}` is not an IP:PORT address", raw.server.listen),
+        )
+    })?;
+    if raw.server.max_body_bytes == 0 {
+        return Err(err("server.max_body_bytes", "must be greater than 0"));
+    }
+    if raw.server.keepalive_seconds == 0 {
+        return Err(err("server.keepalive_seconds", "must be greater than 0"));
+    }
+    if raw.store.path.trim().is_empty() {
+        return Err(err("store.path", "must not be empty"));
+    }
+
+    let backends = backends::backends(raw.backends, base)?;
+    let models = models(raw.models, |name| backends.contains(name))?;
+    let jwt_issuers = jwt::jwt_issuers(raw.auth.jwt, base, read)?;
+    let clients = clients(raw.clients, &jwt_issuers)?;
+    let continuations = continuations(raw.continuations)?;
+    if raw.approvals.ttl_seconds == 0 {
+        return Err(err("approvals.ttl_seconds", "must be greater than 0"));
+    }
+
+    Ok(Config {
+        server: ServerConfig {
+            listen,
+            max_body_bytes: usize::try_from(raw.server.max_body_bytes).unwrap_or(usize::MAX),
+            keepalive: Duration::from_secs(raw.server.keepalive_seconds),
+        },
+        store_path: resolve(base, &raw.store.path),
+        jwt: jwt_issuers,
+        clients,
+        models,
+        backends: backends.app_servers,
+        upstreams: backends.upstreams,
+        approval_ttl: Duration::from_secs(raw.approvals.ttl_seconds),
+        continuations,
+    })
+}
+
+/// `[[models]]`; `has_backend` says whether a `[backends]` section has that name.
+fn models(
+    raw: Vec<RawModel>,
+    has_backend: impl Fn(&str) -> bool,
+) -> Result<Vec<ModelConfig>, ConfigError> {
+    let mut seen = HashSet::new();
+    let mut models = Vec::new();
+    for (i, m) in raw.into_iter().enumerate() {
+        let at = |k: &str| format!("models[{i}].{k}");
+        if m.id.trim().is_empty() {
+            return Err(err(at("id"), "must not be empty"));
+        }
+        if !seen.insert(m.id.clone()) {
+            return Err(err(at("id"), format!("duplicate model id `{}`", m.id)));
+        }
+        if !has_backend(&m.backend) {
+            return Err(err(
+                at("backend"),
+                format!("no backend named `{}` in [backends]", m.backend),
+            ));
+        }
+        if let Some(p) = &m.approval_policy {
+            if !["untrusted", "on-request", "never"].contains(&p.as_str()) {
+                return Err(err(
+                    at("approval_policy"),
+                    format!("`{p}` is not one of untrusted, on-request, never"),
+                ));
+            }
+        }
+        if let Some(s) = &m.sandbox {
+            if !["read-only", "workspace-write", "danger-full-access"].contains(&s.as_str()) {
+                return Err(err(
+                    at("sandbox"),
+                    format!("`{s}` is not one of read-only, workspace-write, danger-full-access"),
+                ));
+            }
+        }
+        let a = m.approvals;
+        models.push(ModelConfig {
+            id: m.id,
+            backend: m.backend,
+            backend_model: m.backend_model,
+            approvals: ApprovalPolicy {
+                command: a.command.unwrap_or(DEFAULT_DECISION),
+                file_change: a.file_change.unwrap_or(DEFAULT_DECISION),
+                permissions: a.permissions.unwrap_or(DEFAULT_DECISION),
+                elicitation: a.elicitation.unwrap_or(DEFAULT_DECISION),
+            },
+            approval_policy: m.approval_policy,
+            sandbox: m.sandbox,
+        });
+    }
+    Ok(models)
+}
+
+/// `[[clients]]`, after the issuers their `jwt` credentials name.
+fn clients(
+    raw: Vec<RawClient>,
+    jwt_issuers: &[std::sync::Arc<JwtIssuer>],
+) -> Result<Vec<ClientConfig>, ConfigError> {
+    let mut ids = HashSet::new();
+    let mut digests = HashSet::new();
+    let mut subjects = HashSet::new();
+    let mut clients = Vec::new();
+    for (i, c) in raw.into_iter().enumerate() {
+        let at = |k: &str| format!("clients[{i}].{k}");
+        if c.id.trim().is_empty() {
+            return Err(err(at("id"), "must not be empty"));
+        }
+        if c.id.starts_with(PRINCIPAL_PREFIX) {
+            return Err(err(
+                at("id"),
+                format!("`{PRINCIPAL_PREFIX}` ids are reserved for JWT subjects"),
+            ));
+        }
+        if !ids.insert(c.id.clone()) {
+            return Err(err(at("id"), format!("duplicate client id `{}`", c.id)));
+        }
+        let credential =
+            match (c.key_sha256, c.jwt) {
+                (Some(_), Some(_)) => {
+                    return Err(err(at("jwt"), "set either key_sha256 or jwt, not both"))
+                }
+                (None, None) => return Err(err(
+                    at("key_sha256"),
+                    "missing: set key_sha256 (an API key's digest) or jwt = { issuer, subject }",
+                )),
+                (Some(hex_text), None) => {
+                    let key_digest = parse_digest(&hex_text).ok_or_else(|| {
+                        err(at("key_sha256"), "expected 64 hex characters (a SHA-256)")
+                    })?;
+                    if !digests.insert(key_digest) {
+                        return Err(err(
+                            at("key_sha256"),
+                            "the same key digest is already used by another client",
+                        ));
+                    }
+                    Credential::Key(key_digest)
+                }
+                (None, Some(j)) => {
+                    if !jwt_issuers.iter().any(|x| x.issuer == j.issuer) {
+                        return Err(err(
+                            at("jwt.issuer"),
+                            format!("no [[auth.jwt]] entry has issuer `{}`", j.issuer),
+                        ));
+                    }
+                    if j.subject.is_empty()
+                        || j.subject.len() > MAX_SUBJECT_BYTES
+                        || j.subject.chars().any(char::is_control)
+                    {
+                        return Err(err(
+                            at("jwt.subject"),
+                            format!(
+                                "must be 1 to {MAX_SUBJECT_BYTES} bytes without control characters"
+                            ),
+                        ));
+                    }
+                    if !subjects.insert((j.issuer.clone(), j.subject.clone())) {
+                        return Err(err(
+                            at("jwt"),
+                            "the same issuer and subject are already named by another client",
+                        ));
+                    }
+                    Credential::Jwt {
+                        issuer: j.issuer,
+                        subject: j.subject,
+                    }
+                }
+            };
+        let models = globs(&c.models, &format!("clients[{i}].models"))?;
+        let roles = roles(&c.roles, &format!("clients[{i}].roles"))?;
+        let limits = limits(
+            &format!("clients[{i}]"),
+            c.requests_per_minute,
+            c.burst,
+            c.concurrent_executions,
+            c.max_suspended,
+        )?;
+        clients.push(ClientConfig {
+            id: c.id,
+            credential,
+            models,
+            roles,
+            limits,
+        });
+    }
+    Ok(clients)
+}
+
+fn continuations(c: RawContinuations) -> Result<ContinuationLimits, ConfigError> {
+    let positive = |v: u64, k: &str| {
+        if v == 0 {
+            Err(err(format!("continuations.{k}"), "must be greater than 0"))
+        } else {
+            Ok(())
+        }
+    };
+    positive(c.execution_ttl_seconds, "execution_ttl_seconds")?;
+    positive(c.max_pending as u64, "max_pending")?;
+    positive(c.max_pending_per_client as u64, "max_pending_per_client")?;
+    positive(c.tombstones_per_client as u64, "tombstones_per_client")?;
+    positive(c.max_rounds as u64, "max_rounds")?;
+    positive(c.max_tool_result_bytes as u64, "max_tool_result_bytes")?;
+    Ok(ContinuationLimits {
+        execution_ttl: Duration::from_secs(c.execution_ttl_seconds),
+        max_pending: c.max_pending,
+        max_pending_per_client: c.max_pending_per_client,
+        tombstones_per_client: c.tombstones_per_client,
+        max_rounds: c.max_rounds,
+        max_tool_result_bytes: c.max_tool_result_bytes,
+        batch_debounce: Duration::from_millis(c.batch_debounce_ms),
+    })
+}
+
+/// A glob allowlist; errors name `at[j]`.
+pub(super) fn globs(patterns: &[String], at: &str) -> Result<GlobSet, ConfigError> {
+    let mut set = GlobSetBuilder::new();
+    for (j, pattern) in patterns.iter().enumerate() {
+        let glob = Glob::new(pattern)
+            .map_err(|e| err(format!("{at}[{j}]"), format!("bad glob `{pattern}`: {e}")))?;
+        set.add(glob);
+    }
+    set.build().map_err(|e| err(at, format!("bad globs: {e}")))
+}
+
+/// A roles list; errors name `at[j]`.
+pub(super) fn roles(names: &[String], at: &str) -> Result<Vec<Role>, ConfigError> {
+    names
+        .iter()
+        .enumerate()
+        .map(|(j, name)| {
+            Role::from_name(name).ok_or_else(|| {
+                err(
+                    format!("{at}[{j}]"),
+                    format!("unknown role `{name}` (known: approver)"),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The limit keys of a client or issuer entry at `at`.
+pub(super) fn limits(
+    at: &str,
+    requests_per_minute: Option<u32>,
+    burst: Option<u32>,
+    concurrent_executions: Option<usize>,
+    max_suspended: Option<usize>,
+) -> Result<ClientLimits, ConfigError> {
+    let positive = "must be greater than 0 (leave it out for no limit)";
+    let rate = match (requests_per_minute, burst) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return Err(err(
+                format!("{at}.burst"),
+                "needs requests_per_minute beside it",
+            ))
+        }
+        (Some(rpm), burst) => {
+            let per_minute = NonZeroU32::new(rpm)
+                .ok_or_else(|| err(format!("{at}.requests_per_minute"), positive))?;
+            let burst = match burst {
+                None => per_minute,
+                Some(b) => NonZeroU32::new(b)
+                    .ok_or_else(|| err(format!("{at}.burst"), "must be greater than 0"))?,
+            };
+            Some(Rate { per_minute, burst })
+        }
+    };
+    if concurrent_executions == Some(0) {
+        return Err(err(format!("{at}.concurrent_executions"), positive));
+    }
+    if max_suspended == Some(0) {
+        return Err(err(format!("{at}.max_suspended"), positive));
+    }
+    Ok(ClientLimits {
+        rate,
+        concurrent_executions,
+        max_suspended,
+    })
+}
+
+fn parse_digest(hex_text: &str) -> Option<[u8; 32]> {
+    let bytes = hex::decode(hex_text.trim()).ok()?;
+    bytes.try_into().ok()
+}

@@ -1,0 +1,69 @@
+//! The model's approval policy applied to a backend's request to perform a side effect of
+//! its own: `allow` and `deny` are journaled and answered at once; `ask` becomes a durable
+//! approval (in the store before anyone can see it) and the waiting stream is told its id.
+
+use tokio::sync::mpsc;
+
+use super::execution::ExecutionMeta;
+use super::leg::LegEvent;
+use super::Engine;
+use crate::backend::{ApprovalAsk, ApprovalKind};
+use crate::config::Decision;
+use crate::digest::log_ref;
+
+impl Engine {
+    pub(super) async fn on_approval(
+        &self,
+        exec: &ExecutionMeta,
+        ask: ApprovalAsk,
+        tx: &mpsc::Sender<LegEvent>,
+    ) {
+        let cfg = self.config();
+        let policy = cfg.model(&exec.model).map(|m| &m.approvals);
+        let decision = policy.map_or(Decision::Deny, |p| match ask.kind {
+            ApprovalKind::Command => p.command,
+            ApprovalKind::FileChange => p.file_change,
+            ApprovalKind::Permissions => p.permissions,
+            ApprovalKind::Elicitation => p.elicitation,
+        });
+        let kind = ask.kind.as_str();
+        match decision {
+            Decision::Allow | Decision::Deny => {
+                let allow = decision == Decision::Allow;
+                let detail = format!(
+                    "kind={kind} decision={} action={}",
+                    if allow { "allow" } else { "deny" },
+                    log_ref(&ask.action_digest)
+                );
+                if let Err(e) = self
+                    .inner
+                    .store
+                    .journal(&exec.id, "approval_policy", &detail)
+                {
+                    tracing::error!(execution = %exec.id, error = %e, "approval not journaled; denied");
+                    ask.responder.answer(false);
+                    return;
+                }
+                tracing::info!(execution = %exec.id, kind, allow, "approval answered by policy");
+                ask.responder.answer(allow);
+            }
+            Decision::Ask => {
+                let created = self.inner.approvals.create(
+                    &exec.principal,
+                    &exec.id,
+                    &exec.model,
+                    ask,
+                    cfg.approval_ttl,
+                );
+                if let Ok(record) = created {
+                    let _ = tx
+                        .send(LegEvent::Notice(format!(
+                            "approval pending {} ({kind}); decide with POST /v1/approvals/{}/decision",
+                            record.id, record.id
+                        )))
+                        .await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The one ending path. Every way an execution ends goes through [`Engine::end`] with a
+//! typed [`EndReason`]: its pending approvals are denied (cancelled), its turn is dropped
+//! (which interrupts an unfinished backend turn and returns its session), the end is
+//! journaled (if the execution has a journal row) and counted. A settled batch also goes
+//! through [`Engine::settled`], which makes its tombstones durable first.
+
+use super::execution::{ExecutionMeta, Suspended};
+use super::Engine;
+use crate::continuation::{Reason, Settled};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    Completed,
+    Failed,
+    FailedToStart,
+    Interrupted,
+    Lost,
+    Cancelled,
+    Expired,
+    Revoked,
+    MaxRounds,
+    Capacity,
+    StoreUnavailable,
+}
+
+impl EndReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Completed => "completed",
+            EndReason::Failed => "failed",
+            EndReason::FailedToStart => "failed_to_start",
+            EndReason::Interrupted => "interrupted",
+            EndReason::Lost => "lost",
+            EndReason::Cancelled => "cancelled",
+            EndReason::Expired => "expired",
+            EndReason::Revoked => "revoked",
+            EndReason::MaxRounds => "max_rounds",
+            EndReason::Capacity => "capacity",
+            EndReason::StoreUnavailable => "store_unavailable",
+        }
+    }
+
+    /// The ending that matches a batch's settlement (None: it was claimed and goes on).
+    pub fn of_settlement(reason: Reason) -> Option<EndReason> {
+        match reason {
+            Reason::Resolved => None,
+            Reason::Expired => Some(EndReason::Expired),
+            Reason::Cancelled => Some(EndReason::Cancelled),
+            Reason::Lost => Some(EndReason::Lost),
+            Reason::Revoked => Some(EndReason::Revoked),
+        }
+    }
+}
+
+impl Engine {
+    /// Ends an execution; `state` is whatever still holds its turn or record, dropped here.
+    pub(super) fn end<T>(
+        &self,
+        meta: &ExecutionMeta,
+        journaled: bool,
+        reason: EndReason,
+        state: T,
+    ) {
+        self.inner.approvals.cancel_execution(&meta.id);
+        drop(state);
+        tracing::info!(execution = %meta.id, reason = reason.as_str(), "execution ended");
+        self.inner.metrics.ended(reason.as_str());
+        if journaled {
+            if let Err(e) = self.inner.store.execution_ended(&meta.id, reason.as_str()) {
+                tracing::error!(execution = %meta.id, error = %e, "could not journal execution end");
+            }
+        }
+    }
+
+    /// Persists a settled batch's tombstones and, unless it was claimed, ends its execution.
+    /// Returns the suspension of a claimed batch.
+    pub(super) fn settled(&self, s: Settled<Suspended>) -> Option<Suspended> {
+        if let Err(e) = self.inner.store.tokens_settled(
+            &s.execution_id,
+            &s.principal,
+            &s.tokens,
+            s.reason.as_str(),
+            &s.evicted,
+        ) {
+            // The in-memory tombstones still answer replays; after a restart, recovery turns
+            // the still-pending rows into `lost` tombstones, which also never resume.
+            tracing::error!(execution = %s.execution_id, error = %e, "could not persist tombstones");
+        }
+        match EndReason::of_settlement(s.reason) {
+            None => Some(s.parked),
+            Some(end) => {
+                let meta = s.parked.meta.clone();
+                self.end(&meta, true, end, s.parked);
+                None
+            }
+        }
+    }
+}

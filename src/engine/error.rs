@@ -1,0 +1,201 @@
+//! The engine's errors, by source, and the one place that turns them into codes and messages
+//! (`From<EngineError> for ApiError`). Status classes follow the source: a client's drift is
+//! 400, a refused admission 429, a backend failure 502/504, a store failure 503
+//! `store_unavailable`, a draining gateway 503 `shutting_down`.
+
+use crate::backend::BackendError;
+use crate::continuation::Reason;
+use crate::error::{ApiError, ErrorCode, UpstreamDetail};
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    #[error("shutting down")]
+    ShuttingDown,
+    #[error("model not found")]
+    ModelNotFound(String),
+    #[error("rate limited ({limit})")]
+    RateLimited {
+        limit: &'static str,
+        retry_after_secs: u64,
+    },
+    #[error("continuation: {0:?}")]
+    Continuation(ContinuationError),
+    #[error("backend: {0}")]
+    Backend(BackendError),
+    /// The backend's turn failed, was interrupted or died mid-leg.
+    #[error("the turn failed")]
+    TurnFailed,
+    /// The backend stopped answering mid-leg.
+    #[error("the backend timed out")]
+    TurnTimedOut,
+    /// The execution passed its absolute deadline mid-leg.
+    #[error("the execution passed its deadline")]
+    Deadline,
+    #[error("more than {0} tool rounds")]
+    MaxRounds(u32),
+    /// The pending-continuation bounds refused a suspension; no token was exposed.
+    #[error("too many suspended tool calls")]
+    SuspensionCapacity,
+    /// The store could not record what must be recorded first; nothing was exposed.
+    #[error("the store is unavailable")]
+    Store,
+}
+
+/// Why a continuation was refused. Each variant consumes nothing, except `Settled` and
+/// `Revoked`, which report what already happened to the held turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContinuationError {
+    /// Unknown, or another principal's (live or settled): one body for both.
+    NotFound,
+    /// The caller's own token, settled with this reason.
+    Settled(Reason),
+    /// Drift: the request does not match the suspension (the text says which part).
+    Mismatch(String),
+    /// The caller's grant for the model was revoked while suspended.
+    Revoked,
+}
+
+impl From<ContinuationError> for EngineError {
+    fn from(e: ContinuationError) -> Self {
+        EngineError::Continuation(e)
+    }
+}
+
+impl From<BackendError> for EngineError {
+    fn from(e: BackendError) -> Self {
+        EngineError::Backend(e)
+    }
+}
+
+fn continuation(e: ContinuationError) -> ApiError {
+    let e = match e {
+        // Identical for unknown and foreign tokens: nothing in it depends on the lookup.
+        ContinuationError::NotFound => ApiError::new(
+            ErrorCode::ContinuationNotFound,
+            "No pending tool call matches the tool_call_id values of this request.",
+        ),
+        ContinuationError::Mismatch(why) => ApiError::new(
+            ErrorCode::ContinuationMismatch,
+            format!("This continuation does not match the suspended turn: {why}."),
+        ),
+        ContinuationError::Revoked | ContinuationError::Settled(Reason::Revoked) => ApiError::new(
+            ErrorCode::UnauthorizedTarget,
+            "Your access to this model was revoked; the suspended turn was cancelled.",
+        ),
+        ContinuationError::Settled(Reason::Resolved) => ApiError::new(
+            ErrorCode::ContinuationAlreadyResolved,
+            "These tool calls were already answered.",
+        ),
+        ContinuationError::Settled(Reason::Expired) => ApiError::new(
+            ErrorCode::ContinuationExpired,
+            "The suspended turn passed its deadline and was cancelled.",
+        ),
+        ContinuationError::Settled(Reason::Lost | Reason::Cancelled) => ApiError::new(
+            ErrorCode::ContinuationLost,
+            "The suspended turn is gone (backend or gateway restart); start a new turn.",
+        ),
+    };
+    e.with_param("messages")
+}
+
+fn backend(e: BackendError) -> ApiError {
+    match e {
+        BackendError::Capacity => ApiError::new(
+            ErrorCode::CapacityExhausted,
+            "All backend sessions are busy; retry later.",
+        ),
+        BackendError::Lost => ApiError::new(
+            ErrorCode::ContinuationLost,
+            "The held turn is gone (backend restart); start a new turn.",
+        ),
+        BackendError::Timeout => ApiError::new(
+            ErrorCode::UpstreamTimeout,
+            "The upstream did not answer in time.",
+        ),
+        BackendError::Refused(r) => {
+            let mut e = ApiError::new(ErrorCode::UpstreamRejected, r.message);
+            e.upstream = Some(Box::new(UpstreamDetail {
+                status: r.status,
+                kind: r.kind,
+                code: r.code,
+                param: r.param,
+            }));
+            e
+        }
+        BackendError::Invalid { message, param } => ApiError::invalid(message).with_param(param),
+        BackendError::UnsupportedToolChoice => ApiError::new(
+            ErrorCode::UnsupportedToolChoice,
+            "This model supports tool_choice \"auto\" and \"none\" only.",
+        )
+        .with_param("tool_choice"),
+        BackendError::Unavailable(_) | BackendError::Rejected(_) => ApiError::upstream(),
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::ShuttingDown => {
+                ApiError::new(ErrorCode::ShuttingDown, "The gateway is shutting down.")
+            }
+            EngineError::ModelNotFound(model) => ApiError::model_not_found(&model),
+            EngineError::RateLimited {
+                limit,
+                retry_after_secs,
+            } => {
+                let mut e = ApiError::new(
+                    ErrorCode::RateLimited,
+                    format!("Rate limit reached ({limit}); retry after {retry_after_secs} s."),
+                );
+                e.retry_after = Some(retry_after_secs);
+                e
+            }
+            EngineError::Continuation(c) => continuation(c),
+            EngineError::Backend(b) => backend(b),
+            EngineError::TurnFailed => ApiError::upstream(),
+            EngineError::TurnTimedOut => ApiError::new(
+                ErrorCode::UpstreamTimeout,
+                "The upstream did not finish in time.",
+            ),
+            EngineError::Deadline => ApiError::new(
+                ErrorCode::UpstreamTimeout,
+                "The execution passed its deadline.",
+            ),
+            EngineError::MaxRounds(n) => ApiError::new(
+                ErrorCode::CapacityExhausted,
+                format!("The turn exceeded {n} tool rounds and was stopped."),
+            ),
+            EngineError::SuspensionCapacity => ApiError::new(
+                ErrorCode::CapacityExhausted,
+                "Too many suspended tool calls; retry later.",
+            ),
+            EngineError::Store => ApiError::new(
+                ErrorCode::StoreUnavailable,
+                "The gateway could not record the execution; nothing was exposed. Retry later.",
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_pick_their_status_class() {
+        let status = |e: EngineError| ApiError::from(e).status();
+        assert_eq!(status(EngineError::Store), 503);
+        assert_eq!(status(EngineError::ShuttingDown), 503);
+        assert_eq!(status(EngineError::SuspensionCapacity), 429);
+        assert_eq!(status(EngineError::TurnFailed), 502);
+        assert_eq!(status(EngineError::Deadline), 504);
+        assert_eq!(
+            status(ContinuationError::Settled(Reason::Cancelled).into()),
+            410
+        );
+        assert_eq!(status(ContinuationError::Revoked.into()), 403);
+        let a = ApiError::from(EngineError::from(ContinuationError::NotFound));
+        assert_eq!(a.code, ErrorCode::ContinuationNotFound);
+        assert_eq!(a.param, Some("messages"));
+    }
+}

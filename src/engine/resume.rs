@@ -1,0 +1,237 @@
+//! The claim path of a continuation, in this order (the first failure wins; nothing mutates
+//! before the claim): principal-scoped lookup (404 / 409 / 410), deadline and liveness (410),
+//! the answers' shape and the four digests (400, pure: [`check`]), authority under the current
+//! config for the original model (403, the held turn is interrupted), the atomic claim (the
+//! loser gets 409). The claimed suspension is then answered by its backend and the next leg of
+//! the same execution is driven.
+
+use std::collections::HashMap;
+
+use tokio::time::Instant;
+
+use super::ending::EndReason;
+use super::execution::{Execution, LegContext, Suspended};
+use super::leg::Leg;
+use super::{ContinuationError, Engine, EngineError};
+use crate::auth::Principal;
+use crate::backend::{Answer, BackendKind, LegRequest, Resume};
+use crate::continuation::{Digests, Lookup, PendingView, Reason};
+use crate::turn::{Continuation, TurnInput};
+
+fn mismatch(why: impl Into<String>) -> ContinuationError {
+    ContinuationError::Mismatch(why.into())
+}
+
+/// Where a continuation's parts sit in the suspended batch (exposure order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Placement {
+    /// The batch position each result answers, in the client's order.
+    pub results: Vec<usize>,
+    /// The batch position of each call of the assistant message.
+    pub calls: Vec<usize>,
+}
+
+/// The answers' shape and the digests, against the pending batch. Pure: it reads the view
+/// and the request only.
+pub(super) fn check(
+    view: &PendingView,
+    input: &TurnInput,
+    c: &Continuation,
+    max_result_bytes: usize,
+) -> Result<Placement, ContinuationError> {
+    if input.surface != view.surface {
+        return Err(mismatch(
+            "the tool calls were issued on another API surface",
+        ));
+    }
+    if input.model != view.model {
+        return Err(mismatch("`model` differs from the suspended request"));
+    }
+    let position: HashMap<[u8; 32], usize> = view
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (*t, i))
+        .collect();
+    let mut answered = vec![false; view.tokens.len()];
+    let mut positions = Vec::with_capacity(c.results.len());
+    for (digest, _) in &c.results {
+        let Some(&pos) = position.get(digest) else {
+            return Err(mismatch(
+                "a tool result answers an id that is not in the assistant message",
+            ));
+        };
+        if std::mem::replace(&mut answered[pos], true) {
+            return Err(mismatch("a tool call is answered more than once"));
+        }
+        positions.push(pos);
+    }
+    if positions.len() != view.tokens.len() {
+        return Err(mismatch(
+            "every tool call of the assistant message must be answered",
+        ));
+    }
+    if c.results
+        .iter()
+        .any(|(_, i)| input.messages[*i].text.len() > max_result_bytes)
+    {
+        return Err(mismatch(format!(
+            "a tool result exceeds {max_result_bytes} bytes"
+        )));
+    }
+    let got = Digests {
+        tools: input.fingerprint.tools,
+        tool_choice: input.fingerprint.tool_choice,
+        prefix: c.prefix,
+        echo: c.echo,
+    };
+    if let Some(what) = view.digests.first_mismatch(&got) {
+        return Err(mismatch(format!(
+            "the {what} differs from the suspended request"
+        )));
+    }
+    // The lookup found every call of the assistant message in this one batch.
+    let calls = c
+        .tokens
+        .iter()
+        .map(|t| position.get(t).copied().unwrap_or_default())
+        .collect();
+    Ok(Placement {
+        results: positions,
+        calls,
+    })
+}
+
+impl Engine {
+    /// Validates a continuation and claims its batch. Returns the claimed suspension and the
+    /// batch position of each result.
+    pub(super) fn claim(
+        &self,
+        principal: &Principal,
+        input: &TurnInput,
+        c: &Continuation,
+    ) -> Result<(Suspended, Placement), ContinuationError> {
+        let registry = &self.inner.registry;
+        let view = match registry.lookup(&principal.id, &c.tokens) {
+            Lookup::NotFound => return Err(ContinuationError::NotFound),
+            Lookup::Settled(reason) => return Err(ContinuationError::Settled(reason)),
+            Lookup::Partial => {
+                return Err(mismatch("the tool calls do not form one pending batch"))
+            }
+            Lookup::Pending(v) => v,
+        };
+        for (stale, reason) in [
+            (Instant::now() >= view.deadline, Reason::Expired),
+            (!view.alive, Reason::Lost),
+        ] {
+            if stale {
+                if let Some(s) = registry.settle(view.batch, reason) {
+                    self.settled(s);
+                }
+                return Err(ContinuationError::Settled(reason));
+            }
+        }
+        let cfg = self.config();
+        let placement = check(&view, input, c, cfg.continuations.max_tool_result_bytes)?;
+
+        // Authority under the current config, for the original model.
+        let allowed = cfg.model(&view.model).is_some()
+            && cfg
+                .grant(&principal.id)
+                .is_some_and(|g| g.may_use(&view.model));
+        if !allowed {
+            if let Some(s) = registry.settle(view.batch, Reason::Revoked) {
+                tracing::info!(execution = %s.execution_id, "grant revoked while suspended; turn interrupted");
+                self.settled(s);
+            }
+            return Err(ContinuationError::Revoked);
+        }
+
+        // The claim: exactly one caller gets the execution.
+        let claimed = registry
+            .settle(view.batch, Reason::Resolved)
+            .and_then(|s| self.settled(s))
+            .ok_or(ContinuationError::Settled(Reason::Resolved))?;
+        Ok((claimed, placement))
+    }
+
+    /// Hands the claimed suspension and the client's answers to its backend and drives the
+    /// next leg of the same execution.
+    pub(super) async fn answer(
+        &self,
+        s: Suspended,
+        placement: Placement,
+        input: &TurnInput,
+        c: &Continuation,
+    ) -> Result<Leg, EngineError> {
+        let cfg = self.config();
+        let backend = cfg
+            .model(&s.meta.model)
+            .and_then(|m| Some((m, self.backend(&m.backend)?)));
+        let Some((model, backend)) = backend else {
+            self.end(&s.meta.clone(), true, EndReason::Lost, s);
+            return Err(EngineError::TurnFailed);
+        };
+        let answers = placement
+            .results
+            .iter()
+            .zip(&c.results)
+            .map(|(&call, &(_, message))| Answer {
+                call,
+                message,
+                text: &input.messages[message].text,
+            })
+            .collect();
+        let Suspended {
+            meta,
+            kind,
+            deadline,
+            rounds,
+            hold,
+            backlog,
+            slot,
+        } = s;
+        let durable = hold.is_durable();
+        let resume = Resume {
+            leg: LegRequest {
+                execution_id: &meta.id,
+                model,
+                input,
+            },
+            continuation: c,
+            answers,
+            echo_calls: placement.calls,
+        };
+        self.inner.metrics.overhead.observe(input.arrived.elapsed());
+        let turn = match backend.resume(hold, resume).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(execution = %meta.id, error = %e, "resume failed");
+                let reason = match kind {
+                    BackendKind::Agent => EndReason::Lost,
+                    BackendKind::Upstream => EndReason::Failed,
+                };
+                self.end(&meta, true, reason, ());
+                return Err(e.into());
+            }
+        };
+        tracing::debug!(execution = %meta.id, results = c.results.len(), "continuation claimed; held calls answered");
+        let exec = Execution {
+            // A stateless execution is a new request each leg: it gets a fresh deadline and a
+            // live-execution slot while it runs.
+            deadline: if durable {
+                Instant::now() + cfg.continuations.execution_ttl
+            } else {
+                deadline
+            },
+            slot: slot.or_else(|| Some(self.inner.limiter.hold(&meta.principal))),
+            meta,
+            kind,
+            rounds,
+            journaled: true,
+            turn,
+            backlog,
+        };
+        Ok(self.drive(exec, LegContext::of(input)))
+    }
+}

@@ -1,0 +1,251 @@
+//! The Chat Completions surface (`POST /v1/chat/completions`): its wire types (`wire`), its
+//! canonical projection for the continuation digests (`canonical`), continuation detection
+//! (`detect`), response and stream framing (`framing`) and its error body shape (OpenAI's
+//! `{"error":{message,type,code,param}}`, also used by every non-surface route).
+//!
+//! [`parse`] turns a request body into a neutral [`TurnInput`]. Messages map one to one, so
+//! message indices in the input are indices in the client's `messages`.
+
+pub mod canonical;
+pub mod detect;
+pub mod framing;
+pub mod wire;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use self::canonical::{echo_digest_of, message_digest, tool_choice_digest, tools_digest};
+use self::detect::{detect, Detected};
+use self::wire::ChatRequest;
+use crate::continuation::canonical::digest_of_digests;
+use crate::error::ApiError;
+use crate::turn::{
+    Call, Continuation, Fingerprint, Message, Role, Surface, ToolChoice, ToolDef, TurnInput,
+};
+
+/// What the HTTP layer needs besides the turn: how to frame the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Framing {
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Parses and translates one request body. Shapes are checked here (400), before any lookup.
+pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiError> {
+    let req: ChatRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(format!("Invalid request body: {e}")))?;
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid("`messages` must not be empty").with_param("messages"));
+    }
+    let framing = Framing {
+        stream: req.stream,
+        include_usage: req
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+    };
+    let detected = detect(&req.messages)?;
+    let messages: Vec<Message> = req.messages.iter().map(neutral_message).collect();
+    // Each message is digested once: a continuation's prefix check uses those before the
+    // assistant message, the next suspension's prefix all of them.
+    let digests: Vec<[u8; 32]> = messages.iter().map(message_digest).collect();
+    let continuation = match detected {
+        Detected::Fresh => None,
+        Detected::Continuation(c) => Some(Continuation {
+            prefix: digest_of_digests(&digests[..c.assistant]),
+            echo: echo_digest_of(&messages[c.assistant]),
+            assistant: c.assistant,
+            tokens: c.tokens,
+            results: c.results,
+        }),
+    };
+    let fingerprint = Fingerprint {
+        tools: tools_digest(req.tools.as_deref()),
+        tool_choice: tool_choice_digest(req.tool_choice.as_ref()),
+        prefix: digest_of_digests(&digests),
+    };
+    let tool_choice = tool_choice(req.tool_choice.as_ref());
+    let input = TurnInput {
+        surface: Surface::Chat,
+        echo: canonical::exposed_echo,
+        model: req.model,
+        tools: tools(req.tools.as_deref(), &tool_choice),
+        tool_choice,
+        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
+        stream: req.stream,
+        messages,
+        fingerprint,
+        continuation,
+        native: Some(body),
+        arrived,
+    };
+    Ok((input, framing))
+}
+
+/// The neutral form of one wire message (the text of its content, its calls' arguments as
+/// text).
+pub fn neutral_message(m: &wire::Message) -> Message {
+    Message {
+        role: Role::parse(&m.role),
+        text: m.text(),
+        name: m.name.clone(),
+        tool_calls: m
+            .tool_calls
+            .iter()
+            .flatten()
+            .map(|c| Call {
+                id: c.id.clone(),
+                name: c.function.name.clone(),
+                arguments: c.function.arguments_text(),
+            })
+            .collect(),
+        tool_call_id: m.tool_call_id.clone(),
+    }
+}
+
+fn tool_choice(v: Option<&Value>) -> ToolChoice {
+    match v {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "none" => ToolChoice::None,
+        Some(Value::String(s)) if s == "required" => ToolChoice::Required,
+        Some(Value::Object(o)) => ToolChoice::Named(
+            o.get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+        ),
+        Some(_) => ToolChoice::Invalid,
+    }
+}
+
+/// The client's tools (none when `tool_choice` is `none`), or why they cannot be read.
+fn tools(tools: Option<&[Value]>, choice: &ToolChoice) -> Result<Vec<ToolDef>, String> {
+    if *choice == ToolChoice::None {
+        return Ok(Vec::new());
+    }
+    let mut out: Vec<ToolDef> = Vec::new();
+    for t in tools.unwrap_or_default() {
+        let def = tool_def(t).ok_or_else(|| {
+            "each tool must be {\"type\":\"function\",\"function\":{\"name\":…}}".to_string()
+        })?;
+        if out.iter().any(|d| d.name == def.name) {
+            return Err(format!("duplicate tool name `{}`", def.name));
+        }
+        out.push(def);
+    }
+    Ok(out)
+}
+
+/// Reads `{"type":"function","function":{name, description?, parameters?}}`, tolerating extra
+/// keys (codex sends a top-level `name`). None for anything that has no function name.
+fn tool_def(tool: &Value) -> Option<ToolDef> {
+    let f = tool.get("function")?;
+    let name = f.get("name")?.as_str()?.to_string();
+    if name.is_empty() {
+        return None;
+    }
+    let description = f
+        .get("description")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let parameters = f
+        .get("parameters")
+        .cloned()
+        .unwrap_or_else(|| json!({"type":"object","properties":{}}));
+    Some(ToolDef {
+        name,
+        description,
+        parameters,
+    })
+}
+
+/// The OpenAI error body, also the payload of a mid-stream SSE error event.
+pub fn error_body(e: &ApiError) -> Value {
+    let mut body = match &e.upstream {
+        Some(u) => json!({"error": {
+            "message": e.message,
+            "type": u.kind.as_deref().unwrap_or("invalid_request_error"),
+            "code": u.code.as_deref().unwrap_or(e.code.as_str()),
+            "param": u.param,
+        }}),
+        None => json!({"error": {
+            "message": e.message,
+            "type": e.code.kind(),
+            "code": e.code.as_str(),
+            "param": e.param,
+        }}),
+    };
+    if let Some(extra) = &e.extra {
+        body[extra.0] = extra.1.clone();
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+
+    fn input(v: Value) -> TurnInput {
+        parse(Bytes::from(v.to_string()), Instant::now()).unwrap().0
+    }
+
+    #[test]
+    fn tolerant_parse_into_the_neutral_turn() {
+        let t = input(json!({
+            "model": "m", "stream": null, "max_tokens": 3,
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+            ],
+            "tools": [{"type": "function", "name": "f", "function": {"name": "f"}}]
+        }));
+        assert_eq!(t.messages[0].role, Role::Developer);
+        assert_eq!(t.messages[1].text, "ab");
+        assert_eq!(t.tools.as_ref().unwrap()[0].name, "f");
+        assert_eq!(t.tool_choice, ToolChoice::Auto);
+        assert!(t.continuation.is_none() && t.parallel_tool_calls);
+    }
+
+    #[test]
+    fn bad_tools_are_carried_not_refused() {
+        let t = input(
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {}}], "tool_choice": 3}),
+        );
+        assert!(t.tools.is_err());
+        assert_eq!(t.tool_choice, ToolChoice::Invalid);
+        let none = input(
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {}}], "tool_choice": "none"}),
+        );
+        assert_eq!(none.tools, Ok(Vec::new()));
+    }
+
+    #[test]
+    fn continuation_prefix_is_the_fresh_prefix_of_the_same_messages() {
+        const T: &str = "srct-0123456789abcdef0123456789abcdef";
+        let history = json!([{"role": "user", "content": "a"}]);
+        let fresh = input(json!({"model": "m", "messages": history}));
+        let cont = input(json!({"model": "m", "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "tool_calls": [{"id": T, "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": T, "content": "r"}]}));
+        let c = cont.continuation.unwrap();
+        assert_eq!(c.prefix, fresh.fingerprint.prefix);
+        assert_eq!((c.assistant, c.results[0].1), (1, 2));
+    }
+
+    #[test]
+    fn empty_messages_and_bad_json_are_invalid() {
+        for body in ["{bad", r#"{"model":"m","messages":[]}"#] {
+            let e = parse(Bytes::from(body), Instant::now()).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidRequest);
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! The neutral vocabulary of a turn, shared by surfaces, the engine and backends: what a client
+//! asked for (messages, tools, tool choice, options), the continuation fingerprint its surface
+//! computed, and what a backend answers with (usage). Nothing here knows a wire format: a
+//! surface translates its own request into a [`TurnInput`], and a backend reads only this.
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+/// The client API a turn arrived on. A token is answered only on the surface that issued it,
+/// because each surface computes its fingerprint from its own canonical projection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    Chat,
+}
+
+impl Surface {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Surface::Chat => "chat",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Surface> {
+        match s {
+            "chat" => Some(Surface::Chat),
+            _ => None,
+        }
+    }
+}
+
+/// Who wrote a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+    /// A role this gateway does not interpret (kept for the transcript).
+    Other(String),
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Role {
+        match s {
+            "system" => Role::System,
+            "developer" => Role::Developer,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
+            other => Role::Other(other.to_string()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+            Role::Other(s) => s,
+        }
+    }
+
+    /// System and developer messages instruct; they are not turns of the conversation.
+    pub fn instructs(&self) -> bool {
+        matches!(self, Role::System | Role::Developer)
+    }
+}
+
+/// One message of the conversation, reduced to what carries meaning for a backend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub role: Role,
+    /// The text of the content (text parts joined with no separator; images are not carried).
+    pub text: String,
+    pub name: Option<String>,
+    /// The tool calls of an assistant message.
+    pub tool_calls: Vec<Call>,
+    /// For a tool result: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+}
+
+/// A tool call as it appears in a conversation (the id is whatever the client sent).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub id: String,
+    pub name: String,
+    /// JSON text of the arguments.
+    pub arguments: String,
+}
+
+/// A client tool definition, reduced to what a backend needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolDef {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
+}
+
+/// The client's tool choice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    Auto,
+    None,
+    Required,
+    /// One named function.
+    Named(String),
+    /// A value the surface could not read; a backend that enforces tool choice refuses it.
+    Invalid,
+}
+
+/// The tool-side digests of a request, for the suspension its leg may reach: the canonical
+/// tool set, the tool choice and the whole conversation as sent (the prefix of whatever
+/// assistant message the leg produces).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint {
+    pub tools: [u8; 32],
+    pub tool_choice: [u8; 32],
+    pub prefix: [u8; 32],
+}
+
+/// A request that answers tool calls: the surface found trailing results for an assistant
+/// message whose call ids all have the `srct-` shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Continuation {
+    /// Index in [`TurnInput::messages`] of the assistant message carrying the calls.
+    pub assistant: usize,
+    /// Digests of that message's call ids, in order (duplicates kept: they are drift).
+    pub tokens: Vec<[u8; 32]>,
+    /// Each trailing result: the digest of the id it answers and its message index.
+    pub results: Vec<([u8; 32], usize)>,
+    /// Digest of every message before the assistant message.
+    pub prefix: [u8; 32],
+    /// Digest of the assistant message as the client sent it back.
+    pub echo: [u8; 32],
+}
+
+/// A surface's echo projection: the digest of an assistant message carrying `calls` after
+/// `text`, as the client will send it back.
+pub type EchoFn = fn(&str, &[ExposedCall]) -> [u8; 32];
+
+/// One client request, translated by its surface.
+#[derive(Debug, Clone)]
+pub struct TurnInput {
+    pub surface: Surface,
+    /// How this surface digests the assistant message a suspension exposes.
+    pub echo: EchoFn,
+    pub model: String,
+    pub messages: Vec<Message>,
+    /// The client's tools, or why they could not be read (a backend that declares tools to
+    /// an agent refuses the request; a stateless upstream receives them as sent).
+    pub tools: Result<Vec<ToolDef>, String>,
+    pub tool_choice: ToolChoice,
+    pub parallel_tool_calls: bool,
+    /// The client wants the answer streamed (a stateless upstream is asked the same).
+    pub stream: bool,
+    pub fingerprint: Fingerprint,
+    pub continuation: Option<Continuation>,
+    /// The request body as the client sent it, when the surface's wire is the one stateless
+    /// upstreams speak (Chat Completions): forwarded with only `model` renamed, so fields the
+    /// gateway does not interpret reach the upstream untouched.
+    pub native: Option<bytes::Bytes>,
+    /// When the request arrived (the time until the backend is engaged is gateway overhead).
+    pub arrived: Instant,
+}
+
+/// Token usage of one leg.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    pub cached_tokens: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.total_tokens += other.total_tokens;
+        self.cached_tokens += other.cached_tokens;
+    }
+}
+
+/// A tool call as exposed to the client: the id is a continuation token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExposedCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
