@@ -22,11 +22,82 @@ use crate::backend::{ApprovalAsk, ApprovalResponder};
 use crate::ids::new_id;
 use crate::store::{now_unix, ApprovalRecord, Store, StoreError};
 
+/// The state of an approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalState {
+    Pending,
+    Approved,
+    Denied,
+}
+
+impl ApprovalState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalState::Pending => "pending",
+            ApprovalState::Approved => "approved",
+            ApprovalState::Denied => "denied",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ApprovalState> {
+        match s {
+            "pending" => Some(ApprovalState::Pending),
+            "approved" => Some(ApprovalState::Approved),
+            "denied" => Some(ApprovalState::Denied),
+            _ => None,
+        }
+    }
+}
+
+/// Why an approval was settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleReason {
+    /// A human decided (approve or deny).
+    Human,
+    Expired,
+    Cancelled,
+    /// Left pending by a previous process, settled at startup.
+    Orphaned,
+    /// The store could not record the decision: the backend was denied.
+    StoreUnavailable,
+}
+
+impl SettleReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SettleReason::Human => "human",
+            SettleReason::Expired => "expired",
+            SettleReason::Cancelled => "cancelled",
+            SettleReason::Orphaned => "orphaned",
+            SettleReason::StoreUnavailable => "store_unavailable",
+        }
+    }
+}
+
+/// What happened to an approval, as `GET /v1/approvals/events` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Created,
+    Decided,
+    Expired,
+    Cancelled,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Created => "created",
+            EventKind::Decided => "decided",
+            EventKind::Expired => "expired",
+            EventKind::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// A lifecycle event as published on `GET /v1/approvals/events`.
 #[derive(Debug, Clone)]
 pub struct ApprovalEvent {
-    /// `created`, `decided`, `expired`, `cancelled` or `orphaned`.
-    pub kind: &'static str,
+    pub kind: EventKind,
     pub record: ApprovalRecord,
 }
 
@@ -118,7 +189,7 @@ impl Approvals {
         self.lock().values().map(|w| w.deadline).min()
     }
 
-    fn publish(&self, kind: &'static str, record: ApprovalRecord) {
+    fn publish(&self, kind: EventKind, record: ApprovalRecord) {
         // No subscribers is fine.
         let _ = self.events.send(ApprovalEvent { kind, record });
     }
@@ -143,7 +214,7 @@ impl Approvals {
             model: model.to_string(),
             action_digest: hex::encode(ask.action_digest),
             summary: ask.summary,
-            state: "pending".into(),
+            state: ApprovalState::Pending.as_str().into(),
             reason: None,
             created_at: now,
             expires_at: now + ttl.as_secs(),
@@ -167,7 +238,7 @@ impl Approvals {
                 deadline: Instant::now() + ttl,
             },
         );
-        self.publish("created", record.clone());
+        self.publish(EventKind::Created, record.clone());
         drop(waiters);
         self.changed.notify_one();
         tracing::info!(execution = %execution_id, approval = %record.id, kind = %record.kind, "approval pending");
@@ -184,12 +255,12 @@ impl Approvals {
 
     pub fn list(
         &self,
-        state: Option<&str>,
+        state: Option<ApprovalState>,
         who: &Principal,
     ) -> Result<Vec<ApprovalRecord>, StoreError> {
         Ok(self
             .store
-            .approvals_list(state)?
+            .approvals_list(state.map(ApprovalState::as_str))?
             .into_iter()
             .filter(|r| visible(r, who))
             .collect())
@@ -209,11 +280,12 @@ impl Approvals {
             let settled = self.store.approval_get(id).ok().flatten().unwrap_or(record);
             return Err(DecideError::AlreadyDecided(Box::new(settled)));
         };
-        let (state, reason) = if approve {
-            ("approved", "human")
+        let state = if approve {
+            ApprovalState::Approved
         } else {
-            ("denied", "human")
+            ApprovalState::Denied
         };
+        let (state, reason) = (state.as_str(), SettleReason::Human.as_str());
         // The durable write happens under the map lock so a losing racer reads the result.
         let written = self
             .store
@@ -224,7 +296,7 @@ impl Approvals {
                 waiter.responder.answer(approve);
                 let settled = self.store.approval_get(id).ok().flatten().unwrap_or(record);
                 tracing::info!(approval = %id, state, decided_by = %who.id, "approval decided");
-                self.publish("decided", settled.clone());
+                self.publish(EventKind::Decided, settled.clone());
                 Ok(settled)
             }
             Ok(_) => {
@@ -238,8 +310,8 @@ impl Approvals {
                 waiter.responder.answer(false);
                 let _ = self.store.approvals_settle(
                     &[id.to_string()],
-                    "denied",
-                    "store_unavailable",
+                    ApprovalState::Denied.as_str(),
+                    SettleReason::StoreUnavailable.as_str(),
                     None,
                 );
                 Err(DecideError::Store(e))
@@ -251,8 +323,8 @@ impl Approvals {
     /// answers the backend deny for each.
     fn settle_where(
         &self,
-        reason: &'static str,
-        event: &'static str,
+        reason: SettleReason,
+        event: EventKind,
         pick: impl Fn(&Waiter) -> bool,
     ) -> usize {
         let mut waiters = self.lock();
@@ -268,8 +340,12 @@ impl Approvals {
             .iter()
             .filter_map(|id| waiters.remove_entry(id))
             .collect();
-        if let Err(e) = self.store.approvals_settle(&ids, "denied", reason, None) {
-            tracing::error!(error = %e, reason, "could not record approval settlement; backend denied anyway");
+        let denied = ApprovalState::Denied.as_str();
+        if let Err(e) = self
+            .store
+            .approvals_settle(&ids, denied, reason.as_str(), None)
+        {
+            tracing::error!(error = %e, reason = reason.as_str(), "could not record approval settlement; backend denied anyway");
         }
         drop(waiters);
         for (id, w) in taken {
@@ -283,17 +359,21 @@ impl Approvals {
 
     /// Denies approvals past their TTL (`denied(expired)`).
     pub fn expire_due(&self, now: Instant) -> usize {
-        self.settle_where("expired", "expired", |w| w.deadline <= now)
+        self.settle_where(SettleReason::Expired, EventKind::Expired, |w| {
+            w.deadline <= now
+        })
     }
 
     /// Denies every pending approval of an execution that ended (`denied(cancelled)`).
     pub fn cancel_execution(&self, execution_id: &str) -> usize {
-        self.settle_where("cancelled", "cancelled", |w| w.execution_id == execution_id)
+        self.settle_where(SettleReason::Cancelled, EventKind::Cancelled, |w| {
+            w.execution_id == execution_id
+        })
     }
 
     /// Shutdown: every pending approval is cancelled.
     pub fn cancel_all(&self) -> usize {
-        self.settle_where("cancelled", "cancelled", |_| true)
+        self.settle_where(SettleReason::Cancelled, EventKind::Cancelled, |_| true)
     }
 }
 
@@ -396,8 +476,13 @@ mod tests {
             a.get(&r3.id, &me).unwrap().reason.as_deref(),
             Some("expired")
         );
-        assert_eq!(a.list(Some("denied"), &me).unwrap().len(), 3);
-        assert_eq!(a.list(Some("denied"), &who("bob", false)).unwrap().len(), 0);
+        assert_eq!(a.list(Some(ApprovalState::Denied), &me).unwrap().len(), 3);
+        assert_eq!(
+            a.list(Some(ApprovalState::Denied), &who("bob", false))
+                .unwrap()
+                .len(),
+            0
+        );
     }
 
     #[test]

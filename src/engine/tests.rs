@@ -95,6 +95,19 @@ impl Backend for Scripted {
                     tx.unbounded_send(call(2)).unwrap();
                 }
                 Some("hang") => {}
+                Some("approve") => {
+                    let spy = self.spy.clone();
+                    let ask = crate::backend::ApprovalAsk {
+                        kind: crate::backend::ApprovalKind::Command,
+                        summary: json!({"command": "rm -rf build"}),
+                        action_digest: [9; 32],
+                        responder: crate::backend::ApprovalResponder::new(move |ok| {
+                            spy.answers.lock().unwrap().push(format!("approval={ok}"));
+                        }),
+                    };
+                    tx.unbounded_send(TurnEvent::Approval(Box::new(ask)))
+                        .unwrap();
+                }
                 other => {
                     self.spy
                         .completed
@@ -168,6 +181,9 @@ key_sha256 = "KEY_B"
 [[models]]
 id = "m"
 backend = "fake"
+approvals = { command = "ask" }
+[approvals]
+ttl_seconds = 30
 [backends.fake]
 kind = "app-server"
 command = ["unused"]
@@ -459,6 +475,34 @@ async fn expiry_settles_in_paused_time() {
     let e = f.engine.execute(&who("alice"), next).await.err().unwrap();
     assert_eq!(code(e), ErrorCode::ContinuationExpired);
     assert_eq!(f.spy.interrupts.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_approval_past_its_ttl_is_denied_expired_in_paused_time() {
+    let f = fixture();
+    let mut leg = f
+        .engine
+        .execute(
+            &who("alice"),
+            input(json!([{"role": "user", "content": "approve"}])),
+        )
+        .await
+        .unwrap();
+    let Some(LegEvent::Notice(n)) = leg.events.recv().await else {
+        panic!("no approval notice")
+    };
+    let id = n.split_whitespace().nth(2).unwrap().to_string();
+    assert_eq!(f.engine.approvals().pending_count(), 1);
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert_eq!(f.engine.approvals().pending_count(), 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(f.engine.approvals().pending_count(), 0);
+    assert_eq!(*f.spy.answers.lock().unwrap(), ["approval=false"]);
+    let r = f.engine.approvals().get(&id, &who("alice")).unwrap();
+    assert_eq!(
+        (r.state.as_str(), r.reason.as_deref()),
+        ("denied", Some("expired"))
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{principal, read_body, Gateway};
-use crate::approvals::{to_json, visible, DecideError};
+use crate::approvals::{to_json, visible, ApprovalState, DecideError};
 use crate::error::{ApiError, ErrorCode};
 
 fn not_found() -> ApiError {
@@ -34,7 +34,9 @@ pub async fn list(
         .filter(|p| !p.is_empty())
     {
         match pair.split_once('=') {
-            Some(("state", v @ ("pending" | "approved" | "denied"))) => state = Some(v),
+            Some(("state", v)) if ApprovalState::parse(v).is_some() => {
+                state = ApprovalState::parse(v)
+            }
             Some(("state", _)) => {
                 return Err(
                     ApiError::invalid("`state` must be pending, approved or denied")
@@ -141,8 +143,9 @@ pub async fn events(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Res
                 let chunk = match next {
                     Err(_) => ": keep-alive\n\n".to_string(),
                     Ok(Ok(ev)) if visible(&ev.record, &who) => {
-                        let data = json!({"type": ev.kind, "approval": to_json(&ev.record)});
-                        format!("event: {}\ndata: {data}\n\n", ev.kind)
+                        let kind = ev.kind.as_str();
+                        let data = json!({"type": kind, "approval": to_json(&ev.record)});
+                        format!("event: {kind}\ndata: {data}\n\n")
                     }
                     Ok(Ok(_)) => continue,
                     Ok(Err(RecvError::Lagged(n))) => {

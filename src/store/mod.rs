@@ -318,7 +318,8 @@ impl Store {
         })
     }
 
-    /// Number of journal rows for an execution (tests and diagnostics).
+    /// The journal's events of an execution, in order (tests).
+    #[cfg(test)]
     pub fn journal_events(&self, execution_id: &str) -> Result<Vec<String>, StoreError> {
         self.with(|c| {
             let mut stmt =

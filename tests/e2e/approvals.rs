@@ -20,17 +20,6 @@ fn decisions(gw: &Gateway) -> Vec<String> {
         .collect()
 }
 
-async fn get(gw: &Gateway, key: &str, path: &str) -> (u16, Value) {
-    let r = gw
-        .http
-        .get(format!("{}{path}", gw.url))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
-}
-
 async fn decide(gw: &Gateway, key: &str, id: &str, body: Value) -> (u16, Value) {
     let r = gw
         .http
@@ -41,23 +30,6 @@ async fn decide(gw: &Gateway, key: &str, id: &str, body: Value) -> (u16, Value) 
         .await
         .unwrap();
     (r.status().as_u16(), r.json().await.unwrap())
-}
-
-/// Waits (bounded) until `key` sees exactly one pending approval; returns it.
-async fn pending(gw: &Gateway, key: &str) -> Value {
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let (status, v) = get(gw, key, "/v1/approvals?state=pending").await;
-        assert_eq!(status, 200, "{v}");
-        if let Some(a) = v["data"].as_array().and_then(|d| d.first()) {
-            return a.clone();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no pending approval appeared"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Starts a streaming chat on `model` in the background; returns its task.

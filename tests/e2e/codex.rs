@@ -17,7 +17,7 @@ use std::future::Future;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -587,21 +587,22 @@ async fn client_disconnect_while_held_releases_the_session() {
 
     drop(held);
     model.wait_dropped(1).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, v) = rig.chat(&fresh).await;
-        if status == 200 {
-            assert_eq!(content(&v), "Fresh turn answered.");
-            break;
-        }
-        assert_eq!(status, 429, "{v}");
-        assert!(
-            Instant::now() < deadline,
-            "session never freed\n{}",
-            rig.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let within = Duration::from_secs(20);
+    let v = wait_for_within(
+        "the session to be freed",
+        within,
+        || rig.log_tail(),
+        async || {
+            let (status, v) = rig.chat(&fresh).await;
+            if status == 200 {
+                return Some(v);
+            }
+            assert_eq!(status, 429, "{v}");
+            None
+        },
+    )
+    .await;
+    assert_eq!(content(&v), "Fresh turn answered.");
     let seen = model.requests();
     assert_eq!(seen.len(), 3, "{seen:?}");
     assert_eq!(
@@ -793,23 +794,21 @@ async fn command_approval_asked_then_approved_runs_the_command() {
 
     // The owning client sees the pending record the real binary's request produced.
     let pending = format!("{}/v1/approvals?state=pending", rig.gw.url);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let approval = loop {
-        let list: Value = bounded("list approvals", async {
-            let r = rig.gw.http.get(&pending).bearer_auth(ALICE).send().await;
-            r.expect("send").json().await.expect("json")
-        })
-        .await;
-        if let Some(a) = list["data"].as_array().and_then(|d| d.first()) {
-            break a.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no pending approval appeared\n{}",
-            rig.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let within = Duration::from_secs(20);
+    let approval = wait_for_within(
+        "a pending approval",
+        within,
+        || rig.log_tail(),
+        async || {
+            let list: Value = bounded("list approvals", async {
+                let r = rig.gw.http.get(&pending).bearer_auth(ALICE).send().await;
+                r.expect("send").json().await.expect("json")
+            })
+            .await;
+            list["data"].as_array().and_then(|d| d.first()).cloned()
+        },
+    )
+    .await;
     assert_eq!(approval["kind"], "command", "{approval}");
     assert_eq!(approval["model"], "codex-ask");
     let summary = approval["summary"].to_string();

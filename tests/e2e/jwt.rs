@@ -116,11 +116,6 @@ fn echo() -> Value {
     json!({"model": "echo", "messages": [user("hi")]})
 }
 
-async fn get(gw: &Gateway, key: &str, path: &str) -> (u16, String) {
-    let (s, _, body) = send(gw.http.get(format!("{}{path}", gw.url)).bearer_auth(key)).await;
-    (s, body)
-}
-
 async fn decide(gw: &Gateway, key: &str, id: &str, decision: &str) -> (u16, String) {
     let req = gw
         .http
@@ -147,17 +142,8 @@ fn start_ask(gw: &Gateway, key: &str) -> tokio::task::JoinHandle<u16> {
 
 /// Waits (bounded) for `key`'s one pending approval; returns its id.
 async fn pending_id(gw: &Gateway, key: &str) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let (s, body) = get(gw, key, "/v1/approvals?state=pending").await;
-        assert_eq!(s, 200, "{body}");
-        let v: Value = serde_json::from_str(&body).expect("json");
-        if let Some(id) = v["data"][0]["id"].as_str() {
-            return id.to_string();
-        }
-        assert!(std::time::Instant::now() < deadline, "no pending approval");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let approval = pending(gw, key).await;
+    approval["id"].as_str().expect("approval id").to_string()
 }
 
 /// The attack matrix (RFC 8725; adversarial cases X1): every token is refused with exactly the
@@ -339,12 +325,12 @@ async fn same_sub_under_another_issuer_is_another_principal() {
         (404, "continuation_not_found"),
         "{v}"
     );
-    let (s, body) = get(&gw, &stranger, &format!("/v1/approvals/{approval}")).await;
+    let (s, body) = get_text(&gw, &stranger, &format!("/v1/approvals/{approval}")).await;
     assert_eq!(s, 404, "{body}");
     assert!(body.contains("approval_not_found"), "{body}");
     let (s, body) = decide(&gw, &stranger, &approval, "approve").await;
     assert_eq!(s, 404, "{body}");
-    let (s, body) = get(&gw, &stranger, "/v1/approvals?state=pending").await;
+    let (s, body) = get_text(&gw, &stranger, "/v1/approvals?state=pending").await;
     assert_eq!(s, 200);
     let listed: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(listed["data"], json!([]), "{body}");
@@ -355,7 +341,7 @@ async fn same_sub_under_another_issuer_is_another_principal() {
         (s.as_u16(), content(&done)),
         (200, "Tool result: mine".to_string())
     );
-    let (s, shown) = get(&gw, &owner, &format!("/v1/approvals/{approval}")).await;
+    let (s, shown) = get_text(&gw, &owner, &format!("/v1/approvals/{approval}")).await;
     assert_eq!(s, 200, "{shown}");
     let shown: Value = serde_json::from_str(&shown).unwrap();
     assert_eq!(shown["client"], format!("jwt:{ISS_A}#shared"));
@@ -491,17 +477,14 @@ async fn sighup_reload_changes_limits_at_once() {
     let (s, done) = gw.chat(&key, &next).await;
     assert_eq!(s, 200, "the continuation passes: {done}");
     // Once the execution has ended (just after its last byte), its place is free again.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
+    let within = Duration::from_secs(5);
+    wait_for_within("the slot to be freed", within, String::new, async || {
         let (s, _, body) = send(gw.post(&key, &echo())).await;
         if s == 200 {
-            break;
+            return Some(());
         }
         assert_eq!(s, 429, "{body}");
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the slot was never freed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        None
+    })
+    .await;
 }

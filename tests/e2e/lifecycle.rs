@@ -60,16 +60,14 @@ async fn pool_exhaustion_is_429_after_a_bounded_wait() {
     drop(hold);
     gw.wait_spy("interrupt", 1).await;
     // The session comes back once the held turn is interrupted.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    let within = Duration::from_secs(10);
+    wait_for_within("the session to be freed", within, String::new, async || {
         let (status, _) = gw
             .chat(ALICE, &json!({"model": "echo", "messages": [user("z")]}))
             .await;
-        if status == 200 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "session never freed");
-    }
+        (status == 200).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]

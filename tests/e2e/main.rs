@@ -7,9 +7,9 @@
 
 mod approvals;
 mod codex;
+mod coding_harnesses;
 mod continuation;
 mod core;
-mod harness;
 mod jwt;
 mod lifecycle;
 mod sdk;

@@ -25,8 +25,6 @@ use super::{
 use crate::config::UpstreamConfig;
 use crate::turn::TurnInput;
 
-pub use self::client::{SseEvent, SseSplitter};
-
 pub struct Upstream {
     client: Client,
 }

@@ -29,6 +29,8 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::wait_for_within;
+
 /// The longest a stalled stream stays open.
 pub const STALL_MAX: Duration = Duration::from_secs(30);
 /// How often a stalled stream writes an SSE comment, so a peer that left is noticed.
@@ -308,23 +310,6 @@ impl FakeResponses {
         lock(&self.shared.requests).clone()
     }
 
-    /// Waits (bounded) until `n` requests have arrived and returns them all.
-    pub async fn wait_requests(&self, n: usize) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let seen = self.requests();
-            if seen.len() >= n {
-                return seen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the fake model saw {} requests, expected {n}",
-                seen.len()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
     /// Methods and paths requested other than `POST /v1/responses`.
     pub fn stray(&self) -> Vec<String> {
         lock(&self.shared.stray).clone()
@@ -337,14 +322,13 @@ impl FakeResponses {
 
     /// Waits (bounded) until `n` stalled streams were dropped by their client.
     pub async fn wait_dropped(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.dropped_streams() < n {
-            assert!(
-                Instant::now() < deadline,
-                "the client never dropped {n} stalled streams"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_within(
+            &format!("the client to drop {n} stalled streams"),
+            Duration::from_secs(20),
+            String::new,
+            async || (self.dropped_streams() >= n).then_some(()),
+        )
+        .await
     }
 }
 

@@ -2,8 +2,6 @@
 //! backend is the real demo backend binary, reads its "listening on" line, and offers small
 //! HTTP helpers. Every wait is bounded; nothing sleeps to synchronise.
 
-#![allow(dead_code)]
-
 pub mod fake_responses;
 pub mod fake_upstream;
 
@@ -320,19 +318,16 @@ impl Gateway {
 
     /// Polls the spy (bounded) until `n` events of the kind exist.
     pub async fn wait_spy(&self, event: &str, n: usize) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let found = self.spy_events(event);
-            if found.len() >= n {
-                return found;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "spy never saw {n} `{event}` events; saw {:?}",
-                self.spy()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_within(
+            &format!("the spy to see {n} `{event}` events"),
+            WAIT,
+            || format!("saw {:?}", self.spy()),
+            async || {
+                let found = self.spy_events(event);
+                (found.len() >= n).then_some(found)
+            },
+        )
+        .await
     }
 
     pub fn post(&self, key: &str, body: &Value) -> reqwest::RequestBuilder {
@@ -473,10 +468,73 @@ pub fn pid_alive(pid: u64) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
-pub async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// `GET {path}` as `key`: the status and the JSON body.
+pub async fn get(gw: &Gateway, key: &str, path: &str) -> (u16, Value) {
+    let r = gw
+        .http
+        .get(format!("{}{path}", gw.url))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// `GET {path}` as `key`: the status and the raw body.
+pub async fn get_text(gw: &Gateway, key: &str, path: &str) -> (u16, String) {
+    let r = gw
+        .http
+        .get(format!("{}{path}", gw.url))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("send");
+    (r.status().as_u16(), r.text().await.expect("body"))
+}
+
+/// Waits (bounded) until `key` sees a pending approval; returns the first one listed.
+pub async fn pending(gw: &Gateway, key: &str) -> Value {
+    wait_for("a pending approval to appear", async || {
+        let (status, v) = get(gw, key, "/v1/approvals?state=pending").await;
+        assert_eq!(status, 200, "{v}");
+        v["data"].as_array().and_then(|d| d.first()).cloned()
+    })
+    .await
+}
+
+/// The bound of a wait that names none.
+pub const WAIT: Duration = Duration::from_secs(15);
+/// How often a bounded wait polls.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Polls `done` until it holds; fails the test past [`WAIT`].
+pub async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    wait_for(what, async || done().then_some(())).await
+}
+
+/// Polls `f` until it yields `Some` and returns that value; fails the test past [`WAIT`].
+pub async fn wait_for<T>(what: &str, f: impl AsyncFnMut() -> Option<T>) -> T {
+    wait_for_within(what, WAIT, String::new, f).await
+}
+
+/// [`wait_for`] bounded by `within`; a timeout's message ends with `detail()`, taken then
+/// (what was seen so far, a log tail).
+pub async fn wait_for_within<T>(
+    what: &str,
+    within: Duration,
+    detail: impl Fn() -> String,
+    mut f: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            let detail = detail();
+            let sep = if detail.is_empty() { "" } else { "\n" };
+            panic!("timed out after {within:?} waiting for {what}{sep}{detail}");
+        }
+        tokio::time::sleep(POLL).await;
     }
 }
