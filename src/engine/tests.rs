@@ -295,14 +295,7 @@ async fn settle_idle(f: &Fixture) {
 #[tokio::test]
 async fn plain_turn_ends_completed_and_frees_the_session() {
     let f = fixture();
-    let leg = f
-        .engine
-        .execute(
-            &who("alice"),
-            input(json!([{"role": "user", "content": "hi"}])),
-        )
-        .await
-        .unwrap();
+    let leg = begin(&f, "hi").await;
     let id = leg.execution_id.clone();
     assert_eq!(finish(leg).await.unwrap().0, "echo: hi");
     settle_idle(&f).await;
@@ -440,14 +433,7 @@ async fn concurrent_claims_have_one_winner() {
 #[tokio::test]
 async fn client_disconnect_and_shutdown_end_everything() {
     let f = fixture();
-    let leg = f
-        .engine
-        .execute(
-            &who("alice"),
-            input(json!([{"role": "user", "content": "hang"}])),
-        )
-        .await
-        .unwrap();
+    let leg = begin(&f, "hang").await;
     drop(leg);
     settle_idle(&f).await;
     assert_eq!(f.spy.interrupts.load(Ordering::SeqCst), 1);
@@ -480,14 +466,7 @@ async fn expiry_settles_in_paused_time() {
 #[tokio::test(start_paused = true)]
 async fn an_approval_past_its_ttl_is_denied_expired_in_paused_time() {
     let f = fixture();
-    let mut leg = f
-        .engine
-        .execute(
-            &who("alice"),
-            input(json!([{"role": "user", "content": "approve"}])),
-        )
-        .await
-        .unwrap();
+    let mut leg = begin(&f, "approve").await;
     let Some(LegEvent::Notice(n)) = leg.events.recv().await else {
         panic!("no approval notice")
     };
@@ -508,14 +487,7 @@ async fn an_approval_past_its_ttl_is_denied_expired_in_paused_time() {
 #[tokio::test(start_paused = true)]
 async fn a_running_leg_past_its_deadline_ends_expired() {
     let f = fixture();
-    let leg = f
-        .engine
-        .execute(
-            &who("alice"),
-            input(json!([{"role": "user", "content": "hang"}])),
-        )
-        .await
-        .unwrap();
+    let leg = begin(&f, "hang").await;
     let e = finish(leg).await.err().unwrap();
     assert_eq!(e, EngineError::Deadline);
     settle_idle(&f).await;
@@ -527,14 +499,7 @@ async fn the_pending_bound_refuses_without_exposing() {
     for _ in 0..2 {
         assert_eq!(suspended(&f, "two").await.len(), 2);
     }
-    let leg = f
-        .engine
-        .execute(
-            &who("alice"),
-            input(json!([{"role": "user", "content": "tool"}])),
-        )
-        .await
-        .unwrap();
+    let leg = begin(&f, "tool").await;
     assert_eq!(
         finish(leg).await.err(),
         Some(EngineError::SuspensionCapacity)
