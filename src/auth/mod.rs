@@ -13,7 +13,6 @@
 pub mod grant;
 pub mod jwt;
 
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use self::grant::Role;
@@ -27,9 +26,7 @@ pub struct Principal {
     pub approver: bool,
 }
 
-pub fn sha256(bytes: &[u8]) -> [u8; 32] {
-    Sha256::digest(bytes).into()
-}
+pub use crate::digest::sha256;
 
 /// Lowercase hex SHA-256 of a key, as `turnstile hash-key` prints and `key_sha256` expects.
 pub fn hash_key(key: &str) -> String {
