@@ -261,16 +261,14 @@ fn answering(user: &str, calls: &[crate::turn::ExposedCall], results: &[(&str, &
     Value::Array(m)
 }
 
+/// A fresh turn of alice's with one user message.
+async fn begin(f: &Fixture, user: &str) -> Leg {
+    let first = input(json!([{"role": "user", "content": user}]));
+    f.engine.execute(&who("alice"), first).await.unwrap()
+}
+
 async fn suspended(f: &Fixture, user: &str) -> Vec<crate::turn::ExposedCall> {
-    let leg = f
-        .engine
-        .execute(
-            &who("alice"),
-            input(json!([{"role": "user", "content": user}])),
-        )
-        .await
-        .unwrap();
-    finish(leg).await.unwrap().1
+    finish(begin(f, user).await).await.unwrap().1
 }
 
 fn code(e: EngineError) -> ErrorCode {
