@@ -470,14 +470,8 @@ pub fn pid_alive(pid: u64) -> bool {
 
 /// `GET {path}` as `key`: the status and the JSON body.
 pub async fn get(gw: &Gateway, key: &str, path: &str) -> (u16, Value) {
-    let r = gw
-        .http
-        .get(format!("{}{path}", gw.url))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
+    let (status, text) = get_text(gw, key, path).await;
+    (status, serde_json::from_str(&text).unwrap())
 }
 
 /// `GET {path}` as `key`: the status and the raw body.
