@@ -11,18 +11,27 @@ use tokio::time::Instant;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Surface {
     Chat,
+    Responses,
 }
 
 impl Surface {
     pub fn as_str(self) -> &'static str {
         match self {
             Surface::Chat => "chat",
+            Surface::Responses => "responses",
         }
+    }
+
+    /// A surface whose clients may answer by reference (`previous_response_id`): its
+    /// suspensions keep the conversation so that the reference can be expanded.
+    pub fn keeps_history(self) -> bool {
+        self == Surface::Responses
     }
 
     pub fn parse(s: &str) -> Option<Surface> {
         match s {
             "chat" => Some(Surface::Chat),
+            "responses" => Some(Surface::Responses),
             _ => None,
         }
     }
@@ -73,8 +82,10 @@ impl Role {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
     pub role: Role,
-    /// The text of the content (text parts joined with no separator; images are not carried).
+    /// The text of the content (text parts joined with no separator).
     pub text: String,
+    /// Image URLs of the content (data URLs included), for surfaces that carry them.
+    pub images: Vec<String>,
     pub name: Option<String>,
     /// The tool calls of an assistant message.
     pub tool_calls: Vec<Call>,
@@ -135,11 +146,17 @@ pub struct Continuation {
     pub prefix: [u8; 32],
     /// Digest of the assistant message as the client sent it back.
     pub echo: [u8; 32],
+    /// The execution the client named (`previous_response_id`): the batch must be its own,
+    /// else the continuation is unknown.
+    pub bound: Option<String>,
 }
 
 /// A surface's echo projection: the digest of an assistant message carrying `calls` after
 /// `text`, as the client will send it back.
 pub type EchoFn = fn(&str, &[ExposedCall]) -> [u8; 32];
+
+/// A surface's message projection: the digest of one message of its conversation.
+pub type DigestFn = fn(&Message) -> [u8; 32];
 
 /// One client request, translated by its surface.
 #[derive(Debug, Clone)]
@@ -147,8 +164,13 @@ pub struct TurnInput {
     pub surface: Surface,
     /// How this surface digests the assistant message a suspension exposes.
     pub echo: EchoFn,
+    /// How this surface digests one message (the assistant message a suspension exposes,
+    /// when the suspension keeps the conversation's digests).
+    pub digest: DigestFn,
     pub model: String,
     pub messages: Vec<Message>,
+    /// The digest of each message, in order.
+    pub message_digests: Vec<[u8; 32]>,
     /// The client's tools, or why they could not be read (a backend that declares tools to
     /// an agent refuses the request; a stateless upstream receives them as sent).
     pub tools: Result<Vec<ToolDef>, String>,
@@ -162,6 +184,9 @@ pub struct TurnInput {
     /// upstreams speak (Chat Completions): forwarded with only `model` renamed, so fields the
     /// gateway does not interpret reach the upstream untouched.
     pub native: Option<bytes::Bytes>,
+    /// Options a translated turn passes to a stateless upstream's Chat Completions body
+    /// (`max_tokens`, `temperature`, `reasoning_effort`, ...); empty for a native body.
+    pub chat_options: serde_json::Map<String, Value>,
     /// When the request arrived (the time until the backend is engaged is gateway overhead).
     pub arrived: Instant,
 }

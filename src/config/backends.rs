@@ -21,6 +21,10 @@ use super::raw::{
 };
 use super::{err, resolve, BackendConfig, ConfigError, UpstreamConfig};
 
+/// Built-ins every `codex app-server` exposes to its model whatever its configuration: a
+/// client tool of the same name is declared under another name (and restored on the way out).
+pub const DEFAULT_RESERVED_TOOL_NAMES: &[&str] = &["request_user_input", "view_image"];
+
 #[derive(Debug, Deserialize)]
 #[serde(tag = "kind")]
 pub(super) enum RawBackend {
@@ -138,7 +142,12 @@ fn app_server_backend(
         acquire_timeout: Duration::from_millis(
             b.acquire_timeout_ms.unwrap_or(DEFAULT_ACQUIRE_TIMEOUT_MS),
         ),
-        reserved_tool_names: b.reserved_tool_names.unwrap_or_default(),
+        reserved_tool_names: b.reserved_tool_names.unwrap_or_else(|| {
+            DEFAULT_RESERVED_TOOL_NAMES
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        }),
     })
 }
 

@@ -84,6 +84,11 @@ pub trait Parked {
     /// True for a record that survives a restart (a stateless upstream's), which holds no
     /// backend session or live-execution slot while suspended.
     fn is_durable(&self) -> bool;
+    /// True when a continuation may name the record by reference (`previous_response_id`):
+    /// what it needs of the conversation was kept.
+    fn by_reference(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +103,8 @@ pub struct PendingView {
     pub digests: Digests,
     /// Token digests of the batch in exposure order.
     pub tokens: Vec<[u8; 32]>,
+    /// See [`Parked::by_reference`].
+    pub by_reference: bool,
 }
 
 struct Tomb {
@@ -326,6 +333,7 @@ impl<P: Parked> Registry<P> {
             deadline: b.deadline,
             digests: b.digests,
             tokens: b.tokens.clone(),
+            by_reference: b.parked.by_reference(),
         }))
     }
 

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::admission::Slot;
 use crate::backend::{BackendKind, HeldCall, Hold, Turn};
 use crate::continuation::Parked;
-use crate::turn::{EchoFn, Fingerprint, Surface, TurnInput};
+use crate::turn::{DigestFn, EchoFn, Fingerprint, Message, Surface, TurnInput};
 
 /// The identity of an execution, shared by every state it goes through.
 #[derive(Debug, Clone)]
@@ -46,6 +46,9 @@ pub struct Suspended {
     pub backlog: VecDeque<HeldCall>,
     /// A held turn keeps its slot; a durable record holds none.
     pub slot: Option<Slot>,
+    /// What a continuation by reference needs (surfaces that keep history only; in memory,
+    /// never in the store).
+    pub history: Option<History>,
 }
 
 impl Parked for Suspended {
@@ -56,22 +59,45 @@ impl Parked for Suspended {
     fn is_durable(&self) -> bool {
         self.hold.is_durable()
     }
+
+    fn by_reference(&self) -> bool {
+        self.history.is_some()
+    }
+}
+
+/// The conversation of a suspension, for a continuation that names it by reference: the
+/// digest of every message up to and including the exposed assistant message (the next
+/// suspension's prefix), and for a stateless upstream, which holds nothing itself, the
+/// messages (its next request).
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    pub digests: Vec<[u8; 32]>,
+    pub messages: Option<Vec<Message>>,
 }
 
 /// What a leg's suspension needs from the request that drives it.
-#[derive(Clone, Copy)]
 pub struct LegContext {
     pub fingerprint: Fingerprint,
     pub parallel: bool,
     pub echo: EchoFn,
+    pub digest: DigestFn,
+    /// The leg's conversation, for a surface that keeps history.
+    pub history: Option<History>,
 }
 
 impl LegContext {
-    pub fn of(input: &TurnInput) -> LegContext {
+    /// Takes what the suspension needs out of a request whose backend leg has started.
+    pub fn of(input: &mut TurnInput, kind: BackendKind) -> LegContext {
+        let history = input.surface.keeps_history().then(|| History {
+            digests: std::mem::take(&mut input.message_digests),
+            messages: (kind == BackendKind::Upstream).then(|| std::mem::take(&mut input.messages)),
+        });
         LegContext {
             fingerprint: input.fingerprint,
             parallel: input.parallel_tool_calls,
             echo: input.echo,
+            digest: input.digest,
+            history,
         }
     }
 }

@@ -254,7 +254,7 @@ impl Engine {
             // Only fresh turns are limited: a continuation refused here would strand the
             // held turn it answers.
             let slot = self.admit(principal)?;
-            return self.fresh(principal, &input, slot).await;
+            return self.fresh(principal, input, slot).await;
         };
         let claimed = self.claim(principal, &input, c);
         match claimed {
@@ -265,7 +265,10 @@ impl Engine {
                     .rejection(ApiError::from(e.clone()).code.as_str());
                 Err(e)
             }
-            Ok((suspended, placement)) => self.answer(suspended, placement, &input, c).await,
+            Ok((suspended, placement)) => {
+                let c = c.clone();
+                self.answer(suspended, placement, input, c).await
+            }
         }
     }
 
@@ -299,9 +302,10 @@ impl Engine {
     async fn fresh(
         &self,
         principal: &Principal,
-        input: &TurnInput,
+        mut input: TurnInput,
         slot: admission::Slot,
     ) -> Result<Leg, EngineError> {
+        let input = &mut input;
         let cfg = self.config();
         let model = cfg
             .model(&input.model)
@@ -310,7 +314,7 @@ impl Engine {
         let backend = self
             .backend(&model.backend)
             .ok_or(EngineError::TurnFailed)?;
-        backend.validate(input)?;
+        backend.validate(&*input)?;
         let kind = backend.kind();
         let meta = ExecutionMeta {
             id: new_id("exe-"),
@@ -337,7 +341,7 @@ impl Engine {
         let leg = LegRequest {
             execution_id: &meta.id,
             model,
-            input,
+            input: &*input,
         };
         let turn = match backend.start(leg).await {
             Ok(t) => t,
@@ -361,7 +365,8 @@ impl Engine {
             backlog: Default::default(),
             slot: Some(slot),
         };
-        Ok(self.drive(exec, LegContext::of(input)))
+        let ctx = LegContext::of(input, kind);
+        Ok(self.drive(exec, ctx))
     }
 
     /// Stops new work: running legs end with an error and every held turn is settled `lost`

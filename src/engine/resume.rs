@@ -10,11 +10,12 @@ use std::collections::HashMap;
 use tokio::time::Instant;
 
 use super::ending::EndReason;
-use super::execution::{Execution, LegContext, Suspended};
+use super::execution::{Execution, History, LegContext, Suspended};
 use super::leg::Leg;
 use super::{ContinuationError, Engine, EngineError};
 use crate::auth::Principal;
 use crate::backend::{Answer, BackendKind, LegRequest, Resume};
+use crate::continuation::canonical::digest_of_digests;
 use crate::continuation::{Digests, Lookup, PendingView, Reason};
 use crate::turn::{Continuation, TurnInput};
 
@@ -79,11 +80,22 @@ pub(super) fn check(
             "a tool result exceeds {max_result_bytes} bytes"
         )));
     }
+    // A continuation by reference names the conversation instead of sending it: the
+    // response id and the tokens bind it, so only tools and tool choice can drift.
+    let (prefix, echo) = match &c.bound {
+        None => (c.prefix, c.echo),
+        Some(_) if !view.by_reference => {
+            return Err(mismatch(
+                "the gateway no longer holds this response's conversation (it restarted); send the whole conversation in `input` instead of `previous_response_id`",
+            ))
+        }
+        Some(_) => (view.digests.prefix, view.digests.echo),
+    };
     let got = Digests {
         tools: input.fingerprint.tools,
         tool_choice: input.fingerprint.tool_choice,
-        prefix: c.prefix,
-        echo: c.echo,
+        prefix,
+        echo,
     };
     if let Some(what) = view.digests.first_mismatch(&got) {
         return Err(mismatch(format!(
@@ -120,6 +132,11 @@ impl Engine {
             }
             Lookup::Pending(v) => v,
         };
+        // A reference to another execution (another principal's, unknown or just another
+        // response) is answered as an unknown token.
+        if c.bound.as_ref().is_some_and(|b| *b != view.execution_id) {
+            return Err(ContinuationError::NotFound);
+        }
         for (stale, reason) in [
             (Instant::now() >= view.deadline, Reason::Expired),
             (!view.alive, Reason::Lost),
@@ -159,11 +176,15 @@ impl Engine {
     /// next leg of the same execution.
     pub(super) async fn answer(
         &self,
-        s: Suspended,
+        mut s: Suspended,
         placement: Placement,
-        input: &TurnInput,
-        c: &Continuation,
+        mut input: TurnInput,
+        mut c: Continuation,
     ) -> Result<Leg, EngineError> {
+        if c.bound.is_some() {
+            expand(&mut input, &mut c, s.history.take().unwrap_or_default());
+        }
+        let (input, c) = (&mut input, &c);
         let cfg = self.config();
         let backend = cfg
             .model(&s.meta.model)
@@ -190,13 +211,14 @@ impl Engine {
             hold,
             backlog,
             slot,
+            history: _,
         } = s;
         let durable = hold.is_durable();
         let resume = Resume {
             leg: LegRequest {
                 execution_id: &meta.id,
                 model,
-                input,
+                input: &*input,
             },
             continuation: c,
             answers,
@@ -232,6 +254,29 @@ impl Engine {
             turn,
             backlog,
         };
-        Ok(self.drive(exec, LegContext::of(input)))
+        let ctx = LegContext::of(input, kind);
+        Ok(self.drive(exec, ctx))
     }
+}
+
+/// Expands a continuation by reference into the whole conversation the suspension kept:
+/// its digests always (the next suspension's prefix), its messages for a stateless upstream.
+fn expand(input: &mut TurnInput, c: &mut Continuation, history: History) {
+    let offset = match history.messages {
+        Some(mut messages) => {
+            let n = messages.len();
+            messages.append(&mut input.messages);
+            input.messages = messages;
+            n
+        }
+        None => 0,
+    };
+    c.assistant = offset.saturating_sub(1);
+    for r in &mut c.results {
+        r.1 += offset;
+    }
+    let mut digests = history.digests;
+    digests.append(&mut input.message_digests);
+    input.fingerprint.prefix = digest_of_digests(&digests);
+    input.message_digests = digests;
 }

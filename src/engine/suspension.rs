@@ -15,7 +15,7 @@ use super::{Engine, EngineError};
 use crate::backend::{HeldCall, Hold};
 use crate::continuation::{token, Batch, Digests};
 use crate::store::{now_unix_ms, SuspensionRecord};
-use crate::turn::{ExposedCall, Usage};
+use crate::turn::{Call, ExposedCall, Message, Role, Usage};
 
 impl Engine {
     /// Parks the execution behind fresh tokens and ends the leg with `tool_calls`.
@@ -84,6 +84,28 @@ impl Engine {
             prefix: ctx.fingerprint.prefix,
             echo: (ctx.echo)(&text, &exposed),
         };
+        let history = ctx.history.map(|mut h| {
+            let assistant = Message {
+                role: Role::Assistant,
+                text: text.clone(),
+                images: Vec::new(),
+                name: None,
+                tool_calls: exposed
+                    .iter()
+                    .map(|c| Call {
+                        id: c.id.clone(),
+                        name: c.name.clone(),
+                        arguments: c.arguments.clone(),
+                    })
+                    .collect(),
+                tool_call_id: None,
+            };
+            h.digests.push((ctx.digest)(&assistant));
+            if let Some(m) = h.messages.as_mut() {
+                m.push(assistant);
+            }
+            h
+        });
         let Execution {
             meta,
             kind,
@@ -108,6 +130,7 @@ impl Engine {
             slot: if hold.is_durable() { None } else { slot },
             hold,
             backlog,
+            history,
         };
         let batch = Batch {
             principal: meta.principal.clone(),
@@ -186,6 +209,7 @@ impl Engine {
                     hold: Hold::Ids(s.ids),
                     backlog: VecDeque::new(),
                     slot: None,
+                    history: None,
                 },
             });
         }

@@ -523,6 +523,7 @@ fn check_is_pure_and_ordered() {
             echo: [0; 32],
         },
         tokens: vec![t(1), t(2)],
+        by_reference: false,
     };
     let mut inp = input(json!([{"role": "user", "content": "x"}]));
     let mut c = crate::turn::Continuation {
@@ -531,6 +532,7 @@ fn check_is_pure_and_ordered() {
         results: vec![(t(2), 0), (t(1), 0)],
         prefix: [0; 32],
         echo: [0; 32],
+        bound: None,
     };
     view.digests.tools = inp.fingerprint.tools;
     view.digests.tool_choice = inp.fingerprint.tool_choice;

@@ -20,13 +20,14 @@ use serde_json::json;
 use crate::auth::Principal;
 use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
-use crate::surface::chat;
+use crate::surface::{chat, responses};
 
 type Gateway = Engine;
 
 pub fn router(gw: Engine) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/responses", post(responses))
         .route("/v1/models", get(models))
         .route("/v1/approvals", get(approvals::list))
         .route("/v1/approvals/events", get(approvals::events))
@@ -156,6 +157,33 @@ async fn chat(
         Json(chat::framing::collect(leg).await?).into_response()
     };
     // For streams this is when headers and the first bytes are ready to go.
+    gw.metrics().ttfb.observe(arrived.elapsed());
+    resp.extensions_mut().insert(execution);
+    Ok(resp)
+}
+
+/// `POST /v1/responses`.
+async fn responses(
+    State(gw): State<Gateway>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let arrived = tokio::time::Instant::now();
+    let cfg = gw.config();
+    let bytes = read_body(body, &headers, cfg.server.max_body_bytes).await?;
+    let principal = principal(&gw, &headers)?;
+    let (input, framing) = responses::parse(&bytes, arrived)?;
+    drop(bytes);
+    let leg = gw
+        .execute(&principal, input)
+        .await
+        .map_err(|e| responses::on_input(e.into()))?;
+    let execution = ExecutionId(leg.execution_id.clone());
+    let mut resp = if framing.stream {
+        sse(responses::framing::stream(leg, framing, cfg.server.keepalive).await?)
+    } else {
+        Json(responses::framing::collect(leg, framing).await?).into_response()
+    };
     gw.metrics().ttfb.observe(arrived.elapsed());
     resp.extensions_mut().insert(execution);
     Ok(resp)

@@ -4,3 +4,4 @@
 //! error body shape. Nothing else knows a client wire format.
 
 pub mod chat;
+pub mod responses;

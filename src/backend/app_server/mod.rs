@@ -24,7 +24,7 @@ use super::{
     Backend, BackendError, BackendKind, Hold, LegRequest, Resume, SessionStats, Turn, TurnControl,
 };
 use crate::config::BackendConfig;
-use crate::turn::{ToolChoice, TurnInput};
+use crate::turn::{ToolChoice, ToolDef, TurnInput};
 
 pub struct AppServer {
     name: String,
@@ -179,11 +179,16 @@ impl AppServer {
             params.insert("developerInstructions".into(), json!(i));
         }
         let tools = leg.input.tools.as_deref().unwrap_or_default();
+        let renames = renames(tools, &self.cfg.reserved_tool_names);
         if !tools.is_empty() {
             let tools: Vec<Value> = tools
                 .iter()
                 .map(|t| {
-                    json!({"type": "function", "name": t.name, "description": t.description,
+                    let name = renames
+                        .iter()
+                        .find(|(_, client)| *client == t.name)
+                        .map_or(&t.name, |(declared, _)| declared);
+                    json!({"type": "function", "name": name, "description": t.description,
                            "inputSchema": t.parameters})
                 })
                 .collect();
@@ -195,7 +200,7 @@ impl AppServer {
             .ok_or_else(|| BackendError::Rejected("thread/start returned no thread id".into()))?
             .to_string();
         let (tx, rx) = futures::channel::mpsc::unbounded();
-        let route = Arc::new(Route::new(tx));
+        let route = Arc::new(Route::new(tx, renames));
         proc.add_route(&thread, route.clone());
         turn.thread = thread.clone();
         turn.route = Some(route);
@@ -222,8 +227,8 @@ impl Backend for AppServer {
         BackendKind::Agent
     }
 
-    /// An agent cannot be forced to call a tool, takes only well-formed function tools whose
-    /// names do not shadow its built-ins, and needs a user message as the turn's input.
+    /// An agent cannot be forced to call a tool, takes only well-formed function tools, and
+    /// needs a user message as the turn's input.
     fn validate(&self, input: &TurnInput) -> Result<(), BackendError> {
         match input.tool_choice {
             ToolChoice::Auto | ToolChoice::None => {}
@@ -238,22 +243,10 @@ impl Backend for AppServer {
                 })
             }
         }
-        let tools = input.tools.as_ref().map_err(|why| BackendError::Invalid {
+        input.tools.as_ref().map_err(|why| BackendError::Invalid {
             message: why.clone(),
             param: "tools",
         })?;
-        if let Some(t) = tools
-            .iter()
-            .find(|t| self.cfg.reserved_tool_names.contains(&t.name))
-        {
-            return Err(BackendError::Invalid {
-                message: format!(
-                    "the tool name `{}` is reserved by this model's backend (its built-in would run instead of your tool); rename the tool",
-                    t.name
-                ),
-                param: "tools",
-            });
-        }
         render::input_index(&input.messages).map(|_| ())
     }
 
@@ -299,6 +292,29 @@ impl Backend for AppServer {
             self.tracker.wait().await;
         })
     }
+}
+
+/// The client tools whose names would shadow one of the backend's built-ins
+/// (`reserved_tool_names`), each with the name it is declared under instead: `client_<name>`
+/// (then `_2`, `_3`, ... until it is free). Calls come back under the client's name.
+fn renames(tools: &[ToolDef], reserved: &[String]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for t in tools.iter().filter(|t| reserved.contains(&t.name)) {
+        let base = format!("client_{}", t.name);
+        let mut declared = base.clone();
+        let mut n = 1;
+        let taken = |name: &str, out: &[(String, String)]| {
+            tools.iter().any(|t| t.name == name)
+                || reserved.iter().any(|r| r == name)
+                || out.iter().any(|(d, _)| d == name)
+        };
+        while taken(&declared, &out) {
+            n += 1;
+            declared = format!("{base}_{n}");
+        }
+        out.push((declared, t.name.clone()));
+    }
+    out
 }
 
 /// One execution's hold on a thread. Dropping it interrupts an unfinished turn, forgets the

@@ -39,11 +39,18 @@ pub(super) struct Route {
     /// Text already forwarded per agent-message item, to reconcile `item/completed`.
     streamed: Mutex<HashMap<String, String>>,
     pub finished: AtomicBool,
+    /// Client tools declared under another name (it would shadow a built-in): (declared,
+    /// client's).
+    renames: Vec<(String, String)>,
 }
 
 impl Route {
-    pub fn new(events: futures::channel::mpsc::UnboundedSender<TurnEvent>) -> Self {
+    pub fn new(
+        events: futures::channel::mpsc::UnboundedSender<TurnEvent>,
+        renames: Vec<(String, String)>,
+    ) -> Self {
         Route {
+            renames,
             events,
             held: Mutex::new(Vec::new()),
             streamed: Mutex::new(HashMap::new()),
@@ -469,6 +476,10 @@ impl Proc {
                 let name = match params.get("namespace").and_then(Value::as_str) {
                     Some(ns) if !ns.is_empty() => format!("{ns}.{tool}"),
                     _ => tool.to_string(),
+                };
+                let name = match route.renames.iter().find(|(declared, _)| *declared == name) {
+                    Some((_, client)) => client.clone(),
+                    None => name,
                 };
                 let arguments = match params.get("arguments") {
                     None | Some(Value::Null) => "{}".to_string(),

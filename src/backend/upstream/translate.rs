@@ -17,14 +17,20 @@ pub fn chat_body(input: &TurnInput) -> Value {
             let mut o = Map::new();
             o.insert("role".into(), json!(m.role.as_str()));
             let empty_assistant = m.role == Role::Assistant && m.text.is_empty();
-            o.insert(
-                "content".into(),
-                if empty_assistant && !m.tool_calls.is_empty() {
-                    Value::Null
-                } else {
-                    json!(m.text)
-                },
-            );
+            let content = if empty_assistant && !m.tool_calls.is_empty() {
+                Value::Null
+            } else if m.images.is_empty() {
+                json!(m.text)
+            } else {
+                let mut parts = vec![json!({"type": "text", "text": m.text})];
+                parts.extend(
+                    m.images
+                        .iter()
+                        .map(|url| json!({"type": "image_url", "image_url": {"url": url}})),
+                );
+                Value::Array(parts)
+            };
+            o.insert("content".into(), content);
             if let Some(n) = &m.name {
                 o.insert("name".into(), json!(n));
             }
@@ -69,6 +75,9 @@ pub fn chat_body(input: &TurnInput) -> Value {
     }
     if input.stream {
         body["stream_options"] = json!({"include_usage": true});
+    }
+    if let Some(o) = body.as_object_mut() {
+        o.extend(input.chat_options.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
     body
 }

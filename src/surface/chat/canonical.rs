@@ -20,6 +20,17 @@ use crate::turn::{ExposedCall, Message};
 fn write_message<S: Sink>(m: &Message, out: &mut S) {
     out.put("{\"content\":");
     write_str([m.text.as_str()], out);
+    // Only surfaces that carry images set them, so chat digests never include the key.
+    if !m.images.is_empty() {
+        out.put(",\"images\":[");
+        for (i, url) in m.images.iter().enumerate() {
+            if i > 0 {
+                out.put(",");
+            }
+            write_str([url.as_str()], out);
+        }
+        out.put("]");
+    }
     if let Some(n) = &m.name {
         out.put(",\"name\":");
         write_str([n.as_str()], out);

@@ -59,6 +59,7 @@ pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiE
             assistant: c.assistant,
             tokens: c.tokens,
             results: c.results,
+            bound: None,
         }),
     };
     let fingerprint = Fingerprint {
@@ -70,15 +71,18 @@ pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiE
     let input = TurnInput {
         surface: Surface::Chat,
         echo: canonical::exposed_echo,
+        digest: message_digest,
         model: req.model,
         tools: tools(req.tools.as_deref(), &tool_choice),
         tool_choice,
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         stream: req.stream,
         messages,
+        message_digests: digests,
         fingerprint,
         continuation,
         native: Some(body),
+        chat_options: serde_json::Map::new(),
         arrived,
     };
     Ok((input, framing))
@@ -90,6 +94,7 @@ pub fn neutral_message(m: &wire::Message) -> Message {
     Message {
         role: Role::parse(&m.role),
         text: m.text(),
+        images: Vec::new(),
         name: m.name.clone(),
         tool_calls: m
             .tool_calls

@@ -1,0 +1,439 @@
+//! The response object and its event stream, as OpenAI streams them: `response.created`,
+//! `response.in_progress`, then per output item `response.output_item.added`, its content
+//! (`content_part.added`, `output_text.delta`..., `output_text.done`, `content_part.done`, or
+//! a call's arguments / input delta and done) and `response.output_item.done` with the item
+//! **complete**, and exactly one terminal `response.completed` / `response.failed`. Every
+//! event has `type` and a `sequence_number` from 0, and an `event:` line naming it. An error
+//! decided before the first byte is a real HTTP status; after it, `response.failed` ends the
+//! stream. Silent stretches carry `: keep-alive` comments.
+//!
+//! Each leg of an execution answers as the same response (`resp_` + the execution id). Calls
+//! are shown as the client declared them (`ToolMap`): a `function_call` (with its `namespace`
+//! if it had one) or a `custom_tool_call` whose `input` is the function form's `input`.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use serde_json::{json, Map, Value};
+
+use super::{error_body, response_id, Framing};
+use crate::engine::{EngineError, Leg, LegEvent};
+use crate::error::ApiError;
+use crate::turn::{ExposedCall, Usage};
+
+fn usage_json(u: Usage) -> Value {
+    json!({
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u.total_tokens,
+    })
+}
+
+/// The client's form of one exposed call, complete.
+fn call_item(c: &ExposedCall, f: &Framing) -> Value {
+    let id = format!("fc_{}", c.id.trim_start_matches("srct-"));
+    let tool = f.map.client(&c.name);
+    let name = tool.map_or(c.name.as_str(), |t| t.name.as_str());
+    let mut item = if tool.is_some_and(|t| t.custom) {
+        let input = serde_json::from_str::<Value>(&c.arguments)
+            .ok()
+            .and_then(|v| v["input"].as_str().map(str::to_string))
+            .unwrap_or_else(|| c.arguments.clone());
+        json!({"id": id, "type": "custom_tool_call", "status": "completed", "call_id": c.id,
+               "name": name, "input": input})
+    } else {
+        json!({"id": id, "type": "function_call", "status": "completed", "call_id": c.id,
+               "name": name, "arguments": c.arguments})
+    };
+    if let Some(ns) = tool.and_then(|t| t.namespace.as_deref()) {
+        item["namespace"] = json!(ns);
+    }
+    item
+}
+
+fn message_item(id: &str, text: &str, status: &str) -> Value {
+    let content = if status == "completed" {
+        json!([{"type": "output_text", "text": text, "annotations": [], "logprobs": []}])
+    } else {
+        json!([])
+    };
+    json!({"id": id, "type": "message", "status": status, "role": "assistant", "content": content})
+}
+
+/// The response object around `output`.
+fn response(
+    f: &Framing,
+    leg: &LegMeta,
+    status: &str,
+    output: Vec<Value>,
+    usage: Option<Usage>,
+) -> Value {
+    let mut o = Map::new();
+    o.insert("id".into(), json!(leg.id));
+    o.insert("object".into(), json!("response"));
+    o.insert("created_at".into(), json!(leg.created));
+    o.insert("status".into(), json!(status));
+    o.insert("error".into(), Value::Null);
+    o.insert("incomplete_details".into(), Value::Null);
+    o.extend(f.envelope.iter().map(|(k, v)| (k.clone(), v.clone())));
+    o.insert("output".into(), Value::Array(output));
+    o.insert("usage".into(), usage.map_or(Value::Null, usage_json));
+    Value::Object(o)
+}
+
+struct LegMeta {
+    id: String,
+    created: u64,
+}
+
+fn meta(leg: &Leg) -> LegMeta {
+    LegMeta {
+        id: response_id(&leg.execution_id),
+        created: leg.created,
+    }
+}
+
+struct Framer {
+    f: Framing,
+    leg: LegMeta,
+    seq: u64,
+    /// The open message item: its id and text so far.
+    message: Option<(String, String)>,
+    /// Finished output items.
+    output: Vec<Value>,
+}
+
+impl Framer {
+    fn event(&mut self, out: &mut String, kind: &str, mut v: Value) {
+        v["type"] = json!(kind);
+        v["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        out.push_str(&format!("event: {kind}\ndata: {v}\n\n"));
+    }
+
+    fn opening(&mut self) -> String {
+        let mut out = String::new();
+        let r = response(&self.f, &self.leg, "in_progress", Vec::new(), None);
+        self.event(&mut out, "response.created", json!({"response": r}));
+        self.event(&mut out, "response.in_progress", json!({"response": r}));
+        out
+    }
+
+    fn delta(&mut self, out: &mut String, d: &str) {
+        let index = self.output.len();
+        if self.message.is_none() {
+            let id = crate::ids::new_id("msg_");
+            self.event(
+                out,
+                "response.output_item.added",
+                json!({"output_index": index, "item": message_item(&id, "", "in_progress")}),
+            );
+            self.event(
+                out,
+                "response.content_part.added",
+                json!({"item_id": id, "output_index": index, "content_index": 0,
+                       "part": {"type": "output_text", "text": "", "annotations": []}}),
+            );
+            self.message = Some((id, String::new()));
+        }
+        let Some((id, text)) = self.message.as_mut() else {
+            return;
+        };
+        text.push_str(d);
+        let v = json!({"item_id": id, "output_index": index, "content_index": 0, "delta": d,
+                       "logprobs": []});
+        self.event(out, "response.output_text.delta", v);
+    }
+
+    fn close_message(&mut self, out: &mut String) {
+        let Some((id, text)) = self.message.take() else {
+            return;
+        };
+        let index = self.output.len();
+        self.event(
+            out,
+            "response.output_text.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "text": text,
+                   "logprobs": []}),
+        );
+        self.event(
+            out,
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0,
+                   "part": {"type": "output_text", "text": text, "annotations": []}}),
+        );
+        let item = message_item(&id, &text, "completed");
+        self.event(
+            out,
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        );
+        self.output.push(item);
+    }
+
+    fn call(&mut self, out: &mut String, c: &ExposedCall) {
+        let index = self.output.len();
+        let item = call_item(c, &self.f);
+        let id = item["id"].clone();
+        let mut added = item.clone();
+        added["status"] = json!("in_progress");
+        let custom = item["type"] == "custom_tool_call";
+        let (field, kind) = if custom {
+            ("input", "response.custom_tool_call_input")
+        } else {
+            ("arguments", "response.function_call_arguments")
+        };
+        let full = item[field].clone();
+        added[field] = json!("");
+        self.event(
+            out,
+            "response.output_item.added",
+            json!({"output_index": index, "item": added}),
+        );
+        self.event(
+            out,
+            &format!("{kind}.delta"),
+            json!({"item_id": id, "output_index": index, "delta": full}),
+        );
+        let mut done = json!({"item_id": id, "output_index": index});
+        done[field] = full;
+        if !custom {
+            done["name"] = item["name"].clone();
+        }
+        self.event(out, &format!("{kind}.done"), done);
+        self.event(
+            out,
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        );
+        self.output.push(item);
+    }
+
+    /// Frames one leg event; returns the text and whether the stream is finished.
+    fn frame(&mut self, ev: LegEvent) -> (String, bool) {
+        let mut out = String::new();
+        match ev {
+            LegEvent::Delta(d) => self.delta(&mut out, &d),
+            LegEvent::Native(_) => {}
+            LegEvent::Notice(n) => {
+                out.push_str(&format!(": {}\n\n", n.replace(['\n', '\r'], " ")));
+            }
+            LegEvent::End { calls, usage } => {
+                self.close_message(&mut out);
+                for c in &calls {
+                    self.call(&mut out, c);
+                }
+                let output = std::mem::take(&mut self.output);
+                let r = response(&self.f, &self.leg, "completed", output, Some(usage));
+                self.event(&mut out, "response.completed", json!({"response": r}));
+                return (out, true);
+            }
+            LegEvent::Error(e) => {
+                self.close_message(&mut out);
+                let body = error_body(ApiError::from(e));
+                let output = std::mem::take(&mut self.output);
+                let mut r = response(&self.f, &self.leg, "failed", output, None);
+                r["error"] = json!({"code": body["error"]["code"], "message": body["error"]["message"]});
+                self.event(&mut out, "response.failed", json!({"response": r}));
+                return (out, true);
+            }
+        }
+        (out, false)
+    }
+}
+
+/// The streaming body. Waits briefly for the first event so that an early failure is still a
+/// real status.
+pub async fn stream(
+    mut leg: Leg,
+    framing: Framing,
+    keepalive: Duration,
+) -> Result<BoxStream<'static, Result<Bytes, Infallible>>, ApiError> {
+    let first = match tokio::time::timeout(keepalive, leg.events.recv()).await {
+        Ok(Some(LegEvent::Error(e))) => return Err(super::on_input(e.into())),
+        Ok(None) => return Err(ApiError::upstream()),
+        Ok(Some(ev)) => Some(ev),
+        Err(_) => None,
+    };
+    let mut framer = Framer {
+        leg: meta(&leg),
+        f: framing,
+        seq: 0,
+        message: None,
+        output: Vec::new(),
+    };
+    let mut opening = framer.opening();
+    let mut done = false;
+    if let Some(ev) = first {
+        let (text, end) = framer.frame(ev);
+        opening.push_str(&text);
+        done = end;
+    }
+    let state = (leg, framer, done);
+    let rest = futures::stream::unfold(state, move |(mut leg, mut framer, done)| async move {
+        if done {
+            return None;
+        }
+        loop {
+            let (text, end) = match tokio::time::timeout(keepalive, leg.events.recv()).await {
+                Err(_) => (": keep-alive\n\n".to_string(), false),
+                Ok(Some(ev)) => framer.frame(ev),
+                Ok(None) => framer.frame(LegEvent::Error(EngineError::TurnFailed)),
+            };
+            if text.is_empty() && !end {
+                continue;
+            }
+            return Some((Ok(Bytes::from(text)), (leg, framer, end)));
+        }
+    });
+    let head = futures::stream::once(async move { Ok(Bytes::from(opening)) });
+    Ok(head.chain(rest).boxed())
+}
+
+/// Non-streaming: waits for the leg's end and answers one response object.
+pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> {
+    let meta = meta(&leg);
+    let mut text = String::new();
+    while let Some(ev) = leg.events.recv().await {
+        match ev {
+            LegEvent::Delta(d) => text.push_str(&d),
+            LegEvent::Native(_) | LegEvent::Notice(_) => {}
+            LegEvent::Error(e) => return Err(super::on_input(e.into())),
+            LegEvent::End { calls, usage } => {
+                let mut output = Vec::new();
+                if !text.is_empty() {
+                    output.push(message_item(
+                        &crate::ids::new_id("msg_"),
+                        &text,
+                        "completed",
+                    ));
+                }
+                output.extend(calls.iter().map(|c| call_item(c, &framing)));
+                return Ok(response(&framing, &meta, "completed", output, Some(usage)));
+            }
+        }
+    }
+    Err(ApiError::upstream())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::surface::responses::tools;
+
+    fn framer() -> Framer {
+        let tools = [
+            json!({"type": "custom", "name": "apply_patch"}),
+            json!({"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "f"}]}),
+        ];
+        Framer {
+            f: Framing {
+                stream: true,
+                envelope: Map::new(),
+                map: tools::read(Some(&tools), false).map,
+            },
+            leg: LegMeta {
+                id: "resp_1".into(),
+                created: 7,
+            },
+            seq: 0,
+            message: None,
+            output: Vec::new(),
+        }
+    }
+
+    fn events(text: &str) -> Vec<Value> {
+        text.split("\n\n")
+            .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn event_order_and_sequence_numbers() {
+        let mut f = framer();
+        let mut text = f.opening();
+        text.push_str(&f.frame(LegEvent::Delta("he".into())).0);
+        text.push_str(&f.frame(LegEvent::Delta("y".into())).0);
+        let calls = vec![
+            ExposedCall {
+                id: "srct-a".into(),
+                name: "apply_patch".into(),
+                arguments: r#"{"input":"*** Begin"}"#.into(),
+            },
+            ExposedCall {
+                id: "srct-b".into(),
+                name: "ns__f".into(),
+                arguments: "{}".into(),
+            },
+        ];
+        let (end, done) = f.frame(LegEvent::End {
+            calls,
+            usage: Usage::default(),
+        });
+        assert!(done);
+        text.push_str(&end);
+        let ev = events(&text);
+        let kinds: Vec<&str> = ev.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.custom_tool_call_input.delta",
+                "response.custom_tool_call_input.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        for (i, e) in ev.iter().enumerate() {
+            assert_eq!(e["sequence_number"], i as u64);
+        }
+        assert_eq!(ev[6]["text"], "hey");
+        let custom = &ev[12]["item"];
+        assert_eq!(
+            (custom["type"].as_str(), custom["input"].as_str()),
+            (Some("custom_tool_call"), Some("*** Begin"))
+        );
+        let call = &ev[16]["item"];
+        assert_eq!(
+            (call["name"].as_str(), call["namespace"].as_str()),
+            (Some("f"), Some("ns"))
+        );
+        assert_eq!(call["call_id"], "srct-b");
+        let done = &ev[17]["response"];
+        assert_eq!(done["status"], "completed");
+        assert_eq!(done["output"].as_array().unwrap().len(), 3);
+        assert_eq!(done["output"][0]["content"][0]["text"], "hey");
+    }
+
+    #[test]
+    fn an_error_after_the_first_byte_fails_the_response() {
+        let mut f = framer();
+        f.opening();
+        let (text, done) = f.frame(LegEvent::Error(EngineError::TurnFailed));
+        assert!(done);
+        let ev = events(&text);
+        assert_eq!(ev[0]["type"], "response.failed");
+        assert_eq!(ev[0]["response"]["status"], "failed");
+        assert_eq!(ev[0]["response"]["error"]["code"], "upstream_error");
+        assert_eq!(ev[0]["sequence_number"], 2);
+    }
+}

@@ -1,0 +1,339 @@
+//! The Responses surface (`POST /v1/responses`): input items as neutral messages (`items`),
+//! client tools towards backends and back (`tools`), the response object and its event stream
+//! (`framing`). Errors use the OpenAI shape of the chat surface.
+//!
+//! Continuations come in two styles with one validation path: the full `input` again, ending
+//! with the outputs (stateless, as Codex CLI sends with `store:false`), or
+//! `previous_response_id` plus only the outputs (stateful: the engine expands the reference
+//! from what the suspension kept, bound to its principal and execution).
+//!
+//! Digests use the neutral message projection of the chat surface (`chat::canonical`) over
+//! this surface's messages; a token is still answered only on the surface that issued it. The
+//! `tool_choice` digest also covers `reasoning.effort`.
+
+pub mod framing;
+pub mod items;
+pub mod tools;
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tokio::time::Instant;
+
+use self::items::Detected;
+use self::tools::ToolMap;
+use super::chat::canonical::{echo_digest_of, exposed_echo, message_digest, tools_digest};
+use crate::continuation::canonical::{digest, digest_of_digests};
+use crate::error::ApiError;
+use crate::turn::{Continuation, Fingerprint, Surface, TurnInput};
+
+#[derive(Debug, Deserialize)]
+struct Request {
+    model: String,
+    #[serde(default)]
+    input: Value,
+    #[serde(default)]
+    instructions: Option<String>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    store: Option<bool>,
+    #[serde(default)]
+    reasoning: Option<Value>,
+    #[serde(default)]
+    previous_response_id: Option<String>,
+    #[serde(default)]
+    max_output_tokens: Option<Value>,
+    #[serde(default)]
+    temperature: Option<Value>,
+    #[serde(default)]
+    top_p: Option<Value>,
+    #[serde(default)]
+    metadata: Option<Value>,
+    #[serde(default)]
+    text: Option<Value>,
+    #[serde(default)]
+    user: Option<Value>,
+}
+
+/// How to frame the answer: the request fields a response object echoes, and the client's
+/// view of its tools.
+#[derive(Debug, Clone)]
+pub struct Framing {
+    pub stream: bool,
+    /// `model`, `tools`, `tool_choice`, `instructions`, ... as the response object shows them.
+    pub envelope: Map<String, Value>,
+    pub map: ToolMap,
+}
+
+/// The execution a response id names (`resp_<hex>` is execution `exe-<hex>`).
+pub fn execution_of(response_id: &str) -> String {
+    match response_id.strip_prefix("resp_") {
+        Some(hex) => format!("exe-{hex}"),
+        None => String::new(),
+    }
+}
+
+/// The response id of an execution.
+pub fn response_id(execution_id: &str) -> String {
+    format!("resp_{}", execution_id.trim_start_matches("exe-"))
+}
+
+fn invalid_json(e: serde_json::Error) -> ApiError {
+    ApiError::invalid(format!("Invalid request body: {e}"))
+}
+
+/// Parses and translates one request body. Shapes are checked here (400), before any lookup.
+pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiError> {
+    let req: Request = serde_json::from_slice(body).map_err(invalid_json)?;
+    let tool_values = req.tools.as_deref();
+    let effort = req
+        .reasoning
+        .as_ref()
+        .and_then(|r| r.get("effort"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let choice_none = req.tool_choice.as_ref().is_some_and(|c| c == "none");
+    let tools = tools::read(tool_values, choice_none);
+    let tool_choice = tools::choice(req.tool_choice.as_ref(), &tools.map)?;
+    let stateful = req.previous_response_id.is_some();
+    // A reference carries the held turn's instructions; the request's do not re-enter it.
+    let instructions = req.instructions.as_deref().filter(|_| !stateful);
+    let messages = items::messages(&req.input, instructions, &tools.map);
+    if messages.is_empty() {
+        return Err(ApiError::invalid("`input` must not be empty").with_param("input"));
+    }
+    let digests: Vec<[u8; 32]> = messages.iter().map(message_digest).collect();
+    let continuation = match items::detect(&messages, stateful)? {
+        Detected::Fresh => None,
+        Detected::Stateless {
+            assistant,
+            tokens,
+            results,
+        } => Some(Continuation {
+            prefix: digest_of_digests(&digests[..assistant]),
+            echo: echo_digest_of(&messages[assistant]),
+            assistant,
+            tokens,
+            results,
+            bound: None,
+        }),
+        Detected::Stateful { tokens, results } => Some(Continuation {
+            assistant: 0,
+            tokens,
+            results,
+            prefix: [0; 32],
+            echo: [0; 32],
+            bound: req.previous_response_id.as_deref().map(execution_of),
+        }),
+    };
+    let fingerprint = Fingerprint {
+        tools: tools_digest(tool_values),
+        tool_choice: digest(&json!({
+            "effort": effort,
+            "tool_choice": req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+        })),
+        prefix: digest_of_digests(&digests),
+    };
+    let stream = req.stream.unwrap_or(false);
+    let parallel = req.parallel_tool_calls.unwrap_or(true);
+    let chat_options = chat_options(&req, effort.as_deref());
+    let framing = Framing {
+        stream,
+        envelope: envelope(&req, parallel),
+        map: tools.map,
+    };
+    let input = TurnInput {
+        surface: Surface::Responses,
+        echo: exposed_echo,
+        digest: message_digest,
+        model: req.model,
+        messages,
+        message_digests: digests,
+        tools: tools.defs,
+        tool_choice,
+        parallel_tool_calls: parallel,
+        stream,
+        fingerprint,
+        continuation,
+        native: None,
+        chat_options,
+        arrived,
+    };
+    Ok((input, framing))
+}
+
+/// What a Chat Completions upstream receives of the request's options (see README, "The
+/// Responses API").
+fn chat_options(req: &Request, effort: Option<&str>) -> Map<String, Value> {
+    let mut o = Map::new();
+    if let Some(n) = req.max_output_tokens.as_ref().filter(|v| !v.is_null()) {
+        o.insert("max_tokens".into(), n.clone());
+    }
+    for (key, v) in [("temperature", &req.temperature), ("top_p", &req.top_p)] {
+        if let Some(v) = v.as_ref().filter(|v| !v.is_null()) {
+            o.insert(key.into(), v.clone());
+        }
+    }
+    if let Some(e) = effort {
+        o.insert("reasoning_effort".into(), json!(e));
+    }
+    let format = req.text.as_ref().map(|t| &t["format"]);
+    match format.and_then(|f| f["type"].as_str()) {
+        Some("json_object") => {
+            o.insert("response_format".into(), json!({"type": "json_object"}));
+        }
+        Some("json_schema") => {
+            let f = format.cloned().unwrap_or_default();
+            o.insert(
+                "response_format".into(),
+                json!({"type": "json_schema", "json_schema": {
+                    "name": f["name"], "schema": f["schema"], "strict": f["strict"]}}),
+            );
+        }
+        _ => {}
+    }
+    o
+}
+
+/// The request fields a response object shows.
+fn envelope(req: &Request, parallel: bool) -> Map<String, Value> {
+    let opt = |v: &Option<Value>| v.clone().unwrap_or(Value::Null);
+    let reasoning = req.reasoning.clone().unwrap_or_default();
+    let mut e = Map::new();
+    e.insert("model".into(), json!(req.model));
+    e.insert("instructions".into(), json!(req.instructions));
+    e.insert("max_output_tokens".into(), opt(&req.max_output_tokens));
+    e.insert("metadata".into(), req.metadata.clone().unwrap_or(json!({})));
+    e.insert("parallel_tool_calls".into(), json!(parallel));
+    e.insert(
+        "previous_response_id".into(),
+        json!(req.previous_response_id),
+    );
+    e.insert(
+        "reasoning".into(),
+        json!({"effort": reasoning["effort"], "summary": reasoning["summary"]}),
+    );
+    e.insert("store".into(), json!(req.store.unwrap_or(true)));
+    e.insert("temperature".into(), opt(&req.temperature));
+    e.insert(
+        "text".into(),
+        req.text
+            .clone()
+            .unwrap_or_else(|| json!({"format": {"type": "text"}})),
+    );
+    e.insert(
+        "tool_choice".into(),
+        req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+    );
+    e.insert("tools".into(), json!(req.tools.clone().unwrap_or_default()));
+    e.insert("top_p".into(), opt(&req.top_p));
+    e.insert("truncation".into(), json!("disabled"));
+    e.insert("user".into(), opt(&req.user));
+    e
+}
+
+/// An error of this surface: the continuation errors point at `input`.
+pub fn on_input(mut e: ApiError) -> ApiError {
+    if e.param == Some("messages") {
+        e.param = Some("input");
+    }
+    e
+}
+
+/// The OpenAI error body of this surface (also the `error` of a failed response).
+pub fn error_body(e: ApiError) -> Value {
+    super::chat::error_body(&on_input(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+    use crate::turn::{Role, ToolChoice};
+
+    const T: &str = "srct-0123456789abcdef0123456789abcdef";
+
+    fn parsed(v: Value) -> (TurnInput, Framing) {
+        parse(v.to_string().as_bytes(), Instant::now()).unwrap()
+    }
+
+    #[test]
+    fn tolerant_parse_of_a_codex_request() {
+        let (t, f) = parsed(json!({
+            "model": "m", "stream": true, "store": false, "include": ["reasoning.encrypted_content"],
+            "reasoning": {"summary": "auto", "effort": "high"}, "prompt_cache_key": "k",
+            "client_metadata": {"a": "b"}, "instructions": "be brief",
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+            "tools": [{"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+                      {"type": "web_search"}],
+            "tool_choice": "auto", "parallel_tool_calls": true
+        }));
+        assert_eq!(t.surface, Surface::Responses);
+        assert_eq!(t.messages[0].role, Role::System);
+        assert_eq!(t.messages[1].text, "hi");
+        assert_eq!(t.tools.as_ref().unwrap().len(), 1);
+        assert_eq!(t.tool_choice, ToolChoice::Auto);
+        assert!(t.stream && t.continuation.is_none());
+        assert_eq!(t.chat_options["reasoning_effort"], "high");
+        assert_eq!(f.envelope["store"], false);
+        assert_eq!(f.envelope["tools"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn effort_is_part_of_the_fingerprint() {
+        let body = |effort: &str| {
+            json!({"model": "m", "input": "x", "reasoning": {"effort": effort}})
+        };
+        let low = parsed(body("low")).0.fingerprint;
+        let high = parsed(body("high")).0.fingerprint;
+        assert_eq!(low.tools, high.tools);
+        assert_ne!(low.tool_choice, high.tool_choice);
+    }
+
+    #[test]
+    fn a_stateless_continuation_has_the_fresh_prefix() {
+        let history = json!([{"role": "user", "content": "a"}]);
+        let fresh = parsed(json!({"model": "m", "input": history})).0;
+        let cont = parsed(json!({"model": "m", "input": [
+            {"role": "user", "content": "a"},
+            {"type": "function_call", "call_id": T, "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": T, "output": "r"}]}))
+        .0;
+        let c = cont.continuation.unwrap();
+        assert_eq!(c.prefix, fresh.fingerprint.prefix);
+        assert!(c.bound.is_none());
+    }
+
+    #[test]
+    fn a_stateful_continuation_is_bound_to_its_response() {
+        let (t, _) = parsed(json!({"model": "m", "previous_response_id": "resp_abc",
+            "input": [{"type": "function_call_output", "call_id": T, "output": "r"}]}));
+        let c = t.continuation.unwrap();
+        assert_eq!(c.bound.as_deref(), Some("exe-abc"));
+        assert_eq!(c.results[0].1, 0);
+        let e = parse(
+            json!({"model": "m", "previous_response_id": "resp_abc", "input": "more"})
+                .to_string()
+                .as_bytes(),
+            Instant::now(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidRequest);
+    }
+
+    #[test]
+    fn bad_bodies_are_invalid_and_continuation_params_point_at_input() {
+        for body in ["{bad", r#"{"model":"m","input":[]}"#, r#"{"input":"x"}"#] {
+            let e = parse(body.as_bytes(), Instant::now()).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidRequest, "{body}");
+        }
+        let e = ApiError::new(ErrorCode::ContinuationNotFound, "x").with_param("messages");
+        assert_eq!(error_body(e)["error"]["param"], "input");
+    }
+}
