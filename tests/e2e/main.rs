@@ -12,6 +12,7 @@ mod continuation;
 mod core;
 mod jwt;
 mod lifecycle;
+mod responses;
 mod sdk;
 mod sdk_node;
 mod support;

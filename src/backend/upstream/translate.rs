@@ -77,7 +77,12 @@ pub fn chat_body(input: &TurnInput) -> Value {
         body["stream_options"] = json!({"include_usage": true});
     }
     if let Some(o) = body.as_object_mut() {
-        o.extend(input.chat_options.iter().map(|(k, v)| (k.clone(), v.clone())));
+        o.extend(
+            input
+                .chat_options
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
     }
     body
 }

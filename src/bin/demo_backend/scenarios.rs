@@ -4,7 +4,9 @@
 //! token in the turn's last text input. Other directives: `delay=MS`, `tool=NAME`, `arg=VALUE`.
 //! - `echo`: streams `You said: <text>`.
 //! - `tool` / `text_then_tool`: (`Let me check.` first, then) one `item/tool/call`; streams
-//!   `Tool result: <output>`.
+//!   `Tool result: <output>`. The argument is `arg=VALUE` or the first absolute path of the
+//!   text, under the tool's first required property; a shell tool (`cmd` / `command`) gets
+//!   `cat <path>`.
 //! - `parallel`: two concurrent tool calls; `Results: <o1> | <o2>`.
 //! - `rounds3`: three sequential tool calls; `Done after 3 rounds: <o1>, <o2>, <o3>`.
 //! - `hang`: nothing until interrupted. `slow`: waits `delay` ms (default 3000), then `echo`.
@@ -81,6 +83,10 @@ impl TurnSpec {
         let value = directive(&self.text, "arg")
             .or_else(|| self.text.split_whitespace().find(|w| w.starts_with('/')))
             .unwrap_or(&self.text);
+        // A shell tool (Codex CLI's `exec_command`) reads the file with a command.
+        if key == "cmd" || key == "command" {
+            return json!({ key: format!("cat {value}{suffix}") });
+        }
         json!({ key: format!("{value}{suffix}") })
     }
 }

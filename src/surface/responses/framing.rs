@@ -238,7 +238,8 @@ impl Framer {
                 let body = error_body(ApiError::from(e));
                 let output = std::mem::take(&mut self.output);
                 let mut r = response(&self.f, &self.leg, "failed", output, None);
-                r["error"] = json!({"code": body["error"]["code"], "message": body["error"]["message"]});
+                r["error"] =
+                    json!({"code": body["error"]["code"], "message": body["error"]["message"]});
                 self.event(&mut out, "response.failed", json!({"response": r}));
                 return (out, true);
             }

@@ -82,7 +82,8 @@ pub fn messages(input: &Value, instructions: Option<&str>, map: &ToolMap) -> Vec
                 let role = Role::parse(item["role"].as_str().unwrap_or("user"));
                 let (text, images) = content(&item["content"]);
                 if role == Role::Assistant {
-                    let m = run.get_or_insert_with(|| message(Role::Assistant, String::new(), vec![]));
+                    let m =
+                        run.get_or_insert_with(|| message(Role::Assistant, String::new(), vec![]));
                     m.text.push_str(&text);
                     m.images.extend(images);
                 } else {

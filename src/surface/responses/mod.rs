@@ -287,9 +287,8 @@ mod tests {
 
     #[test]
     fn effort_is_part_of_the_fingerprint() {
-        let body = |effort: &str| {
-            json!({"model": "m", "input": "x", "reasoning": {"effort": effort}})
-        };
+        let body =
+            |effort: &str| json!({"model": "m", "input": "x", "reasoning": {"effort": effort}});
         let low = parsed(body("low")).0.fingerprint;
         let high = parsed(body("high")).0.fingerprint;
         assert_eq!(low.tools, high.tools);

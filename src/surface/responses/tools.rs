@@ -227,7 +227,12 @@ mod tests {
         let names: Vec<_> = defs.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(
             names,
-            ["exec_command", "multi__close", "apply_patch", "multi__close_2"]
+            [
+                "exec_command",
+                "multi__close",
+                "apply_patch",
+                "multi__close_2"
+            ]
         );
         let patch = &defs[2];
         assert_eq!(patch.parameters["required"], json!(["input"]));

@@ -151,6 +151,7 @@ async fn handle(
         }
         _ if last["role"] == "tool" => vec![],
         "up-tool" => vec![("call_up_1", "read_file", "{\"path\":\"/x\"}")],
+        "up-custom" => vec![("call_up_1", "apply_patch", "{\"input\":\"*** Begin Patch\"}")],
         "up-parallel" | "up-oneshot" => vec![("call_up_1", "read_file", "{\"path\":\"/a\"}"), ("call_up_2", "list_dir", "{\"dir\":\"/b\"}")],
         _ => vec![],
     };
@@ -231,24 +232,19 @@ async fn handle(
             }
         }
         _ if !calls.is_empty() => {
-            let (id, name, _) = calls[0];
+            let (id, name, args) = calls[0];
+            let (a, b) = args.split_at(args.len() / 2);
             parts.push((0, chunk(&model, json!({"content": null, "tool_calls": [{"index": 0, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}), None)));
-            parts.push((
-                0,
-                chunk(
-                    &model,
-                    json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"path\""}}]}),
-                    None,
-                ),
-            ));
-            parts.push((
-                0,
-                chunk(
-                    &model,
-                    json!({"tool_calls": [{"index": 0, "function": {"arguments": ":\"/x\"}"}}]}),
-                    None,
-                ),
-            ));
+            for piece in [a, b] {
+                parts.push((
+                    0,
+                    chunk(
+                        &model,
+                        json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
+                        None,
+                    ),
+                ));
+            }
         }
         _ => {
             let third = text.len() / 3;
