@@ -15,8 +15,8 @@ pub(crate) fn python() -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
-#[tokio::test]
-async fn openai_python_sdk_plain_stream_tools_and_errors() {
+/// Runs one SDK script against a fresh gateway; it must print `ALL OK`.
+async fn run_script(name: &str) {
     let Some(py) = python() else {
         eprintln!("\n!!!!! SKIPPED openai SDK test: no venv at .cache/venv (run .ci/run to install it) !!!!!\n");
         if std::env::var_os("CI").is_some() {
@@ -25,7 +25,7 @@ async fn openai_python_sdk_plain_stream_tools_and_errors() {
         return;
     };
     let gw = Gateway::start().await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_sdk.py");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients").join(name);
     let out = tokio::task::spawn_blocking(move || {
         Command::new(py)
             .arg(script)
@@ -44,6 +44,16 @@ async fn openai_python_sdk_plain_stream_tools_and_errors() {
         "SDK script failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("ALL OK"), "{stdout}");
+}
+
+#[tokio::test]
+async fn openai_python_sdk_plain_stream_tools_and_errors() {
+    run_script("openai_sdk.py").await;
+}
+
+#[tokio::test]
+async fn openai_python_sdk_responses_create_and_stream() {
+    run_script("openai_responses.py").await;
 }
 
 /// The gateway must outlive the blocking task; the URL is all the script needs.
