@@ -21,9 +21,23 @@ use super::raw::{
 };
 use super::{err, resolve, BackendConfig, ConfigError, UpstreamConfig};
 
-/// Built-ins every `codex app-server` exposes to its model whatever its configuration: a
-/// client tool of the same name is declared under another name (and restored on the way out).
-pub const DEFAULT_RESERVED_TOOL_NAMES: &[&str] = &["request_user_input", "view_image"];
+/// The names of `codex app-server`'s own tools (0.169.0). Its tool router claims them even
+/// when the feature behind one is switched off (a dynamic tool of that name is dropped, or its
+/// call fails as `unsupported call`), so a client tool of the same name is declared under
+/// another name and restored on the way out. Codex CLI's own tool set uses most of them.
+pub const DEFAULT_RESERVED_TOOL_NAMES: &[&str] = &[
+    "exec_command",
+    "write_stdin",
+    "shell",
+    "apply_patch",
+    "update_plan",
+    "request_user_input",
+    "view_image",
+    "get_goal",
+    "create_goal",
+    "update_goal",
+    "web_search",
+];
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "kind")]

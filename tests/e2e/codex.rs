@@ -32,12 +32,12 @@ const DEFAULT_BIN: &str = ".cache/codex/node_modules/@openai/codex-linux-x64/ven
 /// The bound on every single HTTP exchange with the gateway.
 const EXCHANGE: Duration = Duration::from_secs(60);
 
-fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// The Codex binary, or `None` after a loud skip message.
-fn codex_bin() -> Option<PathBuf> {
+pub(crate) fn codex_bin() -> Option<PathBuf> {
     let bin = std::env::var_os("TURNSTILE_CODEX_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join(DEFAULT_BIN));
@@ -137,7 +137,7 @@ impl Rig {
 /// `turnstile.toml` for one test: models `codex` and `codex-code-mode` (Codex never asks,
 /// read-only sandbox), and `codex-shell` / `codex-ask` (Codex asks before escalating a
 /// command; the gateway's command policy is `deny` / `ask`).
-fn config(o: &Opts, bin: &Path, base_url: &str, home: &Path, shell: bool) -> String {
+pub(crate) fn config(o: &Opts, bin: &Path, base_url: &str, home: &Path, shell: bool) -> String {
     let mut overrides = vec![
         r#"model_provider="fake""#.to_string(),
         format!(
@@ -856,13 +856,17 @@ async fn command_approval_asked_then_approved_runs_the_command() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_tool_named_like_a_disabled_builtin_is_held_for_the_client() {
+async fn client_tool_named_like_a_builtin_is_mapped_and_held_for_the_client() {
     // Codex drops a dynamic tool whose name a built-in already uses (the model then sees the
-    // built-in and Codex runs it). With `features.view_image=false` the name is free, and the
-    // harness's own `view_image` is offered to the model and held for the client.
+    // built-in and Codex runs it), so the gateway declares the harness's own `view_image` as
+    // `client_view_image`; the model's call to it is held for the client under its own name.
     let Some(bin) = codex_bin() else { return };
     let model = FakeResponses::start(|_, body| match fake::output_for(body, "call_vi") {
-        None => Reply::call("call_vi", "view_image", json!({"path": "/tmp/shot.png"})),
+        None => Reply::call(
+            "call_vi",
+            "client_view_image",
+            json!({"path": "/tmp/shot.png"}),
+        ),
         Some(out) => Reply::text(&format!("Saw: {}", text_of(&out)), 1),
     })
     .await;
@@ -874,8 +878,9 @@ async fn client_tool_named_like_a_disabled_builtin_is_held_for_the_client() {
     assert_eq!(status, 200, "{resp}\n{}", rig.log_tail());
     assert_eq!(calls(&resp).len(), 1, "{resp}");
     assert_eq!(calls(&resp)[0]["function"]["name"], "view_image");
-    let offered = fake::tool(&model.requests()[0], "view_image").expect("offered");
+    let offered = fake::tool(&model.requests()[0], "client_view_image").expect("offered");
     assert_eq!(offered["description"], "Harness image viewer");
+    assert!(fake::tool(&model.requests()[0], "view_image").is_none());
 
     let next = continuation(&req, &resp, |_, _| json!("a red square"));
     let (status, done) = rig.chat(&next).await;

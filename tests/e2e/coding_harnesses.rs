@@ -101,13 +101,13 @@ impl Harness {
 }
 
 /// One harness run's world: the temporary project and HOME, the secret and the prompt.
-struct Scene {
-    tmp: tempfile::TempDir,
-    project: PathBuf,
-    home: PathBuf,
-    secret: String,
-    prompt: String,
-    base_url: String,
+pub(crate) struct Scene {
+    pub(crate) tmp: tempfile::TempDir,
+    pub(crate) project: PathBuf,
+    pub(crate) home: PathBuf,
+    pub(crate) secret: String,
+    pub(crate) prompt: String,
+    pub(crate) base_url: String,
 }
 
 impl Scene {
@@ -133,14 +133,14 @@ impl Scene {
         }
     }
 
-    fn write(&self, path: &Path, v: &Value) {
+    pub(crate) fn write(&self, path: &Path, v: &Value) {
         std::fs::create_dir_all(path.parent().expect("parent")).expect("config dir");
         std::fs::write(path, serde_json::to_string_pretty(v).expect("json")).expect("config");
     }
 }
 
 /// The e2e config plus `fake-model` = demo scenario `tool`.
-fn harness_config(o: &Opts, dir: &Path) -> String {
+pub(crate) fn harness_config(o: &Opts, dir: &Path) -> String {
     let mut s = config_text(o, dir);
     s.push_str(&format!(
         "\n[[models]]\nid = \"{MODEL}\"\nbackend = \"demo\"\nbackend_model = \"tool\"\n"
@@ -179,18 +179,38 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Starts the gateway, lets `configure` write the harness's config and arguments, runs the
-/// harness on the secret prompt and checks both ends: the spy and the harness's output.
+/// Starts the gateway on the demo backend, lets `configure` write the harness's config and
+/// arguments, runs the harness on the secret prompt and checks both ends: the demo backend's
+/// spy and the harness's output.
 async fn reads_secret_through_held_turn(h: &Harness, configure: impl FnOnce(&Scene, &mut Command)) {
     let Some(bin) = h.locate() else {
         return;
     };
     let gw = Gateway::start_raw(Opts::default(), harness_config).await;
-    let scene = Scene::new(&gw);
+    let spy_saw = |secret: &str| {
+        gw.spy_events("tool_result").iter().any(|e| {
+            e["success"] == json!(true) && e["text"].as_str().is_some_and(|t| t.contains(secret))
+        })
+    };
+    reads_secret(&gw, h.name, &h.version(), &bin, spy_saw, configure).await;
+}
+
+/// Runs the harness `bin` on the secret prompt against `gw` and checks both ends: the
+/// backend received the secret in a tool result (`backend_saw`), and the harness printed the
+/// backend's final answer (`Tool result: …` with the secret).
+pub(crate) async fn reads_secret(
+    gw: &Gateway,
+    name: &str,
+    version: &str,
+    bin: &Path,
+    backend_saw: impl Fn(&str) -> bool,
+    configure: impl FnOnce(&Scene, &mut Command),
+) {
+    let scene = Scene::new(gw);
     let stdout_path = scene.tmp.path().join("stdout.txt");
     let stderr_path = scene.tmp.path().join("stderr.txt");
 
-    let mut cmd = Command::new(&bin);
+    let mut cmd = Command::new(bin);
     let home = &scene.home;
     // Nothing from the caller's environment (keys, base URLs, configs) leaks in.
     let dead_registry = "http://127.0.0.1:9/";
@@ -238,7 +258,7 @@ async fn reads_secret_through_held_turn(h: &Harness, configure: impl FnOnce(&Sce
     // What the gateway saw, for the record (`cargo test -- --nocapture`).
     let statuses: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("/v1/chat/completions"))
+        .filter(|l| l.contains("route=/v1/"))
         .filter_map(|l| l.split("status=").nth(1))
         .filter_map(|s| s.split_whitespace().next())
         .collect();
@@ -248,10 +268,8 @@ async fn reads_secret_through_held_turn(h: &Harness, configure: impl FnOnce(&Sce
         .map(|t| t["dynamic_tools"].to_string())
         .collect();
     eprintln!(
-        "harness {} {}: exit {:?} after {:.1} s; chat requests (status): {:?}; backend threads \
-         (tools): {}",
-        h.name,
-        h.version(),
+        "harness {name} {version}: exit {:?} after {:.1} s; requests (status): {:?}; backend \
+         threads (tools): {}",
         status.and_then(|s| s.code()),
         elapsed.as_secs_f64(),
         statuses,
@@ -260,27 +278,18 @@ async fn reads_secret_through_held_turn(h: &Harness, configure: impl FnOnce(&Sce
 
     let status = status.unwrap_or_else(|| {
         panic!(
-            "{} did not finish within {RUN_LIMIT:?}\n{}",
-            h.name,
+            "{name} did not finish within {RUN_LIMIT:?}\n{}",
             diagnostics()
         )
     });
     assert!(
         status.success(),
-        "{} exited with {status}\n{}",
-        h.name,
+        "{name} exited with {status}\n{}",
         diagnostics()
     );
-    let ran_tool = gw.spy_events("tool_result").iter().any(|e| {
-        e["success"] == json!(true)
-            && e["text"]
-                .as_str()
-                .is_some_and(|t| t.contains(&scene.secret))
-    });
     assert!(
-        ran_tool,
-        "{}: the backend never received a tool result with the secret {}\n{}",
-        h.name,
+        backend_saw(&scene.secret),
+        "{name}: the backend never received a tool result with the secret {}\n{}",
         scene.secret,
         diagnostics()
     );
@@ -290,8 +299,7 @@ async fn reads_secret_through_held_turn(h: &Harness, configure: impl FnOnce(&Sce
         .unwrap_or_default();
     assert!(
         answer.contains(&scene.secret),
-        "{}: the final answer (`Tool result: …` with the secret {}) is not in its output\n{}",
-        h.name,
+        "{name}: the final answer (`Tool result: …` with the secret {}) is not in its output\n{}",
         scene.secret,
         diagnostics()
     );

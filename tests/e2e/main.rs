@@ -7,6 +7,7 @@
 
 mod approvals;
 mod codex;
+mod codex_cli;
 mod coding_harnesses;
 mod continuation;
 mod core;

@@ -25,7 +25,9 @@ async fn run_script(name: &str) {
         return;
     };
     let gw = Gateway::start().await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients").join(name);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients")
+        .join(name);
     let out = tokio::task::spawn_blocking(move || {
         Command::new(py)
             .arg(script)
