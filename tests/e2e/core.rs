@@ -377,17 +377,26 @@ async fn metrics_count_and_logs_never_carry_secrets() {
 }
 
 #[tokio::test]
-async fn client_tools_reserved_by_the_backend_are_refused() {
+async fn client_tools_reserved_by_the_backend_are_mapped_not_refused() {
     let gw = Gateway::start().await;
-    let mut req = tool_request("tool", "x");
+    let mut req = tool_request("tool", "tool=client_request_user_input arg=why");
     req["tools"]
         .as_array_mut()
         .unwrap()
         .push(json!({"type": "function",
-        "function": {"name": "request_user_input", "parameters": {"type": "object"}}}));
+        "function": {"name": "request_user_input", "parameters": {"type": "object", "required": ["q"]}}}));
     let (status, v) = gw.chat(ALICE, &req).await;
-    assert_eq!(status, 400, "{v}");
-    assert_eq!(v["error"]["code"], "invalid_request");
-    assert_eq!(v["error"]["param"], "tools");
-    assert!(gw.thread_starts().is_empty());
+    assert_eq!(status, 200, "{v}");
+    // Declared under another name, seen by the client under its own.
+    let declared = gw.thread_starts()[0]["dynamic_tools"].clone();
+    assert_eq!(
+        declared,
+        json!(["read_file", "list_dir", "client_request_user_input"])
+    );
+    let c = calls(&v);
+    assert_eq!(c[0]["function"]["name"], "request_user_input", "{v}");
+    let next = continuation(&req, &v, |_, _| json!("because"));
+    let (status, done) = gw.chat(ALICE, &next).await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(content(&done), "Tool result: because");
 }
