@@ -378,3 +378,27 @@ impl Drop for AppServerTurn {
         self.proc.active.fetch_sub(1, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str) -> ToolDef {
+        ToolDef {
+            name: name.into(),
+            description: String::new(),
+            parameters: json!({}),
+        }
+    }
+
+    #[test]
+    fn colliding_tools_get_a_free_name() {
+        let tools = [tool("view_image"), tool("client_view_image"), tool("read")];
+        let reserved = ["view_image".to_string(), "exec_command".to_string()];
+        assert_eq!(
+            renames(&tools, &reserved),
+            [("client_view_image_2".to_string(), "view_image".to_string())]
+        );
+        assert!(renames(&[tool("read")], &reserved).is_empty());
+    }
+}

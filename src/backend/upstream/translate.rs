@@ -19,7 +19,8 @@ pub fn chat_body(input: &TurnInput) -> Value {
             let empty_assistant = m.role == Role::Assistant && m.text.is_empty();
             let content = if empty_assistant && !m.tool_calls.is_empty() {
                 Value::Null
-            } else if m.images.is_empty() {
+            } else if m.images.is_empty() || m.role == Role::Tool {
+                // Chat tool messages take text only.
                 json!(m.text)
             } else {
                 let mut parts = vec![json!({"type": "text", "text": m.text})];
@@ -112,5 +113,51 @@ pub fn restore_ids(body: &mut Value, r: &Resume<'_>, ids: &[String]) {
         if let (Some(id), Some(original)) = (slot, ids.get(a.call)) {
             *id = json!(original);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(v: Value) -> TurnInput {
+        let t = tokio::time::Instant::now();
+        crate::surface::responses::parse(v.to_string().as_bytes(), t)
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn a_responses_turn_in_chat_form() {
+        const T: &str = "srct-0123456789abcdef0123456789abcdef";
+        let body = chat_body(&input(json!({"model": "m", "instructions": "sys",
+            "max_output_tokens": 9, "reasoning": {"effort": "high"},
+            "tools": [{"type": "custom", "name": "apply_patch"}],
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "see"},
+                                             {"type": "input_image", "image_url": "data:i"}]},
+                {"type": "custom_tool_call", "call_id": T, "name": "apply_patch", "input": "P"},
+                {"type": "custom_tool_call_output", "call_id": T, "output": [
+                    {"type": "input_text", "text": "ok"}, {"type": "input_image", "image_url": "data:j"}]}]})));
+        let m = body["messages"].as_array().unwrap();
+        assert_eq!(m[0], json!({"role": "system", "content": "sys"}));
+        assert_eq!(m[1]["content"][1]["image_url"]["url"], "data:i");
+        assert_eq!(
+            m[2]["tool_calls"][0]["function"],
+            json!({"name": "apply_patch", "arguments": "{\"input\":\"P\"}"})
+        );
+        assert_eq!(m[2]["content"], Value::Null);
+        assert_eq!(
+            m[3],
+            json!({"role": "tool", "content": "ok", "tool_call_id": T})
+        );
+        assert_eq!(body["tools"][0]["function"]["name"], "apply_patch");
+        assert_eq!(
+            (
+                body["max_tokens"].as_u64(),
+                body["reasoning_effort"].as_str()
+            ),
+            (Some(9), Some("high"))
+        );
     }
 }
