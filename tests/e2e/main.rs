@@ -14,6 +14,7 @@ mod core;
 mod jwt;
 mod lifecycle;
 mod responses;
+mod responses_upstream;
 mod sdk;
 mod sdk_node;
 mod support;

@@ -4,6 +4,7 @@
 
 pub mod fake_responses;
 pub mod fake_upstream;
+pub mod responses;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
