@@ -91,7 +91,8 @@ fn invalid_json(e: serde_json::Error) -> ApiError {
 /// Parses and translates one request body. Shapes are checked here (400), before any lookup.
 pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiError> {
     let req: Request = serde_json::from_slice(body).map_err(invalid_json)?;
-    let tool_values = req.tools.as_deref();
+    let all = all_tools(&req);
+    let tool_values = Some(&*all);
     let effort = req
         .reasoning
         .as_ref()
@@ -166,6 +167,26 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         arrived,
     };
     Ok((input, framing))
+}
+
+/// The request's tools: `tools`, and those an `additional_tools` input item offers (Codex
+/// sends its tools that way to model families that run in code mode).
+fn all_tools(req: &Request) -> std::borrow::Cow<'_, [Value]> {
+    let extra: Vec<&Value> = match &req.input {
+        Value::Array(items) => items
+            .iter()
+            .filter(|i| i["type"] == "additional_tools")
+            .flat_map(|i| i["tools"].as_array().into_iter().flatten())
+            .collect(),
+        _ => Vec::new(),
+    };
+    let top = req.tools.as_deref().unwrap_or_default();
+    if extra.is_empty() {
+        return std::borrow::Cow::Borrowed(top);
+    }
+    let mut all = top.to_vec();
+    all.extend(extra.into_iter().cloned());
+    std::borrow::Cow::Owned(all)
 }
 
 /// What a Chat Completions upstream receives of the request's options (see README, "The
@@ -283,6 +304,18 @@ mod tests {
         assert_eq!(t.chat_options["reasoning_effort"], "high");
         assert_eq!(f.envelope["store"], false);
         assert_eq!(f.envelope["tools"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn tools_of_an_additional_tools_item_are_the_clients_too() {
+        let (t, _) = parsed(json!({"model": "m", "input": [
+            {"type": "additional_tools", "role": "developer", "tools": [
+                {"type": "custom", "name": "exec", "description": "run JavaScript"}]},
+            {"role": "user", "content": "go"}]}));
+        let tools = t.tools.unwrap();
+        assert_eq!(tools.len(), 1);
+        assert_eq!(tools[0].name, "exec");
+        assert_eq!(t.messages.len(), 1);
     }
 
     #[test]
