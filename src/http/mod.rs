@@ -138,28 +138,53 @@ fn sse(
     resp
 }
 
+/// What every surface handler does first: the body under the limit (413 before any parsing
+/// or digest work), then the principal (401).
+struct Admitted {
+    arrived: tokio::time::Instant,
+    cfg: std::sync::Arc<crate::config::Config>,
+    bytes: Bytes,
+    principal: Principal,
+}
+
+async fn admitted(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Admitted, ApiError> {
+    let arrived = tokio::time::Instant::now();
+    let cfg = gw.config();
+    let bytes = read_body(body, headers, cfg.server.max_body_bytes).await?;
+    let principal = principal(gw, headers)?;
+    Ok(Admitted {
+        arrived,
+        cfg,
+        bytes,
+        principal,
+    })
+}
+
+/// What every surface handler does last: time to first byte (for streams, when headers and
+/// the first bytes are ready to go) and the execution id for the log line.
+fn answered(gw: &Gateway, a: &Admitted, execution: String, mut resp: Response) -> Response {
+    gw.metrics().ttfb.observe(a.arrived.elapsed());
+    resp.extensions_mut().insert(ExecutionId(execution));
+    resp
+}
+
 /// `POST /v1/chat/completions`.
 async fn chat(
     State(gw): State<Gateway>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let arrived = tokio::time::Instant::now();
-    let cfg = gw.config();
-    let bytes = read_body(body, &headers, cfg.server.max_body_bytes).await?;
-    let principal = principal(&gw, &headers)?;
-    let (input, framing) = chat::parse(bytes, arrived)?;
-    let leg = gw.execute(&principal, input).await?;
-    let execution = ExecutionId(leg.execution_id.clone());
-    let mut resp = if framing.stream {
-        sse(chat::framing::stream(leg, framing.include_usage, cfg.server.keepalive).await?)
+    let mut a = admitted(&gw, &headers, body).await?;
+    let (input, framing) = chat::parse(std::mem::take(&mut a.bytes), a.arrived)?;
+    let leg = gw.execute(&a.principal, input).await?;
+    let execution = leg.execution_id.clone();
+    let resp = if framing.stream {
+        let keepalive = a.cfg.server.keepalive;
+        sse(chat::framing::stream(leg, framing.include_usage, keepalive).await?)
     } else {
         Json(chat::framing::collect(leg).await?).into_response()
     };
-    // For streams this is when headers and the first bytes are ready to go.
-    gw.metrics().ttfb.observe(arrived.elapsed());
-    resp.extensions_mut().insert(execution);
-    Ok(resp)
+    Ok(answered(&gw, &a, execution, resp))
 }
 
 /// `POST /v1/responses`.
@@ -168,25 +193,21 @@ async fn responses(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let arrived = tokio::time::Instant::now();
-    let cfg = gw.config();
-    let bytes = read_body(body, &headers, cfg.server.max_body_bytes).await?;
-    let principal = principal(&gw, &headers)?;
-    let (input, framing) = responses::parse(&bytes, arrived)?;
+    let mut a = admitted(&gw, &headers, body).await?;
+    let bytes = std::mem::take(&mut a.bytes);
+    let (input, framing) = responses::parse(&bytes, a.arrived)?;
     drop(bytes);
     let leg = gw
-        .execute(&principal, input)
+        .execute(&a.principal, input)
         .await
         .map_err(|e| responses::on_input(e.into()))?;
-    let execution = ExecutionId(leg.execution_id.clone());
-    let mut resp = if framing.stream {
-        sse(responses::framing::stream(leg, framing, cfg.server.keepalive).await?)
+    let execution = leg.execution_id.clone();
+    let resp = if framing.stream {
+        sse(responses::framing::stream(leg, framing, a.cfg.server.keepalive).await?)
     } else {
         Json(responses::framing::collect(leg, framing).await?).into_response()
     };
-    gw.metrics().ttfb.observe(arrived.elapsed());
-    resp.extensions_mut().insert(execution);
-    Ok(resp)
+    Ok(answered(&gw, &a, execution, resp))
 }
 
 async fn models(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Response, ApiError> {

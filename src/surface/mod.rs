@@ -5,3 +5,4 @@
 
 pub mod chat;
 pub mod responses;
+pub mod sse;

@@ -9,18 +9,15 @@
 //! tool-call deltas with their tokens. Chunks from the first one with a `finish_reason` on are
 //! held until the leg ends, because the tokens exist only once the calls are registered.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures::stream::BoxStream;
-use futures::StreamExt;
 use serde_json::{json, Value};
 
 use super::error_body;
 use super::wire::{chunk, completion, usage_chunk, ResponseMeta};
 use crate::engine::{Leg, LegEvent};
 use crate::error::ApiError;
+use crate::surface::sse;
 use crate::turn::ExposedCall;
 
 fn event(v: &Value) -> String {
@@ -64,16 +61,22 @@ struct Framer {
     held: Vec<Value>,
 }
 
-impl Framer {
-    fn chunk(&self, delta: Value, finish: Option<&str>) -> String {
-        event(&chunk(&self.meta, delta, finish, self.include_usage))
-    }
-
-    fn opening(&self) -> String {
+impl sse::Frame for Framer {
+    fn opening(&mut self) -> String {
         if self.native {
             return String::new();
         }
         self.chunk(json!({"role": "assistant"}), None)
+    }
+
+    fn frame(&mut self, ev: LegEvent) -> (String, bool) {
+        Framer::frame(self, ev)
+    }
+}
+
+impl Framer {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> String {
+        event(&chunk(&self.meta, delta, finish, self.include_usage))
     }
 
     /// Frames one leg event; returns the text and whether the stream is finished.
@@ -149,51 +152,19 @@ impl Framer {
     }
 }
 
-/// The streaming body. Waits briefly for the first event so that an early failure is still a
-/// real status.
+/// The streaming body.
 pub async fn stream(
-    mut leg: Leg,
+    leg: Leg,
     include_usage: bool,
     keepalive: Duration,
-) -> Result<BoxStream<'static, Result<Bytes, Infallible>>, ApiError> {
-    let first = match tokio::time::timeout(keepalive, leg.events.recv()).await {
-        Ok(Some(LegEvent::Error(e))) => return Err(e.into()),
-        Ok(None) => return Err(ApiError::upstream()),
-        Ok(Some(ev)) => Some(ev),
-        Err(_) => None,
-    };
-    let mut framer = Framer {
+) -> Result<sse::Body, ApiError> {
+    let framer = Framer {
         meta: meta(&leg),
         include_usage,
         native: leg.native,
         held: Vec::new(),
     };
-    let mut opening = framer.opening();
-    let mut done = false;
-    if let Some(ev) = first {
-        let (text, end) = framer.frame(ev);
-        opening.push_str(&text);
-        done = end;
-    }
-    let state = (leg, framer, done);
-    let rest = futures::stream::unfold(state, move |(mut leg, mut framer, done)| async move {
-        if done {
-            return None;
-        }
-        loop {
-            let (text, end) = match tokio::time::timeout(keepalive, leg.events.recv()).await {
-                Err(_) => (": keep-alive\n\n".to_string(), false),
-                Ok(Some(ev)) => framer.frame(ev),
-                Ok(None) => framer.frame(LegEvent::Error(crate::engine::EngineError::TurnFailed)),
-            };
-            if text.is_empty() && !end {
-                continue;
-            }
-            return Some((Ok(Bytes::from(text)), (leg, framer, end)));
-        }
-    });
-    let head = futures::stream::once(async move { Ok(Bytes::from(opening)) });
-    Ok(head.chain(rest).boxed())
+    sse::stream(leg, framer, keepalive).await
 }
 
 /// Non-streaming: waits for the leg's end and answers one `chat.completion`.
@@ -238,6 +209,7 @@ pub async fn collect(mut leg: Leg) -> Result<Value, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::surface::sse::Frame as _;
     use crate::turn::Usage;
 
     fn framer(include_usage: bool) -> Framer {

@@ -11,17 +11,14 @@
 //! are shown as the client declared them (`ToolMap`): a `function_call` (with its `namespace`
 //! if it had one) or a `custom_tool_call` whose `input` is the function form's `input`.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures::stream::BoxStream;
-use futures::StreamExt;
 use serde_json::{json, Map, Value};
 
 use super::{error_body, response_id, Framing};
-use crate::engine::{EngineError, Leg, LegEvent};
+use crate::engine::{Leg, LegEvent};
 use crate::error::ApiError;
+use crate::surface::sse;
 use crate::turn::{ExposedCall, Usage};
 
 fn usage_json(u: Usage) -> Value {
@@ -106,6 +103,16 @@ struct Framer {
     message: Option<(String, String)>,
     /// Finished output items.
     output: Vec<Value>,
+}
+
+impl sse::Frame for Framer {
+    fn opening(&mut self) -> String {
+        Framer::opening(self)
+    }
+
+    fn frame(&mut self, ev: LegEvent) -> (String, bool) {
+        Framer::frame(self, ev)
+    }
 }
 
 impl Framer {
@@ -248,52 +255,22 @@ impl Framer {
     }
 }
 
-/// The streaming body. Waits briefly for the first event so that an early failure is still a
-/// real status.
+/// The streaming body.
 pub async fn stream(
-    mut leg: Leg,
+    leg: Leg,
     framing: Framing,
     keepalive: Duration,
-) -> Result<BoxStream<'static, Result<Bytes, Infallible>>, ApiError> {
-    let first = match tokio::time::timeout(keepalive, leg.events.recv()).await {
-        Ok(Some(LegEvent::Error(e))) => return Err(super::on_input(e.into())),
-        Ok(None) => return Err(ApiError::upstream()),
-        Ok(Some(ev)) => Some(ev),
-        Err(_) => None,
-    };
-    let mut framer = Framer {
+) -> Result<sse::Body, ApiError> {
+    let framer = Framer {
         leg: meta(&leg),
         f: framing,
         seq: 0,
         message: None,
         output: Vec::new(),
     };
-    let mut opening = framer.opening();
-    let mut done = false;
-    if let Some(ev) = first {
-        let (text, end) = framer.frame(ev);
-        opening.push_str(&text);
-        done = end;
-    }
-    let state = (leg, framer, done);
-    let rest = futures::stream::unfold(state, move |(mut leg, mut framer, done)| async move {
-        if done {
-            return None;
-        }
-        loop {
-            let (text, end) = match tokio::time::timeout(keepalive, leg.events.recv()).await {
-                Err(_) => (": keep-alive\n\n".to_string(), false),
-                Ok(Some(ev)) => framer.frame(ev),
-                Ok(None) => framer.frame(LegEvent::Error(EngineError::TurnFailed)),
-            };
-            if text.is_empty() && !end {
-                continue;
-            }
-            return Some((Ok(Bytes::from(text)), (leg, framer, end)));
-        }
-    });
-    let head = futures::stream::once(async move { Ok(Bytes::from(opening)) });
-    Ok(head.chain(rest).boxed())
+    sse::stream(leg, framer, keepalive)
+        .await
+        .map_err(super::on_input)
 }
 
 /// Non-streaming: waits for the leg's end and answers one response object.
@@ -325,6 +302,7 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::EngineError;
     use crate::surface::responses::tools;
 
     fn framer() -> Framer {
