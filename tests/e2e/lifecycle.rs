@@ -116,13 +116,7 @@ async fn backend_crash_while_suspended_is_410_lost() {
     let gw = Gateway::start().await;
     let req = tool_request("tool", "x");
     let (_, resp) = gw.chat(ALICE, &req).await;
-    let pid = demo_pids(&gw)[0];
-    assert!(std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
-    wait_until("killed child reaped", || !pid_alive(pid)).await;
+    kill_demo_backend(&gw).await;
     let next = continuation(&req, &resp, |_, _| json!("R"));
     let (status, v) = gw.chat(ALICE, &next).await;
     assert_eq!(status, 410, "{v}");

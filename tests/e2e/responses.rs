@@ -328,13 +328,7 @@ async fn expiry_and_crash_are_410() {
 
     let gw = Gateway::start().await;
     let (_, resp) = create(&gw, ALICE, &req).await;
-    let pid = gw.spy_events("started")[0]["pid"].as_u64().unwrap();
-    assert!(std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
-    wait_until("killed child reaped", || !pid_alive(pid)).await;
+    kill_demo_backend(&gw).await;
     let (s, v) = create(&gw, ALICE, &stateless(&req, &resp, |_, _| "R".into())).await;
     assert_eq!(
         (s, error_code(&v)),

@@ -464,6 +464,19 @@ pub fn error_code(v: &Value) -> String {
     v["error"]["code"].as_str().unwrap_or_default().to_string()
 }
 
+/// Kills the first demo backend process with SIGKILL and waits (bounded) until it is reaped.
+pub async fn kill_demo_backend(gw: &Gateway) {
+    let pid = gw.spy_events("started")[0]["pid"]
+        .as_u64()
+        .expect("demo pid");
+    assert!(Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("kill")
+        .success());
+    wait_until("killed child reaped", || !pid_alive(pid)).await;
+}
+
 /// True while a process with this pid exists (zombies included until reaped).
 pub fn pid_alive(pid: u64) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
