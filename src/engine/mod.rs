@@ -245,18 +245,18 @@ impl Engine {
     pub async fn execute(
         &self,
         principal: &Principal,
-        input: TurnInput,
+        mut input: TurnInput,
     ) -> Result<Leg, EngineError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(EngineError::ShuttingDown);
         }
-        let Some(c) = &input.continuation else {
+        let Some(c) = input.continuation.take() else {
             // Only fresh turns are limited: a continuation refused here would strand the
             // held turn it answers.
             let slot = self.admit(principal)?;
             return self.fresh(principal, input, slot).await;
         };
-        let claimed = self.claim(principal, &input, c);
+        let claimed = self.claim(principal, &input, &c);
         match claimed {
             Err(e) => {
                 let e = EngineError::from(e);
@@ -265,10 +265,7 @@ impl Engine {
                     .rejection(ApiError::from(e.clone()).code.as_str());
                 Err(e)
             }
-            Ok((suspended, placement)) => {
-                let c = c.clone();
-                self.answer(suspended, placement, input, c).await
-            }
+            Ok((suspended, placement)) => self.answer(suspended, placement, input, c).await,
         }
     }
 
