@@ -51,6 +51,24 @@ enum Command {
         #[command(subcommand)]
         action: ApprovalAction,
     },
+    /// Daily token usage on a running gateway: your own, or everyone's for an approver.
+    Usage {
+        /// Gateway base URL.
+        #[arg(long, env = "TURNSTILE_URL", default_value = "http://127.0.0.1:8787")]
+        url: String,
+        /// API key of the client (an approver sees every client).
+        #[arg(long, env = "TURNSTILE_KEY", hide_env_values = true)]
+        key: String,
+        /// Only this client (approvers).
+        #[arg(long)]
+        client: Option<String>,
+        /// First day, YYYY-MM-DD (UTC).
+        #[arg(long)]
+        from: Option<String>,
+        /// Last day, YYYY-MM-DD (UTC).
+        #[arg(long)]
+        to: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -77,6 +95,19 @@ enum ApprovalAction {
     },
 }
 
+/// `turnstile usage`: prints the gateway's JSON answer.
+fn usage_cli(url: &str, key: &str, filters: [(&str, Option<String>); 3]) -> ExitCode {
+    let query: Vec<String> = filters
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}")))
+        .collect();
+    let mut target = format!("{}/v1/usage", url.trim_end_matches('/'));
+    if !query.is_empty() {
+        target = format!("{target}?{}", query.join("&"));
+    }
+    call_cli(&target, key, None)
+}
+
 /// Runs one approvals command; prints the JSON answer. Non-2xx answers exit 1.
 fn approvals_cli(url: &str, key: &str, action: ApprovalAction) -> ExitCode {
     let base = format!("{}/v1/approvals", url.trim_end_matches('/'));
@@ -96,6 +127,12 @@ fn approvals_cli(url: &str, key: &str, action: ApprovalAction) -> ExitCode {
         ApprovalAction::Approve { id, reason } => decision(&id, "approve", reason),
         ApprovalAction::Deny { id, reason } => decision(&id, "deny", reason),
     };
+    call_cli(&target, key, body)
+}
+
+/// One request to a running gateway (GET, or POST with a JSON body); prints the answer,
+/// pretty. Non-2xx answers exit 1.
+fn call_cli(target: &str, key: &str, body: Option<serde_json::Value>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -109,8 +146,8 @@ fn approvals_cli(url: &str, key: &str, action: ApprovalAction) -> ExitCode {
     let result = runtime.block_on(async {
         let client = reqwest::Client::new();
         let req = match body {
-            Some(b) => client.post(&target).json(&b),
-            None => client.get(&target),
+            Some(b) => client.post(target).json(&b),
+            None => client.get(target),
         };
         let resp = req.bearer_auth(key).send().await?;
         let status = resp.status();
@@ -168,6 +205,13 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Approvals { url, key, action } => approvals_cli(&url, &key, action),
+        Command::Usage {
+            url,
+            key,
+            client,
+            from,
+            to,
+        } => usage_cli(&url, &key, [("client", client), ("from", from), ("to", to)]),
         Command::Check { config } => match turnstile::config::load(&config) {
             Ok(cfg) => {
                 println!(

@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::turn::Usage;
+
 /// Bucket upper bounds in seconds (shared by both histograms).
 const BUCKETS: [f64; 14] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0,
@@ -65,6 +67,11 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     rejections: Mutex<BTreeMap<&'static str, u64>>,
     endings: Mutex<BTreeMap<&'static str, u64>>,
+    /// Tokens the backends reported, by (client, model).
+    tokens: Mutex<BTreeMap<(String, String), Usage>>,
+    /// Continuity lookups by (result, reason): `("hit", "")`, `("miss", reason)`, and
+    /// idle threads released by (`"released"`, reason).
+    continuity: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     /// Time the gateway itself spends on a request before the backend is engaged.
     pub overhead: Histogram,
     /// Request start to the first response byte.
@@ -79,6 +86,20 @@ pub struct Gauges {
     pub pending_approvals: usize,
     /// (backend, busy, capacity)
     pub sessions: Vec<(String, usize, usize)>,
+    /// Backend threads kept idle for their conversation's next turn.
+    pub idle_threads: usize,
+}
+
+/// A label value with `\`, `"` and newlines escaped (client and model ids come from config).
+fn label(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return std::borrow::Cow::Borrowed(v);
+    }
+    std::borrow::Cow::Owned(
+        v.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n"),
+    )
 }
 
 impl Metrics {
@@ -96,6 +117,19 @@ impl Metrics {
     pub fn ended(&self, reason: &'static str) {
         let mut m = self.endings.lock().unwrap_or_else(|e| e.into_inner());
         *m.entry(reason).or_default() += 1;
+    }
+
+    /// A backend reported usage for one model request of this client and model.
+    pub fn tokens(&self, client: &str, model: &str, u: Usage) {
+        let mut m = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (client.to_string(), model.to_string());
+        m.entry(key).or_default().add(u);
+    }
+
+    /// A continuity outcome: `hit`, `miss` (with its reason) or `released` (with why).
+    pub fn continuity(&self, result: &'static str, reason: &'static str) {
+        let mut m = self.continuity.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry((result, reason)).or_default() += 1;
     }
 
     pub fn render(&self, g: &Gauges) -> String {
@@ -136,6 +170,43 @@ impl Metrics {
                 "turnstile_executions_ended_total{{reason=\"{reason}\"}} {n}"
             );
         }
+        out.push_str("# HELP turnstile_tokens_total Tokens the backends reported, by client, model and kind (input includes cached_input; output includes reasoning).\n# TYPE turnstile_tokens_total counter\n");
+        for ((client, model), u) in self.tokens.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let (client, model) = (label(client), label(model));
+            for (kind, n) in [
+                ("input", u.prompt_tokens),
+                ("cached_input", u.cached_tokens),
+                ("output", u.completion_tokens),
+                ("reasoning", u.reasoning_tokens),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "turnstile_tokens_total{{client=\"{client}\",model=\"{model}\",kind=\"{kind}\"}} {n}"
+                );
+            }
+        }
+        let continuity = self.continuity.lock().unwrap_or_else(|e| e.into_inner());
+        out.push_str("# HELP turnstile_continuity_hits_total Fresh requests that continued a kept backend thread.\n# TYPE turnstile_continuity_hits_total counter\n");
+        let hits = continuity.get(&("hit", "")).copied().unwrap_or(0);
+        let _ = writeln!(out, "turnstile_continuity_hits_total {hits}");
+        for (result, name, help) in [
+            (
+                "miss",
+                "turnstile_continuity_misses_total",
+                "Follow-up requests that got a fresh thread, by reason.",
+            ),
+            (
+                "released",
+                "turnstile_continuity_released_total",
+                "Idle threads released, by reason.",
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for ((_, reason), n) in continuity.iter().filter(|((r, _), _)| *r == result) {
+                let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {n}");
+            }
+        }
+        drop(continuity);
         self.overhead.render(
             "turnstile_gateway_overhead_seconds",
             "Gateway time per request before the backend is engaged (parsing, auth, digests, validation, claim).",
@@ -173,6 +244,12 @@ impl Metrics {
             "Approvals waiting for a decision.",
             g.pending_approvals,
         );
+        gauge(
+            &mut out,
+            "turnstile_continuity_idle_threads",
+            "Backend threads kept idle for their conversation's next turn.",
+            g.idle_threads,
+        );
         out.push_str("# HELP turnstile_backend_sessions Backend sessions by state.\n# TYPE turnstile_backend_sessions gauge\n");
         for (b, busy, cap) in &g.sessions {
             let _ = writeln!(
@@ -200,6 +277,14 @@ mod tests {
         m.request("/v1/chat/completions", 200);
         m.rejection("continuation_mismatch");
         m.ended("completed");
+        m.continuity("miss", "unknown");
+        m.continuity("hit", "");
+        let u = Usage {
+            prompt_tokens: 10,
+            cached_tokens: 4,
+            ..Usage::default()
+        };
+        m.tokens("al\"ice", "codex", u);
         m.overhead.observe(Duration::from_micros(300));
         let text = m.render(&Gauges {
             suspended_executions: 1,
@@ -207,6 +292,7 @@ mod tests {
             tombstones: 3,
             pending_approvals: 0,
             sessions: vec![("demo".into(), 1, 16)],
+            idle_threads: 2,
         });
         assert!(text
             .contains("turnstile_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2"));
@@ -218,5 +304,11 @@ mod tests {
         assert!(text.contains("turnstile_gateway_overhead_seconds_count 1"));
         assert!(text.contains("turnstile_backend_sessions{backend=\"demo\",state=\"idle\"} 15"));
         assert!(text.contains("turnstile_pending_continuations 2"));
+        assert!(text.contains("turnstile_continuity_idle_threads 2"));
+        assert!(text.contains("turnstile_continuity_hits_total 1"));
+        assert!(text.contains("turnstile_continuity_misses_total{reason=\"unknown\"} 1"));
+        assert!(text.contains(
+            "turnstile_tokens_total{client=\"al\\\"ice\",model=\"codex\",kind=\"cached_input\"} 4"
+        ));
     }
 }

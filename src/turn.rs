@@ -122,6 +122,64 @@ pub enum ToolChoice {
     Invalid,
 }
 
+/// How hard the backend should reason, in the OpenAI vocabulary that both OpenAI surfaces
+/// and Codex share. Each surface maps its own field onto it (unknown values are 400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effort {
+    None,
+    Minimal,
+    Low,
+    Medium,
+    High,
+    XHigh,
+}
+
+impl Effort {
+    /// The OpenAI value (`reasoning_effort`, `reasoning.effort`).
+    pub fn parse(s: &str) -> Option<Effort> {
+        Some(match s {
+            "none" => Effort::None,
+            "minimal" => Effort::Minimal,
+            "low" => Effort::Low,
+            "medium" => Effort::Medium,
+            "high" => Effort::High,
+            "xhigh" => Effort::XHigh,
+            _ => return None,
+        })
+    }
+
+    /// The value a backend receives (Codex's `turn/start.effort`, an upstream's
+    /// `reasoning_effort`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effort::None => "none",
+            Effort::Minimal => "minimal",
+            Effort::Low => "low",
+            Effort::Medium => "medium",
+            Effort::High => "high",
+            Effort::XHigh => "xhigh",
+        }
+    }
+
+    /// Reads an OpenAI effort field: absent or null is none, a known string is that effort,
+    /// anything else is a 400 on `param`.
+    pub fn read(
+        v: Option<&Value>,
+        param: &'static str,
+    ) -> Result<Option<Effort>, crate::error::ApiError> {
+        match v {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Effort::parse(s).map(Some).ok_or_else(|| {
+                crate::error::ApiError::invalid(format!(
+                    "`{param}` must be one of \"none\", \"minimal\", \"low\", \"medium\", \"high\", \"xhigh\""
+                ))
+                .with_param(param)
+            }),
+            Some(_) => Err(crate::error::ApiError::invalid(format!("`{param}` must be a string")).with_param(param)),
+        }
+    }
+}
+
 /// The tool-side digests of a request, for the suspension its leg may reach: the canonical
 /// tool set, the tool choice and the whole conversation as sent (the prefix of whatever
 /// assistant message the leg produces).
@@ -175,11 +233,16 @@ pub struct TurnInput {
     /// an agent refuses the request; a stateless upstream receives them as sent).
     pub tools: Result<Vec<ToolDef>, String>,
     pub tool_choice: ToolChoice,
+    /// The reasoning effort asked for (bound in the `tool_choice` digest).
+    pub effort: Option<Effort>,
     pub parallel_tool_calls: bool,
     /// The client wants the answer streamed (a stateless upstream is asked the same).
     pub stream: bool,
     pub fingerprint: Fingerprint,
     pub continuation: Option<Continuation>,
+    /// A fresh turn that continues the conversation of this completed execution, named by
+    /// reference (`previous_response_id` with new input only).
+    pub follows: Option<String>,
     /// The request body as the client sent it, when the surface's wire is the one stateless
     /// upstreams speak (Chat Completions): forwarded with only `model` renamed, so fields the
     /// gateway does not interpret reach the upstream untouched.
@@ -197,7 +260,10 @@ pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub total_tokens: u64,
+    /// Of `prompt_tokens`, those the provider served from its cache.
     pub cached_tokens: u64,
+    /// Of `completion_tokens`, those spent reasoning.
+    pub reasoning_tokens: u64,
 }
 
 impl Usage {
@@ -206,6 +272,7 @@ impl Usage {
         self.completion_tokens += other.completion_tokens;
         self.total_tokens += other.total_tokens;
         self.cached_tokens += other.cached_tokens;
+        self.reasoning_tokens += other.reasoning_tokens;
     }
 }
 

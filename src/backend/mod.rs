@@ -11,6 +11,8 @@
 pub mod app_server;
 pub mod upstream;
 
+use std::sync::Arc;
+
 use futures::channel::mpsc;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
@@ -41,6 +43,44 @@ pub struct LegRequest<'a> {
     pub execution_id: &'a str,
     pub model: &'a ModelConfig,
     pub input: &'a TurnInput,
+    /// Where the backend reports each model request's usage as it hears it, whichever way
+    /// the turn then ends (accounting; the client's report is `TurnEvent::Usage`).
+    pub meter: Meter,
+    /// A thread kept idle from the same conversation's last turn: the backend continues it
+    /// with the messages from `Kept::from` on instead of rendering the whole conversation.
+    pub kept: Option<Kept>,
+}
+
+/// The accounting sink of one execution.
+pub type Meter = Arc<dyn Fn(Usage) + Send + Sync>;
+
+/// A backend thread whose turn completed, kept for the conversation's next turn. Dropping it
+/// releases the thread in the backend.
+pub struct Idle(pub Box<dyn IdleThread>);
+
+pub trait IdleThread: std::any::Any + Send + Sync {
+    /// False once the process holding it died or is being recycled.
+    fn usable(&self) -> bool;
+}
+
+impl Idle {
+    pub fn usable(&self) -> bool {
+        self.0.usable()
+    }
+}
+
+impl std::fmt::Debug for Idle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Idle")
+    }
+}
+
+/// An idle thread handed to the leg that continues its conversation.
+#[derive(Debug)]
+pub struct Kept {
+    pub thread: Idle,
+    /// The first message of the input the thread has not seen.
+    pub from: usize,
 }
 
 /// One client result for an exposed call.
@@ -200,6 +240,11 @@ pub trait TurnControl: Send + Sync {
     fn detach(&self, _invocations: &[u64]) -> Option<Vec<String>> {
         None
     }
+    /// After the turn completed: the thread, kept idle for the conversation's next turn
+    /// (None: nothing to keep, and dropping the control releases it).
+    fn keep(self: Box<Self>) -> Option<Idle> {
+        None
+    }
 }
 
 enum Events {
@@ -250,6 +295,11 @@ impl Turn {
             Events::Channel(rx) => futures::StreamExt::next(rx).await,
             Events::Stream(s) => futures::StreamExt::next(s).await,
         }
+    }
+
+    /// The completed turn's thread, kept idle (see [`TurnControl::keep`]).
+    pub fn keep(self) -> Option<Idle> {
+        self.control.keep()
     }
 
     /// Suspends the turn behind the exposed calls. A stateless backend's turn ends here (its

@@ -17,7 +17,7 @@ use serde_path_to_error::{Path as KeyPath, Segment};
 use super::raw::{
     DEFAULT_ACQUIRE_TIMEOUT_MS, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_FIRST_BYTE_TIMEOUT_MS,
     DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_MAX_IDLE_CONNECTIONS, DEFAULT_MAX_SESSIONS, DEFAULT_PROCESSES,
-    DEFAULT_TOTAL_TIMEOUT_MS,
+    DEFAULT_RECYCLE_AFTER_THREADS, DEFAULT_TOTAL_TIMEOUT_MS,
 };
 use super::{err, resolve, BackendConfig, ConfigError, UpstreamConfig};
 
@@ -59,6 +59,7 @@ pub(super) struct RawAppServer {
     pub processes: Option<usize>,
     pub acquire_timeout_ms: Option<u64>,
     pub reserved_tool_names: Option<Vec<String>>,
+    pub recycle_after_threads: Option<u64>,
 }
 
 /// `kind = "openai"`: a stateless OpenAI-compatible HTTP upstream.
@@ -126,6 +127,12 @@ fn app_server_backend(
     if max_sessions == 0 {
         return Err(err(at("max_sessions"), "must be greater than 0"));
     }
+    let recycle_after_threads = b
+        .recycle_after_threads
+        .unwrap_or(DEFAULT_RECYCLE_AFTER_THREADS);
+    if recycle_after_threads == 0 {
+        return Err(err(at("recycle_after_threads"), "must be greater than 0"));
+    }
     let processes = b.processes.unwrap_or(DEFAULT_PROCESSES);
     if processes == 0 {
         return Err(err(at("processes"), "must be greater than 0"));
@@ -162,6 +169,7 @@ fn app_server_backend(
                 .map(|s| s.to_string())
                 .collect()
         }),
+        recycle_after_threads,
     })
 }
 

@@ -82,6 +82,7 @@ pub struct Config {
     pub upstreams: BTreeMap<String, UpstreamConfig>,
     pub approval_ttl: Duration,
     pub continuations: ContinuationLimits,
+    pub continuity: ContinuityConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -155,8 +156,11 @@ pub struct BackendConfig {
     pub acquire_timeout: Duration,
     /// Client tool names the backend would shadow with a built-in of its own (Codex runs its
     /// `view_image` or `request_user_input` instead of calling the client's tool of that
-    /// name). A request declaring one is refused rather than silently rerouted.
+    /// name). Such a tool is declared under another name and its calls renamed back.
     pub reserved_tool_names: Vec<String>,
+    /// A process that has started this many threads is replaced by a fresh one; it takes
+    /// no new work, drains its live and held turns, then exits.
+    pub recycle_after_threads: u64,
 }
 
 /// `kind = "openai"`: a stateless OpenAI-compatible HTTP upstream.
@@ -171,6 +175,15 @@ pub struct UpstreamConfig {
     pub idle_timeout: Duration,
     pub total_timeout: Duration,
     pub max_idle_connections: usize,
+}
+
+/// `[continuity]`: keeping an agent's thread idle for the conversation's next turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContinuityConfig {
+    pub enabled: bool,
+    pub idle_ttl: Duration,
+    pub max_idle_per_client: usize,
+    pub max_idle: usize,
 }
 
 #[derive(Debug, Clone)]

@@ -48,6 +48,17 @@ pub(super) const DEFAULT_TOTAL_TIMEOUT_MS: u64 = 900_000;
 /// `backends.NAME.max_idle_connections` (`kind = "openai"`).
 pub(super) const DEFAULT_MAX_IDLE_CONNECTIONS: usize = 64;
 
+/// `backends.NAME.recycle_after_threads` (`kind = "app-server"`): measured on Codex 0.169.0,
+/// a process that deletes every released thread levels off about 30 MiB above its first
+/// turns, so this is a safety net for slower leaks, far below any memory budget.
+pub(super) const DEFAULT_RECYCLE_AFTER_THREADS: u64 = 1_000;
+
+/// `continuity.*`.
+pub(super) const DEFAULT_CONTINUITY_ENABLED: bool = true;
+pub(super) const DEFAULT_IDLE_TTL_SECONDS: u64 = 600;
+pub(super) const DEFAULT_MAX_IDLE_PER_CLIENT: usize = 4;
+pub(super) const DEFAULT_MAX_IDLE: usize = 256;
+
 /// `approvals.ttl_seconds`.
 pub(super) const DEFAULT_APPROVAL_TTL_SECONDS: u64 = 900;
 
@@ -98,6 +109,8 @@ pub(super) struct RawConfig {
     pub approvals: RawApprovals,
     #[serde(default)]
     pub continuations: RawContinuations,
+    #[serde(default)]
+    pub continuity: RawContinuity,
 }
 
 #[derive(Debug, Deserialize)]
@@ -247,6 +260,26 @@ impl Default for RawContinuations {
             max_rounds: DEFAULT_MAX_ROUNDS,
             max_tool_result_bytes: DEFAULT_MAX_TOOL_RESULT_BYTES,
             batch_debounce_ms: DEFAULT_BATCH_DEBOUNCE_MS,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawContinuity {
+    pub enabled: bool,
+    pub idle_ttl_seconds: u64,
+    pub max_idle_per_client: usize,
+    pub max_idle: usize,
+}
+
+impl Default for RawContinuity {
+    fn default() -> Self {
+        RawContinuity {
+            enabled: DEFAULT_CONTINUITY_ENABLED,
+            idle_ttl_seconds: DEFAULT_IDLE_TTL_SECONDS,
+            max_idle_per_client: DEFAULT_MAX_IDLE_PER_CLIENT,
+            max_idle: DEFAULT_MAX_IDLE,
         }
     }
 }

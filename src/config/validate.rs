@@ -9,10 +9,13 @@ use std::time::Duration;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
-use super::raw::{RawClient, RawConfig, RawContinuations, RawModel, DEFAULT_DECISION};
+use super::raw::{
+    RawClient, RawConfig, RawContinuations, RawContinuity, RawModel, DEFAULT_DECISION,
+};
 use super::{
     backends, err, jwt, resolve, ApprovalPolicy, ClientConfig, ClientLimits, Config, ConfigError,
-    ContinuationLimits, Credential, JwtIssuer, ModelConfig, Rate, Role, ServerConfig,
+    ContinuationLimits, ContinuityConfig, Credential, JwtIssuer, ModelConfig, Rate, Role,
+    ServerConfig,
 };
 use crate::auth::jwt::{MAX_SUBJECT_BYTES, PRINCIPAL_PREFIX};
 
@@ -42,6 +45,7 @@ pub(super) fn validate(
     let jwt_issuers = jwt::jwt_issuers(raw.auth.jwt, base, read)?;
     let clients = clients(raw.clients, &jwt_issuers)?;
     let continuations = continuations(raw.continuations)?;
+    let continuity = continuity(raw.continuity)?;
     if raw.approvals.ttl_seconds == 0 {
         return Err(err("approvals.ttl_seconds", "must be greater than 0"));
     }
@@ -60,6 +64,20 @@ pub(super) fn validate(
         upstreams: backends.upstreams,
         approval_ttl: Duration::from_secs(raw.approvals.ttl_seconds),
         continuations,
+        continuity,
+    })
+}
+
+fn continuity(c: RawContinuity) -> Result<ContinuityConfig, ConfigError> {
+    if c.idle_ttl_seconds == 0 {
+        return Err(err("continuity.idle_ttl_seconds", "must be greater than 0"));
+    }
+    // A bound of 0 keeps nothing: the same as `enabled = false`.
+    Ok(ContinuityConfig {
+        enabled: c.enabled && c.max_idle > 0 && c.max_idle_per_client > 0,
+        idle_ttl: Duration::from_secs(c.idle_ttl_seconds),
+        max_idle_per_client: c.max_idle_per_client,
+        max_idle: c.max_idle,
     })
 }
 

@@ -53,6 +53,9 @@ pub enum ContinuationError {
     Mismatch(String),
     /// The caller's grant for the model was revoked while suspended.
     Revoked,
+    /// `previous_response_id` of a fresh turn names no completed response whose thread is
+    /// kept: unknown, another principal's, released or expired (one body for all).
+    ResponseNotFound,
 }
 
 impl From<ContinuationError> for EngineError {
@@ -69,6 +72,13 @@ impl From<BackendError> for EngineError {
 
 fn continuation(e: ContinuationError) -> ApiError {
     let e = match e {
+        ContinuationError::ResponseNotFound => {
+            return ApiError::new(
+                ErrorCode::ContinuationNotFound,
+                "No completed response with this id is held (unknown, expired or released); send the whole conversation in `input` instead.",
+            )
+            .with_param("previous_response_id")
+        }
         // Identical for unknown and foreign tokens: nothing in it depends on the lookup.
         ContinuationError::NotFound => ApiError::new(
             ErrorCode::ContinuationNotFound,

@@ -75,29 +75,39 @@ pub struct History {
     pub messages: Option<Vec<Message>>,
 }
 
-/// What a leg's suspension needs from the request that drives it.
+/// What a leg's ending needs from the request that drives it: a suspension, and a completed
+/// agent turn whose thread is kept (continuity).
 pub struct LegContext {
     pub fingerprint: Fingerprint,
     pub parallel: bool,
     pub echo: EchoFn,
     pub digest: DigestFn,
-    /// The leg's conversation, for a surface that keeps history.
-    pub history: Option<History>,
+    /// The surface keeps a suspension's conversation (answers by reference).
+    pub keeps_history: bool,
+    /// The digest of every message of the leg's conversation (an agent's, or on a surface
+    /// that keeps history; empty otherwise).
+    pub digests: Vec<[u8; 32]>,
+    /// The messages, for a stateless upstream on a surface that keeps history.
+    pub messages: Option<Vec<Message>>,
 }
 
 impl LegContext {
-    /// Takes what the suspension needs out of a request whose backend leg has started.
+    /// Takes what the leg's ending needs out of a request whose backend leg has started.
     pub fn of(input: &mut TurnInput, kind: BackendKind) -> LegContext {
-        let history = input.surface.keeps_history().then(|| History {
-            digests: std::mem::take(&mut input.message_digests),
-            messages: (kind == BackendKind::Upstream).then(|| std::mem::take(&mut input.messages)),
-        });
+        let keeps_history = input.surface.keeps_history();
+        let digests = match keeps_history || kind == BackendKind::Agent {
+            true => std::mem::take(&mut input.message_digests),
+            false => Vec::new(),
+        };
         LegContext {
             fingerprint: input.fingerprint,
             parallel: input.parallel_tool_calls,
             echo: input.echo,
             digest: input.digest,
-            history,
+            keeps_history,
+            digests,
+            messages: (keeps_history && kind == BackendKind::Upstream)
+                .then(|| std::mem::take(&mut input.messages)),
         }
     }
 }

@@ -120,14 +120,24 @@ impl Engine {
                     return self.suspend(exec, ctx, calls, text, usage, tx).await;
                 }
                 Some(TurnEvent::Completed | TurnEvent::Yield) => {
+                    // The thread is kept before the client learns the answer is complete,
+                    // so its next request finds it.
+                    let Execution {
+                        meta,
+                        kind,
+                        journaled,
+                        turn,
+                        slot,
+                        ..
+                    } = exec;
+                    self.keep_thread(&meta, kind, ctx, &text, turn);
                     let _ = tx
                         .send(LegEvent::End {
                             calls: Vec::new(),
                             usage,
                         })
                         .await;
-                    let meta = exec.meta.clone();
-                    return self.end(&meta, exec.journaled, EndReason::Completed, exec);
+                    return self.end(&meta, journaled, EndReason::Completed, slot);
                 }
                 Some(TurnEvent::Failed(detail)) => {
                     tracing::warn!(execution = %exec.meta.id, detail_len = detail.len(), "backend turn failed");

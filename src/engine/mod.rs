@@ -14,9 +14,12 @@
 
 mod admission;
 mod approval_policy;
+mod continuity;
+mod conversation;
 mod ending;
 mod error;
 mod execution;
+mod ledger;
 mod leg;
 mod resume;
 mod suspension;
@@ -57,7 +60,11 @@ struct Inner {
     backends: BTreeMap<String, Arc<dyn Backend>>,
     registry: Registry<Suspended>,
     approvals: Approvals,
-    metrics: Metrics,
+    metrics: Arc<Metrics>,
+    /// Usage accounting (metrics and daily totals in the store).
+    ledger: Arc<ledger::Ledger>,
+    /// Idle backend threads kept for their conversation's next turn.
+    continuity: continuity::Continuity,
     store: Arc<Store>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
@@ -121,6 +128,7 @@ impl Engine {
         );
         let approvals = Approvals::new(store.clone()).map_err(|e| e.to_string())?;
         let deaths = backends.values().filter_map(|b| b.deaths()).collect();
+        let metrics = Arc::new(Metrics::default());
         let engine = Engine {
             inner: Arc::new(Inner {
                 config: RwLock::new(Arc::new(cfg)),
@@ -128,7 +136,9 @@ impl Engine {
                 backends,
                 registry,
                 approvals,
-                metrics: Metrics::default(),
+                ledger: ledger::Ledger::new(metrics.clone()),
+                metrics,
+                continuity: continuity::Continuity::default(),
                 store,
                 shutdown: CancellationToken::new(),
                 tracker: TaskTracker::new(),
@@ -225,6 +235,28 @@ impl Engine {
                     (n.clone(), s.busy, s.capacity)
                 })
                 .collect(),
+            idle_threads: self.inner.continuity.len(),
+        }
+    }
+
+    /// Daily usage totals: the caller's own, or, for an approver, everyone's (optionally one
+    /// principal's). Reported usage not yet written is written first.
+    pub fn usage(
+        &self,
+        principal: &Principal,
+        mut q: crate::store::UsageQuery,
+    ) -> Result<Vec<crate::store::UsageRow>, crate::store::StoreError> {
+        if !principal.approver {
+            q.principal = Some(principal.id.clone());
+        }
+        self.inner.ledger.flush(&self.inner.store)?;
+        self.inner.store.usage(&q)
+    }
+
+    /// Writes the usage deltas to the store (the timer does this about once a second).
+    fn flush_usage(&self) {
+        if let Err(e) = self.inner.ledger.flush(&self.inner.store) {
+            tracing::error!(error = %e, "could not write usage totals; kept for the next try");
         }
     }
 
@@ -313,6 +345,7 @@ impl Engine {
             .ok_or(EngineError::TurnFailed)?;
         backend.validate(&*input)?;
         let kind = backend.kind();
+        let kept = self.kept_thread(&principal.id, &model.id, backend.kind(), input)?;
         let meta = ExecutionMeta {
             id: new_id("exe-"),
             principal: principal.id.clone(),
@@ -339,6 +372,8 @@ impl Engine {
             execution_id: &meta.id,
             model,
             input: &*input,
+            meter: self.inner.ledger.meter(&meta.principal, &meta.model),
+            kept,
         };
         let turn = match backend.start(leg).await {
             Ok(t) => t,
@@ -376,6 +411,7 @@ impl Engine {
             }
         }
         self.inner.approvals.cancel_all();
+        drop(self.inner.continuity.clear());
     }
 
     /// Stops legs, settles every held turn as `lost` (so replays after a restart answer 410),
@@ -384,6 +420,7 @@ impl Engine {
         self.begin_shutdown();
         self.inner.tracker.close();
         self.inner.tracker.wait().await;
+        self.flush_usage();
         for b in self.inner.backends.values() {
             b.shutdown().await;
         }

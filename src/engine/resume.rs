@@ -219,6 +219,8 @@ impl Engine {
                 execution_id: &meta.id,
                 model,
                 input: &*input,
+                meter: self.inner.ledger.meter(&meta.principal, &meta.model),
+                kept: None,
             },
             continuation: c,
             answers,

@@ -84,7 +84,11 @@ impl Engine {
             prefix: ctx.fingerprint.prefix,
             echo: (ctx.echo)(&text, &exposed),
         };
-        let history = ctx.history.map(|mut h| {
+        let history = ctx.keeps_history.then(|| {
+            let mut h = super::execution::History {
+                digests: ctx.digests,
+                messages: ctx.messages,
+            };
             let assistant = Message {
                 role: Role::Assistant,
                 text: text.clone(),

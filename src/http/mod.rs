@@ -6,6 +6,7 @@
 
 mod approvals;
 mod error;
+mod usage;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -29,6 +30,7 @@ pub fn router(gw: Engine) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/responses", post(responses))
         .route("/v1/models", get(models))
+        .route("/v1/usage", get(usage::usage))
         .route("/v1/approvals", get(approvals::list))
         .route("/v1/approvals/events", get(approvals::events))
         .route("/v1/approvals/{id}", get(approvals::show))

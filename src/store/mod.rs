@@ -14,8 +14,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rusqlite::{params, Connection};
 
 mod suspensions;
+mod usage;
 
 pub use suspensions::{StoredSuspension, SuspensionRecord};
+pub use usage::{date_of, day_from_date, day_of, UsageQuery, UsageRow};
 
 #[derive(Debug, thiserror::Error)]
 #[error("store: {0}")]
@@ -187,6 +189,7 @@ impl Store {
         // Only this process writes; a lock held elsewhere is a fault to report quickly.
         conn.busy_timeout(std::time::Duration::from_secs(1))?;
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(usage::SCHEMA)?;
         suspensions::migrate(&conn)?;
         // Room for every statement this module runs.
         conn.set_prepared_statement_cache_capacity(64);
@@ -198,6 +201,7 @@ impl Store {
     pub fn open_in_memory() -> Result<Store, StoreError> {
         let conn = Connection::open_in_memory()?;
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(usage::SCHEMA)?;
         suspensions::migrate(&conn)?;
         Ok(Store {
             conn: Mutex::new(conn),

@@ -1,33 +1,38 @@
 //! The `codex app-server` backend: a warm pool of child processes speaking JSON-RPC over stdio.
 //!
-//! Each execution gets its own ephemeral thread (never shared between executions or
-//! principals) on the least-loaded live process, and holds one of `max_sessions` permits for
+//! Each execution gets its own thread (never shared between principals or running
+//! executions) on the least-loaded live process, and holds one of `max_sessions` permits for
 //! as long as its turn lives, suspended or not. When all permits are taken a new turn waits up
-//! to `acquire_timeout`, then fails with `BackendError::Capacity`. A dead process is reaped
-//! by its supervisor and replaced on the next turn.
+//! to `acquire_timeout`, then fails with `BackendError::Capacity`. A completed turn's thread
+//! may be kept idle (no permit) for the same conversation's next execution, which then sends
+//! only the new messages (`LegRequest::kept`). A dead process is reaped by its supervisor and
+//! replaced on the next turn; a process that has started `recycle_after_threads` threads is
+//! replaced by a fresh one started in the background, and drains (`thread.rs`, `process.rs`).
 
 mod process;
 mod render;
 pub mod rpc;
+mod thread;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::process::{Proc, Route};
-use super::{
-    Backend, BackendError, BackendKind, Hold, LegRequest, Resume, SessionStats, Turn, TurnControl,
-};
+use self::thread::{AppServerTurn, KeptThread};
+use super::{Backend, BackendError, BackendKind, Hold, LegRequest, Resume, SessionStats, Turn};
 use crate::config::BackendConfig;
 use crate::turn::{ToolChoice, ToolDef, TurnInput};
 
 pub struct AppServer {
     name: String,
+    /// The backend itself, for the task that starts a replacement process in the background.
+    me: Weak<AppServer>,
     cfg: BackendConfig,
     procs: Mutex<Vec<Option<Arc<Proc>>>>,
     /// Serialises spawning so that a burst of requests starts one replacement, not many.
@@ -45,8 +50,9 @@ impl AppServer {
     /// Starts every process of the pool and completes their handshakes, so a backend that
     /// cannot start is refused at gateway startup rather than mid-request.
     pub async fn start(name: &str, cfg: BackendConfig) -> Result<Arc<AppServer>, BackendError> {
-        let server = Arc::new(AppServer {
+        let server = Arc::new_cyclic(|me| AppServer {
             name: name.to_string(),
+            me: me.clone(),
             procs: Mutex::new(vec![None; cfg.processes]),
             permits: Arc::new(Semaphore::new(cfg.max_sessions)),
             cfg,
@@ -57,13 +63,13 @@ impl AppServer {
             tracker: TaskTracker::new(),
             deaths: Arc::new(tokio::sync::watch::Sender::new(0)),
         });
-        let first = server.live_proc().await?;
+        let (_, first) = server.live_proc().await?;
         // Version guard: a backend that cannot take dynamic tools is refused now, not
-        // mid-request. The probe thread is ephemeral and never gets a turn.
-        first
+        // mid-request. The probe thread never gets a turn.
+        let probe = first
             .call(
                 "thread/start",
-                json!({"ephemeral": true, "dynamicTools": [{
+                json!({"ephemeral": false, "dynamicTools": [{
                     "type": "function", "name": "turnstile_probe",
                     "description": "Startup probe; never called.",
                     "inputSchema": {"type": "object", "properties": {}},
@@ -73,6 +79,9 @@ impl AppServer {
             .map_err(|e| {
                 BackendError::Unavailable(format!("thread/start with dynamicTools failed: {e}"))
             })?;
+        if let Some(thread) = probe["thread"]["id"].as_str() {
+            first.delete_thread(thread);
+        }
         // Warm the rest of the pool.
         for i in 0..server.cfg.processes {
             server.ensure_slot(i).await?;
@@ -95,16 +104,12 @@ impl AppServer {
             .next()
     }
 
-    async fn ensure_slot(&self, i: usize) -> Result<Arc<Proc>, BackendError> {
-        let current = self.procs.lock().unwrap_or_else(|e| e.into_inner())[i].clone();
-        if let Some(p) = current.filter(|p| p.is_alive()) {
-            return Ok(p);
-        }
+    async fn spawn_proc(&self) -> Result<Arc<Proc>, BackendError> {
         if self.shutdown.is_cancelled() {
             return Err(BackendError::Unavailable("shutting down".into()));
         }
         let id = self.next_proc.fetch_add(1, Ordering::Relaxed);
-        let p = Proc::spawn(
+        Proc::spawn(
             id,
             &self.cfg,
             &self.tracker,
@@ -113,24 +118,36 @@ impl AppServer {
             self.deaths.clone(),
         )
         .await
-        .inspect_err(|e| tracing::error!(backend = %self.name, error = %e, "backend process failed to start"))?;
+        .inspect_err(|e| tracing::error!(backend = %self.name, error = %e, "backend process failed to start"))
+    }
+
+    fn slot(&self, i: usize) -> Option<Arc<Proc>> {
+        self.procs.lock().unwrap_or_else(|e| e.into_inner())[i].clone()
+    }
+
+    async fn ensure_slot(&self, i: usize) -> Result<Arc<Proc>, BackendError> {
+        if let Some(p) = self.slot(i).filter(|p| p.is_alive()) {
+            return Ok(p);
+        }
+        let p = self.spawn_proc().await?;
         self.procs.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(p.clone());
         Ok(p)
     }
 
-    /// A live process with the fewest active threads, replacing dead ones first.
-    async fn live_proc(&self) -> Result<Arc<Proc>, BackendError> {
+    /// A live process with the fewest active threads (and its slot), replacing dead ones
+    /// first.
+    async fn live_proc(&self) -> Result<(usize, Arc<Proc>), BackendError> {
         let _spawning = self.spawn_lock.lock().await;
-        let mut best: Option<Arc<Proc>> = None;
+        let mut best: Option<(usize, Arc<Proc>)> = None;
         let mut last_err = None;
         for i in 0..self.cfg.processes {
             match self.ensure_slot(i).await {
                 Ok(p) => {
-                    let better = best.as_ref().is_none_or(|b| {
+                    let better = best.as_ref().is_none_or(|(_, b)| {
                         p.active.load(Ordering::Relaxed) < b.active.load(Ordering::Relaxed)
                     });
                     if better {
-                        best = Some(p);
+                        best = Some((i, p));
                     }
                 }
                 Err(e) => last_err = Some(e),
@@ -141,8 +158,58 @@ impl AppServer {
         })
     }
 
+    /// Starts a fresh process for `slot` in the background; once it is ready it takes the
+    /// slot, and `old` retires (no new work, exits when drained). Until then `old` serves.
+    fn recycle(&self, slot: usize, old: &Arc<Proc>) {
+        if old.recycling.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (Some(me), old) = (self.me.upgrade(), old.clone()) else {
+            return;
+        };
+        self.tracker.spawn(async move {
+            let _spawning = me.spawn_lock.lock().await;
+            if !me.slot(slot).is_some_and(|p| Arc::ptr_eq(&p, &old)) {
+                return; // It died and was replaced meanwhile.
+            }
+            match me.spawn_proc().await {
+                Ok(new) => {
+                    me.procs.lock().unwrap_or_else(|e| e.into_inner())[slot] = Some(new.clone());
+                    tracing::info!(
+                        backend = %me.name, old_process = old.id, new_process = new.id,
+                        threads = old.threads.load(Ordering::Relaxed),
+                        "backend process recycled; the old one drains"
+                    );
+                    old.retire();
+                }
+                Err(_) => old.recycling.store(false, Ordering::SeqCst),
+            }
+        });
+    }
+
     async fn open_turn(&self, leg: LegRequest<'_>) -> Result<Turn, BackendError> {
-        let rendered = render::render(&leg.input.messages)?;
+        let LegRequest {
+            execution_id,
+            model,
+            input,
+            meter,
+            kept,
+        } = leg;
+        // A kept thread on a process that still takes work continues; else a fresh thread.
+        let kept = kept
+            .and_then(|k| {
+                let any: Box<dyn std::any::Any + Send + Sync> = k.thread.0;
+                Some((*any.downcast::<KeptThread>().ok()?, k.from))
+            })
+            .filter(|(t, _)| t.proc.takes_work());
+        let rendered = match &kept {
+            Some((_, from)) => render::Rendered {
+                instructions: None,
+                history: None,
+                input: render::continued(&input.messages[*from..])?,
+            },
+            None => render::render(&input.messages)?,
+        };
         let permit = tokio::time::timeout(
             self.cfg.acquire_timeout,
             self.permits.clone().acquire_owned(),
@@ -150,36 +217,92 @@ impl AppServer {
         .await
         .map_err(|_| BackendError::Capacity)?
         .map_err(|_| BackendError::Unavailable("shutting down".into()))?;
-        let proc = self.live_proc().await?;
-        proc.active.fetch_add(1, Ordering::Relaxed);
-        // From here on the guard gives the slot back on every path.
-        let mut turn = AppServerTurn {
-            proc: proc.clone(),
-            route: None,
-            thread: String::new(),
-            turn: String::new(),
-            _permit: permit,
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        // From here on the guard gives the slot back and releases the thread on every path.
+        let turn = match kept {
+            Some((kept, _)) => {
+                let (proc, thread, renames) = kept.take();
+                let mut turn = AppServerTurn::new(proc, permit);
+                let route = Arc::new(Route::new(tx, renames, meter));
+                turn.proc.add_route(&thread, route.clone());
+                turn.thread = thread;
+                turn.route = Some(route);
+                turn
+            }
+            None => {
+                let (slot, proc) = self.live_proc().await?;
+                let mut turn = AppServerTurn::new(proc, permit);
+                let renames = renames(
+                    input.tools.as_deref().unwrap_or_default(),
+                    &self.cfg.reserved_tool_names,
+                );
+                let params = self.thread_params(model, input, &rendered, &renames);
+                let started = turn.proc.call("thread/start", params).await?;
+                let thread = started["thread"]["id"]
+                    .as_str()
+                    .ok_or_else(|| {
+                        BackendError::Rejected("thread/start returned no thread id".into())
+                    })?
+                    .to_string();
+                let route = Arc::new(Route::new(tx, renames, meter));
+                turn.proc.add_route(&thread, route.clone());
+                turn.thread = thread;
+                turn.route = Some(route);
+                let started = turn.proc.threads.fetch_add(1, Ordering::Relaxed) + 1;
+                if started >= self.cfg.recycle_after_threads {
+                    self.recycle(slot, &turn.proc);
+                }
+                turn
+            }
         };
+        let mut turn = turn;
+        let mut items = Vec::new();
+        if let Some(h) = &rendered.history {
+            items.push(json!({"type": "text", "text": h, "text_elements": []}));
+        }
+        for text in &rendered.input {
+            items.push(json!({"type": "text", "text": text, "text_elements": []}));
+        }
+        let mut params = json!({"threadId": turn.thread, "input": items});
+        if let Some(e) = input.effort {
+            params["effort"] = json!(e.as_str());
+        }
+        let result = turn.proc.call("turn/start", params).await?;
+        turn.turn = result["turn"]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        tracing::debug!(backend = %self.name, execution = %execution_id, backend_process = turn.proc.id, "backend turn started");
+        Ok(Turn::new(rx, Box::new(turn)))
+    }
 
+    /// `thread/start`: the model's settings, the instructions and the client's tools.
+    fn thread_params(
+        &self,
+        model: &crate::config::ModelConfig,
+        input: &TurnInput,
+        rendered: &render::Rendered,
+        renames: &[(String, String)],
+    ) -> Value {
+        // Persisted, not ephemeral: only a persisted thread can be unloaded (`thread/delete`).
         let mut params = Map::new();
-        params.insert("ephemeral".into(), json!(true));
-        if let Some(m) = &leg.model.backend_model {
+        params.insert("ephemeral".into(), json!(false));
+        if let Some(m) = &model.backend_model {
             params.insert("model".into(), json!(m));
         }
         if let Some(cwd) = &self.cfg.cwd {
             params.insert("cwd".into(), json!(cwd.display().to_string()));
         }
-        if let Some(p) = &leg.model.approval_policy {
+        if let Some(p) = &model.approval_policy {
             params.insert("approvalPolicy".into(), json!(p));
         }
-        if let Some(s) = &leg.model.sandbox {
+        if let Some(s) = &model.sandbox {
             params.insert("sandbox".into(), json!(s));
         }
         if let Some(i) = &rendered.instructions {
             params.insert("developerInstructions".into(), json!(i));
         }
-        let tools = leg.input.tools.as_deref().unwrap_or_default();
-        let renames = renames(tools, &self.cfg.reserved_tool_names);
+        let tools = input.tools.as_deref().unwrap_or_default();
         if !tools.is_empty() {
             let tools: Vec<Value> = tools
                 .iter()
@@ -194,31 +317,7 @@ impl AppServer {
                 .collect();
             params.insert("dynamicTools".into(), Value::Array(tools));
         }
-        let started = proc.call("thread/start", Value::Object(params)).await?;
-        let thread = started["thread"]["id"]
-            .as_str()
-            .ok_or_else(|| BackendError::Rejected("thread/start returned no thread id".into()))?
-            .to_string();
-        let (tx, rx) = futures::channel::mpsc::unbounded();
-        let route = Arc::new(Route::new(tx, renames));
-        proc.add_route(&thread, route.clone());
-        turn.thread = thread.clone();
-        turn.route = Some(route);
-
-        let mut input = Vec::new();
-        if let Some(h) = &rendered.history {
-            input.push(json!({"type": "text", "text": h, "text_elements": []}));
-        }
-        input.push(json!({"type": "text", "text": rendered.input, "text_elements": []}));
-        let result = proc
-            .call("turn/start", json!({"threadId": thread, "input": input}))
-            .await?;
-        turn.turn = result["turn"]["id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        tracing::debug!(backend = %self.name, execution = %leg.execution_id, backend_process = proc.id, "backend turn started");
-        Ok(Turn::new(rx, Box::new(turn)))
+        Value::Object(params)
     }
 }
 
@@ -315,68 +414,6 @@ fn renames(tools: &[ToolDef], reserved: &[String]) -> Vec<(String, String)> {
         out.push((declared, t.name.clone()));
     }
     out
-}
-
-/// One execution's hold on a thread. Dropping it interrupts an unfinished turn, forgets the
-/// thread's route and returns the session permit.
-struct AppServerTurn {
-    proc: Arc<Proc>,
-    route: Option<Arc<Route>>,
-    thread: String,
-    turn: String,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl TurnControl for AppServerTurn {
-    fn answer_tool(&self, invocation: u64, text: &str) -> Result<(), BackendError> {
-        let route = self.route.as_ref().ok_or(BackendError::Lost)?;
-        if !self.proc.is_alive() || route.finished.load(Ordering::SeqCst) {
-            return Err(BackendError::Lost);
-        }
-        let id = route.take_held(invocation).ok_or(BackendError::Lost)?;
-        self.proc.send(rpc::response(
-            &id,
-            json!({"success": true, "contentItems": [{"type": "inputText", "text": text}]}),
-        ));
-        Ok(())
-    }
-
-    fn is_alive(&self) -> bool {
-        self.route_alive()
-    }
-
-    fn interrupt(&self) {
-        let finished = self
-            .route
-            .as_ref()
-            .is_none_or(|r| r.finished.load(Ordering::SeqCst));
-        if !finished && !self.turn.is_empty() && self.proc.is_alive() {
-            self.proc.cast(
-                "turn/interrupt",
-                json!({"threadId": self.thread, "turnId": self.turn}),
-            );
-        }
-    }
-}
-
-impl AppServerTurn {
-    fn route_alive(&self) -> bool {
-        self.proc.is_alive()
-            && self
-                .route
-                .as_ref()
-                .is_some_and(|r| !r.finished.load(Ordering::SeqCst))
-    }
-}
-
-impl Drop for AppServerTurn {
-    fn drop(&mut self) {
-        self.interrupt();
-        if !self.thread.is_empty() {
-            self.proc.remove_route(&self.thread);
-        }
-        self.proc.active.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 #[cfg(test)]

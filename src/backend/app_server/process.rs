@@ -2,6 +2,12 @@
 //! reader task that classifies stdout lines and routes them to the thread they belong to, and a
 //! supervisor task that reaps the child. When the child dies, every pending request fails and
 //! every routed thread receives `TurnEvent::Lost`.
+//!
+//! Threads are released with `thread/delete`, the one call that unloads a thread from Codex
+//! 0.169.0 (it refuses ephemeral threads, so threads are started persisted): an unfinished
+//! turn is interrupted first and its thread deleted once the turn has ended (its last usage
+//! report arrives before that), or after `RELEASE_GRACE`. A retiring process (recycled)
+//! takes no new work and closes its stdin once its last turn is gone.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -18,7 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use super::rpc::{self, Incoming, RpcError};
 use crate::backend::{
-    ApprovalAsk, ApprovalKind, ApprovalResponder, BackendError, HeldCall, TurnEvent,
+    ApprovalAsk, ApprovalKind, ApprovalResponder, BackendError, HeldCall, Meter, TurnEvent,
 };
 use crate::config::BackendConfig;
 use crate::turn::Usage;
@@ -27,6 +33,8 @@ use crate::turn::Usage;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a child gets to exit after stdin closes before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
+/// How long an interrupted turn gets to end before its thread is deleted anyway.
+const RELEASE_GRACE: Duration = Duration::from_secs(10);
 
 type Pending = HashMap<i64, oneshot::Sender<Result<Value, RpcError>>>;
 
@@ -39,18 +47,25 @@ pub(super) struct Route {
     /// Text already forwarded per agent-message item, to reconcile `item/completed`.
     streamed: Mutex<HashMap<String, String>>,
     pub finished: AtomicBool,
+    /// The execution let go of the thread before its turn ended: delete it when it does.
+    releasing: AtomicBool,
     /// Client tools declared under another name (it would shadow a built-in): (declared,
     /// client's).
-    renames: Vec<(String, String)>,
+    pub renames: Vec<(String, String)>,
+    /// Accounting: every usage report, whether or not the execution still listens.
+    meter: Meter,
 }
 
 impl Route {
     pub fn new(
         events: futures::channel::mpsc::UnboundedSender<TurnEvent>,
         renames: Vec<(String, String)>,
+        meter: Meter,
     ) -> Self {
         Route {
             renames,
+            meter,
+            releasing: AtomicBool::new(false),
             events,
             held: Mutex::new(Vec::new()),
             streamed: Mutex::new(HashMap::new()),
@@ -82,6 +97,16 @@ pub(super) struct Proc {
     reader_done: CancellationToken,
     pub active: AtomicUsize,
     pub user_agent: Mutex<String>,
+    /// Threads started on this process (the recycle count).
+    pub threads: AtomicU64,
+    /// A replacement is being started.
+    pub recycling: AtomicBool,
+    /// Replaced: takes no new work and exits once its last turn is gone.
+    retiring: AtomicBool,
+    /// Cancelled to close stdin (the child then exits on its own).
+    close: CancellationToken,
+    stop: CancellationToken,
+    tracker: TaskTracker,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -136,12 +161,18 @@ impl Proc {
             reader_done: CancellationToken::new(),
             active: AtomicUsize::new(0),
             user_agent: Mutex::new(String::new()),
+            threads: AtomicU64::new(0),
+            recycling: AtomicBool::new(false),
+            retiring: AtomicBool::new(false),
+            close: CancellationToken::new(),
+            stop: shutdown.clone(),
+            tracker: tracker.clone(),
         });
         tracing::info!(backend_process = id, pid, "backend process started");
 
         // Writer: the only owner of stdin. Closing stdin (on shutdown or death) asks the child
         // to exit.
-        let (dead, stop) = (proc.dead.clone(), shutdown.clone());
+        let (dead, stop, close) = (proc.dead.clone(), shutdown.clone(), proc.close.clone());
         tracker.spawn(async move {
             loop {
                 tokio::select! {
@@ -153,6 +184,7 @@ impl Proc {
                     }
                     _ = dead.cancelled() => break,
                     _ = stop.cancelled() => break,
+                    _ = close.cancelled() => break,
                 }
             }
             drop(stdin);
@@ -240,6 +272,60 @@ impl Proc {
 
     pub fn is_alive(&self) -> bool {
         !self.dead.is_cancelled()
+    }
+
+    /// Alive and not replaced: may take new work (a kept thread may continue on it).
+    pub fn takes_work(&self) -> bool {
+        self.is_alive() && !self.retiring.load(Ordering::SeqCst)
+    }
+
+    /// Replaced by a fresh process: no new work; exits once drained.
+    pub fn retire(&self) {
+        self.retiring.store(true, Ordering::SeqCst);
+        self.exit_if_drained();
+    }
+
+    /// A retiring process with no turn left closes its stdin, and the child exits.
+    pub fn exit_if_drained(&self) {
+        if self.retiring.load(Ordering::SeqCst)
+            && self.active.load(Ordering::SeqCst) == 0
+            && !self.close.is_cancelled()
+        {
+            tracing::info!(
+                backend_process = self.id,
+                "recycled backend process drained; closing it"
+            );
+            self.close.cancel();
+        }
+    }
+
+    /// Unloads a thread and forgets its route.
+    pub fn delete_thread(&self, thread: &str) {
+        self.remove_route(thread);
+        if self.is_alive() && !self.close.is_cancelled() {
+            self.cast("thread/delete", json!({"threadId": thread}));
+        }
+    }
+
+    /// The execution lets go of a thread: deleted now if its turn is over, else once the
+    /// (just interrupted) turn has ended, or after `RELEASE_GRACE`.
+    pub fn release_thread(self: &Arc<Self>, thread: &str, route: &Route) {
+        if route.finished.load(Ordering::SeqCst) || !self.is_alive() {
+            return self.delete_thread(thread);
+        }
+        route.releasing.store(true, Ordering::SeqCst);
+        // The turn may have ended between the check and the flag: the reader saw no flag.
+        if route.finished.load(Ordering::SeqCst) {
+            return self.delete_thread(thread);
+        }
+        let (proc, thread) = (self.clone(), thread.to_string());
+        self.tracker.spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(RELEASE_GRACE) => proc.delete_thread(&thread),
+                _ = proc.dead.cancelled() => {}
+                _ = proc.stop.cancelled() => {}
+            }
+        });
     }
 
     pub fn send(&self, line: String) {
@@ -368,18 +454,27 @@ impl Proc {
             "thread/tokenUsage/updated" => {
                 let last = &params["tokenUsage"]["last"];
                 let n = |k: &str| last.get(k).and_then(Value::as_u64).unwrap_or(0);
-                route.emit(TurnEvent::Usage(Usage {
+                let usage = Usage {
                     prompt_tokens: n("inputTokens"),
                     completion_tokens: n("outputTokens"),
                     total_tokens: n("totalTokens"),
                     cached_tokens: n("cachedInputTokens"),
-                }));
+                    reasoning_tokens: n("reasoningOutputTokens"),
+                };
+                (route.meter)(usage);
+                route.emit(TurnEvent::Usage(usage));
             }
             "error" if params.get("willRetry").and_then(Value::as_bool) == Some(false) => {
                 tracing::warn!(backend_process = self.id, "backend reported a turn error");
             }
             "turn/completed" => {
-                if route.finished.swap(true, Ordering::SeqCst) {
+                let released = route.releasing.load(Ordering::SeqCst);
+                if released {
+                    if let Some(thread) = params.get("threadId").and_then(Value::as_str) {
+                        self.delete_thread(thread);
+                    }
+                }
+                if route.finished.swap(true, Ordering::SeqCst) || released {
                     return;
                 }
                 let turn = &params["turn"];

@@ -1,6 +1,7 @@
 //! Renders a conversation into a Codex thread's turn: system and developer messages become
 //! instructions, everything before the last user message becomes a faithful transcript, and
-//! the last user message is the turn input.
+//! the last user message is the turn input. A kept thread ([`continued`]) gets only the new
+//! user messages.
 
 use crate::backend::BackendError;
 use crate::turn::{Message, Role};
@@ -9,7 +10,8 @@ use crate::turn::{Message, Role};
 pub struct Rendered {
     pub instructions: Option<String>,
     pub history: Option<String>,
-    pub input: String,
+    /// One text input item each.
+    pub input: Vec<String>,
 }
 
 fn invalid(message: &str) -> BackendError {
@@ -73,8 +75,19 @@ pub fn render(messages: &[Message]) -> Result<Rendered, BackendError> {
                 transcript.join("\n\n")
             )
         }),
-        input: messages[last].text.clone(),
+        input: vec![messages[last].text.clone()],
     })
+}
+
+/// The input of a turn on a kept thread: the new messages after the answer it already has,
+/// which must all be user messages.
+pub fn continued(messages: &[Message]) -> Result<Vec<String>, BackendError> {
+    if messages.is_empty() || messages.iter().any(|m| m.role != Role::User) {
+        return Err(invalid(
+            "a continued conversation must end with user messages",
+        ));
+    }
+    Ok(messages.iter().map(|m| m.text.clone()).collect())
 }
 
 #[cfg(test)]
@@ -97,7 +110,7 @@ mod tests {
             Rendered {
                 instructions: None,
                 history: None,
-                input: "hi".into()
+                input: vec!["hi".into()]
             }
         );
     }
@@ -115,7 +128,7 @@ mod tests {
         ])))
         .unwrap();
         assert_eq!(r.instructions.as_deref(), Some("sys\n\ndev"));
-        assert_eq!(r.input, "second");
+        assert_eq!(r.input, ["second"]);
         let h = r.history.unwrap();
         let order = [
             "[user]\nfirst",

@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use self::client::Client;
 use super::{
     Backend, BackendError, BackendKind, Hold, LegRequest, Resume, SessionStats, Turn, TurnControl,
+    TurnEvent,
 };
 use crate::config::UpstreamConfig;
 use crate::turn::TurnInput;
@@ -52,15 +53,22 @@ impl Upstream {
         Ok(body)
     }
 
-    async fn run(&self, body: Value, input: &TurnInput) -> Result<Turn, BackendError> {
+    async fn run(&self, body: Value, leg: &LegRequest<'_>) -> Result<Turn, BackendError> {
         let resp = self.client.send(&body).await?;
         let ids = Arc::new(Mutex::new(Vec::new()));
-        let native = input.native.is_some();
-        let events = if input.stream {
+        let native = leg.input.native.is_some();
+        let events = if leg.input.stream {
             stream::events(&self.client, resp, native, ids.clone())
         } else {
             stream::whole(&self.client, resp, native, ids.clone())
         };
+        // Accounting hears each usage report as it passes.
+        let meter = leg.meter.clone();
+        let events = futures::StreamExt::boxed(futures::StreamExt::inspect(events, move |ev| {
+            if let TurnEvent::Usage(u) = ev {
+                meter(*u);
+            }
+        }));
         Ok(Turn::from_stream(events, Box::new(Ids(ids)), native))
     }
 }
@@ -106,7 +114,7 @@ impl Backend for Upstream {
     fn start<'a>(&'a self, leg: LegRequest<'a>) -> BoxFuture<'a, Result<Turn, BackendError>> {
         Box::pin(async move {
             let body = self.body(&leg)?;
-            self.run(body, leg.input).await
+            self.run(body, &leg).await
         })
     }
 
@@ -123,7 +131,7 @@ impl Backend for Upstream {
             };
             let mut body = self.body(&r.leg)?;
             translate::restore_ids(&mut body, &r, &ids);
-            self.run(body, r.leg.input).await
+            self.run(body, &r.leg).await
         })
     }
 

@@ -44,6 +44,9 @@ fn usage(v: &Value) -> Option<Usage> {
         cached_tokens: u["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
             .unwrap_or(0),
+        reasoning_tokens: u["completion_tokens_details"]["reasoning_tokens"]
+            .as_u64()
+            .unwrap_or(0),
     })
 }
 

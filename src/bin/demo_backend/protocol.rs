@@ -8,7 +8,9 @@ use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
-use crate::requests::{handle_answer, initialize, thread_start, turn_interrupt, turn_start};
+use crate::requests::{
+    handle_answer, initialize, thread_delete, thread_start, turn_interrupt, turn_start,
+};
 use crate::spy::spy;
 use crate::state::State;
 use crate::util::now_ms;
@@ -73,6 +75,7 @@ pub(crate) fn handle_line(ctx: &Ctx, line: &str) {
                 "thread/start" => thread_start(ctx, id, params),
                 "turn/start" => turn_start(ctx, id, params),
                 "turn/interrupt" => turn_interrupt(ctx, id, params),
+                "thread/delete" => thread_delete(ctx, id, params),
                 other => ctx.error(id, &format!("Invalid request: unknown variant `{other}`")),
             }
         }

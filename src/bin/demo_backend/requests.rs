@@ -126,6 +126,7 @@ pub(crate) fn thread_start(ctx: &Ctx, id: &Value, p: &Value) {
         tools,
         usage_reports: 0,
         active: None,
+        ephemeral,
     };
     st.threads.insert(thread_id, thread);
 }
@@ -156,7 +157,10 @@ pub(crate) fn turn_start(ctx: &Ctx, id: &Value, p: &Value) {
         .filter(|i| i["type"] == "text")
         .filter_map(|i| i["text"].as_str())
         .collect();
-    spy(json!({"event": "turn_start", "thread": thread_id, "turn": turn_id, "input": texts}));
+    spy(
+        json!({"event": "turn_start", "thread": thread_id, "turn": turn_id, "input": texts,
+               "effort": p["effort"]}),
+    );
     let text = texts.last().copied().unwrap_or("").to_owned();
     let scenario = directive(&text, "scenario").filter(|s| SCENARIOS.contains(s));
     let scenario = scenario.unwrap_or(&thread.scenario).to_owned();
@@ -169,6 +173,7 @@ pub(crate) fn turn_start(ctx: &Ctx, id: &Value, p: &Value) {
         id: turn_id.clone(),
         open_calls: Vec::new(),
         task: None,
+        unreported: false,
     };
     thread.active = Some(active);
 
@@ -227,6 +232,9 @@ pub(crate) fn turn_interrupt(ctx: &Ctx, id: &Value, p: &Value) {
     approvals.sort_unstable();
 
     ctx.respond(id, json!({}));
+    if active.unreported {
+        crate::turn::report_usage(ctx, &mut st, thread_id, turn_id);
+    }
     for item in active.open_calls {
         let item = merge(
             item,
@@ -251,6 +259,35 @@ pub(crate) fn turn_interrupt(ctx: &Ctx, id: &Value, p: &Value) {
     if let Some(task) = active.task {
         task.abort();
     }
+}
+
+/// `thread/delete`: unloads a persisted thread (an ephemeral one is refused, as by the real
+/// binary); its running turn, if any, is aborted.
+pub(crate) fn thread_delete(ctx: &Ctx, id: &Value, p: &Value) {
+    let Some(thread_id) = p["threadId"].as_str() else {
+        return ctx.error(id, "Invalid request: missing field `threadId`");
+    };
+    let mut st = ctx.lock();
+    match st.threads.get(thread_id).map(|t| t.ephemeral) {
+        None => return ctx.error(id, &format!("thread not found: {thread_id}")),
+        Some(true) => {
+            let message = format!("thread is not persisted and cannot be deleted: {thread_id}");
+            return ctx.error(id, &message);
+        }
+        Some(false) => {}
+    }
+    if let Some(task) = st
+        .threads
+        .remove(thread_id)
+        .and_then(|t| t.active)
+        .and_then(|a| a.task)
+    {
+        task.abort();
+    }
+    st.pending.retain(|_, p| p.thread != thread_id);
+    spy(json!({"event": "thread_delete", "thread": thread_id, "loaded": st.threads.len()}));
+    ctx.respond(id, json!({}));
+    ctx.notify("thread/deleted", json!({"threadId": thread_id}));
 }
 
 /// Routes the answer to one of our server requests to the waiting scenario.

@@ -9,7 +9,7 @@
 //!   `cat <path>`.
 //! - `parallel`: two concurrent tool calls; `Results: <o1> | <o2>`.
 //! - `rounds3`: three sequential tool calls; `Done after 3 rounds: <o1>, <o2>, <o3>`.
-//! - `hang`: nothing until interrupted. `slow`: waits `delay` ms (default 3000), then `echo`.
+//! - `hang`: nothing until interrupted (then the usage of its one model request). `slow`: waits `delay` ms (default 3000), then `echo`.
 //! - `crash`: one delta `partial `, then exits with code 3.
 //! - `fail`: `error` notification, then a `failed` turn.
 //! - `garbage`: a non-JSON line, an unknown notification and an unknown server request, then
@@ -17,6 +17,10 @@
 //! - `approval` / `file_approval`: a command / file-change approval request, then acts on the
 //!   decision (`Command ran.` / `Command declined.`, `File changed.` / `File change declined.`;
 //!   `cancel` interrupts the turn).
+//!
+//! Every model request reports usage 10 in / 5 out (2 reasoning); a request that issued tool
+//! calls reports it once they are answered, or when the turn is interrupted. Threads keep
+//! their turns' history (a later `turn/start` continues them) until `thread/delete`.
 
 use std::time::Duration;
 
@@ -132,7 +136,15 @@ pub(crate) async fn run_scenario(turn: &Turn, spec: &TurnSpec) -> Step {
             turn.stream_text(&text)?;
             turn.complete()
         }
-        "hang" => std::future::pending().await,
+        "hang" => {
+            // A model request in flight: its usage is reported if the turn is interrupted.
+            turn.guarded(|st| {
+                if let Some(a) = st.active_mut(&turn.thread) {
+                    a.unreported = true;
+                }
+            })?;
+            std::future::pending().await
+        }
         "slow" => {
             let delay = directive(&spec.text, "delay").and_then(|d| d.parse().ok());
             tokio::time::sleep(Duration::from_millis(delay.unwrap_or(3000))).await;

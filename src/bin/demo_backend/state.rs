@@ -18,6 +18,9 @@ pub(crate) struct ActiveTurn {
     /// `dynamicToolCall` items started but not yet completed (in-progress shape).
     pub(crate) open_calls: Vec<Value>,
     pub(crate) task: Option<AbortHandle>,
+    /// A model request issued calls and its usage is not reported yet (as the real binary,
+    /// which reports it once the calls are answered, or when the turn is interrupted).
+    pub(crate) unreported: bool,
 }
 
 pub(crate) struct Thread {
@@ -25,6 +28,7 @@ pub(crate) struct Thread {
     pub(crate) tools: Vec<ToolSpec>,
     pub(crate) usage_reports: u64,
     pub(crate) active: Option<ActiveTurn>,
+    pub(crate) ephemeral: bool,
 }
 
 /// One of our server->client requests awaiting its answer.

@@ -64,21 +64,10 @@ impl Turn {
     }
     pub(crate) fn report_usage(&self) -> Step {
         self.guarded(|st| {
-            let n = st.threads.get_mut(&self.thread).map_or(1, |th| {
-                th.usage_reports += 1;
-                th.usage_reports
-            });
-            let usage = |k: u64| {
-                json!({"totalTokens": 15 * k, "inputTokens": 10 * k, "cachedInputTokens": 0,
-                    "cacheWriteInputTokens": 0, "outputTokens": 5 * k, "reasoningOutputTokens": 0})
-            };
-            let token_usage =
-                json!({"total": usage(n), "last": usage(1), "modelContextWindow": 200000});
-            let params =
-                json!({"threadId": self.thread, "turnId": self.id, "tokenUsage": token_usage});
-            self.ctx.notify("thread/tokenUsage/updated", params);
-            self.ctx
-                .notify("account/rateLimits/updated", json!({"rateLimits": {}}));
+            if let Some(a) = st.active_mut(&self.thread) {
+                a.unreported = false;
+            }
+            report_usage(&self.ctx, st, &self.thread, &self.id);
         })
     }
     /// Emits `thread/status/changed` idle and `turn/completed`, and retires the turn.
@@ -131,4 +120,20 @@ impl Turn {
             (id, rx)
         })
     }
+}
+
+/// One model request's usage (10 in, 5 out, 2 of them reasoning), with the thread's total.
+pub(crate) fn report_usage(ctx: &Ctx, st: &mut State, thread: &str, turn: &str) {
+    let n = st.threads.get_mut(thread).map_or(1, |th| {
+        th.usage_reports += 1;
+        th.usage_reports
+    });
+    let usage = |k: u64| {
+        json!({"totalTokens": 15 * k, "inputTokens": 10 * k, "cachedInputTokens": 0,
+            "cacheWriteInputTokens": 0, "outputTokens": 5 * k, "reasoningOutputTokens": 2 * k})
+    };
+    let token_usage = json!({"total": usage(n), "last": usage(1), "modelContextWindow": 200000});
+    let params = json!({"threadId": thread, "turnId": turn, "tokenUsage": token_usage});
+    ctx.notify("thread/tokenUsage/updated", params);
+    ctx.notify("account/rateLimits/updated", json!({"rateLimits": {}}));
 }

@@ -13,7 +13,7 @@ use crate::continuation::canonical::{
     canonical, canonical_arguments, digest, write, write_str, Sink,
 };
 use crate::digest::sha256;
-use crate::turn::{ExposedCall, Message};
+use crate::turn::{Effort, ExposedCall, Message};
 
 /// Writes the meaning-carrying projection of one message, keys already in canonical order:
 /// `content`, `name`, `role`, `tool_call_id`, `tool_calls` (`arguments`, `id`, `name`).
@@ -83,10 +83,15 @@ pub fn tools_digest(tools: Option<&[Value]>) -> [u8; 32] {
     sha256(format!("[{}]", items.join(",")).as_bytes())
 }
 
-pub fn tool_choice_digest(choice: Option<&Value>) -> [u8; 32] {
-    match choice {
-        None | Some(Value::Null) => digest(&json!("auto")),
-        Some(v) => digest(v),
+pub fn tool_choice_digest(choice: Option<&Value>, effort: Option<Effort>) -> [u8; 32] {
+    let choice = match choice {
+        None | Some(Value::Null) => json!("auto"),
+        Some(v) => v.clone(),
+    };
+    match effort {
+        // Without an effort the digest is the tool choice's alone, as before effort existed.
+        None => digest(&choice),
+        Some(e) => digest(&json!({"effort": e.as_str(), "tool_choice": choice})),
     }
 }
 
@@ -222,12 +227,21 @@ mod tests {
     #[test]
     fn tool_choice_absent_is_auto() {
         assert_eq!(
-            tool_choice_digest(None),
-            tool_choice_digest(Some(&json!("auto")))
+            tool_choice_digest(None, None),
+            tool_choice_digest(Some(&json!("auto")), None)
         );
         assert_ne!(
-            tool_choice_digest(None),
-            tool_choice_digest(Some(&json!("none")))
+            tool_choice_digest(None, None),
+            tool_choice_digest(Some(&json!("none")), None)
         );
+    }
+
+    #[test]
+    fn effort_is_bound_with_the_tool_choice() {
+        let auto = Some(json!("auto"));
+        let high = tool_choice_digest(auto.as_ref(), Some(Effort::High));
+        assert_ne!(high, tool_choice_digest(auto.as_ref(), None));
+        assert_ne!(high, tool_choice_digest(auto.as_ref(), Some(Effort::Low)));
+        assert_eq!(high, tool_choice_digest(None, Some(Effort::High)));
     }
 }

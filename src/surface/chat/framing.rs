@@ -256,7 +256,7 @@ mod tests {
                 prompt_tokens: 1,
                 completion_tokens: 2,
                 total_tokens: 3,
-                cached_tokens: 0,
+                ..Usage::default()
             },
         });
         assert!(end);

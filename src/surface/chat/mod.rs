@@ -21,7 +21,7 @@ use self::wire::ChatRequest;
 use crate::continuation::canonical::digest_of_digests;
 use crate::error::ApiError;
 use crate::turn::{
-    Call, Continuation, Fingerprint, Message, Role, Surface, ToolChoice, ToolDef, TurnInput,
+    Call, Continuation, Effort, Fingerprint, Message, Role, Surface, ToolChoice, ToolDef, TurnInput,
 };
 
 /// What the HTTP layer needs besides the turn: how to frame the answer.
@@ -46,6 +46,7 @@ pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiE
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
     };
+    let effort = Effort::read(req.reasoning_effort.as_ref(), "reasoning_effort")?;
     let detected = detect(&req.messages)?;
     let messages: Vec<Message> = req.messages.iter().map(neutral_message).collect();
     // Each message is digested once: a continuation's prefix check uses those before the
@@ -64,7 +65,7 @@ pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiE
     };
     let fingerprint = Fingerprint {
         tools: tools_digest(req.tools.as_deref()),
-        tool_choice: tool_choice_digest(req.tool_choice.as_ref()),
+        tool_choice: tool_choice_digest(req.tool_choice.as_ref(), effort),
         prefix: digest_of_digests(&digests),
     };
     let tool_choice = tool_choice(req.tool_choice.as_ref());
@@ -75,12 +76,14 @@ pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         model: req.model,
         tools: tools(req.tools.as_deref(), &tool_choice),
         tool_choice,
+        effort,
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         stream: req.stream,
         messages,
         message_digests: digests,
         fingerprint,
         continuation,
+        follows: None,
         native: Some(body),
         chat_options: serde_json::Map::new(),
         arrived,

@@ -22,6 +22,8 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    pub reasoning_effort: Option<Value>,
 }
 
 fn null_as_false<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
@@ -113,6 +115,7 @@ pub fn usage_json(u: Usage) -> Value {
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.total_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
     })
 }
 

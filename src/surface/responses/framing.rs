@@ -26,7 +26,7 @@ fn usage_json(u: Usage) -> Value {
         "input_tokens": u.prompt_tokens,
         "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": u.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
         "total_tokens": u.total_tokens,
     })
 }

@@ -136,6 +136,9 @@ pub enum Detected {
         tokens: Vec<[u8; 32]>,
         results: Vec<([u8; 32], usize)>,
     },
+    /// `previous_response_id` and new input, no outputs: the next turn of a completed
+    /// response's conversation.
+    Follows,
     /// `previous_response_id` and only the outputs.
     Stateful {
         tokens: Vec<[u8; 32]>,
@@ -172,11 +175,14 @@ pub fn detect(messages: &[Message], stateful: bool) -> Result<Detected, ApiError
         .take_while(|m| m.role == Role::Tool)
         .count();
     if stateful {
-        if trailing == 0 || trailing != messages.len() {
+        if trailing == 0 {
+            return Ok(Detected::Follows);
+        }
+        if trailing != messages.len() {
             return Err(ApiError::invalid(
-                "with `previous_response_id`, `input` must hold only the `function_call_output` / `custom_tool_call_output` items answering that response's calls; to continue a finished conversation, send it whole in `input` without `previous_response_id`",
+                "with `previous_response_id`, `input` must hold either only the `function_call_output` / `custom_tool_call_output` items answering that response's calls, or only new input",
             )
-            .with_param("previous_response_id"));
+            .with_param("input"));
         }
         let results = results(messages, 0)?;
         let tokens = results.iter().map(|r| r.0).collect();
@@ -286,6 +292,13 @@ mod tests {
             Detected::Stateful { .. }
         ));
         let fresh = messages(&json!("more"), None, &map);
-        assert!(detect(&fresh, true).is_err());
+        assert_eq!(detect(&fresh, true).unwrap(), Detected::Follows);
+        let mixed = messages(
+            &json!([{"role": "user", "content": "a"},
+                {"type": "function_call_output", "call_id": T1, "output": "r"}]),
+            None,
+            &map,
+        );
+        assert!(detect(&mixed, true).is_err());
     }
 }

@@ -24,7 +24,7 @@ use self::tools::ToolMap;
 use super::chat::canonical::{echo_digest_of, exposed_echo, message_digest, tools_digest};
 use crate::continuation::canonical::{digest, digest_of_digests};
 use crate::error::ApiError;
-use crate::turn::{Continuation, Fingerprint, Surface, TurnInput};
+use crate::turn::{Continuation, Effort, Fingerprint, Surface, TurnInput};
 
 #[derive(Debug, Deserialize)]
 struct Request {
@@ -93,12 +93,10 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
     let req: Request = serde_json::from_slice(body).map_err(invalid_json)?;
     let all = all_tools(&req);
     let tool_values = Some(&*all);
-    let effort = req
-        .reasoning
-        .as_ref()
-        .and_then(|r| r.get("effort"))
-        .and_then(Value::as_str)
-        .map(str::to_string);
+    let effort = Effort::read(
+        req.reasoning.as_ref().and_then(|r| r.get("effort")),
+        "reasoning.effort",
+    )?;
     let choice_none = req.tool_choice.as_ref().is_some_and(|c| c == "none");
     let tools = tools::read(tool_values, choice_none);
     let tool_choice = tools::choice(req.tool_choice.as_ref(), &tools.map)?;
@@ -110,8 +108,13 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         return Err(ApiError::invalid("`input` must not be empty").with_param("input"));
     }
     let digests: Vec<[u8; 32]> = messages.iter().map(message_digest).collect();
-    let continuation = match items::detect(&messages, stateful)? {
-        Detected::Fresh => None,
+    let detected = items::detect(&messages, stateful)?;
+    let follows = match detected {
+        Detected::Follows => req.previous_response_id.as_deref().map(execution_of),
+        _ => None,
+    };
+    let continuation = match detected {
+        Detected::Fresh | Detected::Follows => None,
         Detected::Stateless {
             assistant,
             tokens,
@@ -136,14 +139,14 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
     let fingerprint = Fingerprint {
         tools: tools_digest(tool_values),
         tool_choice: digest(&json!({
-            "effort": effort,
+            "effort": effort.map(Effort::as_str),
             "tool_choice": req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
         })),
         prefix: digest_of_digests(&digests),
     };
     let stream = req.stream.unwrap_or(false);
     let parallel = req.parallel_tool_calls.unwrap_or(true);
-    let chat_options = chat_options(&req, effort.as_deref());
+    let chat_options = chat_options(&req, effort);
     let framing = Framing {
         stream,
         envelope: envelope(&req, parallel),
@@ -158,10 +161,12 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         message_digests: digests,
         tools: tools.defs,
         tool_choice,
+        effort,
         parallel_tool_calls: parallel,
         stream,
         fingerprint,
         continuation,
+        follows,
         native: None,
         chat_options,
         arrived,
@@ -191,7 +196,7 @@ fn all_tools(req: &Request) -> std::borrow::Cow<'_, [Value]> {
 
 /// What a Chat Completions upstream receives of the request's options (see README, "The
 /// Responses API").
-fn chat_options(req: &Request, effort: Option<&str>) -> Map<String, Value> {
+fn chat_options(req: &Request, effort: Option<Effort>) -> Map<String, Value> {
     let mut o = Map::new();
     if let Some(n) = req.max_output_tokens.as_ref().filter(|v| !v.is_null()) {
         o.insert("max_tokens".into(), n.clone());
@@ -202,7 +207,7 @@ fn chat_options(req: &Request, effort: Option<&str>) -> Map<String, Value> {
         }
     }
     if let Some(e) = effort {
-        o.insert("reasoning_effort".into(), json!(e));
+        o.insert("reasoning_effort".into(), json!(e.as_str()));
     }
     let format = req.text.as_ref().map(|t| &t["format"]);
     match format.and_then(|f| f["type"].as_str()) {
@@ -326,6 +331,8 @@ mod tests {
         let high = parsed(body("high")).0.fingerprint;
         assert_eq!(low.tools, high.tools);
         assert_ne!(low.tool_choice, high.tool_choice);
+        let bad = parse(body("turbo").to_string().as_bytes(), Instant::now()).unwrap_err();
+        assert_eq!(bad.param, Some("reasoning.effort"));
     }
 
     #[test]
@@ -349,14 +356,10 @@ mod tests {
         let c = t.continuation.unwrap();
         assert_eq!(c.bound.as_deref(), Some("exe-abc"));
         assert_eq!(c.results[0].1, 0);
-        let e = parse(
-            json!({"model": "m", "previous_response_id": "resp_abc", "input": "more"})
-                .to_string()
-                .as_bytes(),
-            Instant::now(),
-        )
-        .unwrap_err();
-        assert_eq!(e.code, ErrorCode::InvalidRequest);
+        let (t, _) =
+            parsed(json!({"model": "m", "previous_response_id": "resp_abc", "input": "more"}));
+        assert!(t.continuation.is_none());
+        assert_eq!(t.follows.as_deref(), Some("exe-abc"));
     }
 
     #[test]

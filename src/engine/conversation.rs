@@ -1,0 +1,168 @@
+//! The engine's side of conversation continuity (`continuity.rs` holds the bounded set):
+//! finding the kept thread a fresh request continues, and keeping a completed turn's thread.
+
+use tokio::time::Instant;
+
+use super::continuity::{Binding, Entry, Miss, RefMiss};
+use super::execution::{ExecutionMeta, LegContext};
+use super::{ContinuationError, Engine, EngineError};
+use crate::backend::{BackendError, BackendKind, Kept, Turn};
+use crate::continuation::canonical::digest_of_digests;
+use crate::turn::{Message, Role, TurnInput};
+
+fn binding(principal: &str, model: &str, input: &TurnInput) -> Binding {
+    Binding {
+        principal: principal.to_string(),
+        model: model.to_string(),
+        surface: input.surface,
+        tools: input.fingerprint.tools,
+        tool_choice: input.fingerprint.tool_choice,
+    }
+}
+
+impl Engine {
+    /// The kept thread this fresh request continues, if any. A request naming a completed
+    /// response (`follows`) must find it: unknown, released or another principal's is 404,
+    /// another model, tool set, tool choice or effort is 400 (nothing is taken); its input
+    /// is then spliced after the kept conversation's digests. Otherwise a request that is a
+    /// kept conversation plus new user messages continues it, and anything else runs on a
+    /// fresh thread (counted as a miss if it had an answer in it).
+    pub(super) fn kept_thread(
+        &self,
+        principal: &str,
+        model: &str,
+        kind: BackendKind,
+        input: &mut TurnInput,
+    ) -> Result<Option<Kept>, EngineError> {
+        let enabled = self.config().continuity.enabled && kind == BackendKind::Agent;
+        let metrics = &self.inner.metrics;
+        let binding = binding(principal, model, input);
+        if let Some(execution) = input.follows.take() {
+            let taken = match enabled {
+                true => self.inner.continuity.take_execution(&execution, &binding),
+                false => Err(RefMiss::NotFound),
+            };
+            let entry = match taken {
+                Ok(e) => e,
+                Err(RefMiss::NotFound) => {
+                    metrics.continuity("miss", "unknown");
+                    return Err(ContinuationError::ResponseNotFound.into());
+                }
+                Err(RefMiss::Mismatch(what)) => {
+                    metrics.continuity("miss", "binding");
+                    return Err(ContinuationError::Mismatch(format!(
+                        "the {what} differs from the previous response"
+                    ))
+                    .into());
+                }
+            };
+            if input.messages.iter().any(|m| m.role != Role::User) {
+                // Put back what a malformed request would otherwise consume.
+                self.keep_entry(entry);
+                return Err(EngineError::Backend(BackendError::Invalid {
+                    message: "after a completed response, `input` must hold only new user messages"
+                        .into(),
+                    param: "input",
+                }));
+            }
+            metrics.continuity("hit", "");
+            let mut digests = entry.digests.clone();
+            digests.append(&mut input.message_digests);
+            input.fingerprint.prefix = digest_of_digests(&digests);
+            input.message_digests = digests;
+            return Ok(Some(Kept {
+                thread: entry.into_idle(),
+                from: 0,
+            }));
+        }
+        // A follow-up turn: some answer in the conversation.
+        let Some(answer) = input
+            .messages
+            .iter()
+            .rposition(|m| m.role == Role::Assistant)
+        else {
+            return Ok(None);
+        };
+        if !enabled {
+            return Ok(None);
+        }
+        let new = &input.messages[answer + 1..];
+        if new.is_empty() || new.iter().any(|m| m.role != Role::User) {
+            metrics.continuity("miss", Miss::Input.as_str());
+            return Ok(None);
+        }
+        let conversation = digest_of_digests(&input.message_digests[..=answer]);
+        match self.inner.continuity.take(&conversation, &binding) {
+            Ok(entry) => {
+                metrics.continuity("hit", "");
+                tracing::debug!(execution = %entry.execution_id, "continuing a kept backend thread");
+                Ok(Some(Kept {
+                    thread: entry.into_idle(),
+                    from: answer + 1,
+                }))
+            }
+            Err(miss) => {
+                metrics.continuity("miss", miss.as_str());
+                Ok(None)
+            }
+        }
+    }
+
+    /// After a completed turn: keeps its thread idle under the conversation as the client
+    /// will send it back (the leg's messages and the answer `text`), within the bounds.
+    pub(super) fn keep_thread(
+        &self,
+        meta: &ExecutionMeta,
+        kind: BackendKind,
+        ctx: LegContext,
+        text: &str,
+        turn: Turn,
+    ) {
+        let cfg = self.config();
+        if !cfg.continuity.enabled || kind != BackendKind::Agent {
+            return;
+        }
+        let Some(idle) = turn.keep() else { return };
+        let answer = Message {
+            role: Role::Assistant,
+            text: text.to_string(),
+            images: Vec::new(),
+            name: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        };
+        let mut digests = ctx.digests;
+        digests.push((ctx.digest)(&answer));
+        let entry = Entry::new(
+            digest_of_digests(&digests),
+            Binding {
+                principal: meta.principal.clone(),
+                model: meta.model.clone(),
+                surface: meta.surface,
+                tools: ctx.fingerprint.tools,
+                tool_choice: ctx.fingerprint.tool_choice,
+            },
+            meta.id.clone(),
+            digests,
+            idle,
+            Instant::now() + cfg.continuity.idle_ttl,
+        );
+        self.keep_entry(entry);
+    }
+
+    fn keep_entry(&self, entry: Entry) {
+        let cfg = self.config();
+        for (released, why) in self.inner.continuity.keep(entry, &cfg.continuity) {
+            self.inner.metrics.continuity("released", why);
+            drop(released);
+        }
+    }
+
+    /// Releases the kept threads past their idle TTL.
+    pub(super) fn release_idle(&self, now: Instant) {
+        for e in self.inner.continuity.expire(now) {
+            self.inner.metrics.continuity("released", "ttl");
+            drop(e);
+        }
+    }
+}

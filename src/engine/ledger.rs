@@ -1,0 +1,113 @@
+//! Usage accounting: every model request a backend reports is counted at once in the
+//! metrics (`turnstile_tokens_total`) and in an in-memory delta per UTC day, principal and
+//! model, which the timer folds into the store about once a second (and before a usage read,
+//! and at shutdown): one upsert per key, never a store write per request on the relay path.
+//! A crash loses at most the last second of deltas.
+//!
+//! The meter a backend gets holds only this ledger and the metrics, never the engine, so a
+//! backend keeping it does not keep the engine alive.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::backend::Meter;
+use crate::metrics::Metrics;
+use crate::store::{day_of, now_unix, Store, StoreError, UsageRow};
+use crate::turn::Usage;
+
+type Key = (u32, String, String);
+
+pub(super) struct Ledger {
+    metrics: Arc<Metrics>,
+    pending: Mutex<HashMap<Key, (Usage, u64)>>,
+}
+
+impl Ledger {
+    pub fn new(metrics: Arc<Metrics>) -> Arc<Ledger> {
+        Arc::new(Ledger {
+            metrics,
+            pending: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The meter of one execution.
+    pub fn meter(self: &Arc<Self>, principal: &str, model: &str) -> Meter {
+        let (ledger, principal, model) = (self.clone(), principal.to_string(), model.to_string());
+        Arc::new(move |u: Usage| ledger.record(&principal, &model, u))
+    }
+
+    pub fn record(&self, principal: &str, model: &str, u: Usage) {
+        self.metrics.tokens(principal, model, u);
+        let key = (day_of(now_unix()), principal.to_string(), model.to_string());
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let (total, requests) = pending.entry(key).or_default();
+        total.add(u);
+        *requests += 1;
+    }
+
+    /// Writes the deltas to the store; on failure they are kept for the next flush.
+    pub fn flush(&self, store: &Store) -> Result<(), StoreError> {
+        let taken = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        if taken.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<UsageRow> = taken
+            .iter()
+            .map(|((day, principal, model), (usage, requests))| UsageRow {
+                day: *day,
+                principal: principal.clone(),
+                model: model.clone(),
+                usage: *usage,
+                requests: *requests,
+            })
+            .collect();
+        store.usage_added(&rows).inspect_err(|_| {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            for (key, (usage, requests)) in taken {
+                let (total, n) = pending.entry(key).or_default();
+                total.add(usage);
+                *n += requests;
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::UsageQuery;
+
+    #[test]
+    fn a_meter_counts_into_metrics_and_the_store() {
+        let metrics = Arc::new(Metrics::default());
+        let ledger = Ledger::new(metrics.clone());
+        let store = Store::open_in_memory().unwrap();
+        let meter = ledger.meter("alice", "codex");
+        let u = Usage {
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            total_tokens: 15,
+            cached_tokens: 2,
+            reasoning_tokens: 1,
+        };
+        meter(u);
+        meter(u);
+        ledger.flush(&store).unwrap();
+        ledger.flush(&store).unwrap();
+        let rows = store.usage(&UsageQuery::default()).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!((rows[0].usage.prompt_tokens, rows[0].requests), (20, 2));
+        assert_eq!(rows[0].usage.reasoning_tokens, 2);
+        let text = metrics.render(&crate::metrics::Gauges {
+            suspended_executions: 0,
+            pending_continuations: 0,
+            tombstones: 0,
+            pending_approvals: 0,
+            sessions: Vec::new(),
+            idle_threads: 0,
+        });
+        assert!(text.contains(
+            "turnstile_tokens_total{client=\"alice\",model=\"codex\",kind=\"output\"} 10"
+        ));
+    }
+}

@@ -1,0 +1,91 @@
+//! `GET /v1/usage`: daily token totals per client and model, as the backends reported them.
+//! A client sees its own; an approver sees everyone's and may filter by `client`. Query:
+//! `from` / `to` (inclusive `YYYY-MM-DD`, UTC) and `client`.
+
+use axum::extract::{RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{principal, Gateway};
+use crate::error::{ApiError, ErrorCode};
+use crate::store::{date_of, day_from_date, UsageQuery, UsageRow};
+use crate::turn::Usage;
+
+fn totals(u: &Usage, requests: u64) -> serde_json::Map<String, Value> {
+    let v = json!({
+        "input_tokens": u.prompt_tokens,
+        "cached_input_tokens": u.cached_tokens,
+        "output_tokens": u.completion_tokens,
+        "reasoning_tokens": u.reasoning_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "requests": requests,
+    });
+    match v {
+        Value::Object(o) => o,
+        _ => unreachable!("a JSON object literal"),
+    }
+}
+
+fn row_json(r: &UsageRow) -> Value {
+    let mut o = serde_json::Map::new();
+    o.insert("date".into(), json!(date_of(r.day)));
+    o.insert("client".into(), json!(r.principal));
+    o.insert("model".into(), json!(r.model));
+    o.extend(totals(&r.usage, r.requests));
+    Value::Object(o)
+}
+
+pub async fn usage(
+    State(gw): State<Gateway>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let who = principal(&gw, &headers)?;
+    let mut q = UsageQuery::default();
+    for pair in query
+        .as_deref()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let day = |param: &'static str| {
+            day_from_date(value).ok_or_else(|| {
+                ApiError::invalid(format!("`{param}` must be a date (YYYY-MM-DD)"))
+                    .with_param(param)
+            })
+        };
+        match key {
+            "from" => q.from_day = Some(day("from")?),
+            "to" => q.to_day = Some(day("to")?),
+            "client" => q.principal = Some(value.to_string()),
+            _ => {}
+        }
+    }
+    // A client asking for another client's usage sees nothing (the engine scopes it to its
+    // own, and that filter then matches no row).
+    let foreign = !who.approver && q.principal.as_ref().is_some_and(|p| *p != who.id);
+    let rows = match foreign {
+        true => Vec::new(),
+        false => gw.usage(&who, q).map_err(|e| {
+            tracing::error!(error = %e, "usage read failed");
+            ApiError::new(
+                ErrorCode::StoreUnavailable,
+                "The usage store is unavailable.",
+            )
+        })?,
+    };
+    let mut sum = Usage::default();
+    let mut requests = 0;
+    for r in &rows {
+        sum.add(r.usage);
+        requests += r.requests;
+    }
+    let data: Vec<Value> = rows.iter().map(row_json).collect();
+    Ok(
+        Json(json!({"object": "list", "data": data, "total": totals(&sum, requests)}))
+            .into_response(),
+    )
+}

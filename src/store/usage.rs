@@ -1,0 +1,213 @@
+//! Token usage in the store: one row per UTC day, principal and model, with the totals the
+//! backends reported. Rows are added to, never rewritten: the engine's ledger folds its
+//! in-memory deltas in with one upsert per key.
+
+use rusqlite::{params, Connection};
+
+use super::{run, Store, StoreError};
+use crate::turn::Usage;
+
+/// Totals of one day, principal and model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageRow {
+    /// Days since 1970-01-01 (UTC).
+    pub day: u32,
+    pub principal: String,
+    pub model: String,
+    pub usage: Usage,
+    /// Model requests reported.
+    pub requests: u64,
+}
+
+/// Which rows to read; `None` is unbounded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageQuery {
+    pub principal: Option<String>,
+    pub from_day: Option<u32>,
+    pub to_day: Option<u32>,
+}
+
+pub(super) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS usage_daily (
+  day INTEGER NOT NULL,
+  principal TEXT NOT NULL,
+  model TEXT NOT NULL,
+  input_tokens INTEGER NOT NULL DEFAULT 0,
+  cached_input_tokens INTEGER NOT NULL DEFAULT 0,
+  output_tokens INTEGER NOT NULL DEFAULT 0,
+  reasoning_tokens INTEGER NOT NULL DEFAULT 0,
+  requests INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (day, principal, model)
+);
+";
+
+fn add(c: &Connection, r: &UsageRow) -> rusqlite::Result<usize> {
+    let u = &r.usage;
+    run(
+        c,
+        "INSERT INTO usage_daily (day, principal, model, input_tokens, cached_input_tokens,
+                                  output_tokens, reasoning_tokens, requests)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT (day, principal, model) DO UPDATE SET
+           input_tokens = input_tokens + excluded.input_tokens,
+           cached_input_tokens = cached_input_tokens + excluded.cached_input_tokens,
+           output_tokens = output_tokens + excluded.output_tokens,
+           reasoning_tokens = reasoning_tokens + excluded.reasoning_tokens,
+           requests = requests + excluded.requests",
+        params![
+            r.day,
+            r.principal,
+            r.model,
+            u.prompt_tokens as i64,
+            u.cached_tokens as i64,
+            u.completion_tokens as i64,
+            u.reasoning_tokens as i64,
+            r.requests as i64
+        ],
+    )
+}
+
+impl Store {
+    /// Adds these deltas to the daily totals, in one transaction.
+    pub fn usage_added(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.with(|c| {
+            let tx = c.transaction()?;
+            for r in rows {
+                add(&tx, r)?;
+            }
+            tx.commit()
+        })
+    }
+
+    /// Daily totals, oldest day first, then by principal and model.
+    pub fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageRow>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT day, principal, model, input_tokens, cached_input_tokens, output_tokens,
+                        reasoning_tokens, requests
+                 FROM usage_daily
+                 WHERE (?1 IS NULL OR principal = ?1) AND (?2 IS NULL OR day >= ?2)
+                   AND (?3 IS NULL OR day <= ?3)
+                 ORDER BY day, principal, model",
+            )?;
+            let rows = stmt.query_map(params![q.principal, q.from_day, q.to_day], |r| {
+                let n = |i: usize| r.get::<_, i64>(i).map(|v| v as u64);
+                Ok(UsageRow {
+                    day: r.get(0)?,
+                    principal: r.get(1)?,
+                    model: r.get(2)?,
+                    usage: Usage {
+                        prompt_tokens: n(3)?,
+                        cached_tokens: n(4)?,
+                        completion_tokens: n(5)?,
+                        reasoning_tokens: n(6)?,
+                        total_tokens: n(3)? + n(5)?,
+                    },
+                    requests: n(7)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+}
+
+/// Days since 1970-01-01 of a Unix time (UTC).
+pub fn day_of(unix_secs: u64) -> u32 {
+    (unix_secs / 86_400) as u32
+}
+
+/// `YYYY-MM-DD` of a day number (the proleptic Gregorian calendar, UTC).
+pub fn date_of(day: u32) -> String {
+    // Civil-from-days over 400-year eras (H. Hinnant's algorithm); a date formatter is all
+    // this needs of a calendar crate.
+    let z = day as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The day number of a `YYYY-MM-DD` date, or None if it is not one.
+pub fn day_from_date(s: &str) -> Option<u32> {
+    let mut parts = s.splitn(3, '-');
+    let (y, m, d) = (parts.next()?, parts.next()?, parts.next()?);
+    if y.len() != 4 || m.len() != 2 || d.len() != 2 {
+        return None;
+    }
+    let (y, m, d): (i64, i64, i64) = (y.parse().ok()?, m.parse().ok()?, d.parse().ok()?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2.rem_euclid(400);
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let day = era * 146_097 + doe - 719_468;
+    // Reject dates like 2026-02-31 that normalise to another day.
+    (day >= 0 && date_of(day as u32) == s).then_some(day as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_round_trip() {
+        assert_eq!(date_of(0), "1970-01-01");
+        assert_eq!(date_of(day_of(1_796_083_200)), "2026-12-01");
+        assert_eq!(day_from_date("2026-12-01"), Some(day_of(1_796_083_200)));
+        assert_eq!(
+            day_from_date("2024-02-29").map(date_of).as_deref(),
+            Some("2024-02-29")
+        );
+        for bad in ["2026-02-31", "2026-13-01", "26-12-01", "2026-1-01", "x"] {
+            assert_eq!(day_from_date(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn deltas_add_up_per_day_principal_and_model() {
+        let s = Store::open_in_memory().unwrap();
+        let row = |day, p: &str, input| UsageRow {
+            day,
+            principal: p.into(),
+            model: "m".into(),
+            usage: Usage {
+                prompt_tokens: input,
+                completion_tokens: 2,
+                cached_tokens: 1,
+                reasoning_tokens: 1,
+                total_tokens: input + 2,
+            },
+            requests: 1,
+        };
+        s.usage_added(&[row(5, "alice", 10), row(5, "bob", 1)])
+            .unwrap();
+        s.usage_added(&[row(5, "alice", 20), row(6, "alice", 3)])
+            .unwrap();
+        let alice = UsageQuery {
+            principal: Some("alice".into()),
+            ..Default::default()
+        };
+        let rows = s.usage(&alice).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].usage.prompt_tokens, rows[0].requests), (30, 2));
+        assert_eq!(rows[0].usage.completion_tokens, 4);
+        let day6 = UsageQuery {
+            from_day: Some(6),
+            ..Default::default()
+        };
+        assert_eq!(s.usage(&day6).unwrap().len(), 1);
+        assert_eq!(s.usage(&UsageQuery::default()).unwrap().len(), 3);
+    }
+}
