@@ -31,9 +31,10 @@ async fn plain_turn_non_streaming() {
     assert_eq!(v["usage"]["prompt_tokens"], 10);
     assert_eq!(v["usage"]["completion_tokens"], 5);
     assert_eq!(v["usage"]["total_tokens"], 15);
-    // The system message became instructions on a fresh ephemeral thread.
+    // The system message became instructions on a fresh thread, persisted so that it can
+    // be unloaded (`thread/delete`) when released.
     let starts = gw.thread_starts();
-    assert_eq!(starts[0]["ephemeral"], true);
+    assert_eq!(starts[0]["ephemeral"], false);
     assert_eq!(starts[0]["developer_instructions"], "be brief");
 }
 

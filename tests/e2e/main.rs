@@ -18,4 +18,5 @@ mod responses_upstream;
 mod sdk;
 mod sdk_node;
 mod support;
+mod threads;
 mod upstream;

@@ -276,11 +276,17 @@ async fn the_rejection_matrix_consumes_nothing() {
     // A malformed id is 400 before any lookup.
     let bad: Value = serde_json::from_str(&next.to_string().replace(&token, "srct-xyz")).unwrap();
     assert_eq!(create(&gw, ALICE, &bad).await.0, 400);
-    // A reference without outputs (a finished conversation's continuity) is refused.
+    // A reference without outputs to a response that has not completed names no kept
+    // thread: 404, nothing consumed.
     let mut more = by_ref.clone();
     more["input"] = json!("and then?");
     let (s, v) = create(&gw, ALICE, &more).await;
-    assert_eq!((s, error_code(&v)), (400, "invalid_request".into()), "{v}");
+    assert_eq!(
+        (s, error_code(&v)),
+        (404, "continuation_not_found".into()),
+        "{v}"
+    );
+    assert_eq!(v["error"]["param"], "previous_response_id");
 
     let (s, done) = create(&gw, ALICE, &by_ref).await;
     assert_eq!(s, 200, "{done}");

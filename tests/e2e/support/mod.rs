@@ -59,6 +59,10 @@ pub struct Opts {
     pub approval_ttl_seconds: u64,
     /// Run the gateway with `--log-format json`.
     pub log_json: bool,
+    /// `backends.demo.recycle_after_threads`.
+    pub recycle_after_threads: u64,
+    /// The body of a `[continuity]` section (none when empty).
+    pub continuity: &'static str,
 }
 
 impl Default for Opts {
@@ -75,6 +79,8 @@ impl Default for Opts {
             alice_models: r#"["*"]"#,
             approval_ttl_seconds: 60,
             log_json: false,
+            recycle_after_threads: 1000,
+            continuity: "",
         }
     }
 }
@@ -125,6 +131,7 @@ env = {{ TURNSTILE_DEMO_SPY = "{spy}" }}
 max_sessions = {max_sessions}
 acquire_timeout_ms = {acquire}
 reserved_tool_names = ["request_user_input"]
+recycle_after_threads = {recycle}
 
 [continuations]
 execution_ttl_seconds = {ttl}
@@ -149,7 +156,11 @@ batch_debounce_ms = 25
         max_result = o.max_tool_result_bytes,
         max_rounds = o.max_rounds,
         per_client = o.max_pending_per_client,
+        recycle = o.recycle_after_threads,
     );
+    if !o.continuity.is_empty() {
+        s.push_str(&format!("\n[continuity]\n{}\n", o.continuity));
+    }
     for m in SCENARIOS {
         s.push_str(&format!(
             "\n[[models]]\nid = \"{m}\"\nbackend = \"demo\"\nbackend_model = \"{m}\"\n"
