@@ -71,15 +71,17 @@ pub(crate) fn codex_bin() -> Option<PathBuf> {
 
 /// The gateway in front of the real binary. Fields drop in order: the gateway (and with it
 /// the Codex child) first, then the Codex home.
-struct Rig {
-    gw: Gateway,
+pub(crate) struct Rig {
+    pub(crate) gw: Gateway,
     home: tempfile::TempDir,
 }
 
-struct Setup {
-    opts: Opts,
+pub(crate) struct Setup {
+    pub(crate) opts: Opts,
     /// Keep Codex's shell tools (`exec_command`), needed to provoke a command approval.
-    shell: bool,
+    pub(crate) shell: bool,
+    /// Extra keys of `[backends.codex]`.
+    pub(crate) backend: &'static str,
 }
 
 impl Default for Setup {
@@ -90,12 +92,13 @@ impl Default for Setup {
                 ..Opts::default()
             },
             shell: false,
+            backend: "",
         }
     }
 }
 
 impl Rig {
-    async fn start(bin: &Path, model: &FakeResponses, setup: Setup) -> Rig {
+    pub(crate) async fn start(bin: &Path, model: &FakeResponses, setup: Setup) -> Rig {
         let homes = root().join(".cache/codex-homes");
         std::fs::create_dir_all(&homes).expect("create .cache/codex-homes");
         let home = tempfile::Builder::new()
@@ -105,7 +108,11 @@ impl Rig {
         std::fs::create_dir_all(home.path().join("work")).expect("work folder");
         let (bin, base_url, folder) = (bin.to_path_buf(), model.base_url.clone(), home.path());
         let gw = Gateway::start_raw(setup.opts, |o, _| {
-            config(o, &bin, &base_url, folder, setup.shell)
+            let text = config(o, &bin, &base_url, folder, setup.shell);
+            text.replace(
+                "[backends.codex]\n",
+                &format!("[backends.codex]\n{}\n", setup.backend),
+            )
         })
         .await;
         Rig { gw, home }
@@ -117,14 +124,18 @@ impl Rig {
     }
 
     /// The last lines of the gateway log (Codex's stderr included), for failure messages.
-    fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         let log = self.gw.log();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
-    async fn chat(&self, body: &Value) -> (u16, Value) {
-        let (status, v) = bounded("chat", self.gw.chat(ALICE, body)).await;
+    pub(crate) async fn chat(&self, body: &Value) -> (u16, Value) {
+        self.chat_as(ALICE, body).await
+    }
+
+    pub(crate) async fn chat_as(&self, key: &str, body: &Value) -> (u16, Value) {
+        let (status, v) = bounded("chat", self.gw.chat(key, body)).await;
         (status.as_u16(), v)
     }
 
@@ -154,6 +165,9 @@ pub(crate) fn config(o: &Opts, bin: &Path, base_url: &str, home: &Path, shell: b
         // The built-in `view_image` reads image files on this host for the model, and it
         // silently shadows a client tool of the same name.
         "features.view_image=false".to_string(),
+        // Each thread would snapshot a login shell (sourcing the host's shell profile); a
+        // gateway starting a thread per execution runs its own tools on the client.
+        "features.shell_snapshot=false".to_string(),
     ];
     if !shell {
         overrides.push("features.shell_tool=false".to_string());
@@ -197,6 +211,10 @@ path = "turnstile.db"
 [[clients]]
 id = "alice"
 key_sha256 = "{alice}"
+
+[[clients]]
+id = "bob"
+key_sha256 = "{bob}"
 
 [[models]]
 id = "codex"
@@ -246,6 +264,7 @@ batch_debounce_ms = 25
 "#,
         keepalive = o.keepalive_seconds,
         alice = hash(ALICE),
+        bob = hash(BOB),
         command = command.join(", "),
         codex_home = q(&home.join("codex-home").display().to_string()),
         cwd = q(&home.join("work").display().to_string()),
@@ -260,13 +279,13 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-async fn bounded<T>(what: &str, f: impl Future<Output = T>) -> T {
+pub(crate) async fn bounded<T>(what: &str, f: impl Future<Output = T>) -> T {
     tokio::time::timeout(EXCHANGE, f)
         .await
         .unwrap_or_else(|_| panic!("{what} took longer than {EXCHANGE:?}"))
 }
 
-fn text_of(body: &Value) -> String {
+pub(crate) fn text_of(body: &Value) -> String {
     match body {
         Value::String(s) => s.clone(),
         other => other.to_string(),
@@ -554,6 +573,7 @@ async fn client_disconnect_while_held_releases_the_session() {
                 ..Opts::default()
             },
             shell: false,
+            backend: "",
         },
     )
     .await;
@@ -636,6 +656,7 @@ async fn suspended_turn_expires_with_410() {
                 ..Opts::default()
             },
             shell: false,
+            backend: "",
         },
     )
     .await;

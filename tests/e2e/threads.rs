@@ -384,3 +384,29 @@ async fn usage_is_totalled_per_client_and_model_interrupted_turns_included() {
     let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(printed["total"]["input_tokens"], 10);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_plain_turns_release_every_thread_but_the_kept_ones() {
+    let gw = Gateway::start().await;
+    for batch in 0..25 {
+        let turns: Vec<_> = (0..4)
+            .map(|i| {
+                let body = json!({"model": "echo", "messages": [user(&format!("t{batch}.{i}"))]});
+                let gw = &gw;
+                async move { gw.chat(ALICE, &body).await }
+            })
+            .collect();
+        for (s, v) in futures::future::join_all(turns).await {
+            assert_eq!(s, 200, "{v}");
+        }
+    }
+    // 100 threads; alice keeps at most 4 idle (the default bound), every other one goes.
+    let deleted = wait_released(&gw, 96).await;
+    assert_eq!(gw.thread_starts().len(), 100);
+    assert_eq!(deleted.len(), 96);
+    let (_, metrics) = get_text(&gw, ALICE, "/metrics").await;
+    assert!(
+        metrics.contains("turnstile_continuity_idle_threads 4"),
+        "{metrics}"
+    );
+}

@@ -3,10 +3,15 @@
 //! supervisor task that reaps the child. When the child dies, every pending request fails and
 //! every routed thread receives `TurnEvent::Lost`.
 //!
-//! Threads are released with `thread/delete`, the one call that unloads a thread from Codex
-//! 0.169.0 (it refuses ephemeral threads, so threads are started persisted): an unfinished
-//! turn is interrupted first and its thread deleted once the turn has ended (its last usage
-//! report arrives before that), or after `RELEASE_GRACE`. A retiring process (recycled)
+//! Threads are released with `thread/delete`, the one call of Codex 0.169.0 that unloads a
+//! thread (it refuses ephemeral threads, so threads are started persisted; it also removes
+//! the rollout). Measured: `thread/unsubscribe` leaves threads loaded; `thread/delete` (and
+//! `thread/archive`) unload at once on a quiet process, but while other threads run turns
+//! many deleted threads stay loaded for the life of the process, so under steady load only
+//! recycling bounds memory (`mod.rs`). An unfinished turn is interrupted first and its thread
+//! released once the turn has ended (its last usage report arrives before that), or after
+//! `RELEASE_GRACE`. A retiring process closes stdin once drained and is killed if it has not
+//! exited within `RETIRE_GRACE`. A retiring process (recycled)
 //! takes no new work and closes its stdin once its last turn is gone.
 
 use std::collections::HashMap;
@@ -33,6 +38,10 @@ use crate::turn::Usage;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a child gets to exit after stdin closes before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
+/// How long a drained, retiring process gets to exit after stdin closes before it is killed
+/// (it holds nothing by then; Codex takes 1 to 4 s to exit on its own, and until it does
+/// two processes' memory is in use).
+const RETIRE_GRACE: Duration = Duration::from_millis(300);
 /// How long an interrupted turn gets to end before its thread is deleted anyway.
 const RELEASE_GRACE: Duration = Duration::from_secs(10);
 
@@ -225,10 +234,19 @@ impl Proc {
         });
 
         // Supervisor: reaps the child, killing it if it outlives the shutdown grace period.
-        let (sup_proc, stop) = (proc.clone(), shutdown.clone());
+        let (sup_proc, stop, close) = (proc.clone(), shutdown.clone(), proc.close.clone());
         tracker.spawn(async move {
             let status = tokio::select! {
                 status = child.wait() => status.ok(),
+                _ = close.cancelled() => {
+                    match tokio::time::timeout(RETIRE_GRACE, child.wait()).await {
+                        Ok(status) => status.ok(),
+                        Err(_) => {
+                            let _ = child.start_kill();
+                            child.wait().await.ok()
+                        }
+                    }
+                }
                 _ = stop.cancelled() => {
                     match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
                         Ok(status) => status.ok(),
@@ -285,10 +303,12 @@ impl Proc {
         self.exit_if_drained();
     }
 
-    /// A retiring process with no turn left closes its stdin, and the child exits.
+    /// A retiring process with no turn left (and no interrupted turn still reporting its
+    /// last usage) closes its stdin, and the child exits.
     pub fn exit_if_drained(&self) {
         if self.retiring.load(Ordering::SeqCst)
             && self.active.load(Ordering::SeqCst) == 0
+            && lock(&self.routes).is_empty()
             && !self.close.is_cancelled()
         {
             tracing::info!(
@@ -305,6 +325,7 @@ impl Proc {
         if self.is_alive() && !self.close.is_cancelled() {
             self.cast("thread/delete", json!({"threadId": thread}));
         }
+        self.exit_if_drained();
     }
 
     /// The execution lets go of a thread: deleted now if its turn is over, else once the
