@@ -9,6 +9,7 @@
 //! replaced on the next turn; a process that has started `recycle_after_threads` threads is
 //! replaced by a fresh one started in the background, and drains (`thread.rs`, `process.rs`).
 
+mod approval;
 mod process;
 mod render;
 pub mod rpc;
