@@ -50,9 +50,9 @@ pub(super) const DEFAULT_MAX_IDLE_CONNECTIONS: usize = 64;
 
 /// `backends.NAME.recycle_after_threads` (`kind = "app-server"`): measured on Codex 0.169.0,
 /// a thread that is not unloaded costs about 1 MiB, and under concurrent load most deleted
-/// threads stay loaded until the process exits; 32 keeps a process within ~40 MiB of a
+/// threads stay loaded until the process exits; 24 keeps a process within ~30 MiB of a
 /// fresh one, and two (one draining) within ~128 MiB of one.
-pub(super) const DEFAULT_RECYCLE_AFTER_THREADS: u64 = 32;
+pub(super) const DEFAULT_RECYCLE_AFTER_THREADS: u64 = 24;
 
 /// `continuity.*`.
 pub(super) const DEFAULT_CONTINUITY_ENABLED: bool = true;

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::backend::Idle;
 use crate::config::ContinuityConfig;
-use crate::turn::Surface;
+use crate::turn::{Fingerprint, Surface};
 
 /// What a kept thread is bound to besides its conversation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +31,16 @@ pub(super) struct Binding {
 }
 
 impl Binding {
+    pub fn new(principal: &str, model: &str, surface: Surface, fingerprint: &Fingerprint) -> Self {
+        Binding {
+            principal: principal.to_string(),
+            model: model.to_string(),
+            surface,
+            tools: fingerprint.tools,
+            tool_choice: fingerprint.tool_choice,
+        }
+    }
+
     /// The first part of `other` that differs, for a reference that names this thread.
     fn first_mismatch(&self, other: &Binding) -> Option<&'static str> {
         [

@@ -10,16 +10,6 @@ use crate::backend::{BackendError, BackendKind, Kept, Turn};
 use crate::continuation::canonical::digest_of_digests;
 use crate::turn::{Message, Role, TurnInput};
 
-fn binding(principal: &str, model: &str, input: &TurnInput) -> Binding {
-    Binding {
-        principal: principal.to_string(),
-        model: model.to_string(),
-        surface: input.surface,
-        tools: input.fingerprint.tools,
-        tool_choice: input.fingerprint.tool_choice,
-    }
-}
-
 impl Engine {
     /// The kept thread this fresh request continues, if any. A request naming a completed
     /// response (`follows`) must find it: unknown, released or another principal's is 404,
@@ -36,7 +26,7 @@ impl Engine {
     ) -> Result<Option<Kept>, EngineError> {
         let enabled = self.config().continuity.enabled && kind == BackendKind::Agent;
         let metrics = &self.inner.metrics;
-        let binding = binding(principal, model, input);
+        let binding = Binding::new(principal, model, input.surface, &input.fingerprint);
         if let Some(execution) = input.follows.take() {
             let taken = match enabled {
                 true => self.inner.continuity.take_execution(&execution, &binding),
@@ -135,13 +125,7 @@ impl Engine {
         digests.push((ctx.digest)(&answer));
         let entry = Entry::new(
             digest_of_digests(&digests),
-            Binding {
-                principal: meta.principal.clone(),
-                model: meta.model.clone(),
-                surface: meta.surface,
-                tools: ctx.fingerprint.tools,
-                tool_choice: ctx.fingerprint.tool_choice,
-            },
+            Binding::new(&meta.principal, &meta.model, meta.surface, &ctx.fingerprint),
             meta.id.clone(),
             digests,
             idle,

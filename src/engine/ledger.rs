@@ -16,10 +16,17 @@ use crate::store::{day_of, now_unix, Store, StoreError, UsageRow};
 use crate::turn::Usage;
 
 type Key = (u32, String, String);
+type Deltas = HashMap<Key, (Usage, u64)>;
+
+fn fold(deltas: &mut Deltas, key: Key, usage: Usage, requests: u64) {
+    let (total, n) = deltas.entry(key).or_default();
+    total.add(usage);
+    *n += requests;
+}
 
 pub(super) struct Ledger {
     metrics: Arc<Metrics>,
-    pending: Mutex<HashMap<Key, (Usage, u64)>>,
+    pending: Mutex<Deltas>,
 }
 
 impl Ledger {
@@ -39,10 +46,12 @@ impl Ledger {
     pub fn record(&self, principal: &str, model: &str, u: Usage) {
         self.metrics.tokens(principal, model, u);
         let key = (day_of(now_unix()), principal.to_string(), model.to_string());
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let (total, requests) = pending.entry(key).or_default();
-        total.add(u);
-        *requests += 1;
+        fold(
+            &mut self.pending.lock().unwrap_or_else(|e| e.into_inner()),
+            key,
+            u,
+            1,
+        );
     }
 
     /// Writes the deltas to the store; on failure they are kept for the next flush.
@@ -64,9 +73,7 @@ impl Ledger {
         store.usage_added(&rows).inspect_err(|_| {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             for (key, (usage, requests)) in taken {
-                let (total, n) = pending.entry(key).or_default();
-                total.add(usage);
-                *n += requests;
+                fold(&mut pending, key, usage, requests);
             }
         })
     }

@@ -14,18 +14,17 @@ use crate::store::{date_of, day_from_date, UsageQuery, UsageRow};
 use crate::turn::Usage;
 
 fn totals(u: &Usage, requests: u64) -> serde_json::Map<String, Value> {
-    let v = json!({
-        "input_tokens": u.prompt_tokens,
-        "cached_input_tokens": u.cached_tokens,
-        "output_tokens": u.completion_tokens,
-        "reasoning_tokens": u.reasoning_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "requests": requests,
-    });
-    match v {
-        Value::Object(o) => o,
-        _ => unreachable!("a JSON object literal"),
-    }
+    [
+        ("input_tokens", u.prompt_tokens),
+        ("cached_input_tokens", u.cached_tokens),
+        ("output_tokens", u.completion_tokens),
+        ("reasoning_tokens", u.reasoning_tokens),
+        ("total_tokens", u.prompt_tokens + u.completion_tokens),
+        ("requests", requests),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), json!(v)))
+    .collect()
 }
 
 fn row_json(r: &UsageRow) -> Value {

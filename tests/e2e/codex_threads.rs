@@ -20,8 +20,8 @@ const WARM_UP: usize = 50;
 /// The growth the summed RSS of the Codex children may show after the warm-up.
 const RSS_BUDGET_MIB: u64 = 128;
 
-/// The direct children of a process.
-fn children_of(pid: u32) -> Vec<u32> {
+/// The direct children of a process (the gateway's: the Codex app-servers).
+fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))
         .into_iter()
@@ -39,17 +39,12 @@ fn children_of(pid: u32) -> Vec<u32> {
     out
 }
 
-/// The gateway's child processes (the Codex app-servers).
-fn children(pid: u32) -> Vec<u32> {
-    children_of(pid)
-}
-
 /// Every process below the gateway (a traced Codex runs under a shell).
 fn descendants(pid: u32) -> Vec<u32> {
-    let mut out = children_of(pid);
+    let mut out = children(pid);
     let mut i = 0;
     while i < out.len() {
-        let more = children_of(out[i]);
+        let more = children(out[i]);
         out.extend(more);
         i += 1;
     }

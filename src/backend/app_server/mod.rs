@@ -218,21 +218,15 @@ impl AppServer {
         .await
         .map_err(|_| BackendError::Capacity)?
         .map_err(|_| BackendError::Unavailable("shutting down".into()))?;
-        let (tx, rx) = futures::channel::mpsc::unbounded();
         // From here on the guard gives the slot back and releases the thread on every path.
-        let turn = match kept {
+        let (mut turn, thread, renames) = match kept {
             Some((kept, _)) => {
                 let (proc, thread, renames) = kept.take();
-                let mut turn = AppServerTurn::new(proc, permit);
-                let route = Arc::new(Route::new(tx, renames, meter));
-                turn.proc.add_route(&thread, route.clone());
-                turn.thread = thread;
-                turn.route = Some(route);
-                turn
+                (AppServerTurn::new(proc, permit), thread, renames)
             }
             None => {
                 let (slot, proc) = self.live_proc().await?;
-                let mut turn = AppServerTurn::new(proc, permit);
+                let turn = AppServerTurn::new(proc, permit);
                 let renames = renames(
                     input.tools.as_deref().unwrap_or_default(),
                     &self.cfg.reserved_tool_names,
@@ -245,18 +239,18 @@ impl AppServer {
                         BackendError::Rejected("thread/start returned no thread id".into())
                     })?
                     .to_string();
-                let route = Arc::new(Route::new(tx, renames, meter));
-                turn.proc.add_route(&thread, route.clone());
-                turn.thread = thread;
-                turn.route = Some(route);
                 let started = turn.proc.threads.fetch_add(1, Ordering::Relaxed) + 1;
                 if started >= self.cfg.recycle_after_threads {
                     self.recycle(slot, &turn.proc);
                 }
-                turn
+                (turn, thread, renames)
             }
         };
-        let mut turn = turn;
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let route = Arc::new(Route::new(tx, renames, meter));
+        turn.proc.add_route(&thread, route.clone());
+        turn.thread = thread;
+        turn.route = Some(route);
         let mut items = Vec::new();
         if let Some(h) = &rendered.history {
             items.push(json!({"type": "text", "text": h, "text_elements": []}));

@@ -138,11 +138,7 @@ pub(crate) async fn run_scenario(turn: &Turn, spec: &TurnSpec) -> Step {
         }
         "hang" => {
             // A model request in flight: its usage is reported if the turn is interrupted.
-            turn.guarded(|st| {
-                if let Some(a) = st.active_mut(&turn.thread) {
-                    a.unreported = true;
-                }
-            })?;
+            turn.usage_pending()?;
             std::future::pending().await
         }
         "slow" => {

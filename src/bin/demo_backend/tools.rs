@@ -56,11 +56,7 @@ pub(crate) fn start_call(
     args: Value,
 ) -> Step<(Value, oneshot::Receiver<Value>)> {
     let call_id = format!("call_{}", rand_hex::<12>());
-    turn.guarded(|st| {
-        if let Some(a) = st.active_mut(&turn.thread) {
-            a.unreported = true;
-        }
-    })?;
+    turn.usage_pending()?;
     let item = json!({"type": "dynamicToolCall", "id": call_id, "namespace": tool.namespace,
         "tool": tool.name, "arguments": args, "status": "inProgress", "contentItems": null,
         "success": null});

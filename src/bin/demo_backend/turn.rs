@@ -62,6 +62,16 @@ impl Turn {
         }
         self.item_completed(json!({"type": "agentMessage", "id": id, "text": text}))
     }
+    /// A model request is in flight whose usage is reported later (when its calls are
+    /// answered, or when the turn is interrupted).
+    pub(crate) fn usage_pending(&self) -> Step {
+        self.guarded(|st| {
+            if let Some(a) = st.active_mut(&self.thread) {
+                a.unreported = true;
+            }
+        })
+    }
+
     pub(crate) fn report_usage(&self) -> Step {
         self.guarded(|st| {
             if let Some(a) = st.active_mut(&self.thread) {
