@@ -111,10 +111,21 @@ async fn a_soak_of_plain_turns_keeps_codex_memory_bounded() {
             .join(" "),
         peak.saturating_sub(baseline),
     ));
+    let log = rig.gw.log();
+    let recycling: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.contains("recycled")
+                || l.contains("drained")
+                || l.contains("process exited")
+                || l.contains("process started")
+        })
+        .collect();
     assert!(
         peak <= baseline + RSS_BUDGET_MIB,
-        "Codex memory grew by {} MiB (> {RSS_BUDGET_MIB}) over the soak: {samples:?}",
-        peak - baseline
+        "Codex memory grew by {} MiB (> {RSS_BUDGET_MIB}) over the soak: {samples:?}\n{}",
+        peak - baseline,
+        recycling.join("\n")
     );
 }
 

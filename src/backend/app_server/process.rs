@@ -10,9 +10,8 @@
 //! many deleted threads stay loaded for the life of the process, so under steady load only
 //! recycling bounds memory (`mod.rs`). An unfinished turn is interrupted first and its thread
 //! released once the turn has ended (its last usage report arrives before that), or after
-//! `RELEASE_GRACE`. A retiring process closes stdin once drained and is killed if it has not
-//! exited within `RETIRE_GRACE`. A retiring process (recycled)
-//! takes no new work and closes its stdin once its last turn is gone.
+//! `RELEASE_GRACE`. A retiring process (recycled) takes no new work and is killed once its
+//! last turn is gone (it holds nothing by then).
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -36,10 +35,6 @@ use crate::turn::Usage;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a child gets to exit after stdin closes before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
-/// How long a drained, retiring process gets to exit after stdin closes before it is killed
-/// (it holds nothing by then; Codex takes 1 to 4 s to exit on its own, and until it does
-/// two processes' memory is in use).
-const RETIRE_GRACE: Duration = Duration::from_millis(300);
 /// How long an interrupted turn gets to end before its thread is deleted anyway.
 const RELEASE_GRACE: Duration = Duration::from_secs(10);
 
@@ -236,14 +231,12 @@ impl Proc {
         tracker.spawn(async move {
             let status = tokio::select! {
                 status = child.wait() => status.ok(),
+                // A drained, retiring process holds nothing: it is killed at once (Codex takes
+                // 1 to 4 s to exit on stdin EOF, and meanwhile the fresh process warms up
+                // beside it, two processes' memory at once).
                 _ = close.cancelled() => {
-                    match tokio::time::timeout(RETIRE_GRACE, child.wait()).await {
-                        Ok(status) => status.ok(),
-                        Err(_) => {
-                            let _ = child.start_kill();
-                            child.wait().await.ok()
-                        }
-                    }
+                    let _ = child.start_kill();
+                    child.wait().await.ok()
                 }
                 _ = stop.cancelled() => {
                     match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
@@ -358,14 +351,20 @@ impl Proc {
             return Err(BackendError::Lost);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
+        let (tx, mut rx) = oneshot::channel();
         lock(&self.pending).insert(id, tx);
         self.send(rpc::request(id, method, params));
         let answer = tokio::select! {
-            r = tokio::time::timeout(REQUEST_TIMEOUT, rx) => r,
+            r = tokio::time::timeout(REQUEST_TIMEOUT, &mut rx) => r,
             _ = self.dead.cancelled() => {
+                // The lines a dying child wrote are still dispatched (its answer may be one
+                // of them); the pending entry goes when the reader has seen them all.
+                let r = tokio::time::timeout(EXIT_GRACE, &mut rx).await;
                 lock(&self.pending).remove(&id);
-                return Err(BackendError::Lost);
+                match r {
+                    Ok(Ok(answer)) => Ok(Ok(answer)),
+                    _ => return Err(BackendError::Lost),
+                }
             }
         };
         match answer {
