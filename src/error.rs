@@ -14,6 +14,7 @@ pub enum ErrorCode {
     InvalidRequest,
     UnsupportedToolChoice,
     RequestTooLarge,
+    RequestTimeout,
     ContinuationNotFound,
     ContinuationAlreadyResolved,
     ContinuationMismatch,
@@ -45,6 +46,7 @@ impl ErrorCode {
             ModelNotFound | ContinuationNotFound | ApprovalNotFound | NotFound => 404,
             InvalidRequest | UnsupportedToolChoice | ContinuationMismatch => 400,
             RequestTooLarge => 413,
+            RequestTimeout => 408,
             ContinuationAlreadyResolved | ApprovalAlreadyDecided => 409,
             ContinuationExpired | ContinuationLost => 410,
             UnauthorizedTarget => 403,
@@ -66,6 +68,7 @@ impl ErrorCode {
             InvalidRequest => "invalid_request",
             UnsupportedToolChoice => "unsupported_tool_choice",
             RequestTooLarge => "request_too_large",
+            RequestTimeout => "request_timeout",
             ContinuationNotFound => "continuation_not_found",
             ContinuationAlreadyResolved => "continuation_already_resolved",
             ContinuationMismatch => "continuation_mismatch",
@@ -102,6 +105,7 @@ impl ErrorCode {
             InvalidRequest
             | UnsupportedToolChoice
             | RequestTooLarge
+            | RequestTimeout
             | ContinuationAlreadyResolved
             | ContinuationMismatch
             | ContinuationExpired

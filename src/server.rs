@@ -1,15 +1,27 @@
 //! Serving: bind, announce, serve until a signal, then shut down in order: stop accepting,
-//! end legs and settle suspended executions, drain owned tasks, reap every backend child.
+//! end legs and settle suspended executions, let open responses finish within
+//! `server.shutdown_drain_seconds`, drain owned tasks, reap every backend child.
+//!
+//! The accept loop is hyper's HTTP/1 connection driver under three bounds: at most
+//! `server.max_connections` open connections (more wait in the kernel's listen backlog, so a
+//! flood of idle sockets cannot take the process's file descriptors), a request head must
+//! arrive within `server.header_read_timeout_seconds` (a slow-loris socket is closed), and a
+//! body within `server.body_read_timeout_seconds` (enforced where the body is read).
 
+use std::future::Future;
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::Semaphore;
 
-use crate::config;
+use crate::config::{self, ServerConfig};
 use crate::engine::Engine;
 
 /// How long settling held turns and reaping children may take once serving has stopped.
@@ -27,10 +39,6 @@ pub async fn serve(config_path: &Path) -> Result<(), String> {
         }
     };
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let listener = listener.tap_io(|tcp| {
-        // Small SSE writes must not wait for delayed ACKs.
-        let _ = tcp.set_nodelay(true);
-    });
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
@@ -56,11 +64,70 @@ pub async fn serve(config_path: &Path) -> Result<(), String> {
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, "listening");
-    let server = axum::serve(listener, app).with_graceful_shutdown(stop);
-    // Serves until a signal has begun the shutdown and open responses have ended.
-    let result = server.await.map_err(|e| e.to_string());
+    // Serves until a signal has begun the shutdown and open responses have ended (bounded).
+    let server_cfg = gw.config().server.clone();
+    accept(listener, app, &server_cfg, stop).await;
     // Held turns are settled and children reaped, within a bound.
     let _ = tokio::time::timeout(DRAIN, gw.shutdown()).await;
     tracing::info!("stopped");
-    result
+    Ok(())
+}
+
+/// Accepts connections until `stop` resolves, then lets open ones finish for at most
+/// `shutdown_drain`.
+async fn accept(
+    listener: TcpListener,
+    app: axum::Router,
+    cfg: &ServerConfig,
+    stop: impl Future<Output = ()>,
+) {
+    let permits = Arc::new(Semaphore::new(cfg.max_connections));
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_read_timeout)
+        .keep_alive(true);
+    tokio::pin!(stop);
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = &mut stop => break,
+        };
+        let tcp = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        // Small SSE writes must not wait for delayed ACKs.
+        let _ = tcp.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                // A peer that went away or was too slow: the client's problem, not ours.
+                tracing::debug!(error = %e, "connection ended");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(cfg.shutdown_drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            seconds = cfg.shutdown_drain.as_secs(),
+            "open connections outlived the shutdown drain; closing them"
+        );
+    }
 }

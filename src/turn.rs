@@ -243,6 +243,9 @@ pub struct TurnInput {
     /// A fresh turn that continues the conversation of this completed execution, named by
     /// reference (`previous_response_id` with new input only).
     pub follows: Option<String>,
+    /// The trailing tool results answer the client's own call ids (not `srct-`): ordinary
+    /// history that a stateless upstream receives as sent and a stateful backend refuses.
+    pub client_tool_history: bool,
     /// The request body as the client sent it, when the surface's wire is the one stateless
     /// upstreams speak (Chat Completions): forwarded with only `model` renamed, so fields the
     /// gateway does not interpret reach the upstream untouched.

@@ -73,6 +73,7 @@ pub(super) struct RawOpenAi {
     pub idle_timeout_ms: Option<u64>,
     pub total_timeout_ms: Option<u64>,
     pub max_idle_connections: Option<usize>,
+    pub ca_file: Option<String>,
 }
 
 /// The validated sections, by kind.
@@ -103,7 +104,7 @@ pub(super) fn backends(
                 out.app_servers.insert(name, backend);
             }
             RawBackend::OpenAi(b) => {
-                let upstream = upstream_backend(&name, b)?;
+                let upstream = upstream_backend(&name, b, base)?;
                 out.upstreams.insert(name, upstream);
             }
         }
@@ -173,7 +174,7 @@ fn app_server_backend(
     })
 }
 
-fn upstream_backend(name: &str, b: RawOpenAi) -> Result<UpstreamConfig, ConfigError> {
+fn upstream_backend(name: &str, b: RawOpenAi, base: &Path) -> Result<UpstreamConfig, ConfigError> {
     let at = |k: &str| format!("backends.{name}.{k}");
     let base_url = b
         .base_url
@@ -194,9 +195,32 @@ fn upstream_backend(name: &str, b: RawOpenAi) -> Result<UpstreamConfig, ConfigEr
             n => Ok(Duration::from_millis(n)),
         }
     };
+    let ca_file = match b.ca_file {
+        None => None,
+        Some(f) => {
+            let path = resolve(base, &f);
+            let pem = std::fs::read(&path).map_err(|e| {
+                err(
+                    at("ca_file"),
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            match reqwest::Certificate::from_pem_bundle(&pem) {
+                Ok(certs) if !certs.is_empty() => {}
+                _ => {
+                    return Err(err(
+                        at("ca_file"),
+                        format!("{} holds no PEM certificate", path.display()),
+                    ))
+                }
+            }
+            Some(path)
+        }
+    };
     Ok(UpstreamConfig {
         base_url: base_url.trim_end_matches('/').to_string(),
         api_key_env: b.api_key_env,
+        ca_file,
         connect_timeout: ms(
             b.connect_timeout_ms,
             DEFAULT_CONNECT_TIMEOUT_MS,

@@ -90,6 +90,10 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     pub max_body_bytes: usize,
     pub keepalive: Duration,
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub max_connections: usize,
+    pub shutdown_drain: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -170,6 +174,8 @@ pub struct UpstreamConfig {
     pub base_url: String,
     /// Environment variable holding the upstream key (never the key itself).
     pub api_key_env: Option<String>,
+    /// PEM certificates trusted for this upstream besides the platform's roots (a private CA).
+    pub ca_file: Option<std::path::PathBuf>,
     pub connect_timeout: Duration,
     pub first_byte_timeout: Duration,
     pub idle_timeout: Duration,

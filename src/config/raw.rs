@@ -19,6 +19,14 @@ pub(super) const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 pub(super) const DEFAULT_MAX_BODY_BYTES: u64 = 16 * 1024 * 1024;
 /// `server.keepalive_seconds`.
 pub(super) const DEFAULT_KEEPALIVE_SECONDS: u64 = 5;
+/// `server.header_read_timeout_seconds`: a request's head must arrive within this.
+pub(super) const DEFAULT_HEADER_READ_TIMEOUT_SECONDS: u64 = 10;
+/// `server.body_read_timeout_seconds`: a request's body must arrive within this.
+pub(super) const DEFAULT_BODY_READ_TIMEOUT_SECONDS: u64 = 30;
+/// `server.max_connections`: open client connections; more wait in the listen backlog.
+pub(super) const DEFAULT_MAX_CONNECTIONS: u64 = 1024;
+/// `server.shutdown_drain_seconds`: how long open responses may finish after a signal.
+pub(super) const DEFAULT_SHUTDOWN_DRAIN_SECONDS: u64 = 10;
 /// `store.path`, relative to the config's folder.
 pub(super) const DEFAULT_STORE_PATH: &str = "data/turnstile.db";
 
@@ -120,6 +128,10 @@ pub(super) struct RawServer {
     pub listen: String,
     pub max_body_bytes: u64,
     pub keepalive_seconds: u64,
+    pub header_read_timeout_seconds: u64,
+    pub body_read_timeout_seconds: u64,
+    pub max_connections: u64,
+    pub shutdown_drain_seconds: u64,
 }
 
 impl Default for RawServer {
@@ -128,6 +140,10 @@ impl Default for RawServer {
             listen: DEFAULT_LISTEN.into(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             keepalive_seconds: DEFAULT_KEEPALIVE_SECONDS,
+            header_read_timeout_seconds: DEFAULT_HEADER_READ_TIMEOUT_SECONDS,
+            body_read_timeout_seconds: DEFAULT_BODY_READ_TIMEOUT_SECONDS,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            shutdown_drain_seconds: DEFAULT_SHUTDOWN_DRAIN_SECONDS,
         }
     }
 }

@@ -33,8 +33,25 @@ pub(super) fn validate(
     if raw.server.max_body_bytes == 0 {
         return Err(err("server.max_body_bytes", "must be greater than 0"));
     }
-    if raw.server.keepalive_seconds == 0 {
-        return Err(err("server.keepalive_seconds", "must be greater than 0"));
+    for (key, value) in [
+        ("server.keepalive_seconds", raw.server.keepalive_seconds),
+        (
+            "server.header_read_timeout_seconds",
+            raw.server.header_read_timeout_seconds,
+        ),
+        (
+            "server.body_read_timeout_seconds",
+            raw.server.body_read_timeout_seconds,
+        ),
+        ("server.max_connections", raw.server.max_connections),
+        (
+            "server.shutdown_drain_seconds",
+            raw.server.shutdown_drain_seconds,
+        ),
+    ] {
+        if value == 0 {
+            return Err(err(key, "must be greater than 0"));
+        }
     }
     if raw.store.path.trim().is_empty() {
         return Err(err("store.path", "must not be empty"));
@@ -55,6 +72,10 @@ pub(super) fn validate(
             listen,
             max_body_bytes: usize::try_from(raw.server.max_body_bytes).unwrap_or(usize::MAX),
             keepalive: Duration::from_secs(raw.server.keepalive_seconds),
+            header_read_timeout: Duration::from_secs(raw.server.header_read_timeout_seconds),
+            body_read_timeout: Duration::from_secs(raw.server.body_read_timeout_seconds),
+            max_connections: usize::try_from(raw.server.max_connections).unwrap_or(usize::MAX),
+            shutdown_drain: Duration::from_secs(raw.server.shutdown_drain_seconds),
         },
         store_path: resolve(base, &raw.store.path),
         jwt: jwt_issuers,

@@ -121,6 +121,9 @@ struct Inner<P> {
     pending: usize,
     tombs: HashMap<[u8; 32], Tomb>,
     rings: HashMap<String, VecDeque<[u8; 32]>>,
+    /// Tokens of batches taken for a forward that may still fail (their principal): they
+    /// read as resolved until committed or reinstated.
+    in_flight: HashMap<[u8; 32], String>,
     /// Every batch by deadline.
     deadlines: BTreeSet<(Instant, u64)>,
 }
@@ -167,6 +170,7 @@ impl<P: Parked> Registry<P> {
             pending: 0,
             tombs: HashMap::new(),
             rings: HashMap::new(),
+            in_flight: HashMap::new(),
             deadlines: BTreeSet::new(),
         };
         for (digest, principal, reason) in tombstones {
@@ -305,6 +309,11 @@ impl<P: Parked> Registry<P> {
                     Some(other) if other != *id => partial = true,
                     _ => {}
                 }
+            } else if let Some(owner) = g.in_flight.get(t) {
+                if !principal_eq(owner, principal) {
+                    return Lookup::NotFound;
+                }
+                settled.get_or_insert(Reason::Resolved);
             } else if let Some(tomb) = g.tombs.get(t) {
                 if !principal_eq(&tomb.principal, principal) {
                     return Lookup::NotFound;
@@ -362,6 +371,44 @@ impl<P: Parked> Registry<P> {
             evicted,
             parked: b.parked,
         })
+    }
+
+    /// Takes a whole batch out of the pending set without tombstoning it, for a forward that
+    /// may still fail before anything reached the client. Until [`Registry::commit`] or
+    /// [`Registry::reinstate`], its tokens read as resolved to their owner (a concurrent
+    /// claim loses with 409). Exactly one caller gets `Some` for a batch.
+    pub fn take(&self, batch: u64) -> Option<Batch<P>> {
+        let mut g = self.lock();
+        let b = Self::remove(&mut g, batch)?;
+        for t in &b.tokens {
+            g.in_flight.insert(*t, b.principal.clone());
+        }
+        Some(b)
+    }
+
+    /// Tombstones the tokens of a taken batch with `reason`; returns the tombstones the
+    /// principal's ring pushed out (the store deletes them too).
+    pub fn commit(&self, principal: &str, tokens: &[[u8; 32]], reason: Reason) -> Vec<[u8; 32]> {
+        let mut evicted = Vec::new();
+        let mut g = self.lock();
+        for t in tokens {
+            g.in_flight.remove(t);
+            let ring = self.limits.tombstones_per_client;
+            push_tomb(&mut g, ring, *t, principal, reason, &mut evicted);
+        }
+        evicted
+    }
+
+    /// Puts a taken batch back as it was (same tokens, same deadline), without bounds: its
+    /// place was never given up.
+    pub fn reinstate(&self, b: Batch<P>) {
+        let mut g = self.lock();
+        for t in &b.tokens {
+            g.in_flight.remove(t);
+        }
+        Self::insert(&mut g, b);
+        drop(g);
+        self.changed.notify_one();
     }
 
     /// Settles every batch whose deadline is at or before `now`, earliest first.
@@ -434,163 +481,4 @@ fn push_tomb<P>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    struct Fake {
-        alive: bool,
-    }
-
-    impl Parked for Fake {
-        fn is_alive(&self) -> bool {
-            self.alive
-        }
-        fn is_durable(&self) -> bool {
-            false
-        }
-    }
-
-    fn reg(max: usize, per: usize, ring: usize) -> Registry<Fake> {
-        Registry::new(
-            Limits {
-                max_pending: max,
-                max_pending_per_client: per,
-                tombstones_per_client: ring,
-            },
-            [],
-        )
-    }
-
-    fn digests() -> Digests {
-        Digests {
-            tools: [1; 32],
-            tool_choice: [2; 32],
-            prefix: [3; 32],
-            echo: [4; 32],
-        }
-    }
-
-    fn batch(principal: &str, tokens: Vec<[u8; 32]>, deadline: Instant) -> Batch<Fake> {
-        Batch {
-            principal: principal.into(),
-            execution_id: "exe-1".into(),
-            model: "m".into(),
-            surface: Surface::Chat,
-            deadline,
-            tokens,
-            digests: digests(),
-            parked: Fake { alive: true },
-        }
-    }
-
-    fn later() -> Instant {
-        Instant::now() + Duration::from_secs(60)
-    }
-
-    #[test]
-    fn lookup_is_principal_scoped() {
-        let r = reg(10, 10, 10);
-        assert!(r
-            .register(batch("alice", vec![[7; 32], [8; 32]], later()))
-            .is_ok());
-        assert_eq!(r.pending_count(), 2);
-        assert!(matches!(
-            r.lookup("alice", &[[7; 32], [8; 32]]),
-            Lookup::Pending(_)
-        ));
-        assert_eq!(r.lookup("bob", &[[7; 32], [8; 32]]), Lookup::NotFound);
-        assert_eq!(r.lookup("alice", &[[9; 32]]), Lookup::NotFound);
-        assert_eq!(r.lookup("alice", &[[7; 32]]), Lookup::Partial);
-    }
-
-    #[test]
-    fn claim_is_once_and_tombstones_are_principal_bound() {
-        let r = reg(10, 10, 10);
-        let id = r
-            .register(batch("alice", vec![[7; 32]], later()))
-            .ok()
-            .unwrap();
-        let Lookup::Pending(v) = r.lookup("alice", &[[7; 32]]) else {
-            panic!()
-        };
-        assert_eq!(v.batch, id);
-        assert!(r.settle(v.batch, Reason::Resolved).is_some());
-        assert!(r.settle(v.batch, Reason::Resolved).is_none());
-        assert_eq!(r.pending_count(), 0);
-        assert_eq!(
-            r.lookup("alice", &[[7; 32]]),
-            Lookup::Settled(Reason::Resolved)
-        );
-        assert_eq!(r.lookup("bob", &[[7; 32]]), Lookup::NotFound);
-    }
-
-    #[test]
-    fn bounds_refuse_and_hand_the_batch_back() {
-        let r = reg(3, 2, 10);
-        assert!(r
-            .register(batch("alice", vec![[1; 32], [2; 32]], later()))
-            .is_ok());
-        assert!(r.register(batch("alice", vec![[3; 32]], later())).is_err());
-        assert!(r.register(batch("bob", vec![[4; 32]], later())).is_ok());
-        assert!(r.register(batch("carol", vec![[5; 32]], later())).is_err());
-        assert_eq!(r.pending_count(), 3);
-    }
-
-    #[test]
-    fn withdrawn_batches_leave_no_tombstone() {
-        let r = reg(10, 10, 10);
-        let id = r
-            .register(batch("alice", vec![[1; 32]], later()))
-            .ok()
-            .unwrap();
-        assert!(r.withdraw(id).is_some());
-        assert_eq!((r.pending_count(), r.tombstone_count()), (0, 0));
-        assert_eq!(r.next_deadline(), None);
-        assert_eq!(r.lookup("alice", &[[1; 32]]), Lookup::NotFound);
-    }
-
-    #[test]
-    fn deadline_index_expires_in_order_and_ring_evicts() {
-        let r = reg(10, 10, 2);
-        let now = Instant::now();
-        let soon = now + Duration::from_secs(1);
-        assert!(r.register(batch("alice", vec![[2; 32]], later())).is_ok());
-        assert!(r.register(batch("alice", vec![[1; 32]], soon)).is_ok());
-        assert_eq!(r.next_deadline(), Some(soon));
-        assert!(r.take_expired(now).is_empty());
-        let expired = r.take_expired(soon);
-        assert_eq!(expired.len(), 1);
-        assert_eq!(expired[0].tokens, [[1; 32]]);
-        assert_eq!(
-            r.lookup("alice", &[[1; 32]]),
-            Lookup::Settled(Reason::Expired)
-        );
-        assert_eq!(r.next_deadline().map(|d| d > soon), Some(true));
-        // Ring of 2: the oldest tombstone is evicted and reads as unknown.
-        for id in r.held_batches() {
-            r.settle(id, Reason::Lost);
-        }
-        let id = r
-            .register(batch("alice", vec![[3; 32]], later()))
-            .ok()
-            .unwrap();
-        let settled = r.settle(id, Reason::Resolved).unwrap();
-        assert_eq!(settled.evicted, [[1; 32]]);
-        assert_eq!(r.lookup("alice", &[[1; 32]]), Lookup::NotFound);
-        assert_eq!(r.tombstone_count(), 2);
-    }
-
-    #[test]
-    fn dead_turns_are_taken_on_demand() {
-        let r = reg(10, 10, 10);
-        let mut b = batch("alice", vec![[1; 32]], later());
-        b.parked.alive = false;
-        assert!(r.register(b).is_ok());
-        assert!(r.register(batch("alice", vec![[2; 32]], later())).is_ok());
-        let dead = r.take_dead();
-        assert_eq!(dead.len(), 1);
-        assert_eq!(dead[0].reason, Reason::Lost);
-        assert_eq!(r.pending_count(), 1);
-    }
-}
+mod tests;

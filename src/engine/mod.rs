@@ -297,7 +297,7 @@ impl Engine {
                     .rejection(ApiError::from(e.clone()).code.as_str());
                 Err(e)
             }
-            Ok((suspended, placement)) => self.answer(suspended, placement, input, c).await,
+            Ok(claimed) => self.answer(claimed, input, c).await,
         }
     }
 

@@ -4,6 +4,12 @@
 //! config for the original model (403, the held turn is interrupted), the atomic claim (the
 //! loser gets 409). The claimed suspension is then answered by its backend and the next leg of
 //! the same execution is driven.
+//!
+//! A held turn's tokens are spent at the claim (its answer cannot be taken back). A stateless
+//! upstream's are spent only once the upstream has answered with a success status: a forward
+//! that fails before (connect error, timeout before headers, an error status) reinstates the
+//! batch as it was, in memory, and its durable record was never touched, so the client may
+//! retry (also after a restart).
 
 use std::collections::HashMap;
 
@@ -14,10 +20,10 @@ use super::execution::{Execution, History, LegContext, Suspended};
 use super::leg::Leg;
 use super::{ContinuationError, Engine, EngineError};
 use crate::auth::Principal;
-use crate::backend::{Answer, BackendKind, LegRequest, Resume};
+use crate::backend::{Answer, BackendKind, Hold, LegRequest, Resume};
 use crate::continuation::canonical::digest_of_digests;
-use crate::continuation::{Digests, Lookup, PendingView, Reason};
-use crate::turn::{Continuation, TurnInput};
+use crate::continuation::{Batch, Digests, Lookup, PendingView, Reason};
+use crate::turn::{Continuation, Surface, TurnInput};
 
 fn mismatch(why: impl Into<String>) -> ContinuationError {
     ContinuationError::Mismatch(why.into())
@@ -114,15 +120,74 @@ pub(super) fn check(
     })
 }
 
+/// A claimed batch without its parked execution: what spending its tokens or putting it back
+/// takes.
+pub(super) struct Taken {
+    principal: String,
+    execution_id: String,
+    model: String,
+    surface: Surface,
+    deadline: Instant,
+    tokens: Vec<[u8; 32]>,
+    digests: Digests,
+    /// Spent only once the upstream answered (a stateless upstream's batch).
+    durable: bool,
+}
+
+impl Taken {
+    fn of(b: Batch<Suspended>) -> (Taken, Suspended) {
+        use crate::continuation::Parked;
+        let taken = Taken {
+            durable: b.parked.is_durable(),
+            principal: b.principal,
+            execution_id: b.execution_id,
+            model: b.model,
+            surface: b.surface,
+            deadline: b.deadline,
+            tokens: b.tokens,
+            digests: b.digests,
+        };
+        (taken, b.parked)
+    }
+
+    fn into_batch(self, parked: Suspended) -> Batch<Suspended> {
+        Batch {
+            principal: self.principal,
+            execution_id: self.execution_id,
+            model: self.model,
+            surface: self.surface,
+            deadline: self.deadline,
+            tokens: self.tokens,
+            digests: self.digests,
+            parked,
+        }
+    }
+}
+
 impl Engine {
-    /// Validates a continuation and claims its batch. Returns the claimed suspension and the
-    /// batch position of each result.
+    /// Tombstones a taken batch's tokens, in memory and durably.
+    fn spend(&self, t: &Taken, reason: Reason) {
+        let evicted = self.inner.registry.commit(&t.principal, &t.tokens, reason);
+        if let Err(e) = self.inner.store.tokens_settled(
+            &t.execution_id,
+            &t.principal,
+            &t.tokens,
+            reason.as_str(),
+            &evicted,
+        ) {
+            // The in-memory tombstones still answer replays (see `Engine::settled`).
+            tracing::error!(execution = %t.execution_id, error = %e, "could not persist tombstones");
+        }
+    }
+
+    /// Validates a continuation and claims its batch. Returns the claimed suspension, the
+    /// batch position of each result and the claimed batch.
     pub(super) fn claim(
         &self,
         principal: &Principal,
         input: &TurnInput,
         c: &Continuation,
-    ) -> Result<(Suspended, Placement), ContinuationError> {
+    ) -> Result<(Suspended, Placement, Taken), ContinuationError> {
         let registry = &self.inner.registry;
         let view = match registry.lookup(&principal.id, &c.tokens) {
             Lookup::NotFound => return Err(ContinuationError::NotFound),
@@ -165,22 +230,29 @@ impl Engine {
         }
 
         // The claim: exactly one caller gets the execution.
-        let claimed = registry
-            .settle(view.batch, Reason::Resolved)
-            .and_then(|s| self.settled(s))
+        let batch = registry
+            .take(view.batch)
             .ok_or(ContinuationError::Settled(Reason::Resolved))?;
-        Ok((claimed, placement))
+        let (taken, claimed) = Taken::of(batch);
+        if !taken.durable {
+            self.spend(&taken, Reason::Resolved);
+        }
+        Ok((claimed, placement, taken))
     }
 
     /// Hands the claimed suspension and the client's answers to its backend and drives the
     /// next leg of the same execution.
     pub(super) async fn answer(
         &self,
-        mut s: Suspended,
-        placement: Placement,
+        (mut s, placement, taken): (Suspended, Placement, Taken),
         mut input: TurnInput,
         mut c: Continuation,
     ) -> Result<Leg, EngineError> {
+        // What reinstating a stateless batch needs back (its ids are all its hold).
+        let kept = taken.durable.then(|| match &s.hold {
+            Hold::Ids(ids) => (ids.clone(), s.history.clone()),
+            Hold::Live { .. } => (Vec::new(), None),
+        });
         if c.bound.is_some() {
             expand(&mut input, &mut c, s.history.take().unwrap_or_default());
         }
@@ -190,6 +262,9 @@ impl Engine {
             .model(&s.meta.model)
             .and_then(|m| Some((m, self.backend(&m.backend)?)));
         let Some((model, backend)) = backend else {
+            if taken.durable {
+                self.spend(&taken, Reason::Lost);
+            }
             self.end(&s.meta.clone(), true, EndReason::Lost, s);
             return Err(EngineError::TurnFailed);
         };
@@ -228,7 +303,29 @@ impl Engine {
         };
         self.inner.metrics.overhead.observe(input.arrived.elapsed());
         let turn = match backend.resume(hold, resume).await {
-            Ok(t) => t,
+            Ok(t) => {
+                if taken.durable {
+                    self.spend(&taken, Reason::Resolved);
+                }
+                t
+            }
+            Err(e) if taken.durable => {
+                // Nothing reached the client and nothing is held: the batch goes back.
+                let (ids, history) = kept.unwrap_or_default();
+                tracing::info!(execution = %meta.id, error = %e, "forward failed before the upstream answered; the tokens stay pending");
+                let parked = Suspended {
+                    meta,
+                    kind,
+                    deadline,
+                    rounds,
+                    hold: Hold::Ids(ids),
+                    backlog,
+                    slot,
+                    history,
+                };
+                self.inner.registry.reinstate(taken.into_batch(parked));
+                return Err(e.into());
+            }
             Err(e) => {
                 tracing::warn!(execution = %meta.id, error = %e, "resume failed");
                 let reason = match kind {

@@ -88,7 +88,8 @@ pub async fn decide(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let bytes = read_body(body, &headers, 64 * 1024).await?;
+    let timeout = gw.config().server.body_read_timeout;
+    let bytes = read_body(body, &headers, 64 * 1024, timeout).await?;
     let who = principal(&gw, &headers)?;
     // Visibility first: a foreign caller learns nothing, not even that its body was bad.
     gw.approvals().get(&id, &who).ok_or_else(not_found)?;

@@ -60,8 +60,10 @@ async fn method_not_allowed() -> ApiError {
 struct ExecutionId(String);
 
 /// One log line per request: request id, method, route, status, execution id, duration.
-/// Never bodies, headers or credentials. Also counts requests for `/metrics` and sets
-/// `x-request-id`.
+/// Never bodies, headers or credentials. Served requests log at info, gateway failures (5xx)
+/// at error, rejections (4xx: a client's mistake, or forged tokens by the thousand) at debug:
+/// they are counted in `/metrics`, and a flood of them never floods the log. Also counts
+/// requests for `/metrics` and sets `x-request-id`.
 async fn log_request(State(gw): State<Gateway>, req: Request, next: Next) -> Response {
     let started = tokio::time::Instant::now();
     let request_id = crate::ids::new_id("req-");
@@ -86,6 +88,8 @@ async fn log_request(State(gw): State<Gateway>, req: Request, next: Next) -> Res
     }
     if status >= 500 {
         tracing::error!(request = %request_id, %method, %route, status, code, %execution, micros, "request");
+    } else if status >= 400 {
+        tracing::debug!(request = %request_id, %method, %route, status, code, %execution, micros, "request");
     } else {
         tracing::info!(request = %request_id, %method, %route, status, code, %execution, micros, "request");
     }
@@ -103,8 +107,14 @@ fn authorization(headers: &HeaderMap) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
-/// Reads the body under the configured limit: 413 before any parsing or digest work.
-async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+/// Reads the body under the configured limit (413 before any parsing or digest work) and
+/// within the body-read timeout (408: a body trickled in is not waited for).
+async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -112,7 +122,17 @@ async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Byte
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::too_large(limit));
     }
-    match Limited::new(body, limit).collect().await {
+    let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect());
+    let Ok(read) = read.await else {
+        return Err(ApiError::new(
+            ErrorCode::RequestTimeout,
+            format!(
+                "The request body did not arrive within {} seconds.",
+                timeout.as_secs()
+            ),
+        ));
+    };
+    match read {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
         Err(_) => Err(ApiError::invalid("The request body could not be read.")),
@@ -152,7 +172,14 @@ struct Admitted {
 async fn admitted(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Admitted, ApiError> {
     let arrived = tokio::time::Instant::now();
     let cfg = gw.config();
-    let bytes = read_body(body, headers, cfg.server.max_body_bytes).await?;
+    let server = &cfg.server;
+    let bytes = read_body(
+        body,
+        headers,
+        server.max_body_bytes,
+        server.body_read_timeout,
+    )
+    .await?;
     let principal = principal(gw, headers)?;
     Ok(Admitted {
         arrived,

@@ -21,3 +21,4 @@ mod sdk_node;
 mod support;
 mod threads;
 mod upstream;
+mod upstream_hardening;

@@ -341,6 +341,17 @@ impl Backend for AppServer {
             message: why.clone(),
             param: "tools",
         })?;
+        if input.client_tool_history {
+            // The agent ran those calls itself or never: results for ids it did not issue
+            // cannot enter its turn.
+            return Err(BackendError::Invalid {
+                message: "trailing tool results must answer Turnstile continuation ids (`srct-`) on this model; results for the client's own call ids are accepted only by stateless upstream models".into(),
+                param: match input.surface {
+                    crate::turn::Surface::Chat => "messages",
+                    _ => "input",
+                },
+            });
+        }
         render::input_index(&input.messages).map(|_| ())
     }
 

@@ -1,7 +1,8 @@
-//! The HTTP client of a stateless upstream: sends a Chat Completions body, applies the
-//! connect / first-byte / idle / total timeouts, maps upstream failures to [`BackendError`]s (an
-//! upstream 4xx keeps its status and message; the upstream URL and key never appear), and
-//! splits an SSE body into events.
+//! The HTTP client of a stateless upstream: sends a Chat Completions body over HTTP or TLS
+//! (rustls with the platform's roots plus the backend's `ca_file`; HTTP/2 when the upstream
+//! offers it by ALPN), applies the connect / first-byte / idle / total timeouts, maps upstream
+//! failures to [`BackendError`]s (an upstream 4xx keeps its status and message; the upstream
+//! URL and key never appear), and splits an SSE body into events.
 
 use std::time::Duration;
 
@@ -41,10 +42,24 @@ impl Client {
             })?),
             None => None,
         };
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(cfg.connect_timeout)
             .pool_max_idle_per_host(cfg.max_idle_connections)
-            .tcp_nodelay(true)
+            .tcp_nodelay(true);
+        if let Some(path) = &cfg.ca_file {
+            let pem = std::fs::read(path).map_err(|e| {
+                format!(
+                    "backends.{name}.ca_file: cannot read {}: {e}",
+                    path.display()
+                )
+            })?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| format!("backends.{name}.ca_file: {e}"))?;
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let client = builder
             .build()
             .map_err(|e| format!("backends.{name}: cannot build HTTP client: {e}"))?;
         let url = reqwest::Url::parse(&format!("{}/chat/completions", cfg.base_url))
@@ -60,9 +75,13 @@ impl Client {
         })
     }
 
-    /// Sends a request; resolves when the upstream's headers arrived with a 2xx status.
-    pub async fn send(&self, body: &Value) -> Result<reqwest::Response, BackendError> {
-        let mut req = self.client.post(self.url.clone()).json(body);
+    /// Sends a JSON body; resolves when the upstream's headers arrived with a 2xx status.
+    pub async fn send(&self, body: Bytes) -> Result<reqwest::Response, BackendError> {
+        let mut req = self
+            .client
+            .post(self.url.clone())
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
         if let Some(k) = &self.key {
             req = req.bearer_auth(k);
         }
@@ -72,8 +91,9 @@ impl Client {
                 return Err(BackendError::Timeout);
             }
             Ok(Err(e)) => {
-                // reqwest errors can carry the URL; log the kind only.
-                tracing::warn!(backend = %self.name, connect = e.is_connect(), timeout = e.is_timeout(), "upstream request failed");
+                // The reason is the error's cause chain (a refused connection, a TLS handshake
+                // failure naming the certificate problem); never the URL or the key.
+                tracing::warn!(backend = %self.name, connect = e.is_connect(), timeout = e.is_timeout(), reason = %cause(&e), "upstream request failed");
                 return Err(if e.is_timeout() {
                     BackendError::Timeout
                 } else {
@@ -144,6 +164,25 @@ impl Client {
         })
         .boxed()
     }
+}
+
+/// The causes under a reqwest error, outermost first, joined by `: `. The reqwest error's own
+/// text (which names the URL) is left out.
+fn cause(e: &reqwest::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = std::error::Error::source(e);
+    while let Some(err) = next {
+        let text = err.to_string();
+        // Wrappers often repeat their source's text; keep each message once.
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = err.source();
+    }
+    if parts.is_empty() {
+        return "unknown".into();
+    }
+    parts.join(": ")
 }
 
 /// Splits a byte stream into SSE events (`data:` lines joined per event; comments and other

@@ -10,11 +10,13 @@
 //! (`translate.rs`).
 
 mod client;
+mod native;
 mod stream;
 mod translate;
 
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
 
@@ -38,13 +40,20 @@ impl Upstream {
         })
     }
 
-    /// The request body: the client's own (native) or a translation, `model` renamed.
-    fn body(&self, leg: &LegRequest<'_>) -> Result<Value, BackendError> {
+    /// A fresh leg's body: the client's own bytes (native) with only the `model` value
+    /// spliced, or a translation.
+    fn fresh_body(&self, leg: &LegRequest<'_>) -> Result<Bytes, BackendError> {
+        match (&leg.input.native, &leg.model.backend_model) {
+            (Some(raw), None) => Ok(raw.clone()),
+            (Some(raw), Some(bm)) => native::with_model(raw, bm).map_err(invalid),
+            (None, _) => encode(self.tree(leg)?),
+        }
+    }
+
+    /// The request body as a tree (a continuation's ids are restored in it), `model` renamed.
+    fn tree(&self, leg: &LegRequest<'_>) -> Result<Value, BackendError> {
         let mut body = match &leg.input.native {
-            Some(raw) => serde_json::from_slice(raw).map_err(|e| BackendError::Invalid {
-                message: format!("Invalid request body: {e}"),
-                param: "messages",
-            })?,
+            Some(raw) => serde_json::from_slice(raw).map_err(invalid)?,
             None => translate::chat_body(leg.input),
         };
         if let Some(bm) = &leg.model.backend_model {
@@ -53,8 +62,8 @@ impl Upstream {
         Ok(body)
     }
 
-    async fn run(&self, body: Value, leg: &LegRequest<'_>) -> Result<Turn, BackendError> {
-        let resp = self.client.send(&body).await?;
+    async fn run(&self, body: Bytes, leg: &LegRequest<'_>) -> Result<Turn, BackendError> {
+        let resp = self.client.send(body).await?;
         let ids = Arc::new(Mutex::new(Vec::new()));
         let native = leg.input.native.is_some();
         let events = if leg.input.stream {
@@ -71,6 +80,17 @@ impl Upstream {
         }));
         Ok(Turn::from_stream(events, Box::new(Ids(ids)), native))
     }
+}
+
+fn invalid(e: serde_json::Error) -> BackendError {
+    BackendError::Invalid {
+        message: format!("Invalid request body: {e}"),
+        param: "messages",
+    }
+}
+
+fn encode(body: Value) -> Result<Bytes, BackendError> {
+    serde_json::to_vec(&body).map(Bytes::from).map_err(invalid)
 }
 
 /// A leg's upstream call ids by invocation number (a leg's calls are numbered from 0).
@@ -113,7 +133,7 @@ impl Backend for Upstream {
 
     fn start<'a>(&'a self, leg: LegRequest<'a>) -> BoxFuture<'a, Result<Turn, BackendError>> {
         Box::pin(async move {
-            let body = self.body(&leg)?;
+            let body = self.fresh_body(&leg)?;
             self.run(body, &leg).await
         })
     }
@@ -129,9 +149,9 @@ impl Backend for Upstream {
             let Hold::Ids(ids) = hold else {
                 return Err(BackendError::Lost);
             };
-            let mut body = self.body(&r.leg)?;
+            let mut body = self.tree(&r.leg)?;
             translate::restore_ids(&mut body, &r, &ids);
-            self.run(body, &r.leg).await
+            self.run(encode(body)?, &r.leg).await
         })
     }
 

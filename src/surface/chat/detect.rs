@@ -1,9 +1,11 @@
 //! Detection of a continuation request: messages that end with a run of
 //! `role:"tool"` messages after an assistant message with `tool_calls`. Shapes are checked
-//! here, before any lookup: every id involved must be a well-formed `srct-` token.
+//! here, before any lookup: every id involved must be a well-formed `srct-` token, or none may
+//! have the prefix (the client's own tool loop, [`Detected::ClientOwned`]).
 
-use crate::continuation::token::token_digest;
+use crate::continuation::token::{classify, Run};
 use crate::error::ApiError;
+use crate::surface::refusal;
 
 use super::wire::Message;
 
@@ -11,6 +13,9 @@ use super::wire::Message;
 pub enum Detected {
     Fresh,
     Continuation(Continuation),
+    /// Trailing results that answer the client's own ids: ordinary history for a stateless
+    /// upstream, refused by a stateful backend.
+    ClientOwned,
 }
 
 #[derive(Debug)]
@@ -46,26 +51,21 @@ pub fn detect(messages: &[Message]) -> Result<Detected, ApiError> {
             .with_param("messages")
         })?;
     let assistant = assistant - 1;
-    let malformed = || {
-        ApiError::invalid(
-            "tool_call_id values must be Turnstile continuation ids (`srct-` followed by 32 lowercase hex digits)",
-        )
-        .with_param("messages")
-    };
-    let mut tokens = Vec::with_capacity(calls.len());
-    for c in calls {
-        tokens.push(token_digest(&c.id).ok_or_else(malformed)?);
+    let run = classify(
+        calls.iter().map(|c| c.id.as_str()),
+        messages[assistant + 1..]
+            .iter()
+            .map(|m| m.tool_call_id.as_deref().unwrap_or_default()),
+    );
+    match run {
+        Ok(Run::ClientOwned) => Ok(Detected::ClientOwned),
+        Ok(Run::Tokens(tokens, results)) => Ok(Detected::Continuation(Continuation {
+            assistant,
+            tokens,
+            results: results.into_iter().zip(assistant + 1..).collect(),
+        })),
+        Err(e) => Err(refusal(e, "messages", "tool_call_id")),
     }
-    let mut results = Vec::with_capacity(trailing);
-    for (i, m) in messages.iter().enumerate().skip(assistant + 1) {
-        let id = m.tool_call_id.as_deref().unwrap_or_default();
-        results.push((token_digest(id).ok_or_else(malformed)?, i));
-    }
-    Ok(Detected::Continuation(Continuation {
-        assistant,
-        tokens,
-        results,
-    }))
 }
 
 #[cfg(test)]
@@ -109,12 +109,23 @@ mod tests {
     }
 
     #[test]
-    fn malformed_or_foreign_ids_are_invalid_request() {
-        for bad in [
-            "call_abc",
-            "srct-0123456789ABCDEF0123456789abcdef",
-            "srct-123",
-        ] {
+    fn client_owned_and_mixed_runs() {
+        let m = msgs(
+            json!([{"role":"user","content":"a"},{"role":"assistant","tool_calls":[call("call_1"),call("toolu_2")]},
+                   {"role":"tool","tool_call_id":"toolu_2","content":"r"},{"role":"tool","tool_call_id":"call_1","content":"r"}]),
+        );
+        assert!(matches!(detect(&m).unwrap(), Detected::ClientOwned));
+        let m = msgs(
+            json!([{"role":"user","content":"a"},{"role":"assistant","tool_calls":[call(T1),call("call_1")]},
+                   {"role":"tool","tool_call_id":T1,"content":"r"},{"role":"tool","tool_call_id":"call_1","content":"r"}]),
+        );
+        let e = detect(&m).unwrap_err();
+        assert_eq!(e.code, crate::error::ErrorCode::ContinuationMismatch);
+    }
+
+    #[test]
+    fn malformed_ids_are_invalid_request() {
+        for bad in ["srct-0123456789ABCDEF0123456789abcdef", "srct-123"] {
             let m = msgs(
                 json!([{"role":"user","content":"a"},{"role":"assistant","tool_calls":[call(bad)]},
                                 {"role":"tool","tool_call_id":bad,"content":"r"}]),

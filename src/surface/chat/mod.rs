@@ -52,8 +52,9 @@ pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiE
     // Each message is digested once: a continuation's prefix check uses those before the
     // assistant message, the next suspension's prefix all of them.
     let digests: Vec<[u8; 32]> = messages.iter().map(message_digest).collect();
+    let client_tool_history = matches!(detected, Detected::ClientOwned);
     let continuation = match detected {
-        Detected::Fresh => None,
+        Detected::Fresh | Detected::ClientOwned => None,
         Detected::Continuation(c) => Some(Continuation {
             prefix: digest_of_digests(&digests[..c.assistant]),
             echo: echo_digest_of(&messages[c.assistant]),
@@ -84,6 +85,7 @@ pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         fingerprint,
         continuation,
         follows: None,
+        client_tool_history,
         native: Some(body),
         chat_options: serde_json::Map::new(),
         arrived,

@@ -11,8 +11,9 @@
 use serde_json::{json, Value};
 
 use super::tools::ToolMap;
-use crate::continuation::token::token_digest;
+use crate::continuation::token::{classify, token_digest, Run};
 use crate::error::ApiError;
+use crate::surface::refusal;
 use crate::turn::{Call, Message, Role};
 
 /// The text and image URLs of a `content` (a string or an array of parts).
@@ -130,6 +131,9 @@ pub fn messages(input: &Value, instructions: Option<&str>, map: &ToolMap) -> Vec
 #[derive(Debug, PartialEq, Eq)]
 pub enum Detected {
     Fresh,
+    /// Trailing outputs that answer the client's own call ids: ordinary history for a
+    /// stateless upstream, refused by a stateful backend.
+    ClientOwned,
     /// The full input again: the assistant message at `assistant` carries the calls.
     Stateless {
         assistant: usize,
@@ -203,15 +207,21 @@ pub fn detect(messages: &[Message], stateful: bool) -> Result<Detected, ApiError
             )
             .with_param("input")
         })?;
-    let tokens = calls
-        .iter()
-        .map(|c| token_digest(&c.id).ok_or_else(malformed))
-        .collect::<Result<_, _>>()?;
-    Ok(Detected::Stateless {
-        assistant: assistant - 1,
-        tokens,
-        results: results(messages, assistant)?,
-    })
+    let run = classify(
+        calls.iter().map(|c| c.id.as_str()),
+        messages[assistant..]
+            .iter()
+            .map(|m| m.tool_call_id.as_deref().unwrap_or_default()),
+    );
+    match run {
+        Ok(Run::ClientOwned) => Ok(Detected::ClientOwned),
+        Ok(Run::Tokens(tokens, results)) => Ok(Detected::Stateless {
+            assistant: assistant - 1,
+            tokens,
+            results: results.into_iter().zip(assistant..).collect(),
+        }),
+        Err(e) => Err(refusal(e, "input", "call_id")),
+    }
 }
 
 #[cfg(test)]
@@ -274,7 +284,7 @@ mod tests {
             None,
             &map,
         );
-        assert!(detect(&foreign, false).is_err());
+        assert_eq!(detect(&foreign, false).unwrap(), Detected::ClientOwned);
         let orphan = messages(
             &json!([{"role": "user", "content": "a"},
                 {"type": "function_call_output", "call_id": T1, "output": "r"}]),

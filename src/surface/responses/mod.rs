@@ -113,8 +113,9 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         Detected::Follows => req.previous_response_id.as_deref().map(execution_of),
         _ => None,
     };
+    let client_tool_history = detected == Detected::ClientOwned;
     let continuation = match detected {
-        Detected::Fresh | Detected::Follows => None,
+        Detected::Fresh | Detected::Follows | Detected::ClientOwned => None,
         Detected::Stateless {
             assistant,
             tokens,
@@ -167,6 +168,7 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         fingerprint,
         continuation,
         follows,
+        client_tool_history,
         native: None,
         chat_options,
         arrived,

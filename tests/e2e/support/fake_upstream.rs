@@ -1,15 +1,18 @@
 //! A scripted OpenAI-compatible upstream for the `openai` backend kind, on 127.0.0.1:0 in the
 //! test process. The scenario is the `model` the gateway forwards (the model's
 //! `backend_model`). Every request body and Authorization header is recorded; a streaming
-//! answer that is dropped by its reader is recorded as `disconnects`.
+//! answer that is dropped by its reader is recorded as `disconnects`. It serves plain HTTP or
+//! TLS (HTTP/2 or HTTP/1.1 by ALPN) with a certificate the test made; the next requests can be
+//! told to fail (`fail_next`: 503 with no body, `stall_next`: no headers for 5 s,
+//! `break_next`: a stream that goes silent after its second chunk).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -18,8 +21,21 @@ use serde_json::{json, Value};
 #[derive(Default)]
 pub struct Seen {
     pub bodies: Mutex<Vec<Value>>,
+    /// Each request body as it arrived, byte for byte.
+    pub raw: Mutex<Vec<Bytes>>,
+    pub versions: Mutex<Vec<Version>>,
     pub auth: Mutex<Vec<String>>,
     pub disconnects: AtomicUsize,
+    pub fail_next: AtomicUsize,
+    pub stall_next: AtomicUsize,
+    pub break_next: AtomicUsize,
+}
+
+/// Takes one from a "next N requests" counter.
+fn take(counter: &AtomicUsize) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 pub struct FakeUpstream {
@@ -36,10 +52,7 @@ impl Drop for FakeUpstream {
 
 impl FakeUpstream {
     pub async fn start() -> FakeUpstream {
-        let seen = Arc::new(Seen::default());
-        let app = Router::new()
-            .route("/v1/chat/completions", post(handle))
-            .with_state(seen.clone());
+        let (seen, app) = app();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -48,6 +61,60 @@ impl FakeUpstream {
             let _ = axum::serve(listener, app).await;
         });
         FakeUpstream { url, seen, task }
+    }
+
+    /// The same upstream behind TLS on `https://127.0.0.1:PORT/v1`, with the certificate
+    /// chain and key given (PEM), offering HTTP/2 and HTTP/1.1.
+    pub async fn start_tls(cert_pem: &str, key_pem: &str) -> FakeUpstream {
+        use tokio_rustls::rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+        let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .expect("certificate PEM");
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).expect("key PEM");
+        let mut config = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
+            tokio_rustls::rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocols")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("server certificate");
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let (seen, app) = app();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("https://{}/v1", listener.local_addr().expect("addr"));
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let (acceptor, app) = (acceptor.clone(), app.clone());
+                tokio::spawn(async move {
+                    // A failed handshake (an untrusting client) just ends the connection.
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+                });
+            }
+        });
+        FakeUpstream { url, seen, task }
+    }
+
+    pub fn versions(&self) -> Vec<Version> {
+        self.seen.versions.lock().unwrap().clone()
+    }
+
+    pub fn raw(&self) -> Vec<Bytes> {
+        self.seen.raw.lock().unwrap().clone()
     }
 
     pub fn bodies(&self) -> Vec<Value> {
@@ -121,12 +188,33 @@ fn sse(parts: Vec<(u64, String)>, seen: Arc<Seen>, stall_at_end: bool) -> Respon
         .unwrap()
 }
 
+fn app() -> (Arc<Seen>, Router) {
+    let seen = Arc::new(Seen::default());
+    let app = Router::new()
+        .route("/v1/chat/completions", post(handle))
+        .with_state(seen.clone());
+    (seen, app)
+}
+
 async fn handle(
     State(seen): State<Arc<Seen>>,
+    version: Version,
     headers: HeaderMap,
-    Json(body): Json<Value>,
+    raw: Bytes,
 ) -> Response {
+    let Ok(body) = serde_json::from_slice::<Value>(&raw) else {
+        return (StatusCode::BAD_REQUEST, "not JSON").into_response();
+    };
     seen.bodies.lock().unwrap().push(body.clone());
+    seen.raw.lock().unwrap().push(raw);
+    seen.versions.lock().unwrap().push(version);
+    if take(&seen.fail_next) {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
+    if take(&seen.stall_next) {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    let cut = take(&seen.break_next);
     if let Some(a) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
         seen.auth.lock().unwrap().push(a.to_string());
     }
@@ -264,5 +352,10 @@ async fn handle(
         parts.push((0, format!("data: {u}\n\n")));
     }
     parts.push((0, "data: [DONE]\n\n".to_string()));
+    if cut {
+        // The first parts, then silence: the gateway's idle timeout breaks the answer off.
+        parts.truncate(2);
+        return sse(parts, seen, true);
+    }
     sse(parts, seen, false)
 }

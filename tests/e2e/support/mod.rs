@@ -5,6 +5,7 @@
 pub mod fake_responses;
 pub mod fake_upstream;
 pub mod responses;
+pub mod tls;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
