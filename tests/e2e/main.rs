@@ -7,6 +7,7 @@
 
 mod approvals;
 mod codex;
+mod connections;
 mod codex_cli;
 mod codex_threads;
 mod coding_harnesses;

@@ -64,6 +64,8 @@ pub struct Opts {
     pub recycle_after_threads: u64,
     /// The body of a `[continuity]` section (none when empty).
     pub continuity: &'static str,
+    /// More lines of the `[server]` section.
+    pub server: &'static str,
 }
 
 impl Default for Opts {
@@ -82,6 +84,7 @@ impl Default for Opts {
             log_json: false,
             recycle_after_threads: 1000,
             continuity: "",
+            server: "",
         }
     }
 }
@@ -97,6 +100,7 @@ pub fn config_text(o: &Opts, dir: &std::path::Path) -> String {
 listen = "127.0.0.1:0"
 max_body_bytes = {max_body}
 keepalive_seconds = {keepalive}
+{server}
 
 [store]
 path = "turnstile.db"
@@ -143,6 +147,7 @@ batch_debounce_ms = 25
 "#,
         max_body = o.max_body_bytes,
         keepalive = o.keepalive_seconds,
+        server = o.server,
         alice = hash(ALICE),
         bob = hash(BOB),
         carol = hash(CAROL),
