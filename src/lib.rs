@@ -30,6 +30,8 @@ pub mod continuation;
 pub mod digest;
 pub mod engine;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod ids;
 pub mod metrics;

@@ -8,6 +8,14 @@ pub mod responses;
 pub mod sse;
 
 use crate::continuation::token::RunError;
+
+/// A request body as `T`: UTF-8 (as JSON must be; serde would skip invalid bytes inside
+/// members it ignores, and the body may be relayed as is) and then JSON.
+pub fn read_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::invalid(format!("Invalid request body: not UTF-8 ({e})")))?;
+    serde_json::from_str(text).map_err(|e| ApiError::invalid(format!("Invalid request body: {e}")))
+}
 use crate::error::{ApiError, ErrorCode};
 
 /// The 400 of a refused run, on `param`; `field` names the id field in the message.

@@ -38,7 +38,8 @@ async fn trickle(addr: String, head: String, trickle: &'static [u8]) -> String {
 
 fn slow_opts() -> Opts {
     Opts {
-        server: "header_read_timeout_seconds = 1\nbody_read_timeout_seconds = 1\nmax_connections = 64",
+        server:
+            "header_read_timeout_seconds = 1\nbody_read_timeout_seconds = 1\nmax_connections = 64",
         ..Opts::default()
     }
 }
@@ -62,7 +63,10 @@ async fn slow_loris_heads_and_bodies_are_dropped_without_starving_others() {
     // Meanwhile real traffic is served.
     for i in 0..20 {
         let (s, v) = gw
-            .chat(ALICE, &json!({"model": "echo", "messages": [user(&format!("m{i}"))]}))
+            .chat(
+                ALICE,
+                &json!({"model": "echo", "messages": [user(&format!("m{i}"))]}),
+            )
             .await;
         assert_eq!(s, 200, "{v}");
     }
@@ -75,7 +79,10 @@ async fn slow_loris_heads_and_bodies_are_dropped_without_starving_others() {
         assert!(a.contains("request_timeout"), "{a}");
     }
     let (s, _) = gw
-        .chat(ALICE, &json!({"model": "echo", "messages": [user("after")]}))
+        .chat(
+            ALICE,
+            &json!({"model": "echo", "messages": [user("after")]}),
+        )
         .await;
     assert_eq!(s, 200);
 }
@@ -95,7 +102,10 @@ async fn connections_over_the_cap_wait_until_one_closes() {
     }
     // Give the server the chance to accept both before the real request queues behind them.
     let probe = gw.http.get(format!("{}/healthz", gw.url));
-    let resp = probe.send().await.expect("served once an idle socket is dropped");
+    let resp = probe
+        .send()
+        .await
+        .expect("served once an idle socket is dropped");
     assert_eq!(resp.status(), 200);
     // The request could only be served after the header timeout dropped an idle socket.
     let mut closed = 0;
@@ -131,6 +141,10 @@ async fn shutdown_drains_open_responses_within_its_bound() {
     // `stop` waits 20 s before it kills: a clean exit means the 1 s drain bound ended it.
     let code = gw.stop().await;
     assert_eq!(code, Some(0), "{}", gw.log());
-    assert!(gw.log().contains("outlived the shutdown drain"), "{}", gw.log());
+    assert!(
+        gw.log().contains("outlived the shutdown drain"),
+        "{}",
+        gw.log()
+    );
     drop(open);
 }

@@ -7,12 +7,13 @@
 
 mod approvals;
 mod codex;
-mod connections;
 mod codex_cli;
 mod codex_threads;
 mod coding_harnesses;
+mod connections;
 mod continuation;
 mod core;
+mod crash;
 mod jwt;
 mod lifecycle;
 mod responses;

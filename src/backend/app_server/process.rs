@@ -203,23 +203,35 @@ impl Proc {
         // Reader: classifies and routes every stdout line.
         let reader_proc = proc.clone();
         tracker.spawn(async move {
-            let mut reader = BufReader::new(stdout);
-            let mut buf = String::new();
+            let mut reader = BufReader::with_capacity(64 * 1024, stdout);
+            let mut lines = rpc::Lines::new(rpc::MAX_LINE_BYTES);
             loop {
-                buf.clear();
-                match reader.read_line(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => match rpc::parse_line(&buf) {
+                let chunk = match reader.fill_buf().await {
+                    Ok([]) | Err(_) => break,
+                    Ok(chunk) => chunk,
+                };
+                let (n, dropped) = (chunk.len(), lines.dropped);
+                lines.push(chunk, |line| {
+                    let msg = std::str::from_utf8(line).ok().and_then(rpc::parse_line);
+                    match msg {
                         Some(msg) => reader_proc.dispatch(msg),
-                        None if !buf.trim().is_empty() => {
+                        None if !line.trim_ascii().is_empty() => {
                             tracing::debug!(
                                 backend_process = id,
-                                bytes = buf.len(),
+                                bytes = line.len(),
                                 "skipped a backend line that is not a JSON-RPC message"
                             );
                         }
                         None => {}
-                    },
+                    }
+                });
+                reader.consume(n);
+                if lines.dropped > dropped {
+                    tracing::warn!(
+                        backend_process = id,
+                        max_bytes = rpc::MAX_LINE_BYTES,
+                        "dropped a backend line over the line bound"
+                    );
                 }
             }
             reader_proc.die("backend closed its output");

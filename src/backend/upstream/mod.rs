@@ -9,8 +9,8 @@
 //! `TurnEvent::Native` for that surface to relay; any other surface's turn is translated
 //! (`translate.rs`).
 
-mod client;
-mod native;
+pub(crate) mod client;
+pub(crate) mod native;
 mod stream;
 mod translate;
 

@@ -33,8 +33,7 @@ pub struct Framing {
 
 /// Parses and translates one request body. Shapes are checked here (400), before any lookup.
 pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiError> {
-    let req: ChatRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid(format!("Invalid request body: {e}")))?;
+    let req: ChatRequest = super::read_json(&body)?;
     if req.messages.is_empty() {
         return Err(ApiError::invalid("`messages` must not be empty").with_param("messages"));
     }

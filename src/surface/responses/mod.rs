@@ -84,13 +84,9 @@ pub fn response_id(execution_id: &str) -> String {
     format!("resp_{}", execution_id.trim_start_matches("exe-"))
 }
 
-fn invalid_json(e: serde_json::Error) -> ApiError {
-    ApiError::invalid(format!("Invalid request body: {e}"))
-}
-
 /// Parses and translates one request body. Shapes are checked here (400), before any lookup.
 pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiError> {
-    let req: Request = serde_json::from_slice(body).map_err(invalid_json)?;
+    let req: Request = super::read_json(body)?;
     let all = all_tools(&req);
     let tool_values = Some(&*all);
     let effort = Effort::read(

@@ -1,0 +1,4 @@
+//! The `config` target: see `turnstile::fuzzing` for its invariants.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| turnstile::fuzzing::run("config", data));

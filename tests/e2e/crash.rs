@@ -1,0 +1,285 @@
+//! Crash rounds: continuations (held demo turns and durable upstream records) and approvals
+//! are driven while `kill -9` hits the gateway at a random moment; after each restart nothing
+//! may have been answered twice, every token the client ever saw is usable once or answers
+//! 409/410 (never 404, never a fresh turn), every approval is pending or settled exactly
+//! once, and SQLite passes `PRAGMA integrity_check`. `TURNSTILE_CRASH_ROUNDS` (default 12)
+//! and `TURNSTILE_CRASH_SEED` (default: random, printed) replay a run.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+use crate::support::fake_upstream::FakeUpstream;
+use crate::support::*;
+
+/// A token the client was given, with the continuation that answers it.
+struct Seen {
+    body: Value,
+    durable: bool,
+    /// Answered 200 once, or refused as spent (409 / 410).
+    spent: bool,
+}
+
+const PER_REQUEST: Duration = Duration::from_secs(10);
+
+async fn post(
+    gw_url: &str,
+    http: &reqwest::Client,
+    key: &str,
+    path: &str,
+    body: &Value,
+) -> Option<(u16, Value)> {
+    let send = http
+        .post(format!("{gw_url}{path}"))
+        .bearer_auth(key)
+        .json(body)
+        .timeout(PER_REQUEST)
+        .send();
+    let r = send.await.ok()?;
+    let status = r.status().as_u16();
+    let v = r.json().await.ok()?;
+    Some((status, v))
+}
+
+/// What one round's traffic saw, as it saw it (the kill can stop it anywhere).
+#[derive(Default)]
+struct Log {
+    /// Tokens given to the client, with their continuation and whether they are durable.
+    issued: Vec<(String, Value, bool)>,
+    /// Tokens whose continuation was answered 200.
+    answered: Vec<String>,
+}
+
+type Shared = std::sync::Arc<std::sync::Mutex<Log>>;
+
+/// A tool call, then (after a random pause) its continuation.
+async fn call_and_resume(
+    url: String,
+    http: reqwest::Client,
+    model: &'static str,
+    pause: u64,
+    log: Shared,
+) -> Option<()> {
+    let req = json!({"model": model, "messages": [user("go")], "tools": [read_tool()]});
+    let (s, resp) = post(&url, &http, ALICE, "/v1/chat/completions", &req).await?;
+    if s != 200 {
+        return None;
+    }
+    let token = calls(&resp)[0]["id"].as_str()?.to_string();
+    let body = continuation(&req, &resp, |_, _| json!("R"));
+    log.lock()
+        .unwrap()
+        .issued
+        .push((token.clone(), body.clone(), model == "u-tool"));
+    tokio::time::sleep(Duration::from_millis(pause)).await;
+    let (s, _) = post(&url, &http, ALICE, "/v1/chat/completions", &body).await?;
+    if s == 200 {
+        log.lock().unwrap().answered.push(token);
+    }
+    Some(())
+}
+
+/// An approval asked for and approved by the approver as soon as it is listed.
+async fn ask_and_approve(url: String, http: reqwest::Client) -> Option<()> {
+    let body = json!({"model": "cmd-ask", "messages": [user("rm")]});
+    let ask = post(&url, &http, ALICE, "/v1/chat/completions", &body);
+    let decide = async {
+        loop {
+            let r = http
+                .get(format!("{url}/v1/approvals?state=pending"))
+                .bearer_auth(ROOT)
+                .timeout(PER_REQUEST)
+                .send()
+                .await
+                .ok()?;
+            let v: Value = r.json().await.ok()?;
+            for a in v["data"].as_array().cloned().unwrap_or_default() {
+                let id = a["id"].as_str().unwrap_or_default();
+                post(
+                    &url,
+                    &http,
+                    ROOT,
+                    &format!("/v1/approvals/{id}/decision"),
+                    &json!({"decision": "approve"}),
+                )
+                .await;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::select! { _ = ask => {}, r = decide => return r }
+    Some(())
+}
+
+fn integrity(gw: &Gateway) {
+    let db = rusqlite::Connection::open(gw.dir.path().join("turnstile.db")).expect("open store");
+    let check: String = db
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .expect("check");
+    assert_eq!(check, "ok");
+    let states: Vec<String> = db
+        .prepare("SELECT state FROM approvals")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for s in &states {
+        assert!(
+            ["pending", "approved", "denied", "expired", "cancelled"].contains(&s.as_str()),
+            "state {s}"
+        );
+    }
+    let mut settled: HashMap<String, usize> = HashMap::new();
+    let details: Vec<String> = db
+        .prepare("SELECT detail FROM journal WHERE event = 'approval_settled'")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for d in details {
+        let id = d.split_whitespace().next().unwrap_or_default().to_string();
+        *settled.entry(id).or_default() += 1;
+    }
+    assert!(
+        settled.values().all(|n| *n == 1),
+        "an approval settled twice: {settled:?}"
+    );
+}
+
+fn kill9(gw: &mut Gateway) {
+    let mut child = gw.child.take().expect("running");
+    child.kill().expect("kill -9");
+    child.wait().expect("reap");
+}
+
+#[tokio::test]
+async fn kill_9_at_random_moments_loses_nothing_and_answers_nothing_twice() {
+    let rounds: usize = std::env::var("TURNSTILE_CRASH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12);
+    let seed: u64 = std::env::var("TURNSTILE_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("crash rounds: {rounds}, seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let fake = FakeUpstream::start().await;
+    let url = fake.url.clone();
+    let mut gw = Gateway::start_raw(Opts::default(), move |o, dir| {
+        let mut s = config_text(o, dir);
+        s.push_str(&format!(
+            "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\n\
+             \n[[models]]\nid = \"u-tool\"\nbackend = \"up\"\nbackend_model = \"up-tool\"\n"
+        ));
+        s
+    })
+    .await;
+    let mut tokens: HashMap<String, Seen> = HashMap::new();
+    let mut approvals = 0;
+    let mut resumed_after_restart = 0;
+    for round in 0..rounds {
+        let log = Shared::default();
+        let mut work = tokio::task::JoinSet::new();
+        for i in 0..6u64 {
+            let model = if i % 2 == 0 { "tool" } else { "u-tool" };
+            let pause = rng.random_range(0..150);
+            work.spawn(call_and_resume(
+                gw.url.clone(),
+                gw.http.clone(),
+                model,
+                pause,
+                log.clone(),
+            ));
+        }
+        work.spawn(ask_and_approve(gw.url.clone(), gw.http.clone()));
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..400))).await;
+        kill9(&mut gw);
+        // The traffic ends once the gateway is gone (every request is bounded).
+        tokio::time::timeout(Duration::from_secs(30), work.join_all())
+            .await
+            .expect("traffic ended");
+        let Log { issued, answered } = std::mem::take(&mut *log.lock().unwrap());
+        for (token, body, durable) in issued {
+            tokens.insert(
+                token,
+                Seen {
+                    body,
+                    durable,
+                    spent: false,
+                },
+            );
+        }
+        for t in answered {
+            tokens.get_mut(&t).expect("known token").spent = true;
+        }
+        integrity(&gw);
+        gw.spawn().await;
+
+        // Every token the client ever saw: usable once, else 409 / 410; never 404.
+        for (t, s) in tokens.iter_mut() {
+            let (status, v) = gw.chat(ALICE, &s.body).await;
+            let code = error_code(&v);
+            match status.as_u16() {
+                200 => {
+                    assert!(
+                        s.durable && !s.spent,
+                        "round {round}: {t} answered again: {v}"
+                    );
+                    resumed_after_restart += 1;
+                }
+                409 => assert_eq!(code, "continuation_already_resolved", "round {round}"),
+                410 => assert!(
+                    !s.durable && code == "continuation_lost",
+                    "round {round}: {v}"
+                ),
+                other => panic!("round {round}: {t} answered {other}: {v}"),
+            }
+            s.spent = true;
+        }
+        // The backend never saw a held call answered twice, nor an approval decided twice.
+        let mut results: HashMap<String, usize> = HashMap::new();
+        for e in gw.spy_events("tool_result") {
+            *results
+                .entry(e["call_id"].as_str().unwrap_or_default().into())
+                .or_default() += 1;
+        }
+        assert!(
+            results.values().all(|n| *n == 1),
+            "round {round}: {results:?}"
+        );
+        let mut decided: HashMap<String, usize> = HashMap::new();
+        for e in gw.spy_events("approval_decision") {
+            *decided
+                .entry(e["thread"].as_str().unwrap_or_default().into())
+                .or_default() += 1;
+        }
+        assert!(
+            decided.values().all(|n| *n == 1),
+            "round {round}: {decided:?}"
+        );
+        let (s, v) = get(&gw, ROOT, "/v1/approvals").await;
+        assert_eq!(s, 200, "{v}");
+        approvals = v["data"].as_array().map_or(0, Vec::len);
+    }
+    let held = tokens.values().filter(|s| !s.durable).count();
+    println!(
+        "crash rounds survived: {rounds}; tokens checked: {} ({held} held, {} durable), durable tokens first resumed after a kill: {resumed_after_restart}, approvals: {approvals}, answered by the backend: {}",
+        tokens.len(),
+        tokens.len() - held,
+        gw.spy_events("approval_decision").len()
+    );
+    gw.stop().await;
+    // Every backend process a killed gateway left behind has exited.
+    for e in gw.spy_events("started") {
+        let pid = e["pid"].as_u64().unwrap_or_default();
+        wait_until("a killed gateway's backend process to exit", || {
+            !pid_alive(pid)
+        })
+        .await;
+    }
+}
