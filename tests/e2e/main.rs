@@ -14,6 +14,7 @@ mod connections;
 mod continuation;
 mod core;
 mod crash;
+mod flood;
 mod jwt;
 mod lifecycle;
 mod responses;
