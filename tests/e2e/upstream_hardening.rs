@@ -288,3 +288,29 @@ async fn client_owned_tool_history_is_refused_by_a_stateful_backend() {
     assert_eq!(v["error"]["param"], "messages");
     assert!(gw.thread_starts().is_empty(), "nothing reached the backend");
 }
+
+#[tokio::test]
+async fn client_owned_responses_history_passes_through_a_stateless_upstream() {
+    let fake = FakeUpstream::start().await;
+    let gw = start_with_upstream(&fake, None).await;
+    let body = json!({"model": "u-echo", "input": [
+        {"role": "user", "content": "list it"},
+        {"type": "function_call", "call_id": "call_own_7", "name": "list_dir", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_own_7", "output": "A"}
+    ], "tools": [{"type": "function", "name": "list_dir", "parameters": {"type": "object"}}]});
+    let resp = gw
+        .http
+        .post(format!("{}/v1/responses", gw.url))
+        .bearer_auth(ALICE)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["status"], "completed", "{v}");
+    let sent = &fake.bodies()[0];
+    assert_eq!(sent["messages"][1]["tool_calls"][0]["id"], "call_own_7");
+    assert_eq!(sent["messages"][2]["tool_call_id"], "call_own_7");
+    assert_eq!(sent["messages"][2]["content"], "A");
+}
