@@ -164,19 +164,44 @@ impl Taken {
     }
 }
 
+/// A taken stateless batch, put back as it was unless the upstream answered: when the forward
+/// fails, and when the request is dropped (the client left) before the upstream answered.
+struct Reinstate<'a> {
+    engine: &'a Engine,
+    batch: Option<Batch<Suspended>>,
+}
+
+impl Reinstate<'_> {
+    /// The upstream answered: the tokens are spent.
+    fn spend(mut self) {
+        if let Some(b) = self.batch.take() {
+            let t = (&b.execution_id, &b.principal, &b.tokens);
+            self.engine.spend(t.0, t.1, t.2, Reason::Resolved);
+        }
+    }
+}
+
+impl Drop for Reinstate<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.batch.take() {
+            self.engine.inner.registry.reinstate(b);
+        }
+    }
+}
+
 impl Engine {
     /// Tombstones a taken batch's tokens, in memory and durably.
-    fn spend(&self, t: &Taken, reason: Reason) {
-        let evicted = self.inner.registry.commit(&t.principal, &t.tokens, reason);
+    fn spend(&self, execution_id: &str, principal: &str, tokens: &[[u8; 32]], reason: Reason) {
+        let evicted = self.inner.registry.commit(principal, tokens, reason);
         if let Err(e) = self.inner.store.tokens_settled(
-            &t.execution_id,
-            &t.principal,
-            &t.tokens,
+            execution_id,
+            principal,
+            tokens,
             reason.as_str(),
             &evicted,
         ) {
             // The in-memory tombstones still answer replays (see `Engine::settled`).
-            tracing::error!(execution = %t.execution_id, error = %e, "could not persist tombstones");
+            tracing::error!(execution = %execution_id, error = %e, "could not persist tombstones");
         }
     }
 
@@ -235,7 +260,12 @@ impl Engine {
             .ok_or(ContinuationError::Settled(Reason::Resolved))?;
         let (taken, claimed) = Taken::of(batch);
         if !taken.durable {
-            self.spend(&taken, Reason::Resolved);
+            self.spend(
+                &taken.execution_id,
+                &taken.principal,
+                &taken.tokens,
+                Reason::Resolved,
+            );
         }
         Ok((claimed, placement, taken))
     }
@@ -263,7 +293,12 @@ impl Engine {
             .and_then(|m| Some((m, self.backend(&m.backend)?)));
         let Some((model, backend)) = backend else {
             if taken.durable {
-                self.spend(&taken, Reason::Lost);
+                self.spend(
+                    &taken.execution_id,
+                    &taken.principal,
+                    &taken.tokens,
+                    Reason::Lost,
+                );
             }
             self.end(&s.meta.clone(), true, EndReason::Lost, s);
             return Err(EngineError::TurnFailed);
@@ -289,6 +324,21 @@ impl Engine {
             history: _,
         } = s;
         let durable = hold.is_durable();
+        let reinstate = Reinstate {
+            engine: self,
+            batch: kept.map(|(ids, history)| {
+                taken.into_batch(Suspended {
+                    meta: meta.clone(),
+                    kind,
+                    deadline,
+                    rounds,
+                    hold: Hold::Ids(ids),
+                    backlog: backlog.clone(),
+                    slot: None,
+                    history,
+                })
+            }),
+        };
         let resume = Resume {
             leg: LegRequest {
                 execution_id: &meta.id,
@@ -304,26 +354,13 @@ impl Engine {
         self.inner.metrics.overhead.observe(input.arrived.elapsed());
         let turn = match backend.resume(hold, resume).await {
             Ok(t) => {
-                if taken.durable {
-                    self.spend(&taken, Reason::Resolved);
-                }
+                reinstate.spend();
                 t
             }
-            Err(e) if taken.durable => {
+            Err(e) if reinstate.batch.is_some() => {
                 // Nothing reached the client and nothing is held: the batch goes back.
-                let (ids, history) = kept.unwrap_or_default();
                 tracing::info!(execution = %meta.id, error = %e, "forward failed before the upstream answered; the tokens stay pending");
-                let parked = Suspended {
-                    meta,
-                    kind,
-                    deadline,
-                    rounds,
-                    hold: Hold::Ids(ids),
-                    backlog,
-                    slot,
-                    history,
-                };
-                self.inner.registry.reinstate(taken.into_batch(parked));
+                drop(reinstate);
                 return Err(e.into());
             }
             Err(e) => {

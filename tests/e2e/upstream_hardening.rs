@@ -13,13 +13,21 @@ use crate::support::*;
 /// A gateway with `up` (the fake, plain or TLS, trusted by `ca_file` when given) and, for a
 /// TLS fake, `untrusted` (the same address without the CA).
 async fn start_with_upstream(fake: &FakeUpstream, ca: Option<&TestCa>) -> Gateway {
+    start_with_timeout(fake, ca, 1000).await
+}
+
+async fn start_with_timeout(
+    fake: &FakeUpstream,
+    ca: Option<&TestCa>,
+    first_byte_ms: u64,
+) -> Gateway {
     let url = fake.url.clone();
     let ca_pem = ca.map(|c| c.ca_pem.clone());
     Gateway::start_raw(Opts::default(), move |o, dir| {
         let mut s = config_text(o, dir);
         s.push_str(&format!(
             "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\napi_key_env = \"TURNSTILE_TEST_UPSTREAM_KEY\"\n\
-             first_byte_timeout_ms = 1000\nidle_timeout_ms = 1000\n"
+             first_byte_timeout_ms = {first_byte_ms}\nidle_timeout_ms = 1000\n"
         ));
         if let Some(pem) = ca_pem {
             std::fs::write(dir.join("private-ca.pem"), pem).unwrap();
@@ -163,6 +171,33 @@ async fn failed_forward_before_the_upstream_answered_keeps_the_tokens() {
     );
     // Answered once: the replay is 409.
     assert_eq!(gw.chat(ALICE, &next).await.0, 409);
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_before_the_upstream_answered_keeps_the_tokens() {
+    let fake = FakeUpstream::start().await;
+    // The upstream stalls 5 s and the gateway would wait 30: only the client leaves.
+    let gw = start_with_timeout(&fake, None, 30_000).await;
+    let req = tool_call_req();
+    let (_, resp) = gw.chat(ALICE, &req).await;
+    let next = continuation(&req, &resp, |_, _| json!("FILE"));
+    fake.seen
+        .stall_next
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let gone = gw
+        .post(ALICE, &next)
+        .timeout(std::time::Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client gave up");
+    // The gateway dropped the forward with the request and put the batch back.
+    let done = wait_for("the batch to be pending again", async || {
+        let (s, v) = gw.chat(ALICE, &next).await;
+        assert!(s == 200 || s == 409, "{s}: {v}");
+        (s == 200).then_some(v)
+    })
+    .await;
+    assert_eq!(content(&done), "Results: call_up_1=FILE");
 }
 
 #[tokio::test]
