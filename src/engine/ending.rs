@@ -72,20 +72,29 @@ impl Engine {
         }
     }
 
+    /// Records tombstones (`execution id, principal, token digests`) in the store, and deletes
+    /// the ones a principal's ring pushed out.
+    pub(super) fn persist_tombstones(
+        &self,
+        (execution_id, principal, tokens): (&str, &str, &[[u8; 32]]),
+        reason: Reason,
+        evicted: &[[u8; 32]],
+    ) {
+        let store = &self.inner.store;
+        if let Err(e) =
+            store.tokens_settled(execution_id, principal, tokens, reason.as_str(), evicted)
+        {
+            // The in-memory tombstones still answer replays; after a restart, recovery turns
+            // the still-pending rows into `lost` tombstones, which also never resume.
+            tracing::error!(execution = %execution_id, error = %e, "could not persist tombstones");
+        }
+    }
+
     /// Persists a settled batch's tombstones and, unless it was claimed, ends its execution.
     /// Returns the suspension of a claimed batch.
     pub(super) fn settled(&self, s: Settled<Suspended>) -> Option<Suspended> {
-        if let Err(e) = self.inner.store.tokens_settled(
-            &s.execution_id,
-            &s.principal,
-            &s.tokens,
-            s.reason.as_str(),
-            &s.evicted,
-        ) {
-            // The in-memory tombstones still answer replays; after a restart, recovery turns
-            // the still-pending rows into `lost` tombstones, which also never resume.
-            tracing::error!(execution = %s.execution_id, error = %e, "could not persist tombstones");
-        }
+        let tokens = (s.execution_id.as_str(), s.principal.as_str(), &s.tokens[..]);
+        self.persist_tombstones(tokens, s.reason, &s.evicted);
         match EndReason::of_settlement(s.reason) {
             None => Some(s.parked),
             Some(end) => {

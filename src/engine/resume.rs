@@ -193,16 +193,7 @@ impl Engine {
     /// Tombstones a taken batch's tokens, in memory and durably.
     fn spend(&self, execution_id: &str, principal: &str, tokens: &[[u8; 32]], reason: Reason) {
         let evicted = self.inner.registry.commit(principal, tokens, reason);
-        if let Err(e) = self.inner.store.tokens_settled(
-            execution_id,
-            principal,
-            tokens,
-            reason.as_str(),
-            &evicted,
-        ) {
-            // The in-memory tombstones still answer replays (see `Engine::settled`).
-            tracing::error!(execution = %execution_id, error = %e, "could not persist tombstones");
-        }
+        self.persist_tombstones((execution_id, principal, tokens), reason, &evicted);
     }
 
     /// Validates a continuation and claims its batch. Returns the claimed suspension, the

@@ -7,7 +7,8 @@ pub mod chat;
 pub mod responses;
 pub mod sse;
 
-use crate::continuation::token::RunError;
+use crate::continuation::token::{classify, Run, RunError};
+use crate::error::{ApiError, ErrorCode};
 
 /// A request body as `T`: UTF-8 (as JSON must be; serde would skip invalid bytes inside
 /// members it ignores, and the body may be relayed as is) and then JSON.
@@ -16,10 +17,33 @@ pub fn read_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiEr
         .map_err(|e| ApiError::invalid(format!("Invalid request body: not UTF-8 ({e})")))?;
     serde_json::from_str(text).map_err(|e| ApiError::invalid(format!("Invalid request body: {e}")))
 }
-use crate::error::{ApiError, ErrorCode};
+
+/// A continuation's ids: the digests of the assistant message's calls and of each result with
+/// its message index.
+pub type RunDigests = (Vec<[u8; 32]>, Vec<([u8; 32], usize)>);
+
+/// Classifies a trailing tool run (the calls of the assistant message, then the ids its
+/// results answer, the first result at message `first_result`): `None` when the ids are the
+/// client's own, the digests when all are tokens, else a 400 on `param` (`field` names the
+/// result id field).
+pub fn trailing_run<'a>(
+    calls: impl IntoIterator<Item = &'a str>,
+    results: impl IntoIterator<Item = &'a str>,
+    first_result: usize,
+    (param, field): (&'static str, &str),
+) -> Result<Option<RunDigests>, ApiError> {
+    match classify(calls, results) {
+        Ok(Run::ClientOwned) => Ok(None),
+        Ok(Run::Tokens(tokens, results)) => Ok(Some((
+            tokens,
+            results.into_iter().zip(first_result..).collect(),
+        ))),
+        Err(e) => Err(refusal(e, param, field)),
+    }
+}
 
 /// The 400 of a refused run, on `param`; `field` names the id field in the message.
-pub fn refusal(e: RunError, param: &'static str, field: &str) -> ApiError {
+fn refusal(e: RunError, param: &'static str, field: &str) -> ApiError {
     match e {
         RunError::Malformed => ApiError::invalid(format!(
             "{field} values with the `srct-` prefix must be Turnstile continuation ids (`srct-` followed by 32 lowercase hex digits)"

@@ -150,6 +150,17 @@ fn integrity(gw: &Gateway) {
     );
 }
 
+/// How many `event`s the demo backend recorded per value of `key`.
+fn per(gw: &Gateway, event: &str, key: &str) -> HashMap<String, usize> {
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for e in gw.spy_events(event) {
+        *counts
+            .entry(e[key].as_str().unwrap_or_default().into())
+            .or_default() += 1;
+    }
+    counts
+}
+
 fn kill9(gw: &mut Gateway) {
     let mut child = gw.child.take().expect("running");
     child.kill().expect("kill -9");
@@ -242,22 +253,12 @@ async fn kill_9_at_random_moments_loses_nothing_and_answers_nothing_twice() {
             s.spent = true;
         }
         // The backend never saw a held call answered twice, nor an approval decided twice.
-        let mut results: HashMap<String, usize> = HashMap::new();
-        for e in gw.spy_events("tool_result") {
-            *results
-                .entry(e["call_id"].as_str().unwrap_or_default().into())
-                .or_default() += 1;
-        }
+        let results = per(&gw, "tool_result", "call_id");
         assert!(
             results.values().all(|n| *n == 1),
             "round {round}: {results:?}"
         );
-        let mut decided: HashMap<String, usize> = HashMap::new();
-        for e in gw.spy_events("approval_decision") {
-            *decided
-                .entry(e["thread"].as_str().unwrap_or_default().into())
-                .or_default() += 1;
-        }
+        let decided = per(&gw, "approval_decision", "thread");
         assert!(
             decided.values().all(|n| *n == 1),
             "round {round}: {decided:?}"

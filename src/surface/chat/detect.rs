@@ -3,9 +3,8 @@
 //! here, before any lookup: every id involved must be a well-formed `srct-` token, or none may
 //! have the prefix (the client's own tool loop, [`Detected::ClientOwned`]).
 
-use crate::continuation::token::{classify, Run};
 use crate::error::ApiError;
-use crate::surface::refusal;
+use crate::surface::trailing_run;
 
 use super::wire::Message;
 
@@ -51,21 +50,22 @@ pub fn detect(messages: &[Message]) -> Result<Detected, ApiError> {
             .with_param("messages")
         })?;
     let assistant = assistant - 1;
-    let run = classify(
+    let run = trailing_run(
         calls.iter().map(|c| c.id.as_str()),
         messages[assistant + 1..]
             .iter()
             .map(|m| m.tool_call_id.as_deref().unwrap_or_default()),
-    );
-    match run {
-        Ok(Run::ClientOwned) => Ok(Detected::ClientOwned),
-        Ok(Run::Tokens(tokens, results)) => Ok(Detected::Continuation(Continuation {
+        assistant + 1,
+        ("messages", "tool_call_id"),
+    )?;
+    Ok(match run {
+        None => Detected::ClientOwned,
+        Some((tokens, results)) => Detected::Continuation(Continuation {
             assistant,
             tokens,
-            results: results.into_iter().zip(assistant + 1..).collect(),
-        })),
-        Err(e) => Err(refusal(e, "messages", "tool_call_id")),
-    }
+            results,
+        }),
+    })
 }
 
 #[cfg(test)]

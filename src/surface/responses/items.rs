@@ -11,9 +11,9 @@
 use serde_json::{json, Value};
 
 use super::tools::ToolMap;
-use crate::continuation::token::{classify, token_digest, Run};
+use crate::continuation::token::token_digest;
 use crate::error::ApiError;
-use crate::surface::refusal;
+use crate::surface::trailing_run;
 use crate::turn::{Call, Message, Role};
 
 /// The text and image URLs of a `content` (a string or an array of parts).
@@ -207,21 +207,22 @@ pub fn detect(messages: &[Message], stateful: bool) -> Result<Detected, ApiError
             )
             .with_param("input")
         })?;
-    let run = classify(
+    let run = trailing_run(
         calls.iter().map(|c| c.id.as_str()),
         messages[assistant..]
             .iter()
             .map(|m| m.tool_call_id.as_deref().unwrap_or_default()),
-    );
-    match run {
-        Ok(Run::ClientOwned) => Ok(Detected::ClientOwned),
-        Ok(Run::Tokens(tokens, results)) => Ok(Detected::Stateless {
+        assistant,
+        ("input", "call_id"),
+    )?;
+    Ok(match run {
+        None => Detected::ClientOwned,
+        Some((tokens, results)) => Detected::Stateless {
             assistant: assistant - 1,
             tokens,
-            results: results.into_iter().zip(assistant..).collect(),
-        }),
-        Err(e) => Err(refusal(e, "input", "call_id")),
-    }
+            results,
+        },
+    })
 }
 
 #[cfg(test)]
