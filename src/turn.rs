@@ -12,6 +12,7 @@ use tokio::time::Instant;
 pub enum Surface {
     Chat,
     Responses,
+    Messages,
 }
 
 impl Surface {
@@ -19,6 +20,7 @@ impl Surface {
         match self {
             Surface::Chat => "chat",
             Surface::Responses => "responses",
+            Surface::Messages => "messages",
         }
     }
 
@@ -32,6 +34,7 @@ impl Surface {
         match s {
             "chat" => Some(Surface::Chat),
             "responses" => Some(Surface::Responses),
+            "messages" => Some(Surface::Messages),
             _ => None,
         }
     }
@@ -91,6 +94,8 @@ pub struct Message {
     pub tool_calls: Vec<Call>,
     /// For a tool result: the id of the call it answers.
     pub tool_call_id: Option<String>,
+    /// For a tool result: the client reported the call as failed (Anthropic `is_error`).
+    pub is_error: bool,
 }
 
 /// A tool call as it appears in a conversation (the id is whatever the client sent).

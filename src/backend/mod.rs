@@ -92,6 +92,8 @@ pub struct Answer<'a> {
     pub message: usize,
     /// The result, verbatim.
     pub text: &'a str,
+    /// The client reported the call as failed.
+    pub failed: bool,
 }
 
 /// A claimed continuation, handed to the backend that suspended it.
@@ -212,6 +214,9 @@ pub enum TurnEvent {
     /// Boxed: rare, and it would otherwise size every event.
     Approval(Box<ApprovalAsk>),
     Usage(Usage),
+    /// The answer was cut at the output token limit (an upstream's `finish_reason:"length"`);
+    /// the end follows.
+    Truncated,
     Completed,
     /// The leg is over and the backend waits for the calls it issued (a stateless upstream's
     /// answer ended with tool calls): suspend now.
@@ -228,8 +233,14 @@ pub enum TurnEvent {
 /// Control of a running turn. Dropping it releases the backend session, interrupting the
 /// turn first if it has not ended.
 pub trait TurnControl: Send + Sync {
-    /// Answers a held tool call with the client's result text, verbatim.
-    fn answer_tool(&self, invocation: u64, text: &str) -> Result<(), BackendError>;
+    /// Answers a held tool call with the client's result text, verbatim; `success` is false
+    /// when the client reported the call as failed.
+    fn answer_tool(&self, invocation: u64, text: &str, success: bool) -> Result<(), BackendError>;
+    /// Adds user input to the held turn, delivered after the pending tool results (text a
+    /// client sent beside its results). A stateless backend has it in its next request.
+    fn steer(&self, _input: Vec<String>) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async { Ok(()) })
+    }
     /// Asks the backend to stop the turn; a `TurnEvent::Interrupted` (or `Lost`) follows.
     fn interrupt(&self);
     /// False once the backend incarnation holding the turn is gone (process died).

@@ -120,6 +120,7 @@ impl Engine {
             name: None,
             tool_calls: Vec::new(),
             tool_call_id: None,
+            is_error: false,
         };
         let mut digests = ctx.digests;
         digests.push((ctx.digest)(&answer));

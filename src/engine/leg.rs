@@ -22,6 +22,8 @@ pub enum LegEvent {
     Native(serde_json::Value),
     /// Something a human watching the stream should know (an approval is pending).
     Notice(String),
+    /// The answer was cut at the output token limit; `End` follows.
+    Truncated,
     /// The leg is over: `calls` empty means the turn finished (`stop`), else it is suspended.
     End {
         calls: Vec<ExposedCall>,
@@ -115,6 +117,9 @@ impl Engine {
                     }
                 }
                 Some(TurnEvent::Usage(u)) => usage.add(u),
+                Some(TurnEvent::Truncated) => {
+                    let _ = tx.send(LegEvent::Truncated).await;
+                }
                 Some(TurnEvent::Approval(ask)) => self.on_approval(&exec.meta, *ask, &tx).await,
                 Some(TurnEvent::Yield) if !calls.is_empty() => {
                     return self.suspend(exec, ctx, calls, text, usage, tx).await;

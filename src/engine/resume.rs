@@ -302,6 +302,7 @@ impl Engine {
                 call,
                 message,
                 text: &input.messages[message].text,
+                failed: input.messages[message].is_error,
             })
             .collect();
         let Suspended {

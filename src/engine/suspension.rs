@@ -103,6 +103,7 @@ impl Engine {
                     })
                     .collect(),
                 tool_call_id: None,
+                is_error: false,
             };
             h.digests.push((ctx.digest)(&assistant));
             if let Some(m) = h.messages.as_mut() {

@@ -43,7 +43,7 @@ struct Control {
 }
 
 impl TurnControl for Control {
-    fn answer_tool(&self, invocation: u64, text: &str) -> Result<(), BackendError> {
+    fn answer_tool(&self, invocation: u64, text: &str, _success: bool) -> Result<(), BackendError> {
         self.spy
             .answers
             .lock()
@@ -142,7 +142,7 @@ impl Backend for Scripted {
                 return Err(BackendError::Lost);
             };
             for a in &r.answers {
-                turn.control.answer_tool(invocations[a.call], a.text)?;
+                turn.control.answer_tool(invocations[a.call], a.text, !a.failed)?;
             }
             self.spy
                 .completed
@@ -239,7 +239,7 @@ async fn finish(mut leg: Leg) -> Result<(String, Vec<crate::turn::ExposedCall>),
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::End { calls, .. } => return Ok((text, calls)),
             LegEvent::Error(e) => return Err(e),
-            LegEvent::Native(_) | LegEvent::Notice(_) => {}
+            LegEvent::Native(_) | LegEvent::Notice(_) | LegEvent::Truncated => {}
         }
     }
     Err(EngineError::TurnFailed)

@@ -1,34 +1,67 @@
-//! How an [`ApiError`] becomes a response: the status it decides, the OpenAI-shaped body (the
-//! chat surface's, which every non-surface route shares), `WWW-Authenticate` on 401 and
-//! `Retry-After` on 429. The code goes into the response's extensions so the request log line
-//! names it once, at the boundary.
+//! How an [`ApiError`] becomes a response: the status it decides, the body in the route's
+//! shape (OpenAI's, the chat surface's, which every non-surface route shares; Anthropic's on the
+//! Messages routes, through [`Anthropic`]), the stable code in `x-turnstile-error-code`,
+//! `WWW-Authenticate` on 401 and `Retry-After` on 429. The code goes into the response's
+//! extensions so the request log line names it once, at the boundary.
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use serde_json::Value;
 
 use crate::error::{ApiError, ErrorCode};
-use crate::surface::chat::error_body;
+use crate::surface::{chat, messages};
 
 /// The error code of a response, for the request log.
 #[derive(Clone, Copy)]
 pub struct Code(pub &'static str);
 
-impl IntoResponse for ApiError {
+/// An error on an Anthropic Messages route: the Anthropic body, and `x-should-retry: false`
+/// where a retry cannot succeed (409, 410), which the Anthropic SDKs would otherwise retry.
+pub struct Anthropic(pub ApiError);
+
+impl From<ApiError> for Anthropic {
+    fn from(e: ApiError) -> Self {
+        Anthropic(e)
+    }
+}
+
+impl IntoResponse for Anthropic {
     fn into_response(self) -> Response {
-        let status =
-            StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut resp = (status, axum::Json(error_body(&self))).into_response();
-        if self.code == ErrorCode::InvalidApiKey {
+        let body = messages::error_body(&self.0);
+        let futile = matches!(self.0.status(), 409 | 410);
+        let mut resp = render(self.0, body);
+        if futile {
             resp.headers_mut()
-                .insert("www-authenticate", HeaderValue::from_static("Bearer"));
+                .insert("x-should-retry", HeaderValue::from_static("false"));
         }
-        if let Some(secs) = self.retry_after {
-            resp.headers_mut()
-                .insert("retry-after", HeaderValue::from(secs));
-        }
-        resp.extensions_mut().insert(Code(self.code.as_str()));
         resp
     }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = chat::error_body(&self);
+        render(self, body)
+    }
+}
+
+fn render(e: ApiError, body: Value) -> Response {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = (status, axum::Json(body)).into_response();
+    resp.headers_mut().insert(
+        "x-turnstile-error-code",
+        HeaderValue::from_static(e.code.as_str()),
+    );
+    if e.code == ErrorCode::InvalidApiKey {
+        resp.headers_mut()
+            .insert("www-authenticate", HeaderValue::from_static("Bearer"));
+    }
+    if let Some(secs) = e.retry_after {
+        resp.headers_mut()
+            .insert("retry-after", HeaderValue::from(secs));
+    }
+    resp.extensions_mut().insert(Code(e.code.as_str()));
+    resp
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 mod approvals;
 mod error;
+mod messages;
 mod usage;
 
 use axum::body::{Body, Bytes};
@@ -29,7 +30,16 @@ pub fn router(gw: Engine) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/responses", post(responses))
+        .route(
+            "/v1/messages",
+            post(messages::create).fallback(messages::method_not_allowed),
+        )
+        .route(
+            "/v1/messages/count_tokens",
+            post(messages::count_tokens).fallback(messages::method_not_allowed),
+        )
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/v1/usage", get(usage::usage))
         .route("/v1/approvals", get(approvals::list))
         .route("/v1/approvals/events", get(approvals::events))
@@ -101,10 +111,14 @@ async fn metrics(State(gw): State<Gateway>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-fn authorization(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
+/// The credential: `Authorization`, else an Anthropic client's `x-api-key` (the same keys and
+/// JWTs, as a bearer token).
+fn authorization(headers: &HeaderMap) -> Option<std::borrow::Cow<'_, str>> {
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    match header(header::AUTHORIZATION.as_str()) {
+        Some(a) => Some(a.into()),
+        None => header("x-api-key").map(|k| format!("Bearer {k}").into()),
+    }
 }
 
 /// Reads the body under the configured limit (413 before any parsing or digest work) and
@@ -140,7 +154,7 @@ async fn read_body(
 }
 
 fn principal(gw: &Gateway, headers: &HeaderMap) -> Result<Principal, ApiError> {
-    gw.authenticate(authorization(headers))
+    gw.authenticate(authorization(headers).as_deref())
 }
 
 fn sse(
@@ -239,8 +253,38 @@ async fn responses(
     Ok(answered(&gw, &a, execution, resp))
 }
 
-async fn models(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Response, ApiError> {
-    let principal = principal(&gw, &headers)?;
+/// Whether a request comes from an Anthropic client (it names the API version).
+fn anthropic(headers: &HeaderMap) -> bool {
+    headers.contains_key("anthropic-version")
+}
+
+async fn models(State(gw): State<Gateway>, headers: HeaderMap) -> Response {
+    if anthropic(&headers) {
+        return messages::models(&gw, &headers).into_response();
+    }
+    openai_models(&gw, &headers).into_response()
+}
+
+async fn model(
+    State(gw): State<Gateway>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if anthropic(&headers) {
+        return messages::model_of(&gw, &headers, &id).into_response();
+    }
+    let found = principal(&gw, &headers)
+        .map(|p| gw.models_for(&p).contains(&id))
+        .and_then(|ok| ok.then_some(()).ok_or_else(|| ApiError::model_not_found(&id)));
+    match found {
+        Ok(()) => Json(json!({"id": id, "object": "model", "created": 0, "owned_by": "turnstile"}))
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn openai_models(gw: &Gateway, headers: &HeaderMap) -> Result<Response, ApiError> {
+    let principal = principal(gw, headers)?;
     let data: Vec<_> = gw
         .models_for(&principal)
         .into_iter()

@@ -4,6 +4,7 @@
 //! error body shape. Nothing else knows a client wire format.
 
 pub mod chat;
+pub mod messages;
 pub mod responses;
 pub mod sse;
 

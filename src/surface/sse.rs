@@ -20,6 +20,10 @@ pub trait Frame: Send + 'static {
     fn opening(&mut self) -> String;
     /// Frames one leg event; returns the text and whether the stream is finished.
     fn frame(&mut self, ev: LegEvent) -> (String, bool);
+    /// What a silent stretch of one keep-alive interval sends.
+    fn keepalive(&mut self) -> String {
+        ": keep-alive\n\n".to_string()
+    }
 }
 
 pub async fn stream<F: Frame>(
@@ -47,7 +51,7 @@ pub async fn stream<F: Frame>(
         }
         loop {
             let (text, end) = match tokio::time::timeout(keepalive, leg.events.recv()).await {
-                Err(_) => (": keep-alive\n\n".to_string(), false),
+                Err(_) => (framer.keepalive(), false),
                 Ok(Some(ev)) => framer.frame(ev),
                 Ok(None) => framer.frame(LegEvent::Error(EngineError::TurnFailed)),
             };

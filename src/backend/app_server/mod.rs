@@ -347,8 +347,8 @@ impl Backend for AppServer {
             return Err(BackendError::Invalid {
                 message: "trailing tool results must answer Turnstile continuation ids (`srct-`) on this model; results for the client's own call ids are accepted only by stateless upstream models".into(),
                 param: match input.surface {
-                    crate::turn::Surface::Chat => "messages",
-                    _ => "input",
+                    crate::turn::Surface::Responses => "input",
+                    _ => "messages",
                 },
             });
         }
@@ -369,8 +369,17 @@ impl Backend for AppServer {
             let Hold::Live { turn, invocations } = hold else {
                 return Err(BackendError::Lost);
             };
+            let last = r.answers.iter().map(|a| a.message).max().unwrap_or(0);
+            let beside: Vec<String> = r.leg.input.messages[last + 1..]
+                .iter()
+                .filter(|m| m.role == crate::turn::Role::User && !m.text.is_empty())
+                .map(|m| m.text.clone())
+                .collect();
+            if !beside.is_empty() {
+                turn.control.steer(beside).await?;
+            }
             for a in &r.answers {
-                turn.control.answer_tool(invocations[a.call], a.text)?;
+                turn.control.answer_tool(invocations[a.call], a.text, !a.failed)?;
             }
             Ok(turn)
         })

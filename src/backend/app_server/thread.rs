@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use serde_json::json;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -45,7 +46,7 @@ impl AppServerTurn {
 }
 
 impl TurnControl for AppServerTurn {
-    fn answer_tool(&self, invocation: u64, text: &str) -> Result<(), BackendError> {
+    fn answer_tool(&self, invocation: u64, text: &str, success: bool) -> Result<(), BackendError> {
         let route = self.route.as_ref().ok_or(BackendError::Lost)?;
         if !self.proc.is_alive() || route.finished.load(Ordering::SeqCst) {
             return Err(BackendError::Lost);
@@ -53,9 +54,26 @@ impl TurnControl for AppServerTurn {
         let id = route.take_held(invocation).ok_or(BackendError::Lost)?;
         self.proc.send(rpc::response(
             &id,
-            json!({"success": true, "contentItems": [{"type": "inputText", "text": text}]}),
+            json!({"success": success, "contentItems": [{"type": "inputText", "text": text}]}),
         ));
         Ok(())
+    }
+
+    /// `turn/start` on the thread while its turn is active steers that turn (the input
+    /// reaches the model after the pending tool output); awaited, so it is queued before the
+    /// held calls are answered.
+    fn steer(&self, input: Vec<String>) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move {
+            if !self.route_alive() {
+                return Err(BackendError::Lost);
+            }
+            let items: Vec<_> = input
+                .iter()
+                .map(|t| json!({"type": "text", "text": t, "text_elements": []}))
+                .collect();
+            let params = json!({"threadId": self.thread, "input": items});
+            self.proc.call("turn/start", params).await.map(|_| ())
+        })
     }
 
     fn is_alive(&self) -> bool {

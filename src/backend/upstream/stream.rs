@@ -114,6 +114,9 @@ pub fn whole(
         if let Some(u) = usage(&body) {
             out.push_back(TurnEvent::Usage(u));
         }
+        if body["choices"][0]["finish_reason"] == "length" {
+            out.push_back(TurnEvent::Truncated);
+        }
         if native {
             out.push_back(TurnEvent::Native(body));
         }
@@ -232,6 +235,9 @@ impl Relay {
         let mut forward = true;
         if let Some(choice) = chunk.get_mut("choices").and_then(|c| c.get_mut(0)) {
             finish = choice["finish_reason"].as_str().is_some();
+            if choice["finish_reason"] == "length" {
+                self.out.push_back(TurnEvent::Truncated);
+            }
             if let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) {
                 if let Some(text) = delta.get("content").and_then(Value::as_str) {
                     if !text.is_empty() {

@@ -31,6 +31,10 @@ fn write_message<S: Sink>(m: &Message, out: &mut S) {
         }
         out.put("]");
     }
+    // Only the Messages surface marks failed results, so other digests never include it.
+    if m.is_error {
+        out.put(",\"is_error\":true");
+    }
     if let Some(n) = &m.name {
         out.put(",\"name\":");
         write_str([n.as_str()], out);

@@ -82,7 +82,9 @@ impl Framer {
     /// Frames one leg event; returns the text and whether the stream is finished.
     fn frame(&mut self, ev: LegEvent) -> (String, bool) {
         match ev {
+            // A Chat answer's own chunks carry its `finish_reason`.
             LegEvent::Delta(_) if self.native => (String::new(), false),
+            LegEvent::Truncated => (String::new(), false),
             LegEvent::Delta(d) => (self.chunk(json!({"content": d}), None), false),
             LegEvent::Native(mut c) => {
                 c["model"] = json!(self.meta.model);
@@ -176,7 +178,7 @@ pub async fn collect(mut leg: Leg) -> Result<Value, ApiError> {
         match ev {
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::Native(body) => native = Some(body),
-            LegEvent::Notice(_) => {}
+            LegEvent::Notice(_) | LegEvent::Truncated => {}
             LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
                 if let Some(mut body) = native {

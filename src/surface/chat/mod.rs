@@ -111,6 +111,7 @@ pub fn neutral_message(m: &wire::Message) -> Message {
             })
             .collect(),
         tool_call_id: m.tool_call_id.clone(),
+        is_error: false,
     }
 }
 

@@ -226,7 +226,7 @@ impl Framer {
         let mut out = String::new();
         match ev {
             LegEvent::Delta(d) => self.delta(&mut out, &d),
-            LegEvent::Native(_) => {}
+            LegEvent::Native(_) | LegEvent::Truncated => {}
             LegEvent::Notice(n) => {
                 out.push_str(&format!(": {}\n\n", n.replace(['\n', '\r'], " ")));
             }
@@ -280,7 +280,7 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
     while let Some(ev) = leg.events.recv().await {
         match ev {
             LegEvent::Delta(d) => text.push_str(&d),
-            LegEvent::Native(_) | LegEvent::Notice(_) => {}
+            LegEvent::Native(_) | LegEvent::Notice(_) | LegEvent::Truncated => {}
             LegEvent::Error(e) => return Err(super::on_input(e.into())),
             LegEvent::End { calls, usage } => {
                 let mut output = Vec::new();

@@ -53,6 +53,7 @@ fn message(role: Role, text: String, images: Vec<String>) -> Message {
         name: None,
         tool_calls: Vec::new(),
         tool_call_id: None,
+        is_error: false,
     }
 }
 

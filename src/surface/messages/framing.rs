@@ -1,0 +1,306 @@
+//! The message object and its event stream, as Anthropic streams them: `message_start`, per
+//! content block `content_block_start`, its deltas (`text_delta`, or one `input_json_delta`
+//! with a call's whole input) and `content_block_stop`, then `message_delta` (`stop_reason`,
+//! usage) and `message_stop`. Every event has an `event:` line naming its `type`. Silent
+//! stretches carry `ping` events. An error decided before the first byte is a real HTTP
+//! status; after it, an `error` event ends the stream.
+//!
+//! Each leg of an execution answers as the same message (`msg_` + the execution id's hex);
+//! a call's `tool_use.id` is its continuation token.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::{error_body, input_of, message_id, Framing};
+use crate::engine::{Leg, LegEvent};
+use crate::error::ApiError;
+use crate::surface::sse;
+use crate::turn::{ExposedCall, Usage};
+
+/// Anthropic's usage: `input_tokens` excludes the tokens read from the cache.
+fn usage_json(u: Usage) -> Value {
+    json!({
+        "input_tokens": u.prompt_tokens.saturating_sub(u.cached_tokens),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": u.cached_tokens,
+        "output_tokens": u.completion_tokens,
+    })
+}
+
+fn stop_reason(calls: &[ExposedCall], truncated: bool) -> &'static str {
+    if !calls.is_empty() {
+        "tool_use"
+    } else if truncated {
+        "max_tokens"
+    } else {
+        "end_turn"
+    }
+}
+
+fn tool_use(c: &ExposedCall) -> Value {
+    json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input_of(&c.arguments)})
+}
+
+fn message(id: &str, model: &str, content: Vec<Value>, stop: Option<&str>, usage: Usage) -> Value {
+    json!({"id": id, "type": "message", "role": "assistant", "model": model,
+           "content": content, "stop_reason": stop, "stop_sequence": null,
+           "usage": usage_json(usage)})
+}
+
+struct Framer {
+    id: String,
+    model: String,
+    /// Content blocks started so far.
+    blocks: usize,
+    text_open: bool,
+    truncated: bool,
+}
+
+fn event(out: &mut String, kind: &str, mut v: Value) {
+    v["type"] = json!(kind);
+    out.push_str(&format!("event: {kind}\ndata: {v}\n\n"));
+}
+
+impl Framer {
+    fn close_text(&mut self, out: &mut String) {
+        if std::mem::take(&mut self.text_open) {
+            event(
+                out,
+                "content_block_stop",
+                json!({"index": self.blocks - 1}),
+            );
+        }
+    }
+
+    fn call(&mut self, out: &mut String, c: &ExposedCall) {
+        let index = self.blocks;
+        self.blocks += 1;
+        let mut block = tool_use(c);
+        let input = std::mem::replace(&mut block["input"], json!({}));
+        event(
+            out,
+            "content_block_start",
+            json!({"index": index, "content_block": block}),
+        );
+        event(
+            out,
+            "content_block_delta",
+            json!({"index": index, "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
+        );
+        event(out, "content_block_stop", json!({"index": index}));
+    }
+}
+
+impl sse::Frame for Framer {
+    fn opening(&mut self) -> String {
+        let mut out = String::new();
+        let m = message(&self.id, &self.model, Vec::new(), None, Usage::default());
+        event(&mut out, "message_start", json!({"message": m}));
+        out
+    }
+
+    fn frame(&mut self, ev: LegEvent) -> (String, bool) {
+        let mut out = String::new();
+        match ev {
+            LegEvent::Delta(d) => {
+                if !self.text_open {
+                    self.text_open = true;
+                    self.blocks += 1;
+                    event(
+                        &mut out,
+                        "content_block_start",
+                        json!({"index": self.blocks - 1, "content_block": {"type": "text", "text": ""}}),
+                    );
+                }
+                event(
+                    &mut out,
+                    "content_block_delta",
+                    json!({"index": self.blocks - 1, "delta": {"type": "text_delta", "text": d}}),
+                );
+            }
+            LegEvent::Native(_) => {}
+            LegEvent::Truncated => self.truncated = true,
+            LegEvent::Notice(n) => {
+                out.push_str(&format!(": {}\n\n", n.replace(['\n', '\r'], " ")));
+            }
+            LegEvent::End { calls, usage } => {
+                self.close_text(&mut out);
+                for c in &calls {
+                    self.call(&mut out, c);
+                }
+                event(
+                    &mut out,
+                    "message_delta",
+                    json!({"delta": {"stop_reason": stop_reason(&calls, self.truncated), "stop_sequence": null},
+                           "usage": usage_json(usage)}),
+                );
+                event(&mut out, "message_stop", json!({}));
+                return (out, true);
+            }
+            LegEvent::Error(e) => {
+                event(&mut out, "error", error_body(&ApiError::from(e)));
+                return (out, true);
+            }
+        }
+        (out, false)
+    }
+
+    fn keepalive(&mut self) -> String {
+        "event: ping\ndata: {\"type\":\"ping\"}\n\n".to_string()
+    }
+}
+
+/// The streaming body.
+pub async fn stream(
+    leg: Leg,
+    framing: Framing,
+    keepalive: Duration,
+) -> Result<sse::Body, ApiError> {
+    let framer = Framer {
+        id: message_id(&leg.execution_id),
+        model: framing.model,
+        blocks: 0,
+        text_open: false,
+        truncated: false,
+    };
+    sse::stream(leg, framer, keepalive).await
+}
+
+/// Non-streaming: waits for the leg's end and answers one message object.
+pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> {
+    let id = message_id(&leg.execution_id);
+    let mut text = String::new();
+    let mut truncated = false;
+    while let Some(ev) = leg.events.recv().await {
+        match ev {
+            LegEvent::Delta(d) => text.push_str(&d),
+            LegEvent::Truncated => truncated = true,
+            LegEvent::Native(_) | LegEvent::Notice(_) => {}
+            LegEvent::Error(e) => return Err(e.into()),
+            LegEvent::End { calls, usage } => {
+                let mut content = Vec::new();
+                if !text.is_empty() {
+                    content.push(json!({"type": "text", "text": text}));
+                }
+                content.extend(calls.iter().map(tool_use));
+                let stop = stop_reason(&calls, truncated);
+                return Ok(message(&id, &framing.model, content, Some(stop), usage));
+            }
+        }
+    }
+    Err(ApiError::upstream())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::EngineError;
+    use crate::surface::sse::Frame;
+
+    fn framer() -> Framer {
+        Framer {
+            id: "msg_1".into(),
+            model: "m".into(),
+            blocks: 0,
+            text_open: false,
+            truncated: false,
+        }
+    }
+
+    fn events(text: &str) -> Vec<(String, Value)> {
+        text.split("\n\n")
+            .filter(|e| !e.trim().is_empty() && !e.starts_with(':'))
+            .map(|e| {
+                let kind = e.lines().find_map(|l| l.strip_prefix("event: ")).unwrap();
+                let data = e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+                (kind.to_string(), serde_json::from_str(data).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn event_grammar_of_text_then_calls() {
+        let mut f = framer();
+        let mut text = f.opening();
+        text.push_str(&f.frame(LegEvent::Delta("he".into())).0);
+        text.push_str(&f.keepalive());
+        text.push_str(&f.frame(LegEvent::Delta("y".into())).0);
+        let calls = vec![
+            ExposedCall {
+                id: "srct-a".into(),
+                name: "Read".into(),
+                arguments: r#"{"file_path":"/x"}"#.into(),
+            },
+            ExposedCall {
+                id: "srct-b".into(),
+                name: "Bash".into(),
+                arguments: String::new(),
+            },
+        ];
+        let usage = Usage {
+            prompt_tokens: 10,
+            cached_tokens: 4,
+            completion_tokens: 5,
+            ..Usage::default()
+        };
+        let (end, done) = f.frame(LegEvent::End { calls, usage });
+        assert!(done);
+        text.push_str(&end);
+        let ev = events(&text);
+        let kinds: Vec<&str> = ev.iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "ping",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop",
+            ]
+        );
+        for (kind, v) in &ev {
+            assert_eq!(v["type"], kind.as_str());
+        }
+        assert_eq!(ev[0].1["message"]["id"], "msg_1");
+        assert_eq!(ev[6].1["content_block"]["id"], "srct-a");
+        assert_eq!(ev[6].1["content_block"]["input"], json!({}));
+        assert_eq!(
+            ev[7].1["delta"]["partial_json"],
+            r#"{"file_path":"/x"}"#
+        );
+        assert_eq!(ev[10].1["delta"]["partial_json"], "{}");
+        assert_eq!(ev[11].1["index"], 2);
+        assert_eq!(ev[12].1["delta"]["stop_reason"], "tool_use");
+        assert_eq!(ev[12].1["usage"]["input_tokens"], 6);
+        assert_eq!(ev[12].1["usage"]["cache_read_input_tokens"], 4);
+    }
+
+    #[test]
+    fn truncation_and_errors() {
+        let mut f = framer();
+        f.opening();
+        f.frame(LegEvent::Truncated);
+        let (text, _) = f.frame(LegEvent::End {
+            calls: Vec::new(),
+            usage: Usage::default(),
+        });
+        assert_eq!(events(&text)[0].1["delta"]["stop_reason"], "max_tokens");
+        let mut f = framer();
+        f.opening();
+        let (text, done) = f.frame(LegEvent::Error(EngineError::TurnFailed));
+        assert!(done);
+        let ev = events(&text);
+        assert_eq!(ev[0].0, "error");
+        assert_eq!(ev[0].1["error"]["type"], "api_error");
+    }
+}

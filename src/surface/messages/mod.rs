@@ -1,0 +1,474 @@
+//! The Anthropic Messages surface (`POST /v1/messages`, Claude Code's API): messages and
+//! content blocks as neutral messages (`blocks`), the message object and its event stream
+//! (`framing`), its error body (`{"type":"error","error":{type,message}}`, Turnstile's code in
+//! front of the message) and the token estimate of `count_tokens`.
+//!
+//! Tools without a `type` (or `"custom"`) are the client's; every typed tool (`web_search_*`,
+//! `bash_*`, `code_execution_*`, ...) runs at Anthropic or is schema-less, so it is not
+//! declared to a backend, and a `tool_choice` that forces one is 400 `unsupported_tool_choice`.
+//!
+//! Digests use the neutral message projection of the chat surface over this surface's
+//! messages (with `is_error` when a result sets it). The tool set is digested with
+//! `cache_control` removed (clients move their cache breakpoints between requests); the
+//! `tool_choice` digest is that of `{"effort": output_config.effort, "tool_choice": {type,
+//! name, disable_parallel_tool_use}}`. A `tool_use` block's `input` is compared as canonical
+//! JSON.
+
+pub mod blocks;
+pub mod framing;
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tokio::time::Instant;
+
+use self::blocks::Detected;
+use super::chat::canonical::{echo_digest, echo_digest_of, message_digest, tools_digest};
+use crate::continuation::canonical::{digest, digest_of_digests};
+use crate::error::{ApiError, ErrorCode};
+use crate::turn::{
+    Continuation, Effort, ExposedCall, Fingerprint, Surface, ToolChoice, ToolDef, TurnInput,
+};
+
+#[derive(Debug, Deserialize)]
+struct Request {
+    model: String,
+    #[serde(default)]
+    messages: Vec<Value>,
+    #[serde(default)]
+    system: Option<Value>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    max_tokens: Option<Value>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    output_config: Option<Value>,
+    #[serde(default)]
+    stop_sequences: Option<Value>,
+    #[serde(default)]
+    temperature: Option<Value>,
+    #[serde(default)]
+    top_p: Option<Value>,
+}
+
+/// How to frame the answer.
+#[derive(Debug, Clone)]
+pub struct Framing {
+    pub stream: bool,
+    /// The model as the client named it.
+    pub model: String,
+}
+
+/// The message id of an execution (`msg_` + the execution id's hex).
+pub fn message_id(execution_id: &str) -> String {
+    format!("msg_{}", execution_id.trim_start_matches("exe-"))
+}
+
+/// Parses and translates one request body. Shapes are checked here (400), before any lookup.
+pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiError> {
+    let req: Request = super::read_json(body)?;
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid("`messages` must not be empty").with_param("messages"));
+    }
+    if let Some(bad) = req.messages.iter().find(|m| !m.is_object()) {
+        return Err(ApiError::invalid(format!(
+            "each message must be an object with `role` and `content`, not {bad}"
+        ))
+        .with_param("messages"));
+    }
+    let raw_effort = req.output_config.as_ref().map(|o| &o["effort"]);
+    let effort = effort(raw_effort)?;
+    let tools_in = req.tools.as_deref().unwrap_or_default();
+    let choice = Choice::read(req.tool_choice.as_ref(), tools_in)?;
+    let messages = blocks::messages(req.system.as_ref(), &req.messages);
+    let digests: Vec<[u8; 32]> = messages.iter().map(message_digest).collect();
+    let detected = blocks::detect(&messages)?;
+    let client_tool_history = detected == Detected::ClientOwned;
+    let continuation = match detected {
+        Detected::Fresh | Detected::ClientOwned => None,
+        Detected::Continuation {
+            assistant,
+            tokens,
+            results,
+        } => Some(Continuation {
+            prefix: digest_of_digests(&digests[..assistant]),
+            echo: echo_digest_of(&messages[assistant]),
+            assistant,
+            tokens,
+            results,
+            bound: None,
+        }),
+    };
+    let stripped: Vec<Value> = tools_in.iter().map(without_cache_control).collect();
+    let fingerprint = Fingerprint {
+        tools: tools_digest(Some(&stripped)),
+        tool_choice: digest(&json!({
+            "effort": raw_effort.cloned().unwrap_or(Value::Null),
+            "tool_choice": choice.canonical,
+        })),
+        prefix: digest_of_digests(&digests),
+    };
+    let stream = req.stream.unwrap_or(false);
+    let chat_options = chat_options(&req, effort);
+    let tools = match choice.neutral {
+        ToolChoice::None => Ok(Vec::new()),
+        _ => tools(tools_in),
+    };
+    let input = TurnInput {
+        surface: Surface::Messages,
+        echo: exposed_echo,
+        digest: message_digest,
+        model: req.model.clone(),
+        messages,
+        message_digests: digests,
+        tools,
+        tool_choice: choice.neutral,
+        effort,
+        parallel_tool_calls: !choice.disable_parallel,
+        stream,
+        fingerprint,
+        continuation,
+        follows: None,
+        client_tool_history,
+        native: None,
+        chat_options,
+        arrived,
+    };
+    Ok((
+        input,
+        Framing {
+            stream,
+            model: req.model,
+        },
+    ))
+}
+
+/// `output_config.effort` in the OpenAI vocabulary (`max` is the strongest there is,
+/// `xhigh`); absent or null is none, anything else is a 400.
+fn effort(v: Option<&Value>) -> Result<Option<Effort>, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            "`output_config.effort` must be one of \"low\", \"medium\", \"high\", \"xhigh\", \"max\"",
+        )
+        .with_param("output_config.effort")
+    };
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(match s.as_str() {
+            "low" => Effort::Low,
+            "medium" => Effort::Medium,
+            "high" => Effort::High,
+            "xhigh" | "max" => Effort::XHigh,
+            _ => return Err(bad()),
+        })),
+        Some(_) => Err(bad()),
+    }
+}
+
+/// A client-owned tool: no `type`, or `"custom"`.
+fn is_custom(tool: &Value) -> bool {
+    matches!(tool.get("type"), None | Some(Value::Null)) || tool["type"] == "custom"
+}
+
+fn without_cache_control(tool: &Value) -> Value {
+    let mut t = tool.clone();
+    if let Some(o) = t.as_object_mut() {
+        o.remove("cache_control");
+    }
+    t
+}
+
+/// The client-owned tools, or why they cannot be read.
+fn tools(tools: &[Value]) -> Result<Vec<ToolDef>, String> {
+    let mut out: Vec<ToolDef> = Vec::new();
+    for t in tools.iter().filter(|t| is_custom(t)) {
+        let name = t["name"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+            .ok_or("each tool needs a `name`")?;
+        if out.iter().any(|d| d.name == name) {
+            return Err(format!("duplicate tool name `{name}`"));
+        }
+        out.push(ToolDef {
+            name: name.to_string(),
+            description: t["description"].as_str().unwrap_or_default().to_string(),
+            parameters: t
+                .get("input_schema")
+                .filter(|s| s.is_object())
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        });
+    }
+    Ok(out)
+}
+
+/// The request's `tool_choice`: neutral, its canonical form for the digest, and whether it
+/// disables parallel tool use.
+struct Choice {
+    neutral: ToolChoice,
+    canonical: Value,
+    disable_parallel: bool,
+}
+
+impl Choice {
+    fn read(v: Option<&Value>, tools: &[Value]) -> Result<Choice, ApiError> {
+        let Some(o) = v.filter(|v| !v.is_null()) else {
+            return Ok(Choice {
+                neutral: ToolChoice::Auto,
+                canonical: json!({"type": "auto", "disable_parallel_tool_use": false}),
+                disable_parallel: false,
+            });
+        };
+        let disable_parallel = o["disable_parallel_tool_use"].as_bool().unwrap_or(false);
+        let name = o["name"].as_str().unwrap_or_default();
+        let neutral = match o["type"].as_str() {
+            Some("auto") => ToolChoice::Auto,
+            Some("any") => ToolChoice::Required,
+            Some("none") => ToolChoice::None,
+            Some("tool") => {
+                let server = tools.iter().find(|t| t["name"] == name && !is_custom(t));
+                if let Some(t) = server {
+                    return Err(ApiError::new(
+                        ErrorCode::UnsupportedToolChoice,
+                        format!(
+                            "`tool_choice` forces the server tool `{name}` ({}), which this gateway does not run.",
+                            t["type"].as_str().unwrap_or("typed")
+                        ),
+                    )
+                    .with_param("tool_choice"));
+                }
+                ToolChoice::Named(name.to_string())
+            }
+            _ => ToolChoice::Invalid,
+        };
+        let mut canonical = json!({"type": o["type"], "disable_parallel_tool_use": disable_parallel});
+        if matches!(neutral, ToolChoice::Named(_)) {
+            canonical["name"] = json!(name);
+        }
+        Ok(Choice {
+            neutral,
+            canonical,
+            disable_parallel,
+        })
+    }
+}
+
+/// What a Chat Completions upstream receives of the request's options (README, "The
+/// Anthropic Messages API").
+fn chat_options(req: &Request, effort: Option<Effort>) -> Map<String, Value> {
+    let mut o = Map::new();
+    let set = |v: &Option<Value>| v.as_ref().filter(|v| !v.is_null()).cloned();
+    for (key, v) in [
+        ("max_tokens", set(&req.max_tokens)),
+        ("temperature", set(&req.temperature)),
+        ("top_p", set(&req.top_p)),
+        ("stop", set(&req.stop_sequences)),
+    ] {
+        if let Some(v) = v {
+            o.insert(key.into(), v);
+        }
+    }
+    if let Some(e) = effort {
+        o.insert("reasoning_effort".into(), json!(e.as_str()));
+    }
+    o
+}
+
+/// A call's `input` as the client sees it: its arguments when they are a JSON object, `{}`
+/// for none, else the arguments under `input`.
+pub fn input_of(arguments: &str) -> Value {
+    if arguments.trim().is_empty() {
+        return json!({});
+    }
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(other) => json!({"input": other}),
+        Err(_) => json!({"input": arguments}),
+    }
+}
+
+/// The echo digest of an assistant message about to be exposed, as the client will send it
+/// back (each call's `input` as shown).
+pub fn exposed_echo(content: &str, calls: &[ExposedCall]) -> [u8; 32] {
+    let inputs: Vec<String> = calls
+        .iter()
+        .map(|c| input_of(&c.arguments).to_string())
+        .collect();
+    echo_digest(
+        content,
+        calls
+            .iter()
+            .zip(&inputs)
+            .map(|(c, i)| (c.id.as_str(), c.name.as_str(), i.as_str())),
+    )
+}
+
+/// An honest estimate of a request's input tokens without the model's tokenizer: one token
+/// per four bytes of text (system, messages, tool calls and results, tool definitions),
+/// rounded up, plus three per message.
+pub fn estimate_tokens(input: &TurnInput, body: &[u8]) -> u64 {
+    let tools_bytes = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("tools").map(|t| t.to_string().len()))
+        .unwrap_or(0);
+    let text: usize = input
+        .messages
+        .iter()
+        .map(|m| {
+            m.text.len()
+                + m.tool_calls
+                    .iter()
+                    .map(|c| c.name.len() + c.arguments.len())
+                    .sum::<usize>()
+        })
+        .sum();
+    (text + tools_bytes).div_ceil(4) as u64 + 3 * input.messages.len() as u64
+}
+
+/// The Anthropic error type of a status.
+fn error_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 => "overloaded_error",
+        504 => "timeout_error",
+        s if s >= 500 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// The Anthropic error body: `{"type":"error","error":{"type","message"}}`, the message led
+/// by Turnstile's stable code (`continuation_not_found: ...`); an upstream's own rejection
+/// keeps its code.
+pub fn error_body(e: &ApiError) -> Value {
+    let code = e
+        .upstream
+        .as_ref()
+        .and_then(|u| u.code.as_deref())
+        .unwrap_or(e.code.as_str());
+    json!({"type": "error", "error": {
+        "type": error_type(e.status()),
+        "message": format!("{code}: {}", e.message),
+    }})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: &str = "srct-0123456789abcdef0123456789abcdef";
+
+    fn parsed(v: Value) -> (TurnInput, Framing) {
+        parse(v.to_string().as_bytes(), Instant::now()).unwrap()
+    }
+
+    fn fixture() -> Value {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/claude-code-2.1.328-messages-request.json"
+        );
+        serde_json::from_str::<Value>(&std::fs::read_to_string(path).unwrap()).unwrap()["body"]
+            .clone()
+    }
+
+    #[test]
+    fn a_claude_code_request_parses() {
+        let (t, f) = parsed(fixture());
+        assert_eq!(t.surface, Surface::Messages);
+        assert!(t.stream && f.stream);
+        assert_eq!(t.effort, Some(Effort::High));
+        assert_eq!(t.tools.as_ref().unwrap().len(), 12);
+        let roles: Vec<_> = t.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "system"]);
+        assert!(t.continuation.is_none());
+        assert_eq!(t.chat_options["max_tokens"], 32000);
+        assert_eq!(t.chat_options["reasoning_effort"], "high");
+    }
+
+    #[test]
+    fn tool_choice_server_tools_and_parallel_use() {
+        let body = |choice: Value| {
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"name": "Read", "input_schema": {"type": "object"}},
+                          {"type": "web_search_20250305", "name": "web_search"}],
+                "tool_choice": choice})
+        };
+        let (t, _) = parsed(body(json!({"type": "any", "disable_parallel_tool_use": true})));
+        assert_eq!(t.tool_choice, ToolChoice::Required);
+        assert!(!t.parallel_tool_calls);
+        assert_eq!(t.tools.as_ref().unwrap().len(), 1);
+        let (t, _) = parsed(body(json!({"type": "tool", "name": "Read"})));
+        assert_eq!(t.tool_choice, ToolChoice::Named("Read".into()));
+        let (t, _) = parsed(body(json!({"type": "none"})));
+        assert_eq!(t.tools, Ok(Vec::new()));
+        let forced = body(json!({"type": "tool", "name": "web_search"}));
+        let e = parse(forced.to_string().as_bytes(), Instant::now()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UnsupportedToolChoice);
+        let (t, _) = parsed(body(json!({"type": "sometimes"})));
+        assert_eq!(t.tool_choice, ToolChoice::Invalid);
+    }
+
+    #[test]
+    fn fingerprint_binds_effort_and_ignores_cache_control() {
+        let body = |effort: &str, cache: bool| {
+            let mut tool = json!({"name": "Read", "input_schema": {"type": "object"}});
+            if cache {
+                tool["cache_control"] = json!({"type": "ephemeral"});
+            }
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                   "tools": [tool], "output_config": {"effort": effort}})
+        };
+        let a = parsed(body("low", false)).0.fingerprint;
+        let b = parsed(body("low", true)).0.fingerprint;
+        let c = parsed(body("max", false)).0.fingerprint;
+        assert_eq!(a, b);
+        assert_ne!(a.tool_choice, c.tool_choice);
+        assert_eq!(parsed(body("max", false)).0.effort, Some(Effort::XHigh));
+        let bad = parse(body("turbo", false).to_string().as_bytes(), Instant::now());
+        assert_eq!(bad.unwrap_err().param, Some("output_config.effort"));
+    }
+
+    #[test]
+    fn a_continuation_prefix_is_the_fresh_prefix_and_the_echo_the_exposed_one() {
+        let history = json!([{"role": "user", "content": "a"}]);
+        let fresh = parsed(json!({"model": "m", "system": "s", "messages": history})).0;
+        let cont = parsed(json!({"model": "m", "system": [{"type": "text", "text": "s"}], "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "ok"},
+                {"type": "tool_use", "id": T, "name": "f", "input": {"b": 1, "a": [1]}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": T, "content": "r"}]}]}))
+        .0;
+        let c = cont.continuation.unwrap();
+        assert_eq!(c.prefix, fresh.fingerprint.prefix);
+        let exposed = [ExposedCall {
+            id: T.into(),
+            name: "f".into(),
+            arguments: r#"{"a":[1],"b":1}"#.into(),
+        }];
+        assert_eq!(c.echo, exposed_echo("ok", &exposed));
+        assert_eq!((c.assistant, c.results[0].1), (2, 3));
+    }
+
+    #[test]
+    fn inputs_are_objects_and_errors_are_anthropic_shaped() {
+        assert_eq!(input_of(""), json!({}));
+        assert_eq!(input_of(r#"{"a":1}"#), json!({"a": 1}));
+        assert_eq!(input_of("[1]"), json!({"input": [1]}));
+        let e = ApiError::new(ErrorCode::ContinuationNotFound, "Unknown.");
+        assert_eq!(
+            error_body(&e),
+            json!({"type": "error", "error": {"type": "not_found_error",
+                   "message": "continuation_not_found: Unknown."}})
+        );
+        for body in ["{bad", r#"{"model":"m","messages":[]}"#, r#"{"messages":[1]}"#] {
+            let e = parse(body.as_bytes(), Instant::now()).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidRequest, "{body}");
+        }
+    }
+}
