@@ -17,6 +17,8 @@ mod crash;
 mod flood;
 mod jwt;
 mod lifecycle;
+mod messages;
+mod messages_upstream;
 mod responses;
 mod responses_upstream;
 mod sdk;

@@ -146,17 +146,17 @@ pub(crate) fn turn_start(ctx: &Ctx, id: &Value, p: &Value) {
         let turn = json!({"id": turn_id, "status": "inProgress", "items": []});
         merge(turn, json!({"itemsView": "notLoaded", "error": null}))
     };
-    if let Some(active) = &thread.active {
-        // Like the real binary: input for a busy thread steers the active turn.
-        spy(json!({"event": "steer", "thread": thread_id}));
-        return ctx.respond(id, json!({"turn": turn_obj(&active.id)}));
-    }
-    let turn_id = uuid();
     let texts: Vec<&str> = input
         .iter()
         .filter(|i| i["type"] == "text")
         .filter_map(|i| i["text"].as_str())
         .collect();
+    if let Some(active) = &thread.active {
+        // Like the real binary: input for a busy thread steers the active turn.
+        spy(json!({"event": "steer", "thread": thread_id, "input": texts}));
+        return ctx.respond(id, json!({"turn": turn_obj(&active.id)}));
+    }
+    let turn_id = uuid();
     spy(
         json!({"event": "turn_start", "thread": thread_id, "turn": turn_id, "input": texts,
                "effort": p["effort"]}),

@@ -5,7 +5,7 @@
 //! - `started {pid}`, `request {method, pid}` (every client request), `exit {pid}` (stdin EOF);
 //! - `thread_start {thread, model, ephemeral, dynamic_tools, developer_instructions,
 //!   base_instructions, cwd, approval_policy, sandbox}` (raw `thread/start` params);
-//! - `turn_start {thread, turn, input, effort}`, `steer {thread}`, `interrupt {thread, turn}`,
+//! - `turn_start {thread, turn, input, effort}`, `steer {thread, input}`, `interrupt {thread, turn}`,
 //!   `thread_delete {thread, loaded}` (`loaded`: threads still loaded after it);
 //! - `tool_result {thread, call_id, success, text, error}` (`text` is the output the model sees);
 //! - `approval_decision {thread, method, answer}`, `server_request_answer {thread, id, method,

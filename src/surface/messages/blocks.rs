@@ -12,7 +12,8 @@
 
 use serde_json::Value;
 
-use crate::error::ApiError;
+use crate::continuation::token::TOKEN_PREFIX;
+use crate::error::{ApiError, ErrorCode};
 use crate::surface::trailing_run;
 use crate::turn::{Call, Message, Role};
 
@@ -206,6 +207,20 @@ pub fn detect(messages: &[Message]) -> Result<Detected, ApiError> {
         .take_while(|m| m.role == Role::Tool)
         .count();
     if trailing == 0 {
+        // Turnstile's calls followed by a user message without their results: a continuation
+        // that is missing them, never a fresh turn.
+        let unanswered = end
+            .checked_sub(1)
+            .map(|i| &messages[i])
+            .filter(|m| m.role == Role::Assistant && beside > 0)
+            .is_some_and(|m| m.tool_calls.iter().any(|c| c.id.starts_with(TOKEN_PREFIX)));
+        if unanswered {
+            return Err(ApiError::new(
+                ErrorCode::ContinuationMismatch,
+                "every `tool_use` block of the last assistant message must be answered by a `tool_result` block in the next user message",
+            )
+            .with_param("messages"));
+        }
         return Ok(Detected::Fresh);
     }
     let first = end - trailing;

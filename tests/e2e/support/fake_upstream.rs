@@ -271,10 +271,10 @@ async fn handle(
                 .collect();
             json!({"role": "assistant", "content": null, "tool_calls": tc})
         };
-        let finish = if calls.is_empty() {
-            "stop"
-        } else {
-            "tool_calls"
+        let finish = match () {
+            _ if !calls.is_empty() => "tool_calls",
+            _ if model == "up-truncated" => "length",
+            _ => "stop",
         };
         return Json(json!({"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": model,
             "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
@@ -341,10 +341,10 @@ async fn handle(
             }
         }
     }
-    let finish = if calls.is_empty() {
-        "stop"
-    } else {
-        "tool_calls"
+    let finish = match () {
+        _ if !calls.is_empty() => "tool_calls",
+        _ if model == "up-truncated" => "length",
+        _ => "stop",
     };
     parts.push((0, chunk(&model, json!({}), Some(finish))));
     if include_usage {

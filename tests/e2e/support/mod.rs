@@ -4,6 +4,7 @@
 
 pub mod fake_responses;
 pub mod fake_upstream;
+pub mod messages;
 pub mod responses;
 pub mod tls;
 

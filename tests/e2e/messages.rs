@@ -1,0 +1,429 @@
+//! `POST /v1/messages` against the demo backend: plain answers (strict event grammar), a
+//! `tool_use` round trip, text beside the results, `is_error`, parallel blocks, three rounds,
+//! the rejection matrix, endings (expiry, crash, disconnect), both credentials, Anthropic error
+//! shapes, `count_tokens` and the Anthropic model list. `messages_upstream.rs` runs the same
+//! surface on a stateless upstream.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::support::messages::*;
+use crate::support::*;
+
+#[tokio::test]
+async fn plain_answer_non_streaming_and_streaming() {
+    let gw = Gateway::start().await;
+    let (s, v) = create(&gw, ALICE, &request("echo", "hello")).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["role"], "assistant");
+    assert_eq!(v["model"], "echo");
+    assert!(v["id"].as_str().unwrap().starts_with("msg_"), "{v}");
+    assert_eq!(v["content"][0]["type"], "text");
+    assert!(text(&v).starts_with("You said: "), "{v}");
+    assert!(text(&v).ends_with("hello"), "{v}");
+    assert_eq!(v["stop_reason"], "end_turn");
+    assert!(v["stop_sequence"].is_null());
+    for k in [
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    ] {
+        assert!(v["usage"][k].is_u64(), "{v}");
+    }
+
+    let (s, ev, m) = stream(&gw, ALICE, &request("echo", "hi there")).await;
+    assert_eq!(s, 200);
+    let kinds: Vec<&str> = ev.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds[..2], ["message_start", "content_block_start"]);
+    assert_eq!(
+        kinds[kinds.len() - 3..],
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
+    assert!(text(&m).ends_with("hi there"), "{m}");
+    assert_eq!(m["stop_reason"], "end_turn");
+    assert_eq!(m["usage"]["output_tokens"], 5);
+    // The backend got the system blocks and the mid-conversation system message as
+    // instructions, the reminder and the prompt as the turn's input, and the effort.
+    let start = &gw.thread_starts()[1];
+    let instructions = start["developer_instructions"].to_string();
+    assert!(
+        instructions.contains("You are an agent.") && instructions.contains("cwd: /tmp"),
+        "{start}"
+    );
+    let turn = &gw.spy_events("turn_start")[1];
+    assert!(turn["input"].to_string().contains("be careful"), "{turn}");
+    assert_eq!(turn["effort"], "high");
+}
+
+#[tokio::test]
+async fn tool_use_round_trip_with_text_beside_and_failed_results() {
+    let gw = Gateway::start().await;
+    let req = request("text_then_tool", "please read /etc/hostname");
+    let (s, ev, resp) = stream(&gw, ALICE, &req).await;
+    assert_eq!(s, 200, "{ev:?}");
+    assert_eq!(resp["stop_reason"], "tool_use");
+    assert_eq!(text(&resp), "Let me check.");
+    let calls = tool_uses(&resp);
+    assert_eq!(calls.len(), 1, "{resp}");
+    assert!(is_token(&calls[0]["id"]), "{resp}");
+    assert_eq!(calls[0]["name"], "Read");
+    assert_eq!(calls[0]["input"], json!({"file_path": "/etc/hostname"}));
+    // Only the client's own tools reach the backend.
+    let declared = gw.thread_starts()[0]["dynamic_tools"].to_string();
+    assert!(
+        declared.contains("Read") && declared.contains("Bash"),
+        "{declared}"
+    );
+    assert!(!declared.contains("web_search"), "{declared}");
+
+    let next = answer(
+        &req,
+        &resp,
+        |_, _| json!({"content": [{"type": "text", "text": "HOST"}], "is_error": true}),
+        &["<system-reminder>file read</system-reminder>"],
+    );
+    let (s, ev, done) = stream(&gw, ALICE, &next).await;
+    assert_eq!(s, 200, "{ev:?}");
+    assert_eq!(text(&done), "Tool result: HOST");
+    assert_eq!(done["id"], resp["id"], "one execution across legs");
+    assert_eq!(done["stop_reason"], "end_turn");
+    let result = &gw.spy_events("tool_result")[0];
+    assert_eq!(
+        (result["text"].as_str(), result["success"].as_bool()),
+        (Some("HOST"), Some(false))
+    );
+    // The text beside the results reached the held turn.
+    let steer = &gw.spy_events("steer")[0];
+    assert_eq!(
+        steer["input"],
+        json!(["<system-reminder>file read</system-reminder>"])
+    );
+    // Replay: 409, with no retry invited.
+    let r = post(&gw, ALICE, &next).await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(r.headers()["x-should-retry"], "false");
+    assert_eq!(
+        r.headers()["x-turnstile-error-code"],
+        "continuation_already_resolved"
+    );
+}
+
+#[tokio::test]
+async fn parallel_blocks_and_three_rounds() {
+    let gw = Gateway::start().await;
+    let req = request("parallel", "read /a");
+    let (s, resp) = create(&gw, ALICE, &req).await;
+    assert_eq!(s, 200, "{resp}");
+    let calls = tool_uses(&resp);
+    assert_eq!(calls.len(), 2, "{resp}");
+    assert_ne!(calls[0]["id"], calls[1]["id"]);
+    // Results in the other order are fine.
+    let mut next = answer(&req, &resp, |i, _| json!(format!("r{i}")), &[]);
+    let last = next["messages"].as_array_mut().unwrap().last_mut().unwrap();
+    last["content"].as_array_mut().unwrap().swap(0, 1);
+    let (s, done) = create(&gw, ALICE, &next).await;
+    assert_eq!(s, 200, "{done}");
+    assert_eq!(text(&done), "Results: r0 | r1");
+
+    // One block at a time when parallel tool use is disabled.
+    let mut req = request("parallel", "read /b");
+    req["tool_choice"] = json!({"type": "auto", "disable_parallel_tool_use": true});
+    let (_, one) = create(&gw, ALICE, &req).await;
+    assert_eq!(tool_uses(&one).len(), 1, "{one}");
+    let (s, two) = create(&gw, ALICE, &answer(&req, &one, |_, _| json!("p0"), &[])).await;
+    assert_eq!((s, tool_uses(&two).len()), (200, 1), "{two}");
+
+    let req = request("rounds3", "read /r");
+    let (_, _, r1) = stream(&gw, ALICE, &req).await;
+    let n1 = answer(&req, &r1, |_, _| json!("one"), &[]);
+    let (_, _, r2) = stream(&gw, ALICE, &n1).await;
+    assert!(is_token(&tool_uses(&r2)[0]["id"]), "{r2}");
+    let n2 = answer(&n1, &r2, |_, _| json!("two"), &[]);
+    let (_, r3) = create(&gw, ALICE, &n2).await;
+    let n3 = answer(&n2, &r3, |_, _| json!("three"), &[]);
+    let (s, done) = create(&gw, ALICE, &n3).await;
+    assert_eq!(s, 200, "{done}");
+    assert_eq!(text(&done), "Done after 3 rounds: one, two, three");
+    assert_eq!(done["id"], r1["id"]);
+}
+
+#[tokio::test]
+async fn the_rejection_matrix_consumes_nothing() {
+    let gw = Gateway::start().await;
+    let req = request("tool", "read /m");
+    let (_, resp) = create(&gw, ALICE, &req).await;
+    let next = answer(&req, &resp, |_, _| json!("R"), &[]);
+    let token = tool_uses(&resp)[0]["id"].as_str().unwrap().to_string();
+
+    // Foreign and unknown tokens: one 404 body.
+    let (s, foreign) = create_text(&gw, BOB, &next).await;
+    assert_eq!(s, 404, "{foreign}");
+    let unknown: Value = serde_json::from_str(
+        &next
+            .to_string()
+            .replace(&token, "srct-00000000000000000000000000000000"),
+    )
+    .unwrap();
+    assert_eq!(create_text(&gw, ALICE, &unknown).await, (404, foreign.clone()));
+    let v: Value = serde_json::from_str(&foreign).unwrap();
+    assert_eq!(code(&v), "continuation_not_found");
+    assert_eq!(v["error"]["type"], "not_found_error");
+
+    // Drift of each kind: 400, nothing consumed.
+    let mut drifts = Vec::new();
+    let mut d = next.clone();
+    d["messages"][0]["content"][1]["text"] = json!("read /m!");
+    drifts.push(d);
+    let mut d = next.clone();
+    d["output_config"]["effort"] = json!("low");
+    drifts.push(d);
+    let mut d = next.clone();
+    d["tools"] = json!([claude_read_tool()]);
+    drifts.push(d);
+    let mut d = next.clone();
+    d["messages"][2]["content"][0]["input"] = json!({"file_path": "/elsewhere"});
+    drifts.push(d);
+    let mut d = next.clone();
+    d["model"] = json!("echo");
+    drifts.push(d);
+    for d in &drifts {
+        let (s, v) = create(&gw, ALICE, d).await;
+        assert_eq!((s, code(&v)), (400, "continuation_mismatch".into()), "{d}");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+    // Moving cache breakpoints is not drift.
+    let mut moved = next.clone();
+    moved["tools"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("cache_control");
+    moved["tools"][0]["cache_control"] = json!({"type": "ephemeral"});
+    moved["messages"][0]["content"][1]["cache_control"] = json!({"type": "ephemeral"});
+    // A malformed id is 400 before any lookup; a mix of tokens and other ids too.
+    let bad: Value = serde_json::from_str(&next.to_string().replace(&token, "srct-xyz")).unwrap();
+    let (s, v) = create(&gw, ALICE, &bad).await;
+    assert_eq!((s, code(&v)), (400, "invalid_request".into()), "{v}");
+    let mut extra = next.clone();
+    extra["messages"][3]["content"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "tool_result", "tool_use_id": "toolu_01", "content": "x"}));
+    let (s, v) = create(&gw, ALICE, &extra).await;
+    assert_eq!((s, code(&v)), (400, "continuation_mismatch".into()), "{v}");
+    let mut missing = next.clone();
+    missing["messages"][3]["content"] = json!([{"type": "text", "text": "no results"}]);
+    let (s, v) = create(&gw, ALICE, &missing).await;
+    assert_eq!((s, code(&v)), (400, "continuation_mismatch".into()), "{v}");
+
+    let (s, done) = create(&gw, ALICE, &moved).await;
+    assert_eq!(s, 200, "{done}");
+    assert_eq!(text(&done), "Tool result: R");
+    let (s, v) = create(&gw, ALICE, &next).await;
+    assert_eq!(
+        (s, code(&v)),
+        (409, "continuation_already_resolved".into())
+    );
+    // A token from the chat surface is a mismatch here.
+    let (_, chat_resp) = gw.chat(ALICE, &tool_request("tool", "read /c")).await;
+    let chat_token = crate::support::calls(&chat_resp)[0]["id"].clone();
+    let cross: Value = serde_json::from_str(
+        &answer(&req, &resp, |_, _| json!("R"), &[])
+            .to_string()
+            .replace(&token, chat_token.as_str().unwrap()),
+    )
+    .unwrap();
+    let (s, v) = create(&gw, ALICE, &cross).await;
+    assert_eq!((s, code(&v)), (400, "continuation_mismatch".into()), "{v}");
+}
+
+#[tokio::test]
+async fn expiry_and_crash_are_410() {
+    let gw = Gateway::start_with(Opts {
+        execution_ttl_seconds: 1,
+        ..Opts::default()
+    })
+    .await;
+    let req = request("tool", "read /e");
+    let (_, resp) = create(&gw, ALICE, &req).await;
+    gw.wait_spy("interrupt", 1).await;
+    let (s, v) = create(&gw, ALICE, &answer(&req, &resp, |_, _| json!("late"), &[])).await;
+    assert_eq!((s, code(&v)), (410, "continuation_expired".into()), "{v}");
+
+    let gw = Gateway::start().await;
+    let (_, resp) = create(&gw, ALICE, &req).await;
+    kill_demo_backend(&gw).await;
+    let next = answer(&req, &resp, |_, _| json!("R"), &[]);
+    let (s, v) = create(&gw, ALICE, &next).await;
+    assert_eq!((s, code(&v)), (410, "continuation_lost".into()), "{v}");
+    // Never a fresh turn: a retry is still the tombstone's answer.
+    let (s, _) = create(&gw, ALICE, &next).await;
+    assert!(s == 409 || s == 410, "{s}");
+}
+
+#[tokio::test]
+async fn pings_flow_while_silent_and_a_disconnect_interrupts() {
+    let gw = Gateway::start().await;
+    let mut r = post(
+        &gw,
+        ALICE,
+        &json!({"model": "hang", "stream": true, "max_tokens": 10,
+                "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let mut seen = String::new();
+    while !seen.contains("event: ping\ndata: {\"type\":\"ping\"}") {
+        let c = tokio::time::timeout(Duration::from_secs(10), r.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&c));
+    }
+    assert!(seen.starts_with("event: message_start\n"), "{seen}");
+    drop(r);
+    gw.wait_spy("interrupt", 1).await;
+}
+
+#[tokio::test]
+async fn credentials_and_anthropic_error_shapes() {
+    let gw = Gateway::start().await;
+    let body = json!({"model": "echo", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]});
+    // Bearer works as well as x-api-key.
+    let r = gw
+        .http
+        .post(format!("{}/v1/messages", gw.url))
+        .bearer_auth(ALICE)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = gw
+        .http
+        .post(format!("{}/v1/messages", gw.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["x-turnstile-error-code"], "invalid_api_key");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+    let mut keys: Vec<_> = v.as_object().unwrap().keys().collect();
+    keys.sort();
+    assert_eq!(keys, ["error", "type"]);
+    let mut keys: Vec<_> = v["error"].as_object().unwrap().keys().collect();
+    keys.sort();
+    assert_eq!(keys, ["message", "type"]);
+    let (s, v) = create(&gw, "sk-nobody", &body).await;
+    assert_eq!((s, code(&v)), (401, "invalid_api_key".into()));
+    let (s, v) = create(&gw, ALICE, &json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]})).await;
+    assert_eq!((s, v["error"]["type"].as_str()), (404, Some("not_found_error")));
+    assert_eq!(code(&v), "model_not_found");
+    let (s, v) = create(&gw, ALICE, &json!({"model": "echo", "messages": []})).await;
+    assert_eq!((s, code(&v)), (400, "invalid_request".into()), "{v}");
+    let (s, v) = create_text(&gw, ALICE, &json!("not an object")).await;
+    assert_eq!(s, 400, "{v}");
+    // The agent cannot force a tool, nor may a server tool be forced.
+    let mut forced = request("tool", "x");
+    forced["tool_choice"] = json!({"type": "any"});
+    let (s, v) = create(&gw, ALICE, &forced).await;
+    assert_eq!((s, code(&v)), (400, "unsupported_tool_choice".into()), "{v}");
+    forced["tool_choice"] = json!({"type": "tool", "name": "web_search"});
+    let (s, v) = create(&gw, ALICE, &forced).await;
+    assert_eq!((s, code(&v)), (400, "unsupported_tool_choice".into()), "{v}");
+    forced["tool_choice"] = json!({"type": "none"});
+    let (s, _) = create(&gw, ALICE, &forced).await;
+    assert_eq!(s, 200);
+    let mut effort = request("echo", "x");
+    effort["output_config"]["effort"] = json!("turbo");
+    let (s, v) = create(&gw, ALICE, &effort).await;
+    assert_eq!((s, code(&v)), (400, "invalid_request".into()), "{v}");
+    // Client-owned tool history cannot enter an agent's turn.
+    let own = json!({"model": "echo", "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "r"}]}]});
+    let (s, v) = create(&gw, ALICE, &own).await;
+    assert_eq!((s, code(&v)), (400, "invalid_request".into()), "{v}");
+    // Another method on the route.
+    let r = gw.http.get(format!("{}/v1/messages", gw.url)).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["type"], "error", "{v}");
+    // A model failure after the stream started is an `error` event.
+    let (s, _, last) = stream(&gw, ALICE, &request("fail", "x")).await;
+    if s == 200 {
+        assert_eq!(last["type"], "error", "{last}");
+        assert_eq!(last["error"]["type"], "api_error");
+    } else {
+        assert_eq!((s, code(&last)), (502, "upstream_error".into()));
+    }
+}
+
+#[tokio::test]
+async fn count_tokens_and_the_anthropic_model_list() {
+    let gw = Gateway::start().await;
+    let count = |key: &'static str, body: Value| {
+        let gw = &gw;
+        async move {
+            let r = gw
+                .http
+                .post(format!("{}/v1/messages/count_tokens?beta=true", gw.url))
+                .header("x-api-key", key)
+                .header("anthropic-version", "2023-06-01")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (s, small) = count(ALICE, json!({"model": "echo", "messages": [{"role": "user", "content": "hi"}]})).await;
+    assert_eq!(s, 200, "{small}");
+    let (_, big) = count(ALICE, request("echo", &"word ".repeat(400))).await;
+    let (small, big) = (
+        small["input_tokens"].as_u64().unwrap(),
+        big["input_tokens"].as_u64().unwrap(),
+    );
+    assert!(small > 0 && big > small + 400, "{small} {big}");
+    let (s, v) = count(CAROL, json!({"model": "tool", "messages": [{"role": "user", "content": "x"}]})).await;
+    assert_eq!((s, code(&v)), (404, "model_not_found".into()));
+    let (s, v) = count("sk-nobody", json!({})).await;
+    assert_eq!((s, code(&v)), (401, "invalid_api_key".into()));
+    // No turn was started by counting.
+    assert!(gw.spy_events("turn_start").is_empty());
+
+    let list = |anthropic: bool| {
+        let mut r = gw
+            .http
+            .get(format!("{}/v1/models", gw.url))
+            .header("x-api-key", ALICE);
+        if anthropic {
+            r = r.header("anthropic-version", "2023-06-01");
+        }
+        async move { r.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let a = list(true).await;
+    assert_eq!(a["has_more"], false, "{a}");
+    assert_eq!(a["data"][0]["type"], "model");
+    assert!(a["data"][0]["display_name"].is_string());
+    assert!(a["data"][0]["created_at"].is_string());
+    assert_eq!(a["first_id"], a["data"][0]["id"]);
+    let o = list(false).await;
+    assert_eq!(o["object"], "list", "{o}");
+    assert_eq!(a["data"].as_array().unwrap().len(), o["data"].as_array().unwrap().len());
+    let r = gw
+        .http
+        .get(format!("{}/v1/models/echo", gw.url))
+        .header("x-api-key", ALICE)
+        .header("anthropic-version", "2023-06-01")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap()["id"], "echo");
+}
