@@ -9,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 secs="${TURNSTILE_FUZZ_SECONDS:-20}"
-targets=(chat responses ndjson sse config)
+targets=(chat responses messages ndjson sse config)
 export PATH="$PWD/.cache/cargo-fuzz/bin:$PATH"
 export CARGO_TARGET_DIR="$PWD/.cache/fuzz-target"
 

@@ -2,10 +2,10 @@
 //! can replay the committed corpus (`fuzz/corpus/<target>/`) on every build. Each target
 //! panics on a broken invariant:
 //!
-//! - `chat`, `responses`: a request body never panics the surface; one that parses parses to
+//! - `chat`, `responses`, `messages`: a request body never panics the surface; one that parses parses to
 //!   the same model, digests and continuation shape when its objects' keys are reversed and
 //!   it is re-printed with other whitespace; a chat body's `model` splice leaves every other
-//!   member as it was.
+//!   member as it was; a Messages body's token estimate grows with its text.
 //! - `ndjson`: the backend line splitter hands on the same lines however the bytes are
 //!   chunked, never holds more than its bound, and every line parses or is skipped.
 //! - `sse`: the upstream SSE splitter yields the same events however the bytes are chunked.
@@ -22,13 +22,14 @@ use crate::backend::upstream::client::{SseEvent, SseSplitter};
 use crate::turn::TurnInput;
 
 /// The names of the targets, as in `fuzz/fuzz_targets/`.
-pub const TARGETS: &[&str] = &["chat", "responses", "ndjson", "sse", "config"];
+pub const TARGETS: &[&str] = &["chat", "responses", "messages", "ndjson", "sse", "config"];
 
 /// Runs target `name` on `data`.
 pub fn run(name: &str, data: &[u8]) {
     match name {
         "chat" => chat(data),
         "responses" => responses(data),
+        "messages" => messages(data),
         "ndjson" => ndjson(data),
         "sse" => sse(data),
         "config" => config(data),
@@ -116,6 +117,20 @@ pub fn responses(data: &[u8]) {
         return;
     };
     let again = crate::surface::responses::parse(&reordered(&tree), now())
+        .unwrap_or_else(|e| panic!("reordered body refused: {e:?}"));
+    assert_eq!(decided(&input), decided(&again.0), "digests moved");
+}
+
+pub fn messages(data: &[u8]) {
+    let Ok((input, _)) = crate::surface::messages::parse(data, now()) else {
+        return;
+    };
+    let estimate = crate::surface::messages::estimate_tokens(&input);
+    assert!(estimate >= 3 * input.messages.len() as u64);
+    let Ok(tree) = serde_json::from_slice::<Value>(data) else {
+        return;
+    };
+    let again = crate::surface::messages::parse(&reordered(&tree), now())
         .unwrap_or_else(|e| panic!("reordered body refused: {e:?}"));
     assert_eq!(decided(&input), decided(&again.0), "digests moved");
 }

@@ -142,7 +142,8 @@ impl Backend for Scripted {
                 return Err(BackendError::Lost);
             };
             for a in &r.answers {
-                turn.control.answer_tool(invocations[a.call], a.text, !a.failed)?;
+                turn.control
+                    .answer_tool(invocations[a.call], a.text, !a.failed)?;
             }
             self.spy
                 .completed

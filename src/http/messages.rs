@@ -25,7 +25,10 @@ pub(super) async fn create(
     let bytes = std::mem::take(&mut a.bytes);
     let (input, framing) = messages::parse(&bytes, a.arrived)?;
     drop(bytes);
-    let leg = gw.execute(&a.principal, input).await.map_err(ApiError::from)?;
+    let leg = gw
+        .execute(&a.principal, input)
+        .await
+        .map_err(ApiError::from)?;
     let execution = leg.execution_id.clone();
     let resp = if framing.stream {
         sse(messages::framing::stream(leg, framing, a.cfg.server.keepalive).await?)
@@ -46,7 +49,7 @@ pub(super) async fn count_tokens(
     if !gw.models_for(&a.principal).contains(&input.model) {
         return Err(ApiError::model_not_found(&input.model).into());
     }
-    let n = messages::estimate_tokens(&input, &a.bytes);
+    let n = messages::estimate_tokens(&input);
     Ok(Json(json!({"input_tokens": n})).into_response())
 }
 

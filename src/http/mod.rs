@@ -275,7 +275,10 @@ async fn model(
     }
     let found = principal(&gw, &headers)
         .map(|p| gw.models_for(&p).contains(&id))
-        .and_then(|ok| ok.then_some(()).ok_or_else(|| ApiError::model_not_found(&id)));
+        .and_then(|ok| {
+            ok.then_some(())
+                .ok_or_else(|| ApiError::model_not_found(&id))
+        });
     match found {
         Ok(()) => Json(json!({"id": id, "object": "model", "created": 0, "owned_by": "turnstile"}))
             .into_response(),

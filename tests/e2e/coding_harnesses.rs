@@ -54,6 +54,11 @@ const PI: Harness = Harness {
     package: "@mariozechner/pi-coding-agent",
     bin: "pi",
 };
+const CLAUDE: Harness = Harness {
+    name: "claude",
+    package: "@anthropic-ai/claude-code",
+    bin: "claude",
+};
 
 impl Harness {
     fn dir(&self) -> PathBuf {
@@ -347,6 +352,21 @@ async fn harness_qwen_code_reads_secret_through_held_turn() {
             "--yolo",
             &s.prompt,
         ]);
+    })
+    .await;
+}
+
+/// Claude Code on the Messages surface: its own `Read` tool, run under its own permissions
+/// (`--allowedTools Read`), fully offline.
+#[tokio::test]
+async fn harness_claude_code_reads_secret_through_held_turn() {
+    reads_secret_through_held_turn(&CLAUDE, |s, cmd| {
+        cmd.env("ANTHROPIC_BASE_URL", s.base_url.trim_end_matches("/v1"))
+            .env("ANTHROPIC_API_KEY", ALICE)
+            .env("DISABLE_TELEMETRY", "1")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("DISABLE_AUTOUPDATER", "1")
+            .args(["-p", &s.prompt, "--model", MODEL, "--allowedTools", "Read"]);
     })
     .await;
 }

@@ -167,7 +167,10 @@ async fn the_rejection_matrix_consumes_nothing() {
             .replace(&token, "srct-00000000000000000000000000000000"),
     )
     .unwrap();
-    assert_eq!(create_text(&gw, ALICE, &unknown).await, (404, foreign.clone()));
+    assert_eq!(
+        create_text(&gw, ALICE, &unknown).await,
+        (404, foreign.clone())
+    );
     let v: Value = serde_json::from_str(&foreign).unwrap();
     assert_eq!(code(&v), "continuation_not_found");
     assert_eq!(v["error"]["type"], "not_found_error");
@@ -222,10 +225,7 @@ async fn the_rejection_matrix_consumes_nothing() {
     assert_eq!(s, 200, "{done}");
     assert_eq!(text(&done), "Tool result: R");
     let (s, v) = create(&gw, ALICE, &next).await;
-    assert_eq!(
-        (s, code(&v)),
-        (409, "continuation_already_resolved".into())
-    );
+    assert_eq!((s, code(&v)), (409, "continuation_already_resolved".into()));
     // A token from the chat surface is a mismatch here.
     let (_, chat_resp) = gw.chat(ALICE, &tool_request("tool", "read /c")).await;
     let chat_token = crate::support::calls(&chat_resp)[0]["id"].clone();
@@ -291,7 +291,8 @@ async fn pings_flow_while_silent_and_a_disconnect_interrupts() {
 #[tokio::test]
 async fn credentials_and_anthropic_error_shapes() {
     let gw = Gateway::start().await;
-    let body = json!({"model": "echo", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]});
+    let body =
+        json!({"model": "echo", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]});
     // Bearer works as well as x-api-key.
     let r = gw
         .http
@@ -321,8 +322,16 @@ async fn credentials_and_anthropic_error_shapes() {
     assert_eq!(keys, ["message", "type"]);
     let (s, v) = create(&gw, "sk-nobody", &body).await;
     assert_eq!((s, code(&v)), (401, "invalid_api_key".into()));
-    let (s, v) = create(&gw, ALICE, &json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]})).await;
-    assert_eq!((s, v["error"]["type"].as_str()), (404, Some("not_found_error")));
+    let (s, v) = create(
+        &gw,
+        ALICE,
+        &json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["type"].as_str()),
+        (404, Some("not_found_error"))
+    );
     assert_eq!(code(&v), "model_not_found");
     let (s, v) = create(&gw, ALICE, &json!({"model": "echo", "messages": []})).await;
     assert_eq!((s, code(&v)), (400, "invalid_request".into()), "{v}");
@@ -332,10 +341,18 @@ async fn credentials_and_anthropic_error_shapes() {
     let mut forced = request("tool", "x");
     forced["tool_choice"] = json!({"type": "any"});
     let (s, v) = create(&gw, ALICE, &forced).await;
-    assert_eq!((s, code(&v)), (400, "unsupported_tool_choice".into()), "{v}");
+    assert_eq!(
+        (s, code(&v)),
+        (400, "unsupported_tool_choice".into()),
+        "{v}"
+    );
     forced["tool_choice"] = json!({"type": "tool", "name": "web_search"});
     let (s, v) = create(&gw, ALICE, &forced).await;
-    assert_eq!((s, code(&v)), (400, "unsupported_tool_choice".into()), "{v}");
+    assert_eq!(
+        (s, code(&v)),
+        (400, "unsupported_tool_choice".into()),
+        "{v}"
+    );
     forced["tool_choice"] = json!({"type": "none"});
     let (s, _) = create(&gw, ALICE, &forced).await;
     assert_eq!(s, 200);
@@ -351,7 +368,12 @@ async fn credentials_and_anthropic_error_shapes() {
     let (s, v) = create(&gw, ALICE, &own).await;
     assert_eq!((s, code(&v)), (400, "invalid_request".into()), "{v}");
     // Another method on the route.
-    let r = gw.http.get(format!("{}/v1/messages", gw.url)).send().await.unwrap();
+    let r = gw
+        .http
+        .get(format!("{}/v1/messages", gw.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 405);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["type"], "error", "{v}");
@@ -383,7 +405,11 @@ async fn count_tokens_and_the_anthropic_model_list() {
             (r.status().as_u16(), r.json::<Value>().await.unwrap())
         }
     };
-    let (s, small) = count(ALICE, json!({"model": "echo", "messages": [{"role": "user", "content": "hi"}]})).await;
+    let (s, small) = count(
+        ALICE,
+        json!({"model": "echo", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
     assert_eq!(s, 200, "{small}");
     let (_, big) = count(ALICE, request("echo", &"word ".repeat(400))).await;
     let (small, big) = (
@@ -391,7 +417,11 @@ async fn count_tokens_and_the_anthropic_model_list() {
         big["input_tokens"].as_u64().unwrap(),
     );
     assert!(small > 0 && big > small + 400, "{small} {big}");
-    let (s, v) = count(CAROL, json!({"model": "tool", "messages": [{"role": "user", "content": "x"}]})).await;
+    let (s, v) = count(
+        CAROL,
+        json!({"model": "tool", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
     assert_eq!((s, code(&v)), (404, "model_not_found".into()));
     let (s, v) = count("sk-nobody", json!({})).await;
     assert_eq!((s, code(&v)), (401, "invalid_api_key".into()));
@@ -416,7 +446,10 @@ async fn count_tokens_and_the_anthropic_model_list() {
     assert_eq!(a["first_id"], a["data"][0]["id"]);
     let o = list(false).await;
     assert_eq!(o["object"], "list", "{o}");
-    assert_eq!(a["data"].as_array().unwrap().len(), o["data"].as_array().unwrap().len());
+    assert_eq!(
+        a["data"].as_array().unwrap().len(),
+        o["data"].as_array().unwrap().len()
+    );
     let r = gw
         .http
         .get(format!("{}/v1/models/echo", gw.url))

@@ -43,7 +43,10 @@ async fn upstream_translation_of_plain_and_streamed_answers() {
     req["stop_sequences"] = json!(["END"]);
     let (s, v) = create(&gw, ALICE, &req).await;
     assert_eq!(s, 200, "{v}");
-    assert_eq!(text(&v), "echo: <system-reminder>be careful</system-reminder>\n\nhello");
+    assert_eq!(
+        text(&v),
+        "echo: <system-reminder>be careful</system-reminder>\n\nhello"
+    );
     assert_eq!(v["model"], "u-echo");
     assert_eq!(v["stop_reason"], "end_turn");
     assert_eq!(v["usage"]["output_tokens"], 3, "{v}");
@@ -71,7 +74,10 @@ async fn upstream_translation_of_plain_and_streamed_answers() {
         .map(|t| t["function"]["name"].clone())
         .collect();
     assert_eq!(names, [json!("Read"), json!("Bash")], "{sent}");
-    assert_eq!(sent["tools"][0]["function"]["parameters"], claude_read_tool()["input_schema"]);
+    assert_eq!(
+        sent["tools"][0]["function"]["parameters"],
+        claude_read_tool()["input_schema"]
+    );
 
     let (s, _, m) = stream(&gw, ALICE, &req).await;
     assert_eq!(s, 200);
@@ -80,7 +86,11 @@ async fn upstream_translation_of_plain_and_streamed_answers() {
     assert_eq!(fake.bodies()[1]["stream"], true);
 
     let (s, v) = create(&gw, ALICE, &request("u-truncated", "long")).await;
-    assert_eq!((s, v["stop_reason"].as_str()), (200, Some("max_tokens")), "{v}");
+    assert_eq!(
+        (s, v["stop_reason"].as_str()),
+        (200, Some("max_tokens")),
+        "{v}"
+    );
     let (_, _, m) = stream(&gw, ALICE, &request("u-truncated", "long")).await;
     assert_eq!(m["stop_reason"], "max_tokens", "{m}");
 }
@@ -148,7 +158,12 @@ async fn upstream_parallel_blocks_text_beside_and_client_owned_history() {
     // Text beside the results follows them as a user message.
     let req = request("u-tool", "again");
     let (_, resp) = create(&gw, ALICE, &req).await;
-    let next = answer(&req, &resp, |_, _| json!({"content": "E", "is_error": true}), &["note"]);
+    let next = answer(
+        &req,
+        &resp,
+        |_, _| json!({"content": "E", "is_error": true}),
+        &["note"],
+    );
     let (s, _) = create(&gw, ALICE, &next).await;
     assert_eq!(s, 200);
     let sent = fake.bodies().last().unwrap().clone();

@@ -1,4 +1,4 @@
-//! The official `openai` Python package against the real binary. `.ci/run` installs it into
+//! The official `openai` and `anthropic` Python packages against the real binary. `.ci/run` installs it into
 //! `.cache/venv`; when that interpreter is missing the test says so loudly and returns.
 
 use std::path::PathBuf;
@@ -15,8 +15,13 @@ pub(crate) fn python() -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
-/// Runs one SDK script against a fresh gateway; it must print `ALL OK`.
+/// Runs one SDK script against a fresh gateway (base URL + `/v1`); it must print `ALL OK`.
 async fn run_script(name: &str) {
+    run_script_at(name, "/v1").await
+}
+
+/// Runs one SDK script with `TURNSTILE_URL` = the gateway's URL + `path`.
+pub(crate) async fn run_script_at(name: &str, path: &'static str) {
     let Some(py) = python() else {
         eprintln!("\n!!!!! SKIPPED openai SDK test: no venv at .cache/venv (run .ci/run to install it) !!!!!\n");
         if std::env::var_os("CI").is_some() {
@@ -31,7 +36,7 @@ async fn run_script(name: &str) {
     let out = tokio::task::spawn_blocking(move || {
         Command::new(py)
             .arg(script)
-            .env("TURNSTILE_URL", format!("{}/v1", gw_url_leak(&gw)))
+            .env("TURNSTILE_URL", format!("{}{path}", gw_url_leak(&gw)))
             .env("TURNSTILE_KEY", ALICE)
             .env("TURNSTILE_OTHER_KEY", BOB)
             .output()
@@ -51,6 +56,11 @@ async fn run_script(name: &str) {
 #[tokio::test]
 async fn openai_python_sdk_plain_stream_tools_and_errors() {
     run_script("openai_sdk.py").await;
+}
+
+#[tokio::test]
+async fn anthropic_python_sdk_messages_stream_tools_and_errors() {
+    run_script_at("anthropic_sdk.py", "").await;
 }
 
 #[tokio::test]

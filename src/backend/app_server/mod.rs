@@ -379,7 +379,8 @@ impl Backend for AppServer {
                 turn.control.steer(beside).await?;
             }
             for a in &r.answers {
-                turn.control.answer_tool(invocations[a.call], a.text, !a.failed)?;
+                turn.control
+                    .answer_tool(invocations[a.call], a.text, !a.failed)?;
             }
             Ok(turn)
         })

@@ -97,7 +97,12 @@ fn encode(body: Value) -> Result<Bytes, BackendError> {
 struct Ids(Arc<Mutex<Vec<String>>>);
 
 impl TurnControl for Ids {
-    fn answer_tool(&self, _invocation: u64, _text: &str, _success: bool) -> Result<(), BackendError> {
+    fn answer_tool(
+        &self,
+        _invocation: u64,
+        _text: &str,
+        _success: bool,
+    ) -> Result<(), BackendError> {
         // Nothing is held: results travel in the next request.
         Err(BackendError::Lost)
     }

@@ -113,7 +113,12 @@ fn tool_result(block: &Value) -> Message {
         _ => (String::new(), Vec::new()),
     };
     let mut m = message(Role::Tool, text, images);
-    m.tool_call_id = Some(block["tool_use_id"].as_str().unwrap_or_default().to_string());
+    m.tool_call_id = Some(
+        block["tool_use_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    );
     m.is_error = block["is_error"].as_bool().unwrap_or(false);
     m
 }
@@ -293,11 +298,21 @@ mod tests {
         let roles: Vec<_> = m.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(
             roles,
-            ["system", "user", "system", "assistant", "tool", "tool", "user"]
+            [
+                "system",
+                "user",
+                "system",
+                "assistant",
+                "tool",
+                "tool",
+                "user"
+            ]
         );
         assert_eq!(m[0].text, "a\n\nb");
         assert_eq!(m[1].images, ["data:image/gif;base64,R0"]);
-        assert!(m[1].text.starts_with("<reminder>\n\nhi\n\nT\ndoc\n\n[document not forwarded"));
+        assert!(m[1]
+            .text
+            .starts_with("<reminder>\n\nhi\n\nT\ndoc\n\n[document not forwarded"));
         assert_eq!(m[3].text, "let me");
         assert_eq!(m[3].tool_calls[0].arguments, r#"{"file_path":"/x"}"#);
         assert_eq!((m[4].text.as_str(), m[4].is_error), ("one", false));

@@ -65,11 +65,7 @@ fn event(out: &mut String, kind: &str, mut v: Value) {
 impl Framer {
     fn close_text(&mut self, out: &mut String) {
         if std::mem::take(&mut self.text_open) {
-            event(
-                out,
-                "content_block_stop",
-                json!({"index": self.blocks - 1}),
-            );
+            event(out, "content_block_stop", json!({"index": self.blocks - 1}));
         }
     }
 
@@ -274,10 +270,7 @@ mod tests {
         assert_eq!(ev[0].1["message"]["id"], "msg_1");
         assert_eq!(ev[6].1["content_block"]["id"], "srct-a");
         assert_eq!(ev[6].1["content_block"]["input"], json!({}));
-        assert_eq!(
-            ev[7].1["delta"]["partial_json"],
-            r#"{"file_path":"/x"}"#
-        );
+        assert_eq!(ev[7].1["delta"]["partial_json"], r#"{"file_path":"/x"}"#);
         assert_eq!(ev[10].1["delta"]["partial_json"], "{}");
         assert_eq!(ev[11].1["index"], 2);
         assert_eq!(ev[12].1["delta"]["stop_reason"], "tool_use");

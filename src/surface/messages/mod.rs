@@ -244,7 +244,8 @@ impl Choice {
             }
             _ => ToolChoice::Invalid,
         };
-        let mut canonical = json!({"type": o["type"], "disable_parallel_tool_use": disable_parallel});
+        let mut canonical =
+            json!({"type": o["type"], "disable_parallel_tool_use": disable_parallel});
         if matches!(neutral, ToolChoice::Named(_)) {
             canonical["name"] = json!(name);
         }
@@ -307,13 +308,16 @@ pub fn exposed_echo(content: &str, calls: &[ExposedCall]) -> [u8; 32] {
 }
 
 /// An honest estimate of a request's input tokens without the model's tokenizer: one token
-/// per four bytes of text (system, messages, tool calls and results, tool definitions),
-/// rounded up, plus three per message.
-pub fn estimate_tokens(input: &TurnInput, body: &[u8]) -> u64 {
-    let tools_bytes = serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|v| v.get("tools").map(|t| t.to_string().len()))
-        .unwrap_or(0);
+/// per four bytes of text (system, messages, tool calls and results, the client tools' names,
+/// descriptions and schemas), rounded up, plus three per message.
+pub fn estimate_tokens(input: &TurnInput) -> u64 {
+    let tools_bytes: usize = input
+        .tools
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+        .sum();
     let text: usize = input
         .messages
         .iter()
@@ -399,7 +403,9 @@ mod tests {
                           {"type": "web_search_20250305", "name": "web_search"}],
                 "tool_choice": choice})
         };
-        let (t, _) = parsed(body(json!({"type": "any", "disable_parallel_tool_use": true})));
+        let (t, _) = parsed(body(
+            json!({"type": "any", "disable_parallel_tool_use": true}),
+        ));
         assert_eq!(t.tool_choice, ToolChoice::Required);
         assert!(!t.parallel_tool_calls);
         assert_eq!(t.tools.as_ref().unwrap().len(), 1);
@@ -466,7 +472,11 @@ mod tests {
             json!({"type": "error", "error": {"type": "not_found_error",
                    "message": "continuation_not_found: Unknown."}})
         );
-        for body in ["{bad", r#"{"model":"m","messages":[]}"#, r#"{"messages":[1]}"#] {
+        for body in [
+            "{bad",
+            r#"{"model":"m","messages":[]}"#,
+            r#"{"messages":[1]}"#,
+        ] {
             let e = parse(body.as_bytes(), Instant::now()).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidRequest, "{body}");
         }
