@@ -37,6 +37,8 @@ pub struct Leg {
     pub execution_id: String,
     pub created: u64,
     pub model: String,
+    /// Tool rounds of the execution before this leg (0 for its first leg).
+    pub round: u32,
     /// The events include the upstream's own chunks (`LegEvent::Native`).
     pub native: bool,
     pub events: mpsc::Receiver<LegEvent>,
@@ -57,6 +59,7 @@ impl Engine {
             execution_id: exec.meta.id.clone(),
             created: exec.meta.created,
             model: exec.meta.model.clone(),
+            round: exec.rounds,
             native: exec.turn.native,
             events: rx,
         };

@@ -130,7 +130,7 @@ messages = messages + [{"role": "assistant", "content": r.content}, tool_result(
 r2 = client.messages.create(model="tool", max_tokens=100, messages=messages, tools=TOOLS)
 check("Tool result: SECRET-42" in text_of(r2), f"continuation text: {r2}")
 check(r2.stop_reason == "end_turn", f"continuation stop_reason {r2.stop_reason!r}")
-check(r2.id == r.id, f"continuation id {r2.id!r} != first id {r.id!r}")
+check(r2.id == r.id + "_1", f"continuation id {r2.id!r} is not the first id {r.id!r} + '_1'")
 
 # 5. Replay of the same continuation: 409.
 e = expect_error(anthropic.ConflictError, "replay", lambda: client.messages.create(
@@ -180,7 +180,7 @@ messages = messages + [{"role": "assistant", "content": r.content}, {"role": "us
 ]}]
 r2 = client.messages.create(model="parallel", max_tokens=100, messages=messages, tools=TOOLS)
 check(text_of(r2) == "Results: R1 | R2", f"parallel result {text_of(r2)!r}")
-check(r2.id == r.id, f"parallel continuation id {r2.id!r} != {r.id!r}")
+check(r2.id == r.id + "_1", f"parallel continuation id {r2.id!r} is not {r.id!r} + '_1'")
 
 # 9. Error classes and bodies.
 bad = Anthropic(base_url=URL, api_key="wrong", max_retries=0, timeout=30)

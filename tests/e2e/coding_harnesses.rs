@@ -184,6 +184,33 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// The harness `bin` in `scene`, its output going to the files it returns. Nothing from the
+/// caller's environment (keys, base URLs, configs) leaks in.
+fn command(bin: &Path, scene: &Scene) -> (Command, PathBuf, PathBuf) {
+    let stdout_path = scene.tmp.path().join("stdout.txt");
+    let stderr_path = scene.tmp.path().join("stderr.txt");
+    let mut cmd = Command::new(bin);
+    let home = &scene.home;
+    let dead_registry = "http://127.0.0.1:9/";
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("XDG_DATA_HOME", home.join(".local/share"))
+        .env("XDG_STATE_HOME", home.join(".local/state"))
+        .env("XDG_CACHE_HOME", home.join(".cache"))
+        .env("TMPDIR", scene.tmp.path())
+        .env("NO_COLOR", "1")
+        .env("TERM", "dumb")
+        .env("npm_config_registry", dead_registry)
+        .env("BUN_CONFIG_REGISTRY", dead_registry)
+        .current_dir(&scene.project)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout_path).expect("stdout file"))
+        .stderr(std::fs::File::create(&stderr_path).expect("stderr file"));
+    (cmd, stdout_path, stderr_path)
+}
+
 /// Starts the gateway on the demo backend, lets `configure` write the harness's config and
 /// arguments, runs the harness on the secret prompt and checks both ends: the demo backend's
 /// spy and the harness's output.
@@ -212,29 +239,7 @@ pub(crate) async fn reads_secret(
     configure: impl FnOnce(&Scene, &mut Command),
 ) {
     let scene = Scene::new(gw);
-    let stdout_path = scene.tmp.path().join("stdout.txt");
-    let stderr_path = scene.tmp.path().join("stderr.txt");
-
-    let mut cmd = Command::new(bin);
-    let home = &scene.home;
-    // Nothing from the caller's environment (keys, base URLs, configs) leaks in.
-    let dead_registry = "http://127.0.0.1:9/";
-    cmd.env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join(".config"))
-        .env("XDG_DATA_HOME", home.join(".local/share"))
-        .env("XDG_STATE_HOME", home.join(".local/state"))
-        .env("XDG_CACHE_HOME", home.join(".cache"))
-        .env("TMPDIR", scene.tmp.path())
-        .env("NO_COLOR", "1")
-        .env("TERM", "dumb")
-        .env("npm_config_registry", dead_registry)
-        .env("BUN_CONFIG_REGISTRY", dead_registry)
-        .current_dir(&scene.project)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&stdout_path).expect("stdout file"))
-        .stderr(std::fs::File::create(&stderr_path).expect("stderr file"));
+    let (mut cmd, stdout_path, stderr_path) = command(bin, &scene);
     configure(&scene, &mut cmd);
 
     let (status, elapsed) = tokio::task::spawn_blocking(move || run_bounded(cmd, RUN_LIMIT))
@@ -360,15 +365,79 @@ async fn harness_qwen_code_reads_secret_through_held_turn() {
 /// (`--allowedTools Read`), fully offline.
 #[tokio::test]
 async fn harness_claude_code_reads_secret_through_held_turn() {
-    reads_secret_through_held_turn(&CLAUDE, |s, cmd| {
-        cmd.env("ANTHROPIC_BASE_URL", s.base_url.trim_end_matches("/v1"))
-            .env("ANTHROPIC_API_KEY", ALICE)
-            .env("DISABLE_TELEMETRY", "1")
-            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-            .env("DISABLE_AUTOUPDATER", "1")
-            .args(["-p", &s.prompt, "--model", MODEL, "--allowedTools", "Read"]);
+    reads_secret_through_held_turn(&CLAUDE, |s, cmd| claude(s, cmd, &s.prompt, MODEL)).await;
+}
+
+/// The Claude Code environment and arguments for `prompt` on `model`.
+fn claude(s: &Scene, cmd: &mut Command, prompt: &str, model: &str) {
+    cmd.env("ANTHROPIC_BASE_URL", s.base_url.trim_end_matches("/v1"))
+        .env("ANTHROPIC_API_KEY", ALICE)
+        .env("DISABLE_TELEMETRY", "1")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .args(["-p", prompt, "--model", model, "--allowedTools", "Read"]);
+}
+
+/// Claude Code through three sequential rounds and then two parallel calls of one held turn
+/// each: the demo backend asks `Read` for paths that do not exist (the secret's path plus a
+/// suffix), Claude Code answers each with an `is_error` result, which reaches the held turn as
+/// an unsuccessful tool result, and prints the backend's final answer.
+#[tokio::test]
+async fn harness_claude_code_sequential_rounds_and_parallel_calls() {
+    let Some(bin) = CLAUDE.locate() else {
+        return;
+    };
+    let gw = Gateway::start_raw(Opts::default(), |o, dir| {
+        let mut s = config_text(o, dir);
+        for (id, scenario) in [("cc-rounds", "rounds3"), ("cc-parallel", "parallel")] {
+            s.push_str(&format!(
+                "\n[[models]]\nid = \"{id}\"\nbackend = \"demo\"\nbackend_model = \"{scenario}\"\n"
+            ));
+        }
+        s
     })
     .await;
+    let mut seen = 0;
+    for (model, answer, calls) in [
+        ("cc-rounds", "Done after 3 rounds:", 3),
+        ("cc-parallel", "Results:", 2),
+    ] {
+        let scene = Scene::new(&gw);
+        let (mut cmd, stdout_path, stderr_path) = command(&bin, &scene);
+        claude(&scene, &mut cmd, &scene.prompt, model);
+        let (status, _) = tokio::task::spawn_blocking(move || run_bounded(cmd, RUN_LIMIT))
+            .await
+            .expect("join");
+        let stdout = std::fs::read_to_string(&stdout_path).unwrap_or_default();
+        let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+        let why = || {
+            format!(
+                "{model}\n--- stdout\n{stdout}\n--- stderr\n{}\n--- gateway log\n{}",
+                tail(&stderr, 40),
+                tail(&gw.log(), 40)
+            )
+        };
+        assert!(status.is_some_and(|s| s.success()), "{}", why());
+        assert!(stdout.contains(answer), "{}", why());
+        let results = gw.spy_events("tool_result");
+        assert_eq!(results.len(), seen + calls, "{}", why());
+        assert!(
+            results[seen..].iter().all(|r| r["success"] == json!(false)),
+            "{results:?}"
+        );
+        seen += calls;
+    }
+    // Three rounds and one parallel batch: four suspensions of two executions.
+    let log = gw.log();
+    let suspended: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("execution suspended"))
+        .filter_map(|l| l.split("execution=").nth(1))
+        .filter_map(|s| s.split_whitespace().next())
+        .collect();
+    assert_eq!(suspended.len(), 4, "{log}");
+    let executions: std::collections::BTreeSet<&str> = suspended.into_iter().collect();
+    assert_eq!(executions.len(), 2, "{log}");
 }
 
 #[tokio::test]

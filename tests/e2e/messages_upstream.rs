@@ -121,7 +121,7 @@ async fn upstream_round_trips_restore_its_ids() {
             create(&gw, ALICE, &next).await.1
         };
         assert_eq!(text(&done), "Results: call_up_1=FILE", "{done}");
-        assert_eq!(done["id"], resp["id"]);
+        assert_eq!(done["id"], format!("{}_1", resp["id"].as_str().unwrap()));
         let sent = fake.bodies().last().unwrap().clone();
         let m = sent["messages"].as_array().unwrap();
         assert_eq!(m[3]["tool_calls"][0]["id"], "call_up_1", "{sent}");

@@ -5,8 +5,8 @@
 //! stretches carry `ping` events. An error decided before the first byte is a real HTTP
 //! status; after it, an `error` event ends the stream.
 //!
-//! Each leg of an execution answers as the same message (`msg_` + the execution id's hex);
-//! a call's `tool_use.id` is its continuation token.
+//! Each leg of an execution answers as its own message (`msg_` + the execution id's hex, then
+//! `_N` after N tool rounds); a call's `tool_use.id` is its continuation token.
 
 use std::time::Duration;
 
@@ -154,7 +154,7 @@ pub async fn stream(
     keepalive: Duration,
 ) -> Result<sse::Body, ApiError> {
     let framer = Framer {
-        id: message_id(&leg.execution_id),
+        id: message_id(&leg.execution_id, leg.round),
         model: framing.model,
         blocks: 0,
         text_open: false,
@@ -165,7 +165,7 @@ pub async fn stream(
 
 /// Non-streaming: waits for the leg's end and answers one message object.
 pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> {
-    let id = message_id(&leg.execution_id);
+    let id = message_id(&leg.execution_id, leg.round);
     let mut text = String::new();
     let mut truncated = false;
     while let Some(ev) = leg.events.recv().await {

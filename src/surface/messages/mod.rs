@@ -62,9 +62,15 @@ pub struct Framing {
     pub model: String,
 }
 
-/// The message id of an execution (`msg_` + the execution id's hex).
-pub fn message_id(execution_id: &str) -> String {
-    format!("msg_{}", execution_id.trim_start_matches("exe-"))
+/// The message id of one leg: `msg_` + the execution id's hex, and `_N` for the leg after
+/// the N-th tool round. Every leg is its own message: Claude Code merges assistant messages
+/// that share an id (with their results) into one.
+pub fn message_id(execution_id: &str, round: u32) -> String {
+    let hex = execution_id.trim_start_matches("exe-");
+    match round {
+        0 => format!("msg_{hex}"),
+        n => format!("msg_{hex}_{n}"),
+    }
 }
 
 /// Parses and translates one request body. Shapes are checked here (400), before any lookup.
