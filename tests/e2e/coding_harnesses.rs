@@ -440,6 +440,56 @@ async fn harness_claude_code_sequential_rounds_and_parallel_calls() {
     assert_eq!(executions.len(), 2, "{log}");
 }
 
+/// Claude Code on a stateless Chat Completions upstream (the in-test fake): its real request
+/// translated to Chat, the upstream's call (a tool Claude Code does not have, so it answers
+/// with an error result) exposed as a token, and the result forwarded with the upstream's own
+/// id restored.
+#[tokio::test]
+async fn harness_claude_code_on_a_chat_upstream() {
+    let Some(bin) = CLAUDE.locate() else {
+        return;
+    };
+    let fake = crate::support::fake_upstream::FakeUpstream::start().await;
+    let url = fake.url.clone();
+    let gw = Gateway::start_raw(Opts::default(), move |o, dir| {
+        let mut s = config_text(o, dir);
+        s.push_str(&format!(
+            "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\napi_key_env = \"TURNSTILE_TEST_UPSTREAM_KEY\"\n\
+             \n[[models]]\nid = \"cc-up\"\nbackend = \"up\"\nbackend_model = \"up-tool\"\n"
+        ));
+        s
+    })
+    .await;
+    let scene = Scene::new(&gw);
+    let (mut cmd, stdout_path, stderr_path) = command(&bin, &scene);
+    claude(&scene, &mut cmd, &scene.prompt, "cc-up");
+    let (status, _) = tokio::task::spawn_blocking(move || run_bounded(cmd, RUN_LIMIT))
+        .await
+        .expect("join");
+    let stdout = std::fs::read_to_string(&stdout_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    let why = || {
+        format!(
+            "--- stdout\n{stdout}\n--- stderr\n{}\n--- gateway log\n{}",
+            tail(&stderr, 40),
+            tail(&gw.log(), 40)
+        )
+    };
+    assert!(status.is_some_and(|s| s.success()), "{}", why());
+    assert!(stdout.contains("Results: call_up_1="), "{}", why());
+    let bodies = fake.bodies();
+    assert_eq!(bodies.len(), 2, "{}", why());
+    let first = &bodies[0];
+    assert_eq!(first["messages"][0]["role"], "system", "{first}");
+    assert_eq!(first["tools"].as_array().map(Vec::len), Some(12), "{first}");
+    let sent = bodies[1]["messages"].as_array().unwrap();
+    let n = sent.len();
+    assert_eq!(sent[n - 2]["tool_calls"][0]["id"], "call_up_1", "{sent:?}");
+    assert_eq!(sent[n - 1]["role"], "tool", "{sent:?}");
+    assert_eq!(sent[n - 1]["tool_call_id"], "call_up_1");
+    assert!(!bodies[1].to_string().contains("srct-"));
+}
+
 #[tokio::test]
 async fn harness_pi_reads_secret_through_held_turn() {
     reads_secret_through_held_turn(&PI, |s, cmd| {
