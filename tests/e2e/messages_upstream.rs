@@ -14,12 +14,17 @@ const UPSTREAM_MODELS: &[(&str, &str)] = &[
     ("u-tool", "up-tool"),
     ("u-parallel", "up-parallel"),
     ("u-truncated", "up-truncated"),
+    ("u-rounds2", "up-rounds2"),
 ];
 
 async fn upstream() -> (Gateway, FakeUpstream) {
+    upstream_with(Opts::default()).await
+}
+
+async fn upstream_with(opts: Opts) -> (Gateway, FakeUpstream) {
     let fake = FakeUpstream::start().await;
     let url = fake.url.clone();
-    let gw = Gateway::start_raw(Opts::default(), move |o, dir| {
+    let gw = Gateway::start_raw(opts, move |o, dir| {
         let mut s = config_text(o, dir);
         s.push_str(&format!(
             "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\napi_key_env = \"TURNSTILE_TEST_UPSTREAM_KEY\"\n"
@@ -137,6 +142,87 @@ async fn upstream_round_trips_restore_its_ids() {
         let (s, v) = create(&gw, ALICE, &next).await;
         assert_eq!((s, code(&v)), (409, "continuation_already_resolved".into()));
     }
+}
+
+#[tokio::test]
+async fn upstream_sequential_rounds_and_the_rejection_matrix() {
+    let (mut gw, fake) = upstream().await;
+    let req = request("u-rounds2", "two rounds");
+    let (_, _, r1) = stream(&gw, ALICE, &req).await;
+    assert_eq!(tool_uses(&r1)[0]["input"], json!({"path": "/r1"}), "{r1}");
+    let n1 = answer(&req, &r1, |_, _| json!("one"), &[]);
+    let token = tool_uses(&r1)[0]["id"].as_str().unwrap().to_string();
+
+    // Drift, malformed and foreign: nothing consumed.
+    let mut drifts = Vec::new();
+    let mut d = n1.clone();
+    d["messages"][0]["content"][1]["text"] = json!("two rounds!");
+    drifts.push(d);
+    let mut d = n1.clone();
+    d["output_config"]["effort"] = json!("max");
+    drifts.push(d);
+    let mut d = n1.clone();
+    d["messages"][2]["content"][0]["input"] = json!({"path": "/other"});
+    drifts.push(d);
+    for d in &drifts {
+        let (s, v) = create(&gw, ALICE, d).await;
+        assert_eq!((s, code(&v)), (400, "continuation_mismatch".into()), "{d}");
+    }
+    let bad: serde_json::Value =
+        serde_json::from_str(&n1.to_string().replace(&token, "srct-nothex")).unwrap();
+    assert_eq!(create(&gw, ALICE, &bad).await.0, 400);
+    assert_eq!(create(&gw, BOB, &n1).await.0, 404);
+
+    // A crash of the gateway loses nothing of a stateless suspension.
+    gw.signal("KILL");
+    gw.stop().await;
+    gw.spawn().await;
+    let (s, r2) = create(&gw, ALICE, &n1).await;
+    assert_eq!(s, 200, "{r2}");
+    assert_eq!(tool_uses(&r2)[0]["input"], json!({"path": "/r2"}), "{r2}");
+    assert_eq!(create(&gw, ALICE, &n1).await.0, 409);
+    let n2 = answer(&n1, &r2, |_, _| json!("two"), &[]);
+    let (s, _, done) = stream(&gw, ALICE, &n2).await;
+    assert_eq!(s, 200, "{done}");
+    // The answered batch goes with the upstream's own id; an earlier round's calls are
+    // history, with the (spent) ids the client holds.
+    assert_eq!(text(&done), format!("Results: {token}=one, call_up_2=two"));
+    let sent = fake.bodies().last().unwrap().clone();
+    assert_eq!(sent["messages"][5]["tool_calls"][0]["id"], "call_up_2", "{sent}");
+    assert_eq!(sent["messages"][6]["tool_call_id"], "call_up_2", "{sent}");
+    assert_eq!(fake.bodies().len(), 3);
+}
+
+#[tokio::test]
+async fn upstream_suspension_expires() {
+    let (gw, fake) = upstream_with(Opts {
+        execution_ttl_seconds: 1,
+        ..Opts::default()
+    })
+    .await;
+    let req = request("u-tool", "late");
+    let (_, resp) = create(&gw, ALICE, &req).await;
+    // Bounded wait for the deadline timer to settle it.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let m = gw
+            .http
+            .get(format!("{}/metrics", gw.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if m.contains("turnstile_executions_ended_total{reason=\"expired\"} 1") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{m}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (s, v) = create(&gw, ALICE, &answer(&req, &resp, |_, _| json!("R"), &[])).await;
+    assert_eq!((s, code(&v)), (410, "continuation_expired".into()), "{v}");
+    assert_eq!(fake.bodies().len(), 1);
 }
 
 #[tokio::test]

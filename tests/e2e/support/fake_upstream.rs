@@ -136,6 +136,12 @@ fn usage() -> Value {
     json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10})
 }
 
+fn tool_results(body: &Value) -> usize {
+    body["messages"]
+        .as_array()
+        .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count())
+}
+
 fn last_user(body: &Value) -> String {
     body["messages"]
         .as_array()
@@ -236,6 +242,14 @@ async fn handle(
         "up-slow-first" => {
             tokio::time::sleep(Duration::from_secs(5)).await;
             vec![]
+        }
+        // Two sequential rounds: a call until two results are in.
+        "up-rounds2" if tool_results(&body) < 2 => {
+            if tool_results(&body) == 0 {
+                vec![("call_up_1", "read_file", "{\"path\":\"/r1\"}")]
+            } else {
+                vec![("call_up_2", "read_file", "{\"path\":\"/r2\"}")]
+            }
         }
         _ if last["role"] == "tool" => vec![],
         "up-tool" => vec![("call_up_1", "read_file", "{\"path\":\"/x\"}")],
