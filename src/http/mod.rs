@@ -54,8 +54,13 @@ pub fn router(gw: Engine) -> Router {
         .with_state(gw)
 }
 
-async fn not_found() -> ApiError {
-    ApiError::new(ErrorCode::NotFound, "Unknown route.")
+/// An unknown route; under `/v1/messages` in Anthropic's shape.
+async fn not_found(uri: axum::http::Uri) -> Response {
+    let e = ApiError::new(ErrorCode::NotFound, "Unknown route.");
+    if uri.path().starts_with("/v1/messages") {
+        return error::Anthropic(e).into_response();
+    }
+    e.into_response()
 }
 
 async fn method_not_allowed() -> ApiError {
@@ -411,6 +416,55 @@ mod tests {
             (StatusCode::NOT_FOUND, Some("model_not_found"))
         );
         assert_eq!(v["error"]["param"], "model");
+    }
+
+    #[tokio::test]
+    async fn messages_routes_speak_anthropic_errors_and_take_x_api_key() {
+        let (app, _d) = app().await;
+        let post = |key: Option<&str>, path: &str, body: &'static str| {
+            let mut b = HttpRequest::post(path).header("content-type", "application/json");
+            if let Some(k) = key {
+                b = b.header("x-api-key", k);
+            }
+            b.body(Body::from(body)).unwrap()
+        };
+        let (s, v) = send(&app, post(None, "/v1/messages?beta=true", "{}")).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED);
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "authentication_error");
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("invalid_api_key: "));
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        let (s, v) = send(&app, post(Some("sk-a"), "/v1/messages", body)).await;
+        assert_eq!(s, StatusCode::NOT_FOUND);
+        assert_eq!(v["error"]["type"], "not_found_error");
+        let (s, v) = send(&app, post(Some("sk-a"), "/v1/messages/count_tokens", body)).await;
+        assert_eq!(
+            (s, v["error"]["type"].as_str()),
+            (StatusCode::NOT_FOUND, Some("not_found_error"))
+        );
+        let (s, v) = send(
+            &app,
+            post(Some("sk-a"), "/v1/messages", "x".repeat(2000).leak()),
+        )
+        .await;
+        assert_eq!(
+            (s, v["error"]["type"].as_str()),
+            (StatusCode::PAYLOAD_TOO_LARGE, Some("request_too_large"))
+        );
+        let req = HttpRequest::get("/v1/models")
+            .header("x-api-key", "sk-a")
+            .header("anthropic-version", "2023-06-01")
+            .body(Body::empty())
+            .unwrap();
+        let (s, v) = send(&app, req).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(
+            v,
+            json!({"data": [], "has_more": false, "first_id": null, "last_id": null})
+        );
     }
 
     #[tokio::test]

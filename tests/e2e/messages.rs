@@ -369,7 +369,20 @@ async fn credentials_and_anthropic_error_shapes() {
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "r"}]}]});
     let (s, v) = create(&gw, ALICE, &own).await;
     assert_eq!((s, code(&v)), (400, "invalid_request".into()), "{v}");
-    // Another method on the route.
+    // An unknown Messages route (the Batches API) and another method on the route.
+    let r = gw
+        .http
+        .post(format!("{}/v1/messages/batches", gw.url))
+        .header("x-api-key", ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (code(&v), v["error"]["type"].as_str()),
+        ("not_found".into(), Some("not_found_error"))
+    );
     let r = gw
         .http
         .get(format!("{}/v1/messages", gw.url))

@@ -188,7 +188,10 @@ async fn upstream_sequential_rounds_and_the_rejection_matrix() {
     // history, with the (spent) ids the client holds.
     assert_eq!(text(&done), format!("Results: {token}=one, call_up_2=two"));
     let sent = fake.bodies().last().unwrap().clone();
-    assert_eq!(sent["messages"][5]["tool_calls"][0]["id"], "call_up_2", "{sent}");
+    assert_eq!(
+        sent["messages"][5]["tool_calls"][0]["id"], "call_up_2",
+        "{sent}"
+    );
     assert_eq!(sent["messages"][6]["tool_call_id"], "call_up_2", "{sent}");
     assert_eq!(fake.bodies().len(), 3);
 }
