@@ -8,6 +8,7 @@
 mod approvals;
 mod codex;
 mod codex_cli;
+mod codex_messages;
 mod codex_threads;
 mod coding_harnesses;
 mod connections;

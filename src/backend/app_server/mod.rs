@@ -359,7 +359,8 @@ impl Backend for AppServer {
         Box::pin(self.open_turn(leg))
     }
 
-    /// Answers each held call with the client's result, verbatim, on the same turn.
+    /// Answers each held call with the client's result, verbatim, on the same turn, after
+    /// steering in the text the client sent beside the results.
     fn resume<'a>(
         &'a self,
         hold: Hold,
@@ -375,8 +376,11 @@ impl Backend for AppServer {
                 .filter(|m| m.role == crate::turn::Role::User && !m.text.is_empty())
                 .map(|m| m.text.clone())
                 .collect();
+            // Best effort: the claim is made, so a refused steer must not lose the answers.
             if !beside.is_empty() {
-                turn.control.steer(beside).await?;
+                if let Err(e) = turn.control.steer(beside).await {
+                    tracing::warn!(backend = %self.name, execution = %r.leg.execution_id, error = %e, "text beside the tool results not delivered");
+                }
             }
             for a in &r.answers {
                 turn.control

@@ -59,9 +59,8 @@ impl TurnControl for AppServerTurn {
         Ok(())
     }
 
-    /// `turn/start` on the thread while its turn is active steers that turn (the input
-    /// reaches the model after the pending tool output); awaited, so it is queued before the
-    /// held calls are answered.
+    /// `turn/steer` with the held turn as the expected one: the input reaches the model after
+    /// the pending tool output. Awaited, so it is queued before the held calls are answered.
     fn steer(&self, input: Vec<String>) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move {
             if !self.route_alive() {
@@ -71,8 +70,9 @@ impl TurnControl for AppServerTurn {
                 .iter()
                 .map(|t| json!({"type": "text", "text": t, "text_elements": []}))
                 .collect();
-            let params = json!({"threadId": self.thread, "input": items});
-            self.proc.call("turn/start", params).await.map(|_| ())
+            let params =
+                json!({"threadId": self.thread, "input": items, "expectedTurnId": self.turn});
+            self.proc.call("turn/steer", params).await.map(|_| ())
         })
     }
 

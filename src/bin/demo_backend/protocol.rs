@@ -9,7 +9,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use crate::requests::{
-    handle_answer, initialize, thread_delete, thread_start, turn_interrupt, turn_start,
+    handle_answer, initialize, thread_delete, thread_start, turn_interrupt, turn_start, turn_steer,
 };
 use crate::spy::spy;
 use crate::state::State;
@@ -75,6 +75,7 @@ pub(crate) fn handle_line(ctx: &Ctx, line: &str) {
                 "thread/start" => thread_start(ctx, id, params),
                 "turn/start" => turn_start(ctx, id, params),
                 "turn/interrupt" => turn_interrupt(ctx, id, params),
+                "turn/steer" => turn_steer(ctx, id, params),
                 "thread/delete" => thread_delete(ctx, id, params),
                 other => ctx.error(id, &format!("Invalid request: unknown variant `{other}`")),
             }

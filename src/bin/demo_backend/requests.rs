@@ -205,6 +205,32 @@ pub(crate) fn turn_start(ctx: &Ctx, id: &Value, p: &Value) {
     }
 }
 
+/// `turn/steer {threadId, input, expectedTurnId}`: input for the active turn, which must be
+/// the expected one (recorded; the scripted model does not read it).
+pub(crate) fn turn_steer(ctx: &Ctx, id: &Value, p: &Value) {
+    let (Some(thread_id), Some(expected)) = (p["threadId"].as_str(), p["expectedTurnId"].as_str())
+    else {
+        return ctx.error(
+            id,
+            "Invalid request: missing field `threadId` or `expectedTurnId`",
+        );
+    };
+    let texts: Vec<&str> = p["input"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["type"] == "text")
+        .filter_map(|i| i["text"].as_str())
+        .collect();
+    let st = ctx.lock();
+    let active = st.threads.get(thread_id).and_then(|t| t.active.as_ref());
+    if !active.is_some_and(|a| a.id == expected) {
+        return ctx.error(id, "no active turn to steer");
+    }
+    spy(json!({"event": "steer", "thread": thread_id, "input": texts}));
+    ctx.respond(id, json!({"turnId": expected}));
+}
+
 pub(crate) fn turn_interrupt(ctx: &Ctx, id: &Value, p: &Value) {
     let (Some(thread_id), Some(turn_id)) = (p["threadId"].as_str(), p["turnId"].as_str()) else {
         return ctx.error(id, "Invalid request: missing field `threadId` or `turnId`");
