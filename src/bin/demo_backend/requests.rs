@@ -224,7 +224,7 @@ pub(crate) fn turn_steer(ctx: &Ctx, id: &Value, p: &Value) {
         .collect();
     let st = ctx.lock();
     let active = st.threads.get(thread_id).and_then(|t| t.active.as_ref());
-    if !active.is_some_and(|a| a.id == expected) {
+    if active.is_none_or(|a| a.id != expected) {
         return ctx.error(id, "no active turn to steer");
     }
     spy(json!({"event": "steer", "thread": thread_id, "input": texts}));

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{error_body, input_of, message_id, Framing};
+use super::echo::{input_of, visible};
+use super::{error_body, message_id, Framing};
 use crate::engine::{Leg, LegEvent};
 use crate::error::ApiError;
 use crate::surface::sse;
@@ -54,6 +55,8 @@ struct Framer {
     /// Content blocks started so far.
     blocks: usize,
     text_open: bool,
+    /// Whitespace waiting for text: a text block is opened only for visible text.
+    pending: String,
     truncated: bool,
 }
 
@@ -99,8 +102,13 @@ impl sse::Frame for Framer {
     fn frame(&mut self, ev: LegEvent) -> (String, bool) {
         let mut out = String::new();
         match ev {
-            LegEvent::Delta(d) => {
+            LegEvent::Delta(mut d) => {
                 if !self.text_open {
+                    self.pending.push_str(&d);
+                    if visible(&self.pending).is_empty() {
+                        return (out, false);
+                    }
+                    d = std::mem::take(&mut self.pending);
                     self.text_open = true;
                     self.blocks += 1;
                     event(
@@ -158,6 +166,7 @@ pub async fn stream(
         model: framing.model,
         blocks: 0,
         text_open: false,
+        pending: String::new(),
         truncated: false,
     };
     sse::stream(leg, framer, keepalive).await
@@ -176,7 +185,7 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
             LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
                 let mut content = Vec::new();
-                if !text.is_empty() {
+                if !visible(&text).is_empty() {
                     content.push(json!({"type": "text", "text": text}));
                 }
                 content.extend(calls.iter().map(tool_use));
@@ -200,6 +209,7 @@ mod tests {
             model: "m".into(),
             blocks: 0,
             text_open: false,
+            pending: String::new(),
             truncated: false,
         }
     }
@@ -219,6 +229,7 @@ mod tests {
     fn event_grammar_of_text_then_calls() {
         let mut f = framer();
         let mut text = f.opening();
+        assert_eq!(f.frame(LegEvent::Delta("\n".into())).0, "");
         text.push_str(&f.frame(LegEvent::Delta("he".into())).0);
         text.push_str(&f.keepalive());
         text.push_str(&f.frame(LegEvent::Delta("y".into())).0);
@@ -276,6 +287,25 @@ mod tests {
         assert_eq!(ev[12].1["delta"]["stop_reason"], "tool_use");
         assert_eq!(ev[12].1["usage"]["input_tokens"], 6);
         assert_eq!(ev[12].1["usage"]["cache_read_input_tokens"], 4);
+    }
+
+    #[test]
+    fn whitespace_alone_is_no_text_block() {
+        let mut f = framer();
+        f.opening();
+        assert_eq!(f.frame(LegEvent::Delta("\n\n".into())).0, "");
+        let call = ExposedCall {
+            id: "srct-a".into(),
+            name: "Read".into(),
+            arguments: "{}".into(),
+        };
+        let (text, _) = f.frame(LegEvent::End {
+            calls: vec![call],
+            usage: Usage::default(),
+        });
+        let ev = events(&text);
+        assert_eq!(ev[0].1["content_block"]["type"], "tool_use");
+        assert_eq!(ev[0].1["index"], 0);
     }
 
     #[test]

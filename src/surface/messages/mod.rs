@@ -15,6 +15,7 @@
 //! JSON.
 
 pub mod blocks;
+pub mod echo;
 pub mod framing;
 
 use serde::Deserialize;
@@ -22,12 +23,11 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use self::blocks::Detected;
-use super::chat::canonical::{echo_digest, echo_digest_of, message_digest, tools_digest};
+use self::echo::{client_echo, exposed_echo};
+use super::chat::canonical::{message_digest, tools_digest};
 use crate::continuation::canonical::{digest, digest_of_digests};
 use crate::error::{ApiError, ErrorCode};
-use crate::turn::{
-    Continuation, Effort, ExposedCall, Fingerprint, Surface, ToolChoice, ToolDef, TurnInput,
-};
+use crate::turn::{Continuation, Effort, Fingerprint, Surface, ToolChoice, ToolDef, TurnInput};
 
 #[derive(Debug, Deserialize)]
 struct Request {
@@ -79,10 +79,11 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
     if req.messages.is_empty() {
         return Err(ApiError::invalid("`messages` must not be empty").with_param("messages"));
     }
-    if let Some(bad) = req.messages.iter().find(|m| !m.is_object()) {
-        return Err(ApiError::invalid(format!(
-            "each message must be an object with `role` and `content`, not {bad}"
-        ))
+    let known = |m: &Value| matches!(m["role"].as_str(), Some("user" | "assistant" | "system"));
+    if req.messages.iter().any(|m| !known(m)) {
+        return Err(ApiError::invalid(
+            "each message must be an object with `role` \"user\", \"assistant\" or \"system\" and `content`",
+        )
         .with_param("messages"));
     }
     let raw_effort = req.output_config.as_ref().map(|o| &o["effort"]);
@@ -101,7 +102,7 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
             results,
         } => Some(Continuation {
             prefix: digest_of_digests(&digests[..assistant]),
-            echo: echo_digest_of(&messages[assistant]),
+            echo: client_echo(&messages[assistant]),
             assistant,
             tokens,
             results,
@@ -284,35 +285,6 @@ fn chat_options(req: &Request, effort: Option<Effort>) -> Map<String, Value> {
     o
 }
 
-/// A call's `input` as the client sees it: its arguments when they are a JSON object, `{}`
-/// for none, else the arguments under `input`.
-pub fn input_of(arguments: &str) -> Value {
-    if arguments.trim().is_empty() {
-        return json!({});
-    }
-    match serde_json::from_str::<Value>(arguments) {
-        Ok(v @ Value::Object(_)) => v,
-        Ok(other) => json!({"input": other}),
-        Err(_) => json!({"input": arguments}),
-    }
-}
-
-/// The echo digest of an assistant message about to be exposed, as the client will send it
-/// back (each call's `input` as shown).
-pub fn exposed_echo(content: &str, calls: &[ExposedCall]) -> [u8; 32] {
-    let inputs: Vec<String> = calls
-        .iter()
-        .map(|c| input_of(&c.arguments).to_string())
-        .collect();
-    echo_digest(
-        content,
-        calls
-            .iter()
-            .zip(&inputs)
-            .map(|(c, i)| (c.id.as_str(), c.name.as_str(), i.as_str())),
-    )
-}
-
 /// An honest estimate of a request's input tokens without the model's tokenizer: one token
 /// per four bytes of text (system, messages, tool calls and results, the client tools' names,
 /// descriptions and schemas), rounded up, plus three per message.
@@ -458,7 +430,7 @@ mod tests {
         .0;
         let c = cont.continuation.unwrap();
         assert_eq!(c.prefix, fresh.fingerprint.prefix);
-        let exposed = [ExposedCall {
+        let exposed = [crate::turn::ExposedCall {
             id: T.into(),
             name: "f".into(),
             arguments: r#"{"a":[1],"b":1}"#.into(),
@@ -468,10 +440,7 @@ mod tests {
     }
 
     #[test]
-    fn inputs_are_objects_and_errors_are_anthropic_shaped() {
-        assert_eq!(input_of(""), json!({}));
-        assert_eq!(input_of(r#"{"a":1}"#), json!({"a": 1}));
-        assert_eq!(input_of("[1]"), json!({"input": [1]}));
+    fn errors_are_anthropic_shaped() {
         let e = ApiError::new(ErrorCode::ContinuationNotFound, "Unknown.");
         assert_eq!(
             error_body(&e),
@@ -482,6 +451,8 @@ mod tests {
             "{bad",
             r#"{"model":"m","messages":[]}"#,
             r#"{"messages":[1]}"#,
+            r#"{"model":"m","messages":[1]}"#,
+            r#"{"model":"m","messages":[{"role":"tool","content":"x"}]}"#,
         ] {
             let e = parse(body.as_bytes(), Instant::now()).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidRequest, "{body}");
