@@ -43,6 +43,33 @@ pub fn trailing_run<'a>(
     }
 }
 
+/// The tool results at `messages[first..end]` (neutral messages) and the calls they answer:
+/// the assistant message right before them must carry calls (else 400 `orphan` on `param`),
+/// then the run is classified as [`trailing_run`] does. `None` for the client's own ids, else
+/// the assistant message's index with the digests.
+pub fn answered_run(
+    messages: &[crate::turn::Message],
+    (first, end): (usize, usize),
+    (param, field): (&'static str, &str),
+    orphan: &str,
+) -> Result<Option<(usize, RunDigests)>, ApiError> {
+    let calls = first
+        .checked_sub(1)
+        .map(|i| &messages[i])
+        .filter(|m| m.role == crate::turn::Role::Assistant && !m.tool_calls.is_empty())
+        .map(|m| &m.tool_calls)
+        .ok_or_else(|| ApiError::invalid(orphan).with_param(param))?;
+    let run = trailing_run(
+        calls.iter().map(|c| c.id.as_str()),
+        messages[first..end]
+            .iter()
+            .map(|m| m.tool_call_id.as_deref().unwrap_or_default()),
+        first,
+        (param, field),
+    )?;
+    Ok(run.map(|digests| (first - 1, digests)))
+}
+
 /// The 400 of a refused run, on `param`; `field` names the id field in the message.
 fn refusal(e: RunError, param: &'static str, field: &str) -> ApiError {
     match e {

@@ -26,6 +26,11 @@ pub trait Frame: Send + 'static {
     }
 }
 
+/// The SSE comment of a notice for a human watching the stream (an approval is pending).
+pub fn notice_comment(n: &str) -> String {
+    format!(": {}\n\n", n.replace(['\n', '\r'], " "))
+}
+
 pub async fn stream<F: Frame>(
     mut leg: Leg,
     mut framer: F,

@@ -96,7 +96,7 @@ impl Framer {
                 }
                 (event(&c), false)
             }
-            LegEvent::Notice(n) => (format!(": {}\n\n", n.replace(['\n', '\r'], " ")), false),
+            LegEvent::Notice(n) => (crate::surface::sse::notice_comment(&n), false),
             LegEvent::End { calls, usage } => {
                 let mut out = String::new();
                 if self.native {

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::continuation::token::TOKEN_PREFIX;
 use crate::error::{ApiError, ErrorCode};
-use crate::surface::trailing_run;
+use crate::surface::answered_run;
 use crate::turn::{Call, Message, Role};
 
 /// How the text blocks of one message are joined.
@@ -228,30 +228,16 @@ pub fn detect(messages: &[Message]) -> Result<Detected, ApiError> {
         }
         return Ok(Detected::Fresh);
     }
-    let first = end - trailing;
-    let calls = first
-        .checked_sub(1)
-        .map(|i| &messages[i])
-        .filter(|m| m.role == Role::Assistant && !m.tool_calls.is_empty())
-        .map(|m| &m.tool_calls)
-        .ok_or_else(|| {
-            ApiError::invalid(
-                "`tool_result` blocks must be in the user message right after the assistant message with the `tool_use` blocks they answer",
-            )
-            .with_param("messages")
-        })?;
-    let run = trailing_run(
-        calls.iter().map(|c| c.id.as_str()),
-        messages[first..end]
-            .iter()
-            .map(|m| m.tool_call_id.as_deref().unwrap_or_default()),
-        first,
+    let run = answered_run(
+        messages,
+        (end - trailing, end),
         ("messages", "tool_use_id"),
+        "`tool_result` blocks must be in the user message right after the assistant message with the `tool_use` blocks they answer",
     )?;
     Ok(match run {
         None => Detected::ClientOwned,
-        Some((tokens, results)) => Detected::Continuation {
-            assistant: first - 1,
+        Some((assistant, (tokens, results))) => Detected::Continuation {
+            assistant,
             tokens,
             results,
         },

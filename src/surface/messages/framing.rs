@@ -125,9 +125,7 @@ impl sse::Frame for Framer {
             }
             LegEvent::Native(_) => {}
             LegEvent::Truncated => self.truncated = true,
-            LegEvent::Notice(n) => {
-                out.push_str(&format!(": {}\n\n", n.replace(['\n', '\r'], " ")));
-            }
+            LegEvent::Notice(n) => out.push_str(&sse::notice_comment(&n)),
             LegEvent::End { calls, usage } => {
                 self.close_text(&mut out);
                 for c in &calls {

@@ -227,9 +227,7 @@ impl Framer {
         match ev {
             LegEvent::Delta(d) => self.delta(&mut out, &d),
             LegEvent::Native(_) | LegEvent::Truncated => {}
-            LegEvent::Notice(n) => {
-                out.push_str(&format!(": {}\n\n", n.replace(['\n', '\r'], " ")));
-            }
+            LegEvent::Notice(n) => out.push_str(&sse::notice_comment(&n)),
             LegEvent::End { calls, usage } => {
                 self.close_message(&mut out);
                 for c in &calls {

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use super::tools::ToolMap;
 use crate::continuation::token::token_digest;
 use crate::error::ApiError;
-use crate::surface::trailing_run;
+use crate::surface::answered_run;
 use crate::turn::{Call, Message, Role};
 
 /// The text and image URLs of a `content` (a string or an array of parts).
@@ -196,30 +196,16 @@ pub fn detect(messages: &[Message], stateful: bool) -> Result<Detected, ApiError
     if trailing == 0 {
         return Ok(Detected::Fresh);
     }
-    let assistant = messages.len() - trailing;
-    let calls = assistant
-        .checked_sub(1)
-        .map(|i| &messages[i])
-        .filter(|m| m.role == Role::Assistant && !m.tool_calls.is_empty())
-        .map(|m| &m.tool_calls)
-        .ok_or_else(|| {
-            ApiError::invalid(
-                "trailing tool outputs must follow the function_call / custom_tool_call items they answer",
-            )
-            .with_param("input")
-        })?;
-    let run = trailing_run(
-        calls.iter().map(|c| c.id.as_str()),
-        messages[assistant..]
-            .iter()
-            .map(|m| m.tool_call_id.as_deref().unwrap_or_default()),
-        assistant,
+    let run = answered_run(
+        messages,
+        (messages.len() - trailing, messages.len()),
         ("input", "call_id"),
+        "trailing tool outputs must follow the function_call / custom_tool_call items they answer",
     )?;
     Ok(match run {
         None => Detected::ClientOwned,
-        Some((tokens, results)) => Detected::Stateless {
-            assistant: assistant - 1,
+        Some((assistant, (tokens, results))) => Detected::Stateless {
+            assistant,
             tokens,
             results,
         },
