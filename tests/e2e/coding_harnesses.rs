@@ -378,6 +378,26 @@ fn claude(s: &Scene, cmd: &mut Command, prompt: &str, model: &str) {
         .args(["-p", prompt, "--model", model, "--allowedTools", "Read"]);
 }
 
+/// Runs Claude Code on the secret prompt with `model`; it must exit 0. Its stdout, and the
+/// diagnostics for a failed assertion.
+async fn run_claude(bin: &Path, gw: &Gateway, model: &str) -> (String, String) {
+    let scene = Scene::new(gw);
+    let (mut cmd, stdout_path, stderr_path) = command(bin, &scene);
+    claude(&scene, &mut cmd, &scene.prompt, model);
+    let (status, _) = tokio::task::spawn_blocking(move || run_bounded(cmd, RUN_LIMIT))
+        .await
+        .expect("join");
+    let stdout = std::fs::read_to_string(&stdout_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    let why = format!(
+        "{model}\n--- stdout\n{stdout}\n--- stderr\n{}\n--- gateway log\n{}",
+        tail(&stderr, 40),
+        tail(&gw.log(), 40)
+    );
+    assert!(status.is_some_and(|s| s.success()), "{why}");
+    (stdout, why)
+}
+
 /// Claude Code through three sequential rounds and then two parallel calls of one held turn
 /// each: the demo backend asks `Read` for paths that do not exist (the secret's path plus a
 /// suffix), Claude Code answers each with an `is_error` result, which reaches the held turn as
@@ -402,25 +422,10 @@ async fn harness_claude_code_sequential_rounds_and_parallel_calls() {
         ("cc-rounds", "Done after 3 rounds:", 3),
         ("cc-parallel", "Results:", 2),
     ] {
-        let scene = Scene::new(&gw);
-        let (mut cmd, stdout_path, stderr_path) = command(&bin, &scene);
-        claude(&scene, &mut cmd, &scene.prompt, model);
-        let (status, _) = tokio::task::spawn_blocking(move || run_bounded(cmd, RUN_LIMIT))
-            .await
-            .expect("join");
-        let stdout = std::fs::read_to_string(&stdout_path).unwrap_or_default();
-        let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-        let why = || {
-            format!(
-                "{model}\n--- stdout\n{stdout}\n--- stderr\n{}\n--- gateway log\n{}",
-                tail(&stderr, 40),
-                tail(&gw.log(), 40)
-            )
-        };
-        assert!(status.is_some_and(|s| s.success()), "{}", why());
-        assert!(stdout.contains(answer), "{}", why());
+        let (stdout, why) = run_claude(&bin, &gw, model).await;
+        assert!(stdout.contains(answer), "{why}");
         let results = gw.spy_events("tool_result");
-        assert_eq!(results.len(), seen + calls, "{}", why());
+        assert_eq!(results.len(), seen + calls, "{why}");
         assert!(
             results[seen..].iter().all(|r| r["success"] == json!(false)),
             "{results:?}"
@@ -460,25 +465,10 @@ async fn harness_claude_code_on_a_chat_upstream() {
         s
     })
     .await;
-    let scene = Scene::new(&gw);
-    let (mut cmd, stdout_path, stderr_path) = command(&bin, &scene);
-    claude(&scene, &mut cmd, &scene.prompt, "cc-up");
-    let (status, _) = tokio::task::spawn_blocking(move || run_bounded(cmd, RUN_LIMIT))
-        .await
-        .expect("join");
-    let stdout = std::fs::read_to_string(&stdout_path).unwrap_or_default();
-    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-    let why = || {
-        format!(
-            "--- stdout\n{stdout}\n--- stderr\n{}\n--- gateway log\n{}",
-            tail(&stderr, 40),
-            tail(&gw.log(), 40)
-        )
-    };
-    assert!(status.is_some_and(|s| s.success()), "{}", why());
-    assert!(stdout.contains("Results: call_up_1="), "{}", why());
+    let (stdout, why) = run_claude(&bin, &gw, "cc-up").await;
+    assert!(stdout.contains("Results: call_up_1="), "{why}");
     let bodies = fake.bodies();
-    assert_eq!(bodies.len(), 2, "{}", why());
+    assert_eq!(bodies.len(), 2, "{why}");
     let first = &bodies[0];
     assert_eq!(first["messages"][0]["role"], "system", "{first}");
     assert_eq!(first["tools"].as_array().map(Vec::len), Some(12), "{first}");
