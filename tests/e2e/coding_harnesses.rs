@@ -368,14 +368,19 @@ async fn harness_claude_code_reads_secret_through_held_turn() {
     reads_secret_through_held_turn(&CLAUDE, |s, cmd| claude(s, cmd, &s.prompt, MODEL)).await;
 }
 
-/// The Claude Code environment and arguments for `prompt` on `model`.
-fn claude(s: &Scene, cmd: &mut Command, prompt: &str, model: &str) {
+/// The Claude Code environment: the gateway, a key, and no traffic elsewhere.
+fn claude_env(s: &Scene, cmd: &mut Command) {
     cmd.env("ANTHROPIC_BASE_URL", s.base_url.trim_end_matches("/v1"))
         .env("ANTHROPIC_API_KEY", ALICE)
         .env("DISABLE_TELEMETRY", "1")
         .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-        .env("DISABLE_AUTOUPDATER", "1")
-        .args(["-p", prompt, "--model", model, "--allowedTools", "Read"]);
+        .env("DISABLE_AUTOUPDATER", "1");
+}
+
+/// The Claude Code environment and arguments for `prompt` on `model`, allowed to `Read`.
+fn claude(s: &Scene, cmd: &mut Command, prompt: &str, model: &str) {
+    claude_env(s, cmd);
+    cmd.args(["-p", prompt, "--model", model, "--allowedTools", "Read"]);
 }
 
 /// Runs Claude Code on the secret prompt with `model`; it must exit 0. Its stdout, and the
@@ -396,6 +401,48 @@ async fn run_claude(bin: &Path, gw: &Gateway, model: &str) -> (String, String) {
     );
     assert!(status.is_some_and(|s| s.success()), "{why}");
     (stdout, why)
+}
+
+/// `claude -c` continues the last conversation: the gateway finds the thread it kept for it
+/// (Claude Code sends the history back as it was answered) and the backend gets only the new
+/// prompt.
+#[tokio::test]
+async fn harness_claude_code_continues_a_conversation_on_its_thread() {
+    let Some(bin) = CLAUDE.locate() else {
+        return;
+    };
+    let gw = Gateway::start().await;
+    let scene = Scene::new(&gw);
+    for (round, prompt) in ["hello there", "and once more"].into_iter().enumerate() {
+        let (mut cmd, stdout_path, stderr_path) = command(&bin, &scene);
+        claude_env(&scene, &mut cmd);
+        if round > 0 {
+            cmd.arg("-c");
+        }
+        cmd.args(["-p", prompt, "--model", "echo"]);
+        let (status, _) = tokio::task::spawn_blocking(move || run_bounded(cmd, RUN_LIMIT))
+            .await
+            .expect("join");
+        let stdout = std::fs::read_to_string(&stdout_path).unwrap_or_default();
+        let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+        let why = format!(
+            "--- stdout\n{stdout}\n--- stderr\n{}\n--- spy\n{:?}",
+            tail(&stderr, 40),
+            gw.spy_events("turn_start")
+        );
+        assert!(status.is_some_and(|s| s.success()), "{why}");
+        assert!(stdout.contains(prompt), "{why}");
+        assert!(stdout.contains("You said:"), "{why}");
+    }
+    let turns = gw.spy_events("turn_start");
+    assert_eq!(turns.len(), 2, "{turns:?}");
+    assert_eq!(gw.thread_starts().len(), 1, "{turns:?}");
+    assert_eq!(turns[1]["thread"], turns[0]["thread"]);
+    let input = turns[1]["input"].to_string();
+    assert!(
+        input.contains("and once more") && !input.contains("hello there"),
+        "{input}"
+    );
 }
 
 /// Claude Code through three sequential rounds and then two parallel calls of one held turn

@@ -266,6 +266,64 @@ async fn expiry_and_crash_are_410() {
 }
 
 #[tokio::test]
+async fn a_conversation_continues_on_its_thread_and_approvals_hold_the_stream() {
+    let gw = Gateway::start().await;
+    let first = request("echo", "one");
+    let (_, _, a1) = stream(&gw, ALICE, &first).await;
+    let mut second = first.clone();
+    let messages = second["messages"].as_array_mut().unwrap();
+    messages.push(json!({"role": "assistant", "content": a1["content"]}));
+    messages.push(json!({"role": "user", "content": [{"type": "text", "text": "two"}]}));
+    let (s, a2) = create(&gw, ALICE, &second).await;
+    assert_eq!(s, 200, "{a2}");
+    assert_eq!(text(&a2), "You said: two");
+    // One thread: the second turn got only its new message.
+    assert_eq!(gw.thread_starts().len(), 1, "{:?}", gw.spy());
+    let starts = gw.spy_events("turn_start");
+    assert_eq!(starts[1]["thread"], starts[0]["thread"]);
+    assert_eq!(starts[1]["input"], json!(["two"]));
+
+    // A side effect the policy asks about: the stream waits, a comment names the approval.
+    let req = gw
+        .http
+        .post(format!("{}/v1/messages", gw.url))
+        .header("x-api-key", ALICE)
+        .json(
+            &json!({"model": "cmd-ask", "stream": true, "max_tokens": 10,
+                      "messages": [{"role": "user", "content": "go"}]}),
+        );
+    let chat = tokio::spawn(async move { req.send().await.unwrap().text().await.unwrap() });
+    let a = pending(&gw, ALICE).await;
+    let id = a["id"].as_str().unwrap();
+    let r = gw
+        .http
+        .post(format!("{}/v1/approvals/{id}/decision", gw.url))
+        .header("x-api-key", ALICE)
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body = tokio::time::timeout(Duration::from_secs(15), chat)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(body.contains(&format!(": approval pending {id}")), "{body}");
+    let said: String = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|e| e["delta"]["text"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(said, "Command ran.", "{body}");
+    assert!(
+        body.trim_end()
+            .ends_with("data: {\"type\":\"message_stop\"}"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
 async fn pings_flow_while_silent_and_a_disconnect_interrupts() {
     let gw = Gateway::start().await;
     let mut r = post(
