@@ -303,6 +303,35 @@ async fn rotated_token_resumes_the_held_turn() {
     assert_eq!(gw.spy_events("turn_start").len(), 1);
 }
 
+/// A JWT as an Anthropic client sends its key (`x-api-key`) is the same principal as its
+/// bearer form: a Messages turn held with one resumes with the other; a forged one is 401.
+#[tokio::test]
+async fn a_jwt_in_x_api_key_is_the_same_principal() {
+    use crate::support::messages::{answer, code, create, request, tool_uses};
+    let gw = start("").await;
+    let req = request("tool", "read /etc/hostname");
+    let (s, resp) = create(&gw, &token_a("dev-2"), &req).await;
+    assert_eq!(s, 200, "{resp}");
+    let next = answer(&req, &resp, |_, _| json!("host-9"), &[]);
+    assert_eq!(create(&gw, &token_a("dev-3"), &next).await.0, 404);
+    let r = gw
+        .http
+        .post(format!("{}/v1/messages", gw.url))
+        .bearer_auth(token_a("dev-2"))
+        .json(&next)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let done: Value = r.json().await.unwrap();
+    assert_eq!(done["content"][0]["text"], "Tool result: host-9", "{done}");
+    assert!(tool_uses(&done).is_empty());
+    let mut forged = token_a("dev-2");
+    forged.pop();
+    let (s, v) = create(&gw, &forged, &req).await;
+    assert_eq!((s, code(&v)), (401, "invalid_api_key".into()));
+}
+
 /// X2: the same `sub` under another issuer is another principal: 404 on the continuation and
 /// on the approval (show and decide), and the owner keeps both.
 #[tokio::test]
