@@ -383,19 +383,34 @@ fn claude(s: &Scene, cmd: &mut Command, prompt: &str, model: &str) {
     cmd.args(["-p", prompt, "--model", model, "--allowedTools", "Read"]);
 }
 
-/// Runs Claude Code on the secret prompt with `model`; it must exit 0. Its stdout, and the
-/// diagnostics for a failed assertion.
+/// Runs Claude Code on the secret prompt with `model`, allowed to `Read`; it must exit 0. Its
+/// stdout, and the diagnostics for a failed assertion.
 async fn run_claude(bin: &Path, gw: &Gateway, model: &str) -> (String, String) {
     let scene = Scene::new(gw);
-    let (mut cmd, stdout_path, stderr_path) = command(bin, &scene);
-    claude(&scene, &mut cmd, &scene.prompt, model);
+    let prompt = scene.prompt.clone();
+    claude_in(
+        bin,
+        gw,
+        &scene,
+        &["-p", &prompt, "--model", model, "--allowedTools", "Read"],
+    )
+    .await
+}
+
+/// Runs Claude Code with `args` in `scene`; it must exit 0. Its stdout, and the diagnostics
+/// for a failed assertion.
+async fn claude_in(bin: &Path, gw: &Gateway, scene: &Scene, args: &[&str]) -> (String, String) {
+    let (mut cmd, stdout_path, stderr_path) = command(bin, scene);
+    claude_env(scene, &mut cmd);
+    cmd.args(args);
+    let run = args.join(" ");
     let (status, _) = tokio::task::spawn_blocking(move || run_bounded(cmd, RUN_LIMIT))
         .await
         .expect("join");
     let stdout = std::fs::read_to_string(&stdout_path).unwrap_or_default();
     let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
     let why = format!(
-        "{model}\n--- stdout\n{stdout}\n--- stderr\n{}\n--- gateway log\n{}",
+        "{run}\n--- stdout\n{stdout}\n--- stderr\n{}\n--- gateway log\n{}",
         tail(&stderr, 40),
         tail(&gw.log(), 40)
     );
@@ -414,23 +429,8 @@ async fn harness_claude_code_continues_a_conversation_on_its_thread() {
     let gw = Gateway::start().await;
     let scene = Scene::new(&gw);
     for (round, prompt) in ["hello there", "and once more"].into_iter().enumerate() {
-        let (mut cmd, stdout_path, stderr_path) = command(&bin, &scene);
-        claude_env(&scene, &mut cmd);
-        if round > 0 {
-            cmd.arg("-c");
-        }
-        cmd.args(["-p", prompt, "--model", "echo"]);
-        let (status, _) = tokio::task::spawn_blocking(move || run_bounded(cmd, RUN_LIMIT))
-            .await
-            .expect("join");
-        let stdout = std::fs::read_to_string(&stdout_path).unwrap_or_default();
-        let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-        let why = format!(
-            "--- stdout\n{stdout}\n--- stderr\n{}\n--- spy\n{:?}",
-            tail(&stderr, 40),
-            gw.spy_events("turn_start")
-        );
-        assert!(status.is_some_and(|s| s.success()), "{why}");
+        let args = ["-c", "-p", prompt, "--model", "echo"];
+        let (stdout, why) = claude_in(&bin, &gw, &scene, &args[usize::from(round == 0)..]).await;
         assert!(stdout.contains(prompt), "{why}");
         assert!(stdout.contains("You said:"), "{why}");
     }
@@ -501,17 +501,9 @@ async fn harness_claude_code_on_a_chat_upstream() {
     let Some(bin) = CLAUDE.locate() else {
         return;
     };
-    let fake = crate::support::fake_upstream::FakeUpstream::start().await;
-    let url = fake.url.clone();
-    let gw = Gateway::start_raw(Opts::default(), move |o, dir| {
-        let mut s = config_text(o, dir);
-        s.push_str(&format!(
-            "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\napi_key_env = \"TURNSTILE_TEST_UPSTREAM_KEY\"\n\
-             \n[[models]]\nid = \"cc-up\"\nbackend = \"up\"\nbackend_model = \"up-tool\"\n"
-        ));
-        s
-    })
-    .await;
+    let (gw, fake) =
+        crate::support::fake_upstream::gateway_on_fake(Opts::default(), &[("cc-up", "up-tool")])
+            .await;
     let (stdout, why) = run_claude(&bin, &gw, "cc-up").await;
     assert!(stdout.contains("Results: call_up_1="), "{why}");
     let bodies = fake.bodies();

@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use crate::support::fake_upstream::FakeUpstream;
+use crate::support::fake_upstream::{gateway_on_fake, FakeUpstream};
 use crate::support::messages::*;
 use crate::support::*;
 
@@ -22,22 +22,7 @@ async fn upstream() -> (Gateway, FakeUpstream) {
 }
 
 async fn upstream_with(opts: Opts) -> (Gateway, FakeUpstream) {
-    let fake = FakeUpstream::start().await;
-    let url = fake.url.clone();
-    let gw = Gateway::start_raw(opts, move |o, dir| {
-        let mut s = config_text(o, dir);
-        s.push_str(&format!(
-            "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\napi_key_env = \"TURNSTILE_TEST_UPSTREAM_KEY\"\n"
-        ));
-        for (id, model) in UPSTREAM_MODELS {
-            s.push_str(&format!(
-                "\n[[models]]\nid = \"{id}\"\nbackend = \"up\"\nbackend_model = \"{model}\"\n"
-            ));
-        }
-        s
-    })
-    .await;
-    (gw, fake)
+    gateway_on_fake(opts, UPSTREAM_MODELS).await
 }
 
 #[tokio::test]
@@ -205,24 +190,12 @@ async fn upstream_suspension_expires() {
     .await;
     let req = request("u-tool", "late");
     let (_, resp) = create(&gw, ALICE, &req).await;
-    // Bounded wait for the deadline timer to settle it.
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let m = gw
-            .http
-            .get(format!("{}/metrics", gw.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        if m.contains("turnstile_executions_ended_total{reason=\"expired\"} 1") {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{m}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    wait_for("the deadline timer to settle the suspension", async || {
+        let (_, m) = get_text(&gw, ALICE, "/metrics").await;
+        m.contains("turnstile_executions_ended_total{reason=\"expired\"} 1")
+            .then_some(())
+    })
+    .await;
     let (s, v) = create(&gw, ALICE, &answer(&req, &resp, |_, _| json!("R"), &[])).await;
     assert_eq!((s, code(&v)), (410, "continuation_expired".into()), "{v}");
     assert_eq!(fake.bodies().len(), 1);

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::support::fake_upstream::FakeUpstream;
+use crate::support::fake_upstream::{gateway_on_fake, FakeUpstream};
 use crate::support::responses::*;
 use crate::support::*;
 
@@ -15,22 +15,7 @@ const UPSTREAM_MODELS: &[(&str, &str)] = &[
 ];
 
 async fn upstream() -> (Gateway, FakeUpstream) {
-    let fake = FakeUpstream::start().await;
-    let url = fake.url.clone();
-    let gw = Gateway::start_raw(Opts::default(), move |o, dir| {
-        let mut s = config_text(o, dir);
-        s.push_str(&format!(
-            "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\napi_key_env = \"TURNSTILE_TEST_UPSTREAM_KEY\"\n"
-        ));
-        for (id, model) in UPSTREAM_MODELS {
-            s.push_str(&format!(
-                "\n[[models]]\nid = \"{id}\"\nbackend = \"up\"\nbackend_model = \"{model}\"\n"
-            ));
-        }
-        s
-    })
-    .await;
-    (gw, fake)
+    gateway_on_fake(Opts::default(), UPSTREAM_MODELS).await
 }
 
 #[tokio::test]

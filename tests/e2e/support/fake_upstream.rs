@@ -373,3 +373,27 @@ async fn handle(
     }
     sse(parts, seen, false)
 }
+
+/// The e2e gateway with a fake upstream as backend `up` and `models` (gateway id, the
+/// upstream model = the fake's scenario) on it.
+pub async fn gateway_on_fake(
+    opts: super::Opts,
+    models: &'static [(&'static str, &'static str)],
+) -> (super::Gateway, FakeUpstream) {
+    let fake = FakeUpstream::start().await;
+    let url = fake.url.clone();
+    let gw = super::Gateway::start_raw(opts, move |o, dir| {
+        let mut s = super::config_text(o, dir);
+        s.push_str(&format!(
+            "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\napi_key_env = \"TURNSTILE_TEST_UPSTREAM_KEY\"\n"
+        ));
+        for (id, model) in models {
+            s.push_str(&format!(
+                "\n[[models]]\nid = \"{id}\"\nbackend = \"up\"\nbackend_model = \"{model}\"\n"
+            ));
+        }
+        s
+    })
+    .await;
+    (gw, fake)
+}
