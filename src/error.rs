@@ -27,6 +27,8 @@ pub enum ErrorCode {
     UpstreamTimeout,
     StoreUnavailable,
     ShuttingDown,
+    /// The replica that holds a turn did not answer a forwarded continuation.
+    ReplicaUnavailable,
     ApprovalNotFound,
     ApprovalAlreadyDecided,
     NotFound,
@@ -53,7 +55,7 @@ impl ErrorCode {
             CapacityExhausted | RateLimited => 429,
             UpstreamError => 502,
             UpstreamTimeout => 504,
-            StoreUnavailable | ShuttingDown => 503,
+            StoreUnavailable | ShuttingDown | ReplicaUnavailable => 503,
             MethodNotAllowed => 405,
             Internal => 500,
             UpstreamRejected => 400,
@@ -81,6 +83,7 @@ impl ErrorCode {
             UpstreamTimeout => "upstream_timeout",
             StoreUnavailable => "store_unavailable",
             ShuttingDown => "shutting_down",
+            ReplicaUnavailable => "replica_unavailable",
             ApprovalNotFound => "approval_not_found",
             ApprovalAlreadyDecided => "approval_already_decided",
             NotFound => "not_found",
@@ -99,7 +102,8 @@ impl ErrorCode {
             UnauthorizedTarget => "permission_error",
             ModelNotFound | ContinuationNotFound | ApprovalNotFound | NotFound => "not_found_error",
             CapacityExhausted | RateLimited => "rate_limit_error",
-            UpstreamError | UpstreamTimeout | StoreUnavailable | ShuttingDown | Internal => {
+            UpstreamError | UpstreamTimeout | StoreUnavailable | ShuttingDown
+            | ReplicaUnavailable | Internal => {
                 "server_error"
             }
             InvalidRequest

@@ -76,6 +76,83 @@ pub struct Metrics {
     pub overhead: Histogram,
     /// Request start to the first response byte.
     pub ttfb: Histogram,
+    /// Replicas: forwarding to an owner, leases.
+    pub cluster: ClusterMetrics,
+}
+
+/// What a replica counts of the others.
+#[derive(Default)]
+pub struct ClusterMetrics {
+    /// Requests forwarded to their owner replica, by (what, status of the owner's answer;
+    /// 0 when the owner could not be reached).
+    forwarded: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    /// Sending a forwarded request to the owner's answer head.
+    pub forwarding: Histogram,
+    /// Lease renewals by outcome (`ok`, `fenced`, `error`).
+    renewals: Mutex<BTreeMap<&'static str, u64>>,
+    /// Replicas with a live lease, this one included, at the last renewal.
+    pub replicas_seen: AtomicU64,
+    /// Lapsed replicas this one settled.
+    pub replicas_settled: AtomicU64,
+}
+
+impl ClusterMetrics {
+    pub fn forwarded(&self, what: &'static str, status: u16, took: Duration) {
+        *self
+            .forwarded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((what, status))
+            .or_default() += 1;
+        self.forwarding.observe(took);
+    }
+
+    pub fn renewal(&self, outcome: &'static str) {
+        *self
+            .renewals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(outcome)
+            .or_default() += 1;
+    }
+
+    fn render(&self, out: &mut String) {
+        out.push_str("# HELP turnstile_forwarded_total Requests forwarded to the replica that owns their held turn or approval, by kind and the owner's status (0: unreachable).\n# TYPE turnstile_forwarded_total counter\n");
+        for ((what, status), n) in self
+            .forwarded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "turnstile_forwarded_total{{kind=\"{what}\",status=\"{status}\"}} {n}"
+            );
+        }
+        self.forwarding.render(
+            "turnstile_forwarding_seconds",
+            "Forwarding a request to its owner replica, until the owner's answer head.",
+            out,
+        );
+        out.push_str("# HELP turnstile_lease_renewals_total Lease renewals of this replica, by outcome.\n# TYPE turnstile_lease_renewals_total counter\n");
+        for (outcome, n) in self
+            .renewals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "turnstile_lease_renewals_total{{outcome=\"{outcome}\"}} {n}"
+            );
+        }
+        let seen = self.replicas_seen.load(Ordering::Relaxed);
+        let settled = self.replicas_settled.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "# HELP turnstile_replicas_seen Replicas with a live lease at the last renewal.\n# TYPE turnstile_replicas_seen gauge\nturnstile_replicas_seen {seen}\n# HELP turnstile_replicas_settled_total Replicas whose lapsed lease this one settled.\n# TYPE turnstile_replicas_settled_total counter\nturnstile_replicas_settled_total {settled}"
+        );
+    }
 }
 
 /// Point-in-time values read from the live state when rendering.
@@ -217,6 +294,7 @@ impl Metrics {
             "Request start to the first response byte.",
             &mut out,
         );
+        self.cluster.render(&mut out);
         let gauge = |out: &mut String, name: &str, help: &str, v: usize| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };

@@ -39,6 +39,13 @@ pub async fn serve(config_path: &Path) -> Result<(), String> {
         }
     };
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let internal = match internal_listener(&gw).await {
+        Ok(l) => l,
+        Err(e) => {
+            gw.shutdown().await;
+            return Err(e);
+        }
+    };
 
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
@@ -66,11 +73,35 @@ pub async fn serve(config_path: &Path) -> Result<(), String> {
     tracing::info!(%addr, "listening");
     // Serves until a signal has begun the shutdown and open responses have ended (bounded).
     let server_cfg = gw.config().server.clone();
+    let internal = internal.map(|l| {
+        let stopping = gw.stopping();
+        let app = crate::http::cluster::internal_router(gw.clone());
+        let cfg = server_cfg.clone();
+        tokio::spawn(async move { accept(l, app, &cfg, stopping.cancelled_owned()).await })
+    });
     accept(listener, app, &server_cfg, stop).await;
+    if let Some(task) = internal {
+        let _ = task.await;
+    }
     // Held turns are settled and children reaped, within a bound.
     let _ = tokio::time::timeout(DRAIN, gw.shutdown()).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// With `[cluster]`: binds the internal listener and takes the replica's lease with its
+/// address (before anything is served, so a forwarded request always finds the listener).
+async fn internal_listener(gw: &Engine) -> Result<Option<TcpListener>, String> {
+    let Some(c) = gw.config().cluster.clone() else {
+        return Ok(None);
+    };
+    let l = TcpListener::bind(c.internal_listen)
+        .await
+        .map_err(|e| format!("cannot listen on {} (cluster.internal_listen): {e}", c.internal_listen))?;
+    let addr = l.local_addr().map_err(|e| e.to_string())?;
+    gw.join_cluster(addr)?;
+    tracing::info!(%addr, replica = %c.replica_id, "internal listener for replicas");
+    Ok(Some(l))
 }
 
 /// Accepts connections until `stop` resolves, then lets open ones finish for at most

@@ -220,6 +220,7 @@ impl Approvals {
             expires_at: now + ttl.as_secs(),
             decided_at: None,
             decided_by: None,
+            owner: self.store.owner().to_string(),
         };
         // Store, park and publish under one lock: no decision can slip in between, and
         // `created` always precedes any other event of the approval.

@@ -17,6 +17,7 @@
 //! type is [`crate::auth::jwt::JwtIssuer`]: both are re-exported here.
 
 mod backends;
+mod cluster;
 mod jwt;
 mod raw;
 #[cfg(test)]
@@ -34,6 +35,7 @@ use serde::Deserialize;
 
 pub use crate::auth::grant::{ClientLimits, Rate, Role};
 pub use crate::auth::jwt::JwtIssuer;
+pub use cluster::{ClusterConfig, StoreConfig};
 
 #[derive(Debug, thiserror::Error)]
 #[error("config {path}: {message}")]
@@ -70,7 +72,9 @@ pub struct ApprovalPolicy {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub server: ServerConfig,
-    pub store_path: PathBuf,
+    pub store: StoreConfig,
+    /// `[cluster]`: None for a single gateway.
+    pub cluster: Option<ClusterConfig>,
     /// `[[auth.jwt]]`: trusted issuers. Each is an `Arc` made at load, so a reload makes new
     /// ones and the JWT cache can tell generations apart.
     pub jwt: Vec<Arc<JwtIssuer>>,
@@ -288,7 +292,9 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     // the child's own working folder.
     let base = std::path::absolute(&base).unwrap_or(base);
     let cfg = from_toml_str_with(&text, &base, &|p| std::fs::read(p))?;
-    check_store_path(&cfg.store_path)?;
+    if let StoreConfig::Sqlite { path } = &cfg.store {
+        check_store_path(path)?;
+    }
     Ok(cfg)
 }
 

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::backends::RawBackend;
+use super::cluster::{RawCluster, RawStore};
 use super::Decision;
 
 // ---------- defaults ----------
@@ -27,8 +28,6 @@ pub(super) const DEFAULT_BODY_READ_TIMEOUT_SECONDS: u64 = 30;
 pub(super) const DEFAULT_MAX_CONNECTIONS: u64 = 1024;
 /// `server.shutdown_drain_seconds`: how long open responses may finish after a signal.
 pub(super) const DEFAULT_SHUTDOWN_DRAIN_SECONDS: u64 = 10;
-/// `store.path`, relative to the config's folder.
-pub(super) const DEFAULT_STORE_PATH: &str = "data/turnstile.db";
 
 /// `clients[N].models`: every model.
 pub(super) const DEFAULT_CLIENT_MODELS: &[&str] = &["*"];
@@ -107,6 +106,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub store: RawStore,
     #[serde(default)]
+    pub cluster: Option<RawCluster>,
+    #[serde(default)]
     pub auth: RawAuth,
     #[serde(default)]
     pub clients: Vec<RawClient>,
@@ -144,20 +145,6 @@ impl Default for RawServer {
             body_read_timeout_seconds: DEFAULT_BODY_READ_TIMEOUT_SECONDS,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             shutdown_drain_seconds: DEFAULT_SHUTDOWN_DRAIN_SECONDS,
-        }
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(super) struct RawStore {
-    pub path: String,
-}
-
-impl Default for RawStore {
-    fn default() -> Self {
-        RawStore {
-            path: DEFAULT_STORE_PATH.into(),
         }
     }
 }

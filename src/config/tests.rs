@@ -35,7 +35,12 @@ fn parse(text: &str) -> Result<Config, ConfigError> {
 #[test]
 fn valid_config_resolves_paths_and_defaults() {
     let cfg = parse(&base_toml()).unwrap();
-    assert_eq!(cfg.store_path, PathBuf::from("/etc/turnstile/data/t.db"));
+    assert_eq!(
+        cfg.store,
+        StoreConfig::Sqlite {
+            path: PathBuf::from("/etc/turnstile/data/t.db")
+        }
+    );
     assert_eq!(cfg.backends["demo"].command[0], "/etc/turnstile/./bin/demo");
     assert_eq!(cfg.backends["demo"].max_sessions, 16);
     assert_eq!(cfg.continuations.max_rounds, 32);

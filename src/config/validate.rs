@@ -13,7 +13,7 @@ use super::raw::{
     RawClient, RawConfig, RawContinuations, RawContinuity, RawModel, DEFAULT_DECISION,
 };
 use super::{
-    backends, err, jwt, resolve, ApprovalPolicy, ClientConfig, ClientLimits, Config, ConfigError,
+    backends, err, jwt, ApprovalPolicy, ClientConfig, ClientLimits, Config, ConfigError,
     ContinuationLimits, ContinuityConfig, Credential, JwtIssuer, ModelConfig, Rate, Role,
     ServerConfig,
 };
@@ -53,9 +53,8 @@ pub(super) fn validate(
             return Err(err(key, "must be greater than 0"));
         }
     }
-    if raw.store.path.trim().is_empty() {
-        return Err(err("store.path", "must not be empty"));
-    }
+    let store = super::cluster::store(raw.store, base)?;
+    let cluster = super::cluster::cluster(raw.cluster, &store)?;
 
     let backends = backends::backends(raw.backends, base)?;
     let models = models(raw.models, |name| backends.contains(name))?;
@@ -77,7 +76,8 @@ pub(super) fn validate(
             max_connections: usize::try_from(raw.server.max_connections).unwrap_or(usize::MAX),
             shutdown_drain: Duration::from_secs(raw.server.shutdown_drain_seconds),
         },
-        store_path: resolve(base, &raw.store.path),
+        store,
+        cluster,
         jwt: jwt_issuers,
         clients,
         models,

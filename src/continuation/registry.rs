@@ -105,6 +105,8 @@ pub struct PendingView {
     pub tokens: Vec<[u8; 32]>,
     /// See [`Parked::by_reference`].
     pub by_reference: bool,
+    /// See [`Parked::is_durable`].
+    pub durable: bool,
 }
 
 struct Tomb {
@@ -257,6 +259,31 @@ impl<P: Parked> Registry<P> {
         self.changed.notify_one();
     }
 
+    /// Puts in a durable batch another replica recorded, unless one of its tokens is known
+    /// here already (a racing request put it in first). Returns whether it went in.
+    pub fn restore_absent(&self, b: Batch<P>) -> bool {
+        let mut g = self.lock();
+        let known = b.tokens.iter().any(|t| {
+            g.token_batch.contains_key(t) || g.tombs.contains_key(t) || g.in_flight.contains_key(t)
+        });
+        if known {
+            return false;
+        }
+        Self::insert(&mut g, b);
+        drop(g);
+        self.changed.notify_one();
+        true
+    }
+
+    /// Drops the tokens of a taken batch without a tombstone: another replica claimed them,
+    /// and the store answers for them from now on.
+    pub fn forget(&self, tokens: &[[u8; 32]]) {
+        let mut g = self.lock();
+        for t in tokens {
+            g.in_flight.remove(t);
+        }
+    }
+
     /// Takes back a batch whose tokens were never exposed (its durable record failed).
     pub fn withdraw(&self, id: u64) -> Option<Batch<P>> {
         Self::remove(&mut self.lock(), id)
@@ -335,6 +362,7 @@ impl<P: Parked> Registry<P> {
         }
         Lookup::Pending(Box::new(PendingView {
             alive: b.parked.is_alive(),
+            durable: b.parked.is_durable(),
             batch: id,
             execution_id: b.execution_id.clone(),
             model: b.model.clone(),

@@ -73,21 +73,23 @@ impl Engine {
     }
 
     /// Records tombstones (`execution id, principal, token digests`) in the store, and deletes
-    /// the ones a principal's ring pushed out.
+    /// the ones a principal's ring pushed out. Returns how many tokens the store still had
+    /// pending, None when it could not be written.
     pub(super) fn persist_tombstones(
         &self,
         (execution_id, principal, tokens): (&str, &str, &[[u8; 32]]),
         reason: Reason,
         evicted: &[[u8; 32]],
-    ) {
+    ) -> Option<usize> {
         let store = &self.inner.store;
-        if let Err(e) =
-            store.tokens_settled(execution_id, principal, tokens, reason.as_str(), evicted)
-        {
-            // The in-memory tombstones still answer replays; after a restart, recovery turns
-            // the still-pending rows into `lost` tombstones, which also never resume.
-            tracing::error!(execution = %execution_id, error = %e, "could not persist tombstones");
-        }
+        store
+            .tokens_settled(execution_id, principal, tokens, reason.as_str(), evicted)
+            .inspect_err(|e| {
+                // The in-memory tombstones still answer replays; after a restart, recovery
+                // turns the still-pending rows into `lost` tombstones, which never resume.
+                tracing::error!(execution = %execution_id, error = %e, "could not persist tombstones");
+            })
+            .ok()
     }
 
     /// Persists a settled batch's tombstones and, unless it was claimed, ends its execution.

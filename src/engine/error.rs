@@ -3,6 +3,7 @@
 //! 400, a refused admission 429, a backend failure 502/504, a store failure 503
 //! `store_unavailable`, a draining gateway 503 `shutting_down`.
 
+use super::cluster::Owner;
 use crate::backend::BackendError;
 use crate::continuation::Reason;
 use crate::error::{ApiError, ErrorCode, UpstreamDetail};
@@ -39,6 +40,13 @@ pub enum EngineError {
     /// The store could not record what must be recorded first; nothing was exposed.
     #[error("the store is unavailable")]
     Store,
+    /// The continuation's held turn lives on another replica: the request goes there (the
+    /// HTTP layer relays the owner's answer; never rendered as an error).
+    #[error("held by replica {}", .0.replica_id)]
+    Forward(Owner),
+    /// The owner replica of the held turn did not answer, though its lease is live.
+    #[error("owner replica unreachable")]
+    ReplicaUnavailable,
 }
 
 /// Why a continuation was refused. Each variant consumes nothing, except `Settled` and
@@ -56,6 +64,10 @@ pub enum ContinuationError {
     /// `previous_response_id` of a fresh turn names no completed response whose thread is
     /// kept: unknown, another principal's, released or expired (one body for all).
     ResponseNotFound,
+    /// Held by another live replica (validated up to the claim here).
+    Elsewhere(Owner),
+    /// The shared store did not answer a lookup or a claim; nothing was consumed.
+    StoreUnavailable,
 }
 
 impl From<ContinuationError> for EngineError {
@@ -72,6 +84,8 @@ impl From<BackendError> for EngineError {
 
 fn continuation(e: ContinuationError) -> ApiError {
     let e = match e {
+        ContinuationError::Elsewhere(owner) => return EngineError::Forward(owner).into(),
+        ContinuationError::StoreUnavailable => return EngineError::Store.into(),
         ContinuationError::ResponseNotFound => {
             return ApiError::new(
                 ErrorCode::ContinuationNotFound,
@@ -183,6 +197,16 @@ impl From<EngineError> for ApiError {
                 ErrorCode::StoreUnavailable,
                 "The gateway could not record the execution; nothing was exposed. Retry later.",
             ),
+            // Relayed by the HTTP layer; rendered only if a route forgot to.
+            EngineError::Forward(_) => ApiError::new(ErrorCode::Internal, "internal error"),
+            EngineError::ReplicaUnavailable => {
+                let mut e = ApiError::new(
+                    ErrorCode::ReplicaUnavailable,
+                    "The gateway replica that holds this turn did not answer; nothing was consumed. Retry later.",
+                );
+                e.retry_after = Some(1);
+                e
+            }
         }
     }
 }

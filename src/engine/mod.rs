@@ -14,6 +14,7 @@
 
 mod admission;
 mod approval_policy;
+mod cluster;
 mod continuity;
 mod conversation;
 mod ending;
@@ -27,6 +28,7 @@ mod suspension;
 mod tests;
 mod timer;
 
+pub use cluster::{ApprovalRoute, Owner, OwnerFate};
 pub use ending::EndReason;
 pub use error::{ContinuationError, EngineError};
 pub use leg::{Leg, LegEvent};
@@ -66,6 +68,8 @@ struct Inner {
     /// Idle backend threads kept for their conversation's next turn.
     continuity: continuity::Continuity,
     store: Arc<Store>,
+    /// `[cluster]`: this replica's lease and key; None for a single gateway.
+    cluster: Option<cluster::Membership>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
     /// Per-principal admission limits of fresh turns.
@@ -105,7 +109,12 @@ impl Engine {
         config_path: Option<PathBuf>,
         backends: BTreeMap<String, Arc<dyn Backend>>,
     ) -> Result<Engine, String> {
-        let store = Arc::new(Store::open(&cfg.store_path).map_err(|e| e.to_string())?);
+        let membership = cfg
+            .cluster
+            .as_ref()
+            .map(cluster::Membership::new)
+            .transpose()?;
+        let store = Arc::new(open_store(&cfg)?);
         let recovered = store.recover().map_err(|e| e.to_string())?;
         if recovered.executions_lost > 0 {
             tracing::warn!(
@@ -140,6 +149,7 @@ impl Engine {
                 metrics,
                 continuity: continuity::Continuity::default(),
                 store,
+                cluster: membership,
                 shutdown: CancellationToken::new(),
                 tracker: TaskTracker::new(),
                 limiter: admission::Limiter::default(),
@@ -203,10 +213,25 @@ impl Engine {
             .collect()
     }
 
-    /// Store writable and every agent backend has a live process.
+    /// Store writable, the replica's lease (if it is one) renewed, and every agent backend
+    /// has a live process.
     pub fn ready(&self) -> bool {
+        self.store_ready() && self.lease_ready().unwrap_or(true) && self.backends_ready()
+    }
+
+    /// The store answers a write.
+    pub fn store_ready(&self) -> bool {
         self.inner.store.writable()
-            && self
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn store_engine(&self) -> &'static str {
+        self.inner.store.engine_name()
+    }
+
+    /// Every agent backend has a live process.
+    pub fn backends_ready(&self) -> bool {
+        self
                 .inner
                 .backends
                 .values()
@@ -274,10 +299,17 @@ impl Engine {
     }
 
     /// Runs one request: a fresh turn or the continuation of a suspended one.
-    pub async fn execute(
+    pub async fn execute(&self, principal: &Principal, input: TurnInput) -> Result<Leg, EngineError> {
+        self.execute_hop(principal, input, false).await
+    }
+
+    /// [`Engine::execute`]; `forwarded` when another replica sent the request here as the
+    /// turn's owner (it is never forwarded again).
+    pub async fn execute_hop(
         &self,
         principal: &Principal,
         mut input: TurnInput,
+        forwarded: bool,
     ) -> Result<Leg, EngineError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(EngineError::ShuttingDown);
@@ -288,8 +320,9 @@ impl Engine {
             let slot = self.admit(principal)?;
             return self.fresh(principal, input, slot).await;
         };
-        let claimed = self.claim(principal, &input, &c);
+        let claimed = self.claim(principal, &input, &c, forwarded);
         match claimed {
+            Err(ContinuationError::Elsewhere(owner)) => Err(EngineError::Forward(owner)),
             Err(e) => {
                 let e = EngineError::from(e);
                 self.inner
@@ -335,6 +368,9 @@ impl Engine {
         slot: admission::Slot,
     ) -> Result<Leg, EngineError> {
         let input = &mut input;
+        if !self.admits_fresh() {
+            return Err(EngineError::Store);
+        }
         let cfg = self.config();
         let model = cfg
             .model(&input.model)
@@ -425,4 +461,32 @@ impl Engine {
             b.shutdown().await;
         }
     }
+}
+
+/// Opens the store the config names, as this replica's (reading the database password from
+/// the environment variable the config names).
+fn open_store(cfg: &Config) -> Result<Store, String> {
+    use crate::store::StoreLocation;
+    let owner = cfg.cluster.as_ref().map_or("", |c| c.replica_id.as_str());
+    let store = match &cfg.store {
+        config::StoreConfig::Sqlite { path } => {
+            Store::connect(&StoreLocation::Sqlite(path), owner)
+        }
+        config::StoreConfig::Postgres { url, password_env } => {
+            let password = match password_env {
+                Some(var) => Some(std::env::var(var).map_err(|_| {
+                    format!("store.password_env: the environment variable {var} is not set")
+                })?),
+                None => None,
+            };
+            Store::connect(
+                &StoreLocation::Postgres {
+                    url,
+                    password: password.as_deref(),
+                },
+                owner,
+            )
+        }
+    };
+    store.map_err(|e| e.to_string())
 }

@@ -22,7 +22,7 @@ use super::{ContinuationError, Engine, EngineError};
 use crate::auth::Principal;
 use crate::backend::{Answer, BackendKind, Hold, LegRequest, Resume};
 use crate::continuation::canonical::digest_of_digests;
-use crate::continuation::{Batch, Digests, Lookup, PendingView, Reason};
+use crate::continuation::{Batch, Digests, PendingView, Reason};
 use crate::turn::{Continuation, Surface, TurnInput};
 
 fn mismatch(why: impl Into<String>) -> ContinuationError {
@@ -184,16 +184,26 @@ impl Reinstate<'_> {
 impl Drop for Reinstate<'_> {
     fn drop(&mut self) {
         if let Some(b) = self.batch.take() {
+            self.engine.unclaim_durable(&b.execution_id);
             self.engine.inner.registry.reinstate(b);
         }
     }
 }
 
 impl Engine {
-    /// Tombstones a taken batch's tokens, in memory and durably.
-    fn spend(&self, execution_id: &str, principal: &str, tokens: &[[u8; 32]], reason: Reason) {
+    /// Tombstones a taken batch's tokens, in memory and durably. Returns whether the store
+    /// still had them pending (false when another replica settled them first), None when the
+    /// store could not be written.
+    fn spend(
+        &self,
+        execution_id: &str,
+        principal: &str,
+        tokens: &[[u8; 32]],
+        reason: Reason,
+    ) -> Option<bool> {
         let evicted = self.inner.registry.commit(principal, tokens, reason);
-        self.persist_tombstones((execution_id, principal, tokens), reason, &evicted);
+        self.persist_tombstones((execution_id, principal, tokens), reason, &evicted)
+            .map(|n| n == tokens.len())
     }
 
     /// Validates a continuation and claims its batch. Returns the claimed suspension, the
@@ -203,24 +213,20 @@ impl Engine {
         principal: &Principal,
         input: &TurnInput,
         c: &Continuation,
+        forwarded: bool,
     ) -> Result<(Suspended, Placement, Taken), ContinuationError> {
         let registry = &self.inner.registry;
-        let view = match registry.lookup(&principal.id, &c.tokens) {
-            Lookup::NotFound => return Err(ContinuationError::NotFound),
-            Lookup::Settled(reason) => return Err(ContinuationError::Settled(reason)),
-            Lookup::Partial => {
-                return Err(mismatch("the tool calls do not form one pending batch"))
-            }
-            Lookup::Pending(v) => v,
-        };
+        let view = self.lookup_anywhere(principal, input, c, forwarded)?;
         // A reference to another execution (another principal's, unknown or just another
         // response) is answered as an unknown token.
         if c.bound.as_ref().is_some_and(|b| *b != view.execution_id) {
             return Err(ContinuationError::NotFound);
         }
+        // A replica whose lease lapsed may have been given up by the others.
+        let fenced = !view.durable && !self.may_claim_held();
         for (stale, reason) in [
             (Instant::now() >= view.deadline, Reason::Expired),
-            (!view.alive, Reason::Lost),
+            (!view.alive || fenced, Reason::Lost),
         ] {
             if stale {
                 if let Some(s) = registry.settle(view.batch, reason) {
@@ -250,13 +256,26 @@ impl Engine {
             .take(view.batch)
             .ok_or(ContinuationError::Settled(Reason::Resolved))?;
         let (taken, claimed) = Taken::of(batch);
-        if !taken.durable {
-            self.spend(
+        if taken.durable {
+            if let Err(e) = self.claim_durable(&taken.execution_id, &taken.tokens) {
+                if e == ContinuationError::StoreUnavailable {
+                    registry.reinstate(taken.into_batch(claimed));
+                }
+                return Err(e);
+            }
+        } else {
+            let spent = self.spend(
                 &taken.execution_id,
                 &taken.principal,
                 &taken.tokens,
                 Reason::Resolved,
             );
+            if spent == Some(false) && self.replica_id().is_some() {
+                // Another replica settled this held turn (this one's lease had lapsed).
+                let meta = claimed.meta.clone();
+                self.end(&meta, true, EndReason::Lost, claimed);
+                return Err(ContinuationError::Settled(Reason::Lost));
+            }
         }
         Ok((claimed, placement, taken))
     }

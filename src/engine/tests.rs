@@ -525,6 +525,7 @@ fn check_is_pure_and_ordered() {
         },
         tokens: vec![t(1), t(2)],
         by_reference: false,
+        durable: false,
     };
     let mut inp = input(json!([{"role": "user", "content": "x"}]));
     let mut c = crate::turn::Continuation {

@@ -5,14 +5,17 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, Uri};
+use axum::Extension;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
+use super::cluster::{to_owner, Hop, Replay};
 use super::{principal, read_body, Gateway};
+use crate::engine::ApprovalRoute;
 use crate::approvals::{to_json, visible, ApprovalState, DecideError};
 use crate::error::{ApiError, ErrorCode};
 
@@ -84,6 +87,8 @@ enum DecisionValue {
 
 pub async fn decide(
     State(gw): State<Gateway>,
+    hop: Option<Extension<Hop>>,
+    uri: Uri,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Body,
@@ -92,7 +97,7 @@ pub async fn decide(
     let bytes = read_body(body, &headers, 64 * 1024, timeout).await?;
     let who = principal(&gw, &headers)?;
     // Visibility first: a foreign caller learns nothing, not even that its body was bad.
-    gw.approvals().get(&id, &who).ok_or_else(not_found)?;
+    let record = gw.approvals().get(&id, &who).ok_or_else(not_found)?;
     let body: DecisionBody = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::invalid(format!(
             "The body must be {{\"decision\":\"approve\"|\"deny\",\"reason\"?:string}}: {e}"
@@ -101,6 +106,18 @@ pub async fn decide(
     })?;
     // The reason is accepted (clients send it) but neither stored nor sent to the backend.
     let _ = body.reason;
+    // The backend request waits on another replica: the decision is taken there. An owner
+    // that is gone has had its approvals orphaned, which the decision below then reports.
+    if let (ApprovalRoute::Owner(owner), None) = (gw.approval_route(&record), hop) {
+        let replay = Replay {
+            uri: &uri,
+            headers: &headers,
+            body: bytes.clone(),
+        };
+        if let Ok(resp) = to_owner(&gw, "approval", owner, &replay).await {
+            return Ok(resp);
+        }
+    }
     match gw
         .approvals()
         .decide(&id, body.decision == DecisionValue::Approve, &who)

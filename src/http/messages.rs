@@ -5,30 +5,37 @@
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Uri};
+use axum::Extension;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
 use super::error::Anthropic;
-use super::{admitted, answered, principal, sse, Gateway};
+use super::{admitted, answered, cluster, keep_raw, principal, run, sse, Gateway, Ran};
 use crate::error::{ApiError, ErrorCode};
 use crate::surface::messages;
 
 /// `POST /v1/messages`.
 pub(super) async fn create(
     State(gw): State<Gateway>,
+    hop: Option<Extension<cluster::Hop>>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Anthropic> {
     let mut a = admitted(&gw, &headers, body).await?;
+    let raw = keep_raw(&gw, &a);
     let bytes = std::mem::take(&mut a.bytes);
     let (input, framing) = messages::parse(&bytes, a.arrived)?;
     drop(bytes);
-    let leg = gw
-        .execute(&a.principal, input)
+    let leg = match run(&gw, &a, input, hop, (&uri, &headers, raw))
         .await
-        .map_err(ApiError::from)?;
+        .map_err(ApiError::from)?
+    {
+        Ran::Here(leg) => leg,
+        Ran::Relayed(resp) => return Ok(resp),
+    };
     let execution = leg.execution_id.clone();
     let resp = if framing.stream {
         sse(messages::framing::stream(leg, framing, a.cfg.server.keepalive).await?)

@@ -5,22 +5,24 @@
 //! sees backend ids and knows no wire format.
 
 mod approvals;
+pub mod cluster;
 mod error;
 mod messages;
 mod usage;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
 
 use crate::auth::Principal;
-use crate::engine::Engine;
+use crate::engine::{Engine, EngineError, Leg};
+use crate::turn::TurnInput;
 use crate::error::{ApiError, ErrorCode};
 use crate::surface::{chat, responses};
 
@@ -208,6 +210,42 @@ async fn admitted(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Admit
     })
 }
 
+/// Where a turn ran: here, or on the replica that holds it (its answer relayed as it came).
+enum Ran {
+    Here(Leg),
+    Relayed(Response),
+}
+
+/// Runs the turn, or relays the request to the replica that holds its turn. `raw` is the
+/// body as received (kept only on a replica, which may have to send it on).
+async fn run(
+    gw: &Gateway,
+    a: &Admitted,
+    input: TurnInput,
+    hop: Option<Extension<cluster::Hop>>,
+    replay: (&Uri, &HeaderMap, Option<Bytes>),
+) -> Result<Ran, EngineError> {
+    match gw.execute_hop(&a.principal, input, hop.is_some()).await {
+        Ok(leg) => Ok(Ran::Here(leg)),
+        Err(EngineError::Forward(owner)) => {
+            let (uri, headers, body) = replay;
+            let replay = cluster::Replay {
+                uri,
+                headers,
+                body: body.unwrap_or_default(),
+            };
+            let resp = cluster::to_owner(gw, "continuation", owner, &replay).await?;
+            Ok(Ran::Relayed(resp))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The body as received, on a replica (a continuation may be relayed to its owner).
+fn keep_raw(gw: &Gateway, a: &Admitted) -> Option<Bytes> {
+    gw.replica_id().map(|_| a.bytes.clone())
+}
+
 /// What every surface handler does last: time to first byte (for streams, when headers and
 /// the first bytes are ready to go) and the execution id for the log line.
 fn answered(gw: &Gateway, a: &Admitted, execution: String, mut resp: Response) -> Response {
@@ -219,12 +257,18 @@ fn answered(gw: &Gateway, a: &Admitted, execution: String, mut resp: Response) -
 /// `POST /v1/chat/completions`.
 async fn chat(
     State(gw): State<Gateway>,
+    hop: Option<Extension<cluster::Hop>>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let mut a = admitted(&gw, &headers, body).await?;
+    let raw = keep_raw(&gw, &a);
     let (input, framing) = chat::parse(std::mem::take(&mut a.bytes), a.arrived)?;
-    let leg = gw.execute(&a.principal, input).await?;
+    let leg = match run(&gw, &a, input, hop, (&uri, &headers, raw)).await? {
+        Ran::Here(leg) => leg,
+        Ran::Relayed(resp) => return Ok(resp),
+    };
     let execution = leg.execution_id.clone();
     let resp = if framing.stream {
         let keepalive = a.cfg.server.keepalive;
@@ -238,17 +282,21 @@ async fn chat(
 /// `POST /v1/responses`.
 async fn responses(
     State(gw): State<Gateway>,
+    hop: Option<Extension<cluster::Hop>>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let mut a = admitted(&gw, &headers, body).await?;
+    let raw = keep_raw(&gw, &a);
     let bytes = std::mem::take(&mut a.bytes);
     let (input, framing) = responses::parse(&bytes, a.arrived)?;
     drop(bytes);
-    let leg = gw
-        .execute(&a.principal, input)
-        .await
-        .map_err(|e| responses::on_input(e.into()))?;
+    let ran = run(&gw, &a, input, hop, (&uri, &headers, raw)).await;
+    let leg = match ran.map_err(|e| responses::on_input(e.into()))? {
+        Ran::Here(leg) => leg,
+        Ran::Relayed(resp) => return Ok(resp),
+    };
     let execution = leg.execution_id.clone();
     let resp = if framing.stream {
         sse(responses::framing::stream(leg, framing, a.cfg.server.keepalive).await?)
@@ -305,16 +353,28 @@ async fn healthz() -> Response {
     Json(json!({"status": "ok"})).into_response()
 }
 
+/// `GET /readyz`: 200 when the store takes writes, the replica's lease is renewed (with
+/// `[cluster]`) and every agent backend has a live process; else 503. Each check is listed.
 async fn readyz(State(gw): State<Gateway>) -> Response {
-    if gw.ready() {
-        Json(json!({"status": "ready"})).into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "not_ready"})),
-        )
-            .into_response()
+    let store = gw.store_ready();
+    let lease = gw.lease_ready();
+    let backends = gw.backends_ready();
+    let ok = |b: bool| if b { "ok" } else { "failing" };
+    let mut checks = json!({
+        "store": {"status": ok(store), "engine": gw.store_engine()},
+        "backends": {"status": ok(backends)},
+    });
+    if let (Some(lease), Some(id)) = (lease, gw.replica_id()) {
+        checks["lease"] = json!({"status": ok(lease), "replica_id": id});
     }
+    let ready = store && lease.unwrap_or(true) && backends;
+    let status = if ready { "ready" } else { "not_ready" };
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(json!({"status": status, "checks": checks}))).into_response()
 }
 
 #[cfg(test)]

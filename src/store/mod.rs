@@ -1,25 +1,37 @@
-//! The durable store: embedded SQLite (WAL) holding an append-only journal of execution
-//! lifecycle events, the executions that are live, the digests of pending continuation tokens
-//! and the per-client tombstone rings. Only digests, ids and reason codes are written here;
-//! never prompts, arguments, results, tokens or keys.
+//! The durable store: an append-only journal of execution lifecycle events, the executions
+//! that are live, the digests of pending continuation tokens, the per-client tombstone rings,
+//! approvals, usage totals and, with replicas, their leases. Only digests, ids and reason codes
+//! are written here; never prompts, arguments, results, tokens or keys.
 //!
-//! Writes are small and synchronous under one connection lock that is never held across an
-//! `.await`. `synchronous=NORMAL` in WAL mode survives a process crash (the case restarts must
+//! One interface over two engines (`db.rs`): embedded SQLite (WAL), the default, and
+//! PostgreSQL, which replicas share. Every statement is written once; versioned migrations
+//! (`migrations.rs`) bring either to the current layout at start. Writes are small and
+//! synchronous under one connection lock that is never held across an `.await`.
+//! SQLite's `synchronous=NORMAL` in WAL mode survives a process crash (the case restarts must
 //! handle); an OS crash may lose the last transactions, which then read as `lost`.
+//!
+//! Every live row names its owner replica (`""` for a single gateway), and a start settles only
+//! its own replica's leftovers, so replicas sharing a database never settle each other's work
+//! except through an expired lease (`cluster.rs`).
 
 use std::path::Path;
-use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rusqlite::{params, Connection};
-
+mod approvals;
+mod cluster;
+mod db;
+mod migrations;
 mod suspensions;
 mod usage;
 
+use db::{vals, Db};
+
+pub use approvals::ApprovalRecord;
+pub use cluster::{Lease, RemotePending, ReplicaSettlement};
 pub use suspensions::{StoredSuspension, SuspensionRecord};
 pub use usage::{date_of, day_from_date, day_of, UsageQuery, UsageRow};
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("store: {0}")]
 pub struct StoreError(String);
 
@@ -29,14 +41,21 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
-pub struct Store {
-    conn: Mutex<Connection>,
+/// Where the store lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation<'a> {
+    Sqlite(&'a Path),
+    /// A PostgreSQL URL without a password, and the password.
+    Postgres {
+        url: &'a str,
+        password: Option<&'a str>,
+    },
 }
 
-/// Executes one statement through the connection's prepared-statement cache (the same few
-/// statements run on every suspension and claim; re-preparing them each time showed).
-pub(super) fn run(c: &Connection, sql: &str, p: impl rusqlite::Params) -> rusqlite::Result<usize> {
-    c.prepare_cached(sql)?.execute(p)
+pub struct Store {
+    db: Db,
+    /// This replica's id: the owner written into live rows (`""` for a single gateway).
+    owner: String,
 }
 
 pub fn now_unix() -> u64 {
@@ -68,194 +87,94 @@ pub struct Recovery {
     pub tokens_lost: usize,
 }
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS journal (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,
-  at INTEGER NOT NULL,
-  execution_id TEXT,
-  event TEXT NOT NULL,
-  detail TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS executions (
-  execution_id TEXT PRIMARY KEY,
-  principal TEXT NOT NULL,
-  model TEXT NOT NULL,
-  state TEXT NOT NULL,
-  reason TEXT,
-  created_at INTEGER NOT NULL,
-  ended_at INTEGER
-);
-CREATE INDEX IF NOT EXISTS executions_state ON executions(state);
-CREATE TABLE IF NOT EXISTS pending_tokens (
-  digest BLOB PRIMARY KEY,
-  principal TEXT NOT NULL,
-  execution_id TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS tombstones (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,
-  digest BLOB NOT NULL UNIQUE,
-  principal TEXT NOT NULL,
-  reason TEXT NOT NULL,
-  at INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS tombstones_principal ON tombstones(principal, seq);
-CREATE TABLE IF NOT EXISTS upstream_pending (
-  digest BLOB PRIMARY KEY,
-  execution_id TEXT NOT NULL,
-  principal TEXT NOT NULL,
-  model TEXT NOT NULL,
-  deadline_ms INTEGER NOT NULL,
-  digests BLOB NOT NULL,
-  upstream_id TEXT NOT NULL,
-  position INTEGER NOT NULL,
-  rounds INTEGER NOT NULL,
-  created_at INTEGER NOT NULL,
-  surface TEXT NOT NULL DEFAULT 'chat'
-);
-CREATE TABLE IF NOT EXISTS approvals (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,
-  id TEXT NOT NULL UNIQUE,
-  principal TEXT NOT NULL,
-  execution_id TEXT NOT NULL,
-  invocation_id TEXT NOT NULL,
-  kind TEXT NOT NULL,
-  model TEXT NOT NULL,
-  action_digest TEXT NOT NULL,
-  summary TEXT NOT NULL,
-  state TEXT NOT NULL,
-  reason TEXT,
-  created_at INTEGER NOT NULL,
-  expires_at INTEGER NOT NULL,
-  decided_at INTEGER,
-  decided_by TEXT
-);
-CREATE INDEX IF NOT EXISTS approvals_state ON approvals(state);
-";
-
-/// One approval as stored (and as the API shows it, minus the digest and invocation id).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ApprovalRecord {
-    pub id: String,
-    pub principal: String,
-    pub execution_id: String,
-    pub invocation_id: String,
-    pub kind: String,
-    pub model: String,
-    pub action_digest: String,
-    pub summary: serde_json::Value,
-    /// `pending`, `approved` or `denied`.
-    pub state: String,
-    /// None while pending; `human`, `expired`, `cancelled`, `orphaned`, `store_unavailable`.
-    pub reason: Option<String>,
-    pub created_at: u64,
-    pub expires_at: u64,
-    pub decided_at: Option<u64>,
-    pub decided_by: Option<String>,
-}
-
-const APPROVAL_COLUMNS: &str = "id, principal, execution_id, invocation_id, kind, model, action_digest, summary, state, reason, created_at, expires_at, decided_at, decided_by";
-
-fn approval_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRecord> {
-    let summary: String = r.get(7)?;
-    Ok(ApprovalRecord {
-        id: r.get(0)?,
-        principal: r.get(1)?,
-        execution_id: r.get(2)?,
-        invocation_id: r.get(3)?,
-        kind: r.get(4)?,
-        model: r.get(5)?,
-        action_digest: r.get(6)?,
-        summary: serde_json::from_str(&summary).unwrap_or(serde_json::Value::Null),
-        state: r.get(8)?,
-        reason: r.get(9)?,
-        created_at: r.get::<_, i64>(10)? as u64,
-        expires_at: r.get::<_, i64>(11)? as u64,
-        decided_at: r.get::<_, Option<i64>>(12)?.map(|v| v as u64),
-        decided_by: r.get(13)?,
-    })
-}
-
 impl Store {
+    /// Opens the store where the config says, migrated, for replica `owner`.
+    pub fn connect(at: &StoreLocation<'_>, owner: &str) -> Result<Store, StoreError> {
+        let db = match at {
+            StoreLocation::Sqlite(path) => sqlite_file(path)?,
+            StoreLocation::Postgres { url, password } => Db::postgres(url, *password)?,
+        };
+        Store::over(db, owner)
+    }
+
+    /// The SQLite file at `path`, for a single gateway.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        if let Some(dir) = path.parent() {
-            if !dir.as_os_str().is_empty() {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| StoreError(format!("cannot create {}: {e}", dir.display())))?;
-            }
-        }
-        let conn = Connection::open(path)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        // Only this process writes; a lock held elsewhere is a fault to report quickly.
-        conn.busy_timeout(std::time::Duration::from_secs(1))?;
-        conn.execute_batch(SCHEMA)?;
-        conn.execute_batch(usage::SCHEMA)?;
-        suspensions::migrate(&conn)?;
-        // Room for every statement this module runs.
-        conn.set_prepared_statement_cache_capacity(64);
-        Ok(Store {
-            conn: Mutex::new(conn),
-        })
+        Store::over(sqlite_file(path)?, "")
     }
 
     pub fn open_in_memory() -> Result<Store, StoreError> {
-        let conn = Connection::open_in_memory()?;
-        conn.execute_batch(SCHEMA)?;
-        conn.execute_batch(usage::SCHEMA)?;
-        suspensions::migrate(&conn)?;
+        let conn = rusqlite::Connection::open_in_memory()?;
+        Store::over(Db::sqlite(conn), "")
+    }
+
+    fn over(db: Db, owner: &str) -> Result<Store, StoreError> {
+        let applied = db.tx(migrations::migrate)?;
+        if !applied.is_empty() {
+            tracing::info!(versions = ?applied, "store migrated");
+        }
         Ok(Store {
-            conn: Mutex::new(conn),
+            db,
+            owner: owner.to_string(),
         })
     }
 
-    pub(super) fn with<T>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
-    ) -> Result<T, StoreError> {
-        // A poisoned lock means a panic mid-statement; SQLite rolled the statement back.
-        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(f(&mut conn)?)
+    /// This replica's id (`""` for a single gateway): the owner of the live rows it writes.
+    pub fn owner(&self) -> &str {
+        &self.owner
     }
 
-    /// Settles everything a previous process left live: its executions are `lost` and their
-    /// pending tokens become `lost` tombstones, so replays answer 410 instead of starting anew.
+    /// `sqlite` or `postgres`.
+    pub fn engine_name(&self) -> &'static str {
+        match self.db.engine() {
+            db::Engine::Sqlite => "sqlite",
+            db::Engine::Postgres => "postgres",
+        }
+    }
+
+    /// Settles everything this replica's previous process left live: its executions are
+    /// `lost` and their pending tokens become `lost` tombstones, so replays answer 410 instead
+    /// of starting anew. Stateless records stay (they hold nothing in memory); the claims this
+    /// replica held on them are released.
     pub fn recover(&self) -> Result<Recovery, StoreError> {
-        let now = now_unix() as i64;
-        self.with(|c| {
-            let tx = c.transaction()?;
-            let tokens = run(&tx,
-                "INSERT OR IGNORE INTO tombstones (digest, principal, reason, at)
-                 SELECT digest, principal, 'lost', ?1 FROM pending_tokens",
-                params![now],
+        let now = now_unix();
+        let owner = self.owner.as_str();
+        self.db.tx(|t| {
+            let tokens = t.exec(
+                "INSERT INTO tombstones (digest, principal, reason, at)
+                 SELECT digest, principal, 'lost', ?1 FROM pending_tokens WHERE owner = ?2
+                 ON CONFLICT (digest) DO NOTHING",
+                vals![now, owner],
             )?;
-            run(&tx, "DELETE FROM pending_tokens", [])?;
-            // Executions suspended on a stateless upstream hold nothing in memory: they stay.
-            run(&tx,
+            t.exec("DELETE FROM pending_tokens WHERE owner = ?1", vals![owner])?;
+            t.exec(
+                "UPDATE upstream_pending SET claimed_by = NULL WHERE claimed_by = ?1",
+                vals![owner],
+            )?;
+            t.exec(
                 "INSERT INTO journal (at, execution_id, event, detail)
                  SELECT ?1, execution_id, 'execution_ended', 'reason=lost (gateway restart)'
-                 FROM executions WHERE state = 'live'
+                 FROM executions WHERE state = 'live' AND owner = ?2
                  AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
-                params![now],
+                vals![now, owner],
             )?;
-            let execs = run(&tx,
-                "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?1 WHERE state = 'live'
+            let execs = t.exec(
+                "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?1
+                 WHERE state = 'live' AND owner = ?2
                  AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
-                params![now],
+                vals![now, owner],
             )?;
-            tx.commit()?;
             Ok(Recovery {
-                executions_lost: execs,
-                tokens_lost: tokens,
+                executions_lost: execs as usize,
+                tokens_lost: tokens as usize,
             })
         })
     }
 
     pub fn journal(&self, execution_id: &str, event: &str, detail: &str) -> Result<(), StoreError> {
-        self.with(|c| {
-            run(
-                c,
+        self.db.tx(|t| {
+            t.exec(
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, ?3, ?4)",
-                params![now_unix() as i64, execution_id, event, detail],
+                vals![now_unix(), execution_id, event, detail],
             )
             .map(|_| ())
         })
@@ -267,165 +186,129 @@ impl Store {
         principal: &str,
         model: &str,
     ) -> Result<(), StoreError> {
-        let now = now_unix() as i64;
-        self.with(|c| {
-            let tx = c.transaction()?;
-            run(&tx,
-                "INSERT INTO executions (execution_id, principal, model, state, created_at)
-                 VALUES (?1, ?2, ?3, 'live', ?4)",
-                params![execution_id, principal, model, now],
+        let now = now_unix();
+        let detail = format!("principal={principal} model={model}");
+        let owner = self.owner.as_str();
+        self.db.tx(|t| {
+            t.exec(
+                "INSERT INTO executions (execution_id, principal, model, state, created_at, owner)
+                 VALUES (?1, ?2, ?3, 'live', ?4, ?5)",
+                vals![execution_id, principal, model, now, owner],
             )?;
-            run(&tx,
+            t.exec(
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_started', ?3)",
-                params![now, execution_id, format!("principal={principal} model={model}")],
+                vals![now, execution_id, &detail],
             )?;
-            tx.commit()
+            Ok(())
         })
     }
 
     pub fn execution_ended(&self, execution_id: &str, reason: &str) -> Result<(), StoreError> {
-        let now = now_unix() as i64;
-        self.with(|c| {
-            let tx = c.transaction()?;
-            run(&tx,
+        let now = now_unix();
+        let detail = format!("reason={reason}");
+        self.db.tx(|t| {
+            t.exec(
                 "UPDATE executions SET state = 'ended', reason = ?2, ended_at = ?3 WHERE execution_id = ?1",
-                params![execution_id, reason, now],
+                vals![execution_id, reason, now],
             )?;
-            run(&tx,
+            t.exec(
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_ended', ?3)",
-                params![now, execution_id, format!("reason={reason}")],
+                vals![now, execution_id, &detail],
             )?;
-            tx.commit()
+            Ok(())
         })
     }
 
     pub fn tombstones(&self) -> Result<Vec<StoredTombstone>, StoreError> {
-        self.with(|c| {
-            let mut stmt =
-                c.prepare("SELECT digest, principal, reason FROM tombstones ORDER BY seq")?;
-            let rows = stmt.query_map([], |r| {
-                let d: Vec<u8> = r.get(0)?;
-                Ok((d, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
-            })?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (d, principal, reason) = row?;
-                if let Ok(digest) = <[u8; 32]>::try_from(d.as_slice()) {
-                    out.push(StoredTombstone {
-                        digest,
-                        principal,
-                        reason,
-                    });
-                }
+        let rows = self.db.tx(|t| {
+            t.rows(
+                "SELECT digest, principal, reason FROM tombstones ORDER BY seq",
+                &[],
+            )
+        })?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            if let Some(digest) = r.digest(0)? {
+                out.push(StoredTombstone {
+                    digest,
+                    principal: r.t(1)?,
+                    reason: r.t(2)?,
+                });
             }
-            Ok(out)
-        })
+        }
+        Ok(out)
     }
 
     /// The journal's events of an execution, in order (tests).
     #[cfg(test)]
     pub fn journal_events(&self, execution_id: &str) -> Result<Vec<String>, StoreError> {
-        self.with(|c| {
-            let mut stmt =
-                c.prepare("SELECT event FROM journal WHERE execution_id = ?1 ORDER BY seq")?;
-            let rows = stmt.query_map(params![execution_id], |r| r.get::<_, String>(0))?;
-            rows.collect()
-        })
-    }
-
-    pub fn approval_insert(&self, a: &ApprovalRecord) -> Result<(), StoreError> {
-        self.with(|c| {
-            let tx = c.transaction()?;
-            run(&tx,
-                &format!("INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)"),
-                params![
-                    a.id, a.principal, a.execution_id, a.invocation_id, a.kind, a.model, a.action_digest,
-                    a.summary.to_string(), a.state, a.reason, a.created_at as i64, a.expires_at as i64,
-                    a.decided_at.map(|v| v as i64), a.decided_by
-                ],
-            )?;
-            run(&tx,
-                "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'approval_created', ?3)",
-                params![a.created_at as i64, a.execution_id, format!("approval={} kind={} action={}", a.id, a.kind, &a.action_digest[..8])],
-            )?;
-            tx.commit()
-        })
-    }
-
-    /// Settles pending approvals in one transaction; returns the ids that were still pending.
-    pub fn approvals_settle(
-        &self,
-        ids: &[String],
-        state: &str,
-        reason: &str,
-        decided_by: Option<&str>,
-    ) -> Result<Vec<String>, StoreError> {
-        let now = now_unix() as i64;
-        self.with(|c| {
-            let tx = c.transaction()?;
-            let mut settled = Vec::new();
-            for id in ids {
-                let n = run(&tx,
-                    "UPDATE approvals SET state = ?2, reason = ?3, decided_at = ?4, decided_by = ?5
-                     WHERE id = ?1 AND state = 'pending'",
-                    params![id, state, reason, now, decided_by],
-                )?;
-                if n == 1 {
-                    run(&tx,
-                        "INSERT INTO journal (at, execution_id, event, detail)
-                         SELECT ?1, execution_id, 'approval_settled', ?2 FROM approvals WHERE id = ?3",
-                        params![now, format!("approval={id} state={state} reason={reason}"), id],
-                    )?;
-                    settled.push(id.clone());
-                }
-            }
-            tx.commit()?;
-            Ok(settled)
-        })
-    }
-
-    pub fn approval_get(&self, id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
-        self.with(|c| {
-            let mut stmt = c.prepare(&format!(
-                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ?1"
-            ))?;
-            let mut rows = stmt.query_map(params![id], approval_row)?;
-            rows.next().transpose()
-        })
-    }
-
-    /// Approvals newest first, optionally in one state.
-    pub fn approvals_list(&self, state: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> {
-        self.with(|c| {
-            let mut stmt = c.prepare(&format!(
-                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE (?1 IS NULL OR state = ?1) ORDER BY seq DESC LIMIT 1000"
-            ))?;
-            let rows = stmt.query_map(params![state], approval_row)?;
-            rows.collect()
-        })
-    }
-
-    /// At startup: every approval still pending belongs to a turn that is gone.
-    pub fn approvals_orphan(&self) -> Result<usize, StoreError> {
-        let now = now_unix() as i64;
-        self.with(|c| {
-            run(c,
-                "UPDATE approvals SET state = 'denied', reason = 'orphaned', decided_at = ?1 WHERE state = 'pending'",
-                params![now],
+        let rows = self.db.tx(|t| {
+            t.rows(
+                "SELECT event FROM journal WHERE execution_id = ?1 ORDER BY seq",
+                vals![execution_id],
             )
-        })
+        })?;
+        rows.iter().map(|r| r.t(0)).collect()
     }
 
-    /// Cheap write probe for readiness.
+    /// Cheap write probe for readiness: a transaction that writes and is rolled back.
     pub fn writable(&self) -> bool {
-        self.with(|c| c.execute_batch("BEGIN IMMEDIATE; ROLLBACK;"))
-            .is_ok()
+        let probe = self.db.tx(|t| {
+            t.exec(
+                "UPDATE schema_migrations SET applied_at = applied_at WHERE version = 1",
+                &[],
+            )?;
+            Err::<(), _>(StoreError(String::new()))
+        });
+        matches!(probe, Err(StoreError(e)) if e.is_empty())
     }
+}
+
+fn sqlite_file(path: &Path) -> Result<Db, StoreError> {
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError(format!("cannot create {}: {e}", dir.display())))?;
+        }
+    }
+    let conn = rusqlite::Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    // Only this process writes; a lock held elsewhere is a fault to report quickly.
+    conn.busy_timeout(std::time::Duration::from_secs(1))?;
+    // Room for every statement this module runs.
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(Db::sqlite(conn))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::continuation::Digests;
+    use crate::turn::Surface;
+
+    /// Records a held turn's pending tokens.
+    pub(super) fn held(s: &Store, execution_id: &str, principal: &str, tokens: &[[u8; 32]]) {
+        let digests = Digests {
+            tools: [0; 32],
+            tool_choice: [0; 32],
+            prefix: [0; 32],
+            echo: [0; 32],
+        };
+        s.suspension_recorded(&SuspensionRecord {
+            execution_id,
+            principal,
+            model: "m",
+            surface: Surface::Chat,
+            deadline_ms: u64::MAX / 2,
+            digests: &digests,
+            tokens,
+            ids: None,
+            rounds: 1,
+            created_at: 0,
+        })
+        .unwrap();
+    }
 
     #[test]
     fn recovery_turns_live_state_into_lost_tombstones() {
@@ -434,8 +317,7 @@ mod tests {
         {
             let s = Store::open(&path).unwrap();
             s.execution_started("exe-1", "alice", "demo").unwrap();
-            s.tokens_registered("exe-1", "alice", &[[1; 32], [2; 32]], "n=2")
-                .unwrap();
+            held(&s, "exe-1", "alice", &[[1; 32], [2; 32]]);
             s.tokens_settled("exe-1", "alice", &[[1; 32]], "resolved", &[])
                 .unwrap();
         }
@@ -469,11 +351,12 @@ mod tests {
     fn evicted_tombstones_are_deleted() {
         let s = Store::open_in_memory().unwrap();
         for i in 0..5u8 {
-            s.tokens_registered("e", "alice", &[[i; 32]], "").unwrap();
+            held(&s, "e", "alice", &[[i; 32]]);
             let evicted: &[[u8; 32]] = if i >= 3 { &[[i - 3; 32]] } else { &[] };
             s.tokens_settled("e", "alice", &[[i; 32]], "resolved", evicted)
                 .unwrap();
         }
+        held(&s, "e", "bob", &[[9; 32]]);
         s.tokens_settled("e", "bob", &[[9; 32]], "resolved", &[])
             .unwrap();
         let t = s.tombstones().unwrap();

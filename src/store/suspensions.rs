@@ -3,9 +3,8 @@
 //! per-client tombstones. This file owns the byte layout of those rows: the four digests are
 //! one 128-byte blob (tools | tool_choice | prefix | echo), one row per token.
 
-use rusqlite::{params, Connection};
-
-use super::{now_unix, run, Store, StoreError};
+use super::db::{vals, Row, Tx};
+use super::{now_unix, Store, StoreError};
 use crate::continuation::Digests;
 use crate::digest::log_ref;
 use crate::turn::Surface;
@@ -42,7 +41,7 @@ pub struct StoredSuspension {
     pub created_at: u64,
 }
 
-fn pack(d: &Digests) -> [u8; 128] {
+pub(super) fn pack(d: &Digests) -> [u8; 128] {
     let mut out = [0u8; 128];
     for (i, part) in [d.tools, d.tool_choice, d.prefix, d.echo]
         .iter()
@@ -53,7 +52,7 @@ fn pack(d: &Digests) -> [u8; 128] {
     out
 }
 
-fn unpack(blob: &[u8]) -> Option<Digests> {
+pub(super) fn unpack(blob: &[u8]) -> Option<Digests> {
     let part = |i: usize| -> Option<[u8; 32]> { blob.get(i * 32..(i + 1) * 32)?.try_into().ok() };
     Some(Digests {
         tools: part(0)?,
@@ -63,82 +62,120 @@ fn unpack(blob: &[u8]) -> Option<Digests> {
     })
 }
 
-/// Brings a store written by an older version up to this layout.
-pub(super) fn migrate(c: &Connection) -> rusqlite::Result<()> {
-    let has_surface = c
-        .prepare("SELECT 1 FROM pragma_table_info('upstream_pending') WHERE name = 'surface'")?
-        .exists([])?;
-    if !has_surface {
-        c.execute_batch(
-            "ALTER TABLE upstream_pending ADD COLUMN surface TEXT NOT NULL DEFAULT 'chat'",
-        )?;
+/// The columns of a durable record, as [`durable_rows`] folds them.
+pub(super) const DURABLE_COLUMNS: &str = "digest, execution_id, principal, model, deadline_ms, digests, upstream_id, rounds, created_at, surface";
+
+/// Folds rows of [`DURABLE_COLUMNS`] ordered by execution and position into suspensions.
+pub(super) fn durable_rows(rows: &[Row]) -> Result<Vec<StoredSuspension>, StoreError> {
+    let mut out: Vec<StoredSuspension> = Vec::new();
+    for r in rows {
+        let (Some(token), Some(digests), Some(surface)) = (
+            r.digest(0)?,
+            unpack(&r.b(5)?),
+            Surface::parse(&r.t(9)?),
+        ) else {
+            continue;
+        };
+        let execution_id = r.t(1)?;
+        match out.last_mut() {
+            Some(s) if s.execution_id == execution_id => {
+                s.tokens.push(token);
+                s.ids.push(r.t(6)?);
+            }
+            _ => out.push(StoredSuspension {
+                execution_id,
+                principal: r.t(2)?,
+                model: r.t(3)?,
+                surface,
+                deadline_ms: r.i(4)? as u64,
+                digests,
+                tokens: vec![token],
+                ids: vec![r.t(6)?],
+                rounds: r.i(7)? as u32,
+                created_at: r.i(8)? as u64,
+            }),
+        }
     }
-    Ok(())
+    Ok(out)
+}
+
+/// Turns pending rows into tombstones; only the rows still pending (another replica may have
+/// settled them first). Returns the digests this call settled.
+pub(super) fn settle(
+    t: &mut dyn Tx,
+    principal: &str,
+    digests: &[[u8; 32]],
+    reason: &str,
+    now: u64,
+) -> Result<Vec<[u8; 32]>, StoreError> {
+    let mut settled = Vec::with_capacity(digests.len());
+    for d in digests {
+        let n = t.exec("DELETE FROM pending_tokens WHERE digest = ?1", vals![d])?
+            + t.exec("DELETE FROM upstream_pending WHERE digest = ?1", vals![d])?;
+        if n > 0 {
+            t.exec(
+                "INSERT INTO tombstones (digest, principal, reason, at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (digest) DO UPDATE SET principal = excluded.principal,
+                 reason = excluded.reason, at = excluded.at",
+                vals![d, principal, reason, now],
+            )?;
+            settled.push(*d);
+        }
+    }
+    Ok(settled)
 }
 
 impl Store {
     /// Records a suspension before any of its tokens is exposed: a stateless upstream's in
-    /// full (it must survive a restart), a held turn's as pending token digests (which a
-    /// restart turns into `lost` tombstones).
+    /// full (it must survive a restart), a held turn's as pending token digests with what
+    /// another replica needs to validate a continuation before forwarding it here (a restart
+    /// of this replica turns them into `lost` tombstones).
     pub fn suspension_recorded(&self, r: &SuspensionRecord<'_>) -> Result<(), StoreError> {
-        let Some(ids) = r.ids else {
-            let detail = format!(
+        let now = now_unix();
+        let blob = pack(r.digests);
+        let owner = self.owner.as_str();
+        let detail = match r.ids {
+            None => format!(
                 "count={} tokens={} tools={} prefix={} echo={}",
                 r.tokens.len(),
                 r.tokens.iter().map(log_ref).collect::<Vec<_>>().join(","),
                 log_ref(&r.digests.tools),
                 log_ref(&r.digests.prefix),
                 log_ref(&r.digests.echo)
-            );
-            return self.tokens_registered(r.execution_id, r.principal, r.tokens, &detail);
+            ),
+            Some(_) => format!("count={} upstream=1", r.tokens.len()),
         };
-        let now = now_unix() as i64;
-        let blob = pack(r.digests);
-        self.with(|c| {
-            let tx = c.transaction()?;
-            for (i, (token, id)) in r.tokens.iter().zip(ids).enumerate() {
-                run(&tx,
-                    "INSERT INTO upstream_pending (digest, execution_id, principal, model, deadline_ms, digests,
-                     upstream_id, position, rounds, created_at, surface) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
-                    params![&token[..], r.execution_id, r.principal, r.model, r.deadline_ms as i64,
-                            &blob[..], id, i as u32, r.rounds, r.created_at as i64, r.surface.as_str()],
-                )?;
+        self.db.tx(|t| {
+            for (i, token) in r.tokens.iter().enumerate() {
+                match r.ids {
+                    None => t.exec(
+                        "INSERT INTO pending_tokens (digest, principal, execution_id, owner, model, surface,
+                         deadline_ms, digests, position) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+                        vals![token, r.principal, r.execution_id, owner, r.model, r.surface.as_str(),
+                              r.deadline_ms, &blob[..], i as u64],
+                    )?,
+                    Some(ids) => t.exec(
+                        "INSERT INTO upstream_pending (digest, execution_id, principal, model, deadline_ms, digests,
+                         upstream_id, position, rounds, created_at, surface, owner)
+                         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)",
+                        vals![token, r.execution_id, r.principal, r.model, r.deadline_ms, &blob[..],
+                              ids.get(i).map(String::as_str).unwrap_or_default(), i as u64, r.rounds,
+                              r.created_at, r.surface.as_str(), owner],
+                    )?,
+                };
             }
-            run(&tx,
+            t.exec(
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_registered', ?3)",
-                params![now, r.execution_id, format!("count={} upstream=1", r.tokens.len())],
+                vals![now, r.execution_id, &detail],
             )?;
-            tx.commit()
+            Ok(())
         })
     }
 
-    /// Records a batch of pending token digests of a held turn.
-    pub fn tokens_registered(
-        &self,
-        execution_id: &str,
-        principal: &str,
-        digests: &[[u8; 32]],
-        detail: &str,
-    ) -> Result<(), StoreError> {
-        let now = now_unix() as i64;
-        self.with(|c| {
-            let tx = c.transaction()?;
-            for d in digests {
-                run(&tx,
-                    "INSERT INTO pending_tokens (digest, principal, execution_id) VALUES (?1, ?2, ?3)",
-                    params![&d[..], principal, execution_id],
-                )?;
-            }
-            run(&tx,
-                "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_registered', ?3)",
-                params![now, execution_id, detail],
-            )?;
-            tx.commit()
-        })
-    }
-
-    /// Turns pending tokens into tombstones and deletes the tombstones the principal's ring
-    /// evicted (the registry owns the ring; deleting by key keeps this O(evicted)).
+    /// Turns pending tokens into tombstones (only those still pending: the write is
+    /// conditional, so a settlement by another replica wins once) and deletes the tombstones
+    /// the principal's ring evicted (the registry owns the ring; deleting by key keeps this
+    /// O(evicted)). Returns how many of `digests` this call settled.
     pub fn tokens_settled(
         &self,
         execution_id: &str,
@@ -146,93 +183,33 @@ impl Store {
         digests: &[[u8; 32]],
         reason: &str,
         evicted: &[[u8; 32]],
-    ) -> Result<(), StoreError> {
-        let now = now_unix() as i64;
-        self.with(|c| {
-            let tx = c.transaction()?;
-            for d in digests {
-                run(&tx, "DELETE FROM pending_tokens WHERE digest = ?1", params![&d[..]])?;
-                run(&tx, "DELETE FROM upstream_pending WHERE digest = ?1", params![&d[..]])?;
-                run(&tx,
-                    "INSERT OR REPLACE INTO tombstones (digest, principal, reason, at) VALUES (?1, ?2, ?3, ?4)",
-                    params![&d[..], principal, reason, now],
-                )?;
-            }
+    ) -> Result<usize, StoreError> {
+        let now = now_unix();
+        self.db.tx(|t| {
+            let settled = settle(t, principal, digests, reason, now)?;
             for d in evicted {
-                run(&tx, "DELETE FROM tombstones WHERE digest = ?1", params![&d[..]])?;
+                t.exec("DELETE FROM tombstones WHERE digest = ?1", vals![d])?;
             }
-            run(&tx,
+            let detail = format!("reason={reason} count={}", settled.len());
+            t.exec(
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_settled', ?3)",
-                params![now, execution_id, format!("reason={reason} count={}", digests.len())],
+                vals![now, execution_id, &detail],
             )?;
-            tx.commit()
+            Ok(settled.len())
         })
     }
 
-    /// Every durable (stateless upstream) suspension still pending, one per execution.
+    /// Every durable (stateless upstream) suspension of this replica still pending, one per
+    /// execution.
     pub fn durable_suspensions(&self) -> Result<Vec<StoredSuspension>, StoreError> {
-        let rows = self.with(|c| {
-            let mut stmt = c.prepare(
-                "SELECT digest, execution_id, principal, model, deadline_ms, digests, upstream_id, rounds,
-                 created_at, surface FROM upstream_pending ORDER BY execution_id, position",
-            )?;
-            let rows = stmt.query_map([], |r| {
-                Ok((
-                    r.get::<_, Vec<u8>>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, i64>(4)? as u64,
-                    r.get::<_, Vec<u8>>(5)?,
-                    r.get::<_, String>(6)?,
-                    r.get::<_, u32>(7)?,
-                    r.get::<_, i64>(8)? as u64,
-                    r.get::<_, String>(9)?,
-                ))
-            })?;
-            rows.collect::<rusqlite::Result<Vec<_>>>()
+        let owner = self.owner.as_str();
+        let rows = self.db.tx(|t| {
+            t.rows(
+                &format!("SELECT {DURABLE_COLUMNS} FROM upstream_pending WHERE owner = ?1 ORDER BY execution_id, position"),
+                vals![owner],
+            )
         })?;
-        let mut out: Vec<StoredSuspension> = Vec::new();
-        for (
-            token,
-            execution_id,
-            principal,
-            model,
-            deadline_ms,
-            blob,
-            id,
-            rounds,
-            created_at,
-            surface,
-        ) in rows
-        {
-            let (Ok(token), Some(digests), Some(surface)) = (
-                <[u8; 32]>::try_from(token.as_slice()),
-                unpack(&blob),
-                Surface::parse(&surface),
-            ) else {
-                continue;
-            };
-            match out.last_mut() {
-                Some(s) if s.execution_id == execution_id => {
-                    s.tokens.push(token);
-                    s.ids.push(id);
-                }
-                _ => out.push(StoredSuspension {
-                    execution_id,
-                    principal,
-                    model,
-                    surface,
-                    deadline_ms,
-                    digests,
-                    tokens: vec![token],
-                    ids: vec![id],
-                    rounds,
-                    created_at,
-                }),
-            }
-        }
-        Ok(out)
+        durable_rows(&rows)
     }
 }
 

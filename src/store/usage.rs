@@ -2,9 +2,8 @@
 //! backends reported. Rows are added to, never rewritten: the engine's ledger folds its
 //! in-memory deltas in with one upsert per key.
 
-use rusqlite::{params, Connection};
-
-use super::{run, Store, StoreError};
+use super::db::{vals, Tx, Val};
+use super::{Store, StoreError};
 use crate::turn::Usage;
 
 /// Totals of one day, principal and model.
@@ -27,42 +26,27 @@ pub struct UsageQuery {
     pub to_day: Option<u32>,
 }
 
-pub(super) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS usage_daily (
-  day INTEGER NOT NULL,
-  principal TEXT NOT NULL,
-  model TEXT NOT NULL,
-  input_tokens INTEGER NOT NULL DEFAULT 0,
-  cached_input_tokens INTEGER NOT NULL DEFAULT 0,
-  output_tokens INTEGER NOT NULL DEFAULT 0,
-  reasoning_tokens INTEGER NOT NULL DEFAULT 0,
-  requests INTEGER NOT NULL DEFAULT 0,
-  PRIMARY KEY (day, principal, model)
-);
-";
-
-fn add(c: &Connection, r: &UsageRow) -> rusqlite::Result<usize> {
+fn add(t: &mut dyn Tx, r: &UsageRow) -> Result<u64, StoreError> {
     let u = &r.usage;
-    run(
-        c,
+    t.exec(
         "INSERT INTO usage_daily (day, principal, model, input_tokens, cached_input_tokens,
                                   output_tokens, reasoning_tokens, requests)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
          ON CONFLICT (day, principal, model) DO UPDATE SET
-           input_tokens = input_tokens + excluded.input_tokens,
-           cached_input_tokens = cached_input_tokens + excluded.cached_input_tokens,
-           output_tokens = output_tokens + excluded.output_tokens,
-           reasoning_tokens = reasoning_tokens + excluded.reasoning_tokens,
-           requests = requests + excluded.requests",
-        params![
+           input_tokens = usage_daily.input_tokens + excluded.input_tokens,
+           cached_input_tokens = usage_daily.cached_input_tokens + excluded.cached_input_tokens,
+           output_tokens = usage_daily.output_tokens + excluded.output_tokens,
+           reasoning_tokens = usage_daily.reasoning_tokens + excluded.reasoning_tokens,
+           requests = usage_daily.requests + excluded.requests",
+        vals![
             r.day,
-            r.principal,
-            r.model,
-            u.prompt_tokens as i64,
-            u.cached_tokens as i64,
-            u.completion_tokens as i64,
-            u.reasoning_tokens as i64,
-            r.requests as i64
+            &r.principal,
+            &r.model,
+            u.prompt_tokens,
+            u.cached_tokens,
+            u.completion_tokens,
+            u.reasoning_tokens,
+            r.requests
         ],
     )
 }
@@ -73,32 +57,40 @@ impl Store {
         if rows.is_empty() {
             return Ok(());
         }
-        self.with(|c| {
-            let tx = c.transaction()?;
+        self.db.tx(|t| {
             for r in rows {
-                add(&tx, r)?;
+                add(t, r)?;
             }
-            tx.commit()
+            Ok(())
         })
     }
 
     /// Daily totals, oldest day first, then by principal and model.
     pub fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageRow>, StoreError> {
-        self.with(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT day, principal, model, input_tokens, cached_input_tokens, output_tokens,
-                        reasoning_tokens, requests
-                 FROM usage_daily
-                 WHERE (?1 IS NULL OR principal = ?1) AND (?2 IS NULL OR day >= ?2)
-                   AND (?3 IS NULL OR day <= ?3)
-                 ORDER BY day, principal, model",
-            )?;
-            let rows = stmt.query_map(params![q.principal, q.from_day, q.to_day], |r| {
-                let n = |i: usize| r.get::<_, i64>(i).map(|v| v as u64);
+        let mut sql = String::from(
+            "SELECT day, principal, model, input_tokens, cached_input_tokens, output_tokens,
+                    reasoning_tokens, requests FROM usage_daily WHERE 1 = 1",
+        );
+        let mut params: Vec<Val<'_>> = Vec::new();
+        for (clause, v) in [
+            ("principal =", q.principal.as_deref().map(Val::T)),
+            ("day >=", q.from_day.map(|d| Val::I(d.into()))),
+            ("day <=", q.to_day.map(|d| Val::I(d.into()))),
+        ] {
+            if let Some(v) = v {
+                params.push(v);
+                sql.push_str(&format!(" AND {clause} ?{}", params.len()));
+            }
+        }
+        sql.push_str(" ORDER BY day, principal, model");
+        let rows = self.db.tx(|t| t.rows(&sql, &params))?;
+        rows.iter()
+            .map(|r| {
+                let n = |i: usize| r.i(i).map(|v| v as u64);
                 Ok(UsageRow {
-                    day: r.get(0)?,
-                    principal: r.get(1)?,
-                    model: r.get(2)?,
+                    day: r.i(0)? as u32,
+                    principal: r.t(1)?,
+                    model: r.t(2)?,
                     usage: Usage {
                         prompt_tokens: n(3)?,
                         cached_tokens: n(4)?,
@@ -108,9 +100,8 @@ impl Store {
                     },
                     requests: n(7)?,
                 })
-            })?;
-            rows.collect()
-        })
+            })
+            .collect()
     }
 }
 

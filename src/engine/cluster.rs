@@ -1,0 +1,524 @@
+//! One replica among several on a shared PostgreSQL store (`[cluster]`).
+//!
+//! - **Lease.** At start the replica takes its lease (a new epoch) with the address of its
+//!   internal listener, and renews it every third of `lease_seconds`. A renewal that finds
+//!   the epoch settled means the others gave this replica up: what it holds is already
+//!   `lost` in the store, so it settles its held turns in memory too and takes a new lease.
+//!   Without a renewal for a whole lease the replica stops claiming its held turns and
+//!   admitting fresh ones (it cannot promise them) until the store answers again.
+//! - **Lapsed replicas.** Each renewal also reads the others' leases; one that lapsed is
+//!   settled (held turns `lost`, approvals `denied(orphaned)`) by whichever replica gets the
+//!   conditional write first. A request that needs a lapsed owner settles it the same way.
+//! - **A continuation not held here** ([`Engine::elsewhere`]): its tokens are looked up in
+//!   the store. A held turn of another live replica is validated here up to the claim and
+//!   then forwarded (the HTTP layer relays the owner's answer); a stateless upstream's record
+//!   is taken into this replica's registry and claimed here with a conditional write.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use subtle::ConstantTimeEq;
+use tokio::time::Instant;
+
+use super::execution::{ExecutionMeta, Suspended};
+use super::resume::check;
+use super::{ContinuationError, Engine};
+use crate::auth::Principal;
+use crate::backend::{BackendKind, Hold};
+use crate::config::ClusterConfig;
+use crate::continuation::{Batch, Lookup, PendingView, Reason};
+use crate::digest::sha256;
+use crate::store::{now_unix_ms, ApprovalRecord, Lease, RemotePending};
+use crate::turn::{Continuation, TurnInput};
+
+/// A replica's internal listener, by id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub replica_id: String,
+    pub url: String,
+}
+
+/// What became of an owner that could not be reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnerFate {
+    /// It renewed its lease meanwhile: try again here.
+    Alive(Owner),
+    /// Its lease lapsed and its held work is settled.
+    Gone,
+}
+
+/// Where an approval decision is taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApprovalRoute {
+    /// Here: the parked backend request is in this process (or the approval is settled).
+    Here,
+    /// On its owner replica.
+    Owner(Owner),
+}
+
+/// This replica's membership.
+pub(super) struct Membership {
+    id: String,
+    lease: Duration,
+    key: String,
+    key_digest: [u8; 32],
+    state: Mutex<LeaseState>,
+    /// The last store round trip of the lease loop succeeded.
+    store_ok: AtomicBool,
+}
+
+#[derive(Debug, Clone, Default)]
+struct LeaseState {
+    epoch: i64,
+    url: String,
+    /// Until when the last renewal vouches for this replica.
+    valid_until: Option<Instant>,
+}
+
+/// What a continuation whose tokens are not in this registry turned out to be.
+pub(super) enum Elsewhere {
+    /// A stateless record, now in this registry: look again.
+    Restored,
+}
+
+impl Membership {
+    /// Reads the shared key from the environment variable the config names.
+    pub fn new(c: &ClusterConfig) -> Result<Membership, String> {
+        let key = std::env::var(&c.key_env).unwrap_or_default();
+        if key.len() < 16 {
+            return Err(format!(
+                "cluster.key_env: the environment variable {} must hold the cluster's shared key (at least 16 bytes)",
+                c.key_env
+            ));
+        }
+        Ok(Membership {
+            id: c.replica_id.clone(),
+            lease: c.lease,
+            key_digest: sha256(key.as_bytes()),
+            key,
+            state: Mutex::new(LeaseState::default()),
+            store_ok: AtomicBool::new(true),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, LeaseState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lease_valid(&self) -> bool {
+        self.state()
+            .valid_until
+            .is_some_and(|v| Instant::now() < v)
+    }
+
+    fn lease_ms(&self) -> u64 {
+        self.lease.as_millis() as u64
+    }
+}
+
+impl Engine {
+    fn membership(&self) -> Option<&Membership> {
+        self.inner.cluster.as_ref()
+    }
+
+    /// This replica's id, when it is one of several.
+    pub fn replica_id(&self) -> Option<&str> {
+        self.membership().map(|m| m.id.as_str())
+    }
+
+    /// The shared key another replica presents on the internal listener, compared in
+    /// constant time (over digests, so the length does not show either).
+    pub fn cluster_key_matches(&self, presented: &[u8]) -> bool {
+        self.membership()
+            .is_some_and(|m| bool::from(sha256(presented).ct_eq(&m.key_digest)))
+    }
+
+    /// The shared key, for requests this replica forwards.
+    pub fn cluster_key(&self) -> Option<&str> {
+        self.membership().map(|m| m.key.as_str())
+    }
+
+    /// Whether this replica may take fresh work: a single gateway always; a replica while its
+    /// lease is renewed and the store answers.
+    pub(super) fn admits_fresh(&self) -> bool {
+        self.membership()
+            .is_none_or(|m| m.store_ok.load(Ordering::Relaxed) && m.lease_valid())
+    }
+
+    /// The lease part of readiness: None for a single gateway.
+    pub fn lease_ready(&self) -> Option<bool> {
+        self.membership().map(|m| m.lease_valid())
+    }
+
+    /// Takes the lease with the internal listener's address and starts renewing it. Called
+    /// once the internal listener is bound, before anything is served.
+    pub fn join_cluster(&self, bound: SocketAddr) -> Result<(), String> {
+        let Some(m) = self.membership() else {
+            return Ok(());
+        };
+        let cfg = self.config();
+        let url = cfg
+            .cluster
+            .as_ref()
+            .and_then(|c| c.advertise_url.clone())
+            .unwrap_or_else(|| format!("http://{bound}"));
+        let started = Instant::now();
+        let epoch = self
+            .inner
+            .store
+            .lease_acquire(&url, now_unix_ms() + m.lease_ms())
+            .map_err(|e| format!("cannot take the replica's lease: {e}"))?;
+        *m.state() = LeaseState {
+            epoch,
+            url: url.clone(),
+            valid_until: Some(started + m.lease),
+        };
+        tracing::info!(replica = %m.id, epoch, %url, "replica lease taken");
+        let engine = self.clone();
+        self.inner.tracker.spawn(async move { engine.keep_lease().await });
+        Ok(())
+    }
+
+    /// Renews the lease every third of it until shutdown, then gives it up.
+    async fn keep_lease(&self) {
+        let Some(m) = self.membership() else { return };
+        let every = m.lease / 3;
+        loop {
+            tokio::select! {
+                _ = self.inner.shutdown.cancelled() => break,
+                _ = tokio::time::sleep(every) => self.renew(m),
+            }
+        }
+        let epoch = m.state().epoch;
+        if let Err(e) = self.inner.store.lease_release(epoch) {
+            tracing::warn!(error = %e, "could not release the replica's lease; it lapses by itself");
+        }
+    }
+
+    fn renew(&self, m: &Membership) {
+        let store = &self.inner.store;
+        let metrics = &self.inner.metrics.cluster;
+        let started = Instant::now();
+        let epoch = m.state().epoch;
+        match store.lease_renew(epoch, now_unix_ms() + m.lease_ms()) {
+            Ok(true) => {
+                m.state().valid_until = Some(started + m.lease);
+                if !m.store_ok.swap(true, Ordering::Relaxed) {
+                    tracing::info!("store reachable again; admitting fresh turns");
+                }
+                metrics.renewal("ok");
+            }
+            Ok(false) => {
+                metrics.renewal("fenced");
+                tracing::error!(replica = %m.id, epoch, "this replica's lease was settled by another replica; its held turns are lost");
+                for id in self.inner.registry.held_batches() {
+                    if let Some(s) = self.inner.registry.settle(id, Reason::Lost) {
+                        self.settled(s);
+                    }
+                }
+                let url = m.state().url.clone();
+                match store.lease_acquire(&url, now_unix_ms() + m.lease_ms()) {
+                    Ok(epoch) => {
+                        let mut s = m.state();
+                        s.epoch = epoch;
+                        s.valid_until = Some(started + m.lease);
+                    }
+                    Err(e) => tracing::error!(error = %e, "could not take a new lease"),
+                }
+            }
+            Err(e) => {
+                metrics.renewal("error");
+                if m.store_ok.swap(false, Ordering::Relaxed) {
+                    tracing::error!(error = %e, "store unreachable; no fresh turns until it answers, held turns finish within the lease");
+                }
+                return;
+            }
+        }
+        let Ok(leases) = store.leases() else { return };
+        let now = now_unix_ms();
+        let live = leases.iter().filter(|l| l.live_at(now)).count();
+        metrics.replicas_seen.store(live as u64, Ordering::Relaxed);
+        for l in &leases {
+            if l.replica_id != m.id && !l.settled && l.expires_at_ms <= now {
+                self.settle_lapsed(l);
+            }
+        }
+    }
+
+    /// Settles a replica whose lease lapsed, unless another replica did first.
+    fn settle_lapsed(&self, l: &Lease) {
+        match self
+            .inner
+            .store
+            .settle_replica(&l.replica_id, l.epoch, now_unix_ms())
+        {
+            Ok(Some(s)) => {
+                self.inner
+                    .metrics
+                    .cluster
+                    .replicas_settled
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    replica = %l.replica_id,
+                    epoch = l.epoch,
+                    tokens = s.tokens_lost,
+                    executions = s.executions_lost,
+                    approvals = s.approvals_orphaned.len(),
+                    "settled a replica whose lease lapsed: its held turns are lost, its approvals orphaned"
+                );
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(replica = %l.replica_id, error = %e, "could not settle a lapsed replica"),
+        }
+    }
+
+    /// The owner replica of a held record, if its lease is live; a lapsed one is settled.
+    fn live_owner(&self, replica: &str) -> Option<Owner> {
+        let lease = self.inner.store.lease_of(replica).ok().flatten()?;
+        if lease.live_at(now_unix_ms()) {
+            return Some(Owner {
+                replica_id: lease.replica_id,
+                url: lease.url,
+            });
+        }
+        if !lease.settled {
+            self.settle_lapsed(&lease);
+        }
+        None
+    }
+
+    /// After an owner could not be reached: waits (at most one lease) until its lease has
+    /// either been renewed or lapsed, and settles it if it lapsed.
+    pub async fn await_owner(&self, replica: &str) -> OwnerFate {
+        let Some(m) = self.membership() else {
+            return OwnerFate::Gone;
+        };
+        let Some(first) = self.inner.store.lease_of(replica).ok().flatten() else {
+            return OwnerFate::Gone;
+        };
+        if first.live_at(now_unix_ms()) {
+            let left = first.expires_at_ms.saturating_sub(now_unix_ms());
+            let wait = Duration::from_millis(left + 50).min(m.lease + Duration::from_secs(1));
+            tokio::time::sleep(wait).await;
+        }
+        let now = now_unix_ms();
+        match self.inner.store.lease_of(replica).ok().flatten() {
+            Some(l) if l.live_at(now) && l.expires_at_ms > first.expires_at_ms => {
+                OwnerFate::Alive(Owner {
+                    replica_id: l.replica_id,
+                    url: l.url,
+                })
+            }
+            Some(l) => {
+                if !l.settled {
+                    self.settle_lapsed(&l);
+                }
+                OwnerFate::Gone
+            }
+            None => OwnerFate::Gone,
+        }
+    }
+
+    /// Where a decision on this approval is taken.
+    pub fn approval_route(&self, record: &ApprovalRecord) -> ApprovalRoute {
+        let Some(m) = self.membership() else {
+            return ApprovalRoute::Here;
+        };
+        if record.state != "pending" || record.owner == m.id {
+            return ApprovalRoute::Here;
+        }
+        match self.live_owner(&record.owner) {
+            Some(owner) => ApprovalRoute::Owner(owner),
+            None => ApprovalRoute::Here,
+        }
+    }
+
+    /// A continuation none of whose tokens this registry knows: what the store knows of it.
+    /// Only a replica looks; a single gateway's registry is the whole truth.
+    pub(super) fn elsewhere(
+        &self,
+        principal: &Principal,
+        input: &TurnInput,
+        c: &Continuation,
+        forwarded: bool,
+    ) -> Result<Elsewhere, ContinuationError> {
+        let Some(m) = self.membership() else {
+            return Err(ContinuationError::NotFound);
+        };
+        let store = &self.inner.store;
+        let unavailable = |e: crate::store::StoreError| {
+            tracing::error!(error = %e, "store unavailable for a continuation lookup");
+            ContinuationError::StoreUnavailable
+        };
+        for t in &c.tokens {
+            if let Some((owner, reason)) = store.tombstone_of(t).map_err(unavailable)? {
+                if !principal_eq(&owner, &principal.id) {
+                    return Err(ContinuationError::NotFound);
+                }
+                return Err(ContinuationError::Settled(Reason::parse(&reason)));
+            }
+        }
+        let first = c.tokens.first().ok_or(ContinuationError::NotFound)?;
+        let found = store.pending_of(first).map_err(unavailable)?;
+        match found.ok_or(ContinuationError::NotFound)? {
+            RemotePending::Durable(s) => {
+                if !principal_eq(&s.principal, &principal.id) {
+                    return Err(ContinuationError::NotFound);
+                }
+                let left = Duration::from_millis(s.deadline_ms.saturating_sub(now_unix_ms()));
+                let deadline = Instant::now() + left;
+                let meta = ExecutionMeta {
+                    id: s.execution_id.clone(),
+                    principal: s.principal.clone(),
+                    model: s.model.clone(),
+                    surface: s.surface,
+                    created: s.created_at,
+                };
+                // A racing request may have taken it in first; either way, look again.
+                self.inner.registry.restore_absent(Batch {
+                    principal: s.principal,
+                    execution_id: s.execution_id,
+                    model: s.model,
+                    surface: s.surface,
+                    deadline,
+                    tokens: s.tokens,
+                    digests: s.digests,
+                    parked: Suspended {
+                        meta,
+                        kind: BackendKind::Upstream,
+                        deadline,
+                        rounds: s.rounds,
+                        hold: Hold::Ids(s.ids),
+                        backlog: Default::default(),
+                        slot: None,
+                        history: None,
+                    },
+                });
+                Ok(Elsewhere::Restored)
+            }
+            RemotePending::Held {
+                owner,
+                execution_id,
+                principal: holder,
+                model,
+                surface,
+                deadline_ms,
+                digests,
+                tokens,
+            } => {
+                if !principal_eq(&holder, &principal.id) {
+                    return Err(ContinuationError::NotFound);
+                }
+                if c.tokens.iter().any(|t| !tokens.contains(t)) {
+                    return Err(ContinuationError::Mismatch(
+                        "the tool calls do not form one pending batch".into(),
+                    ));
+                }
+                if owner == m.id || forwarded {
+                    // Held here by the store's account but not in this process: gone.
+                    return Err(ContinuationError::Settled(Reason::Lost));
+                }
+                if deadline_ms <= now_unix_ms() {
+                    // Its owner's timer settles it.
+                    return Err(ContinuationError::Settled(Reason::Expired));
+                }
+                let left = Duration::from_millis(deadline_ms.saturating_sub(now_unix_ms()));
+                let view = PendingView {
+                    alive: true,
+                    batch: 0,
+                    execution_id,
+                    model,
+                    surface,
+                    deadline: Instant::now() + left,
+                    digests,
+                    tokens,
+                    by_reference: c.bound.is_some(),
+                    durable: false,
+                };
+                // By reference, the owner holds the conversation: it checks the rest.
+                if c.bound.is_none() {
+                    let max = self.config().continuations.max_tool_result_bytes;
+                    check(&view, input, c, max)?;
+                }
+                match self.live_owner(&owner) {
+                    Some(o) => Err(ContinuationError::Elsewhere(o)),
+                    None => Err(ContinuationError::Settled(Reason::Lost)),
+                }
+            }
+        }
+    }
+
+    /// Claims a stateless record this replica took from its registry, in the store, where
+    /// replicas race for it. Only a replica claims there.
+    pub(super) fn claim_durable(
+        &self,
+        execution_id: &str,
+        tokens: &[[u8; 32]],
+    ) -> Result<(), ContinuationError> {
+        if self.membership().is_none() {
+            return Ok(());
+        }
+        match self.inner.store.upstream_claim(execution_id, tokens.len()) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                // Claimed or spent by another replica: this copy is stale.
+                self.inner.registry.forget(tokens);
+                Err(ContinuationError::Settled(Reason::Resolved))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store unavailable for a claim");
+                Err(ContinuationError::StoreUnavailable)
+            }
+        }
+    }
+
+    /// Releases this replica's claim on a stateless record (its forward failed).
+    pub(super) fn unclaim_durable(&self, execution_id: &str) {
+        if self.membership().is_some() {
+            if let Err(e) = self.inner.store.upstream_unclaim(execution_id) {
+                tracing::error!(error = %e, "could not release a claim; the next start of this replica does");
+            }
+        }
+    }
+
+    /// Whether this replica may still claim the held turns it has (its lease vouches for
+    /// them).
+    pub(super) fn may_claim_held(&self) -> bool {
+        self.membership().is_none_or(Membership::lease_valid)
+    }
+}
+
+fn principal_eq(a: &str, b: &str) -> bool {
+    bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+/// Lookups of a continuation's batch in this registry, then in the store.
+impl Engine {
+    pub(super) fn lookup_anywhere(
+        &self,
+        principal: &Principal,
+        input: &TurnInput,
+        c: &Continuation,
+        forwarded: bool,
+    ) -> Result<Box<PendingView>, ContinuationError> {
+        let registry = &self.inner.registry;
+        for attempt in 0..2 {
+            match registry.lookup(&principal.id, &c.tokens) {
+                Lookup::NotFound if attempt == 0 => {
+                    let Elsewhere::Restored = self.elsewhere(principal, input, c, forwarded)?;
+                }
+                Lookup::NotFound => return Err(ContinuationError::NotFound),
+                Lookup::Settled(reason) => return Err(ContinuationError::Settled(reason)),
+                Lookup::Partial => {
+                    return Err(ContinuationError::Mismatch(
+                        "the tool calls do not form one pending batch".into(),
+                    ))
+                }
+                Lookup::Pending(v) => return Ok(v),
+            }
+        }
+        Err(ContinuationError::NotFound)
+    }
+}

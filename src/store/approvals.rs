@@ -1,0 +1,149 @@
+//! Approvals in the store: one row per approval, settled by a conditional write (only a
+//! pending row changes), each change journaled in the same transaction.
+
+use super::db::{vals, Row};
+use super::{now_unix, Store, StoreError};
+
+/// One approval as stored (and as the API shows it, minus the digest and invocation id).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalRecord {
+    pub id: String,
+    pub principal: String,
+    pub execution_id: String,
+    pub invocation_id: String,
+    pub kind: String,
+    pub model: String,
+    pub action_digest: String,
+    pub summary: serde_json::Value,
+    /// `pending`, `approved` or `denied`.
+    pub state: String,
+    /// None while pending; `human`, `expired`, `cancelled`, `orphaned`, `store_unavailable`.
+    pub reason: Option<String>,
+    pub created_at: u64,
+    pub expires_at: u64,
+    pub decided_at: Option<u64>,
+    pub decided_by: Option<String>,
+    /// The replica whose backend request waits on it (`""` for a single gateway).
+    pub owner: String,
+}
+
+const COLUMNS: &str = "id, principal, execution_id, invocation_id, kind, model, action_digest, summary, state, reason, created_at, expires_at, decided_at, decided_by, owner";
+
+fn record(r: &Row) -> Result<ApprovalRecord, StoreError> {
+    Ok(ApprovalRecord {
+        id: r.t(0)?,
+        principal: r.t(1)?,
+        execution_id: r.t(2)?,
+        invocation_id: r.t(3)?,
+        kind: r.t(4)?,
+        model: r.t(5)?,
+        action_digest: r.t(6)?,
+        summary: serde_json::from_str(&r.t(7)?).unwrap_or(serde_json::Value::Null),
+        state: r.t(8)?,
+        reason: r.ot(9)?,
+        created_at: r.i(10)? as u64,
+        expires_at: r.i(11)? as u64,
+        decided_at: r.oi(12)?.map(|v| v as u64),
+        decided_by: r.ot(13)?,
+        owner: r.t(14)?,
+    })
+}
+
+impl Store {
+    /// Records a new approval (its owner is [`Store::owner`]).
+    pub fn approval_insert(&self, a: &ApprovalRecord) -> Result<(), StoreError> {
+        let summary = a.summary.to_string();
+        let detail = format!(
+            "approval={} kind={} action={}",
+            a.id,
+            a.kind,
+            a.action_digest.get(..8).unwrap_or_default()
+        );
+        self.db.tx(|t| {
+            t.exec(
+                &format!("INSERT INTO approvals ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)"),
+                vals![
+                    &a.id, &a.principal, &a.execution_id, &a.invocation_id, &a.kind, &a.model,
+                    &a.action_digest, &summary, &a.state, a.reason.as_ref(), a.created_at,
+                    a.expires_at, a.decided_at, a.decided_by.as_ref(), &a.owner
+                ],
+            )?;
+            t.exec(
+                "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'approval_created', ?3)",
+                vals![a.created_at, &a.execution_id, &detail],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Settles pending approvals in one transaction; returns the ids that were still pending.
+    pub fn approvals_settle(
+        &self,
+        ids: &[String],
+        state: &str,
+        reason: &str,
+        decided_by: Option<&str>,
+    ) -> Result<Vec<String>, StoreError> {
+        let now = now_unix();
+        self.db.tx(|t| {
+            let mut settled = Vec::new();
+            for id in ids {
+                let n = t.exec(
+                    "UPDATE approvals SET state = ?2, reason = ?3, decided_at = ?4, decided_by = ?5
+                     WHERE id = ?1 AND state = 'pending'",
+                    vals![id, state, reason, now, decided_by],
+                )?;
+                if n == 1 {
+                    let detail = format!("approval={id} state={state} reason={reason}");
+                    t.exec(
+                        "INSERT INTO journal (at, execution_id, event, detail)
+                         SELECT ?1, execution_id, 'approval_settled', ?2 FROM approvals WHERE id = ?3",
+                        vals![now, &detail, id],
+                    )?;
+                    settled.push(id.clone());
+                }
+            }
+            Ok(settled)
+        })
+    }
+
+    pub fn approval_get(&self, id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
+        let rows = self.db.tx(|t| {
+            t.rows(
+                &format!("SELECT {COLUMNS} FROM approvals WHERE id = ?1"),
+                vals![id],
+            )
+        })?;
+        rows.first().map(record).transpose()
+    }
+
+    /// Approvals newest first, optionally in one state.
+    pub fn approvals_list(&self, state: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> {
+        let rows = self.db.tx(|t| match state {
+            Some(s) => t.rows(
+                &format!("SELECT {COLUMNS} FROM approvals WHERE state = ?1 ORDER BY seq DESC LIMIT 1000"),
+                vals![s],
+            ),
+            None => t.rows(
+                &format!("SELECT {COLUMNS} FROM approvals ORDER BY seq DESC LIMIT 1000"),
+                &[],
+            ),
+        })?;
+        rows.iter().map(record).collect()
+    }
+
+    /// At startup: every approval this replica still has pending belongs to a turn that is
+    /// gone.
+    pub fn approvals_orphan(&self) -> Result<usize, StoreError> {
+        let now = now_unix();
+        let owner = self.owner.as_str();
+        let n = self.db.tx(|t| {
+            t.exec(
+                "UPDATE approvals SET state = 'denied', reason = 'orphaned', decided_at = ?1
+                 WHERE state = 'pending' AND owner = ?2",
+                vals![now, owner],
+            )
+        })?;
+        Ok(n as usize)
+    }
+}

@@ -1,0 +1,281 @@
+//! What replicas sharing one database need of it: a lease per replica (renewed, fenced by
+//! an epoch), finding a pending record or a tombstone that another replica wrote, claiming a
+//! stateless record with one conditional write, and settling a replica whose lease lapsed, once,
+//! by whichever replica notices first.
+//!
+//! Lease times are Unix milliseconds of the replicas' own clocks, which must agree to well
+//! within a lease (NTP does).
+
+use super::db::{vals, Row};
+use super::suspensions::{durable_rows, settle, unpack, DURABLE_COLUMNS};
+use super::{now_unix, Store, StoreError, StoredSuspension};
+use crate::continuation::Digests;
+use crate::turn::Surface;
+
+/// A replica's lease as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub replica_id: String,
+    /// Where its internal listener answers.
+    pub url: String,
+    pub epoch: i64,
+    pub expires_at_ms: u64,
+    /// Its leftovers were settled (after a lapse, or when it stopped).
+    pub settled: bool,
+}
+
+impl Lease {
+    pub fn live_at(&self, now_ms: u64) -> bool {
+        !self.settled && self.expires_at_ms > now_ms
+    }
+}
+
+/// A pending record found in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemotePending {
+    /// A held turn: it lives in its owner replica's process.
+    Held {
+        owner: String,
+        execution_id: String,
+        principal: String,
+        model: String,
+        surface: Surface,
+        deadline_ms: u64,
+        digests: Digests,
+        /// The batch's token digests in exposure order.
+        tokens: Vec<[u8; 32]>,
+    },
+    /// A stateless upstream's record: any replica may claim it.
+    Durable(StoredSuspension),
+}
+
+/// What settling a lapsed replica did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicaSettlement {
+    pub tokens_lost: usize,
+    pub executions_lost: usize,
+    pub approvals_orphaned: Vec<String>,
+}
+
+fn lease(r: &Row) -> Result<Lease, StoreError> {
+    Ok(Lease {
+        replica_id: r.t(0)?,
+        url: r.t(1)?,
+        epoch: r.i(2)?,
+        expires_at_ms: r.i(3)? as u64,
+        settled: r.i(4)? != 0,
+    })
+}
+
+impl Store {
+    /// Takes this replica's lease (a new epoch, so an older process under the same id is
+    /// fenced off) until `expires_at_ms`. Returns the epoch.
+    pub fn lease_acquire(&self, url: &str, expires_at_ms: u64) -> Result<i64, StoreError> {
+        let id = self.owner.as_str();
+        let rows = self.db.tx(|t| {
+            t.rows(
+                "INSERT INTO replicas (replica_id, url, epoch, expires_at_ms, settled)
+                 VALUES (?1, ?2, 1, ?3, 0)
+                 ON CONFLICT (replica_id) DO UPDATE SET url = excluded.url,
+                   epoch = replicas.epoch + 1, expires_at_ms = excluded.expires_at_ms, settled = 0
+                 RETURNING epoch",
+                vals![id, url, expires_at_ms],
+            )
+        })?;
+        rows.first()
+            .ok_or_else(|| StoreError("no lease row".into()))?
+            .i(0)
+    }
+
+    /// Extends the lease of `epoch`; false when it is no longer this process's (another
+    /// replica settled it after a lapse, or a newer process took the id).
+    pub fn lease_renew(&self, epoch: i64, expires_at_ms: u64) -> Result<bool, StoreError> {
+        let id = self.owner.as_str();
+        let n = self.db.tx(|t| {
+            t.exec(
+                "UPDATE replicas SET expires_at_ms = ?3 WHERE replica_id = ?1 AND epoch = ?2 AND settled = 0",
+                vals![id, epoch, expires_at_ms],
+            )
+        })?;
+        Ok(n == 1)
+    }
+
+    /// Gives the lease up at a clean stop (the replica settled what it held itself).
+    pub fn lease_release(&self, epoch: i64) -> Result<(), StoreError> {
+        let id = self.owner.as_str();
+        self.db.tx(|t| {
+            t.exec(
+                "UPDATE replicas SET expires_at_ms = 0, settled = 1 WHERE replica_id = ?1 AND epoch = ?2",
+                vals![id, epoch],
+            )
+        })?;
+        Ok(())
+    }
+
+    pub fn leases(&self) -> Result<Vec<Lease>, StoreError> {
+        let rows = self.db.tx(|t| {
+            t.rows(
+                "SELECT replica_id, url, epoch, expires_at_ms, settled FROM replicas ORDER BY replica_id",
+                &[],
+            )
+        })?;
+        rows.iter().map(lease).collect()
+    }
+
+    pub fn lease_of(&self, replica: &str) -> Result<Option<Lease>, StoreError> {
+        let rows = self.db.tx(|t| {
+            t.rows(
+                "SELECT replica_id, url, epoch, expires_at_ms, settled FROM replicas WHERE replica_id = ?1",
+                vals![replica],
+            )
+        })?;
+        rows.first().map(lease).transpose()
+    }
+
+    /// Settles a replica whose lease lapsed before `now_ms`: its held turns' tokens become
+    /// `lost` tombstones, its live executions end `lost`, its pending approvals are denied
+    /// `orphaned` and its claims on stateless records are released. The first caller wins (a
+    /// conditional write on the lease); later ones get None.
+    pub fn settle_replica(
+        &self,
+        replica: &str,
+        epoch: i64,
+        now_ms: u64,
+    ) -> Result<Option<ReplicaSettlement>, StoreError> {
+        let now = now_unix();
+        self.db.tx(|t| {
+            let won = t.exec(
+                "UPDATE replicas SET settled = 1
+                 WHERE replica_id = ?1 AND epoch = ?2 AND settled = 0 AND expires_at_ms <= ?3",
+                vals![replica, epoch, now_ms],
+            )?;
+            if won == 0 {
+                return Ok(None);
+            }
+            let pending = t.rows(
+                "SELECT digest, principal FROM pending_tokens WHERE owner = ?1",
+                vals![replica],
+            )?;
+            let mut out = ReplicaSettlement::default();
+            for r in &pending {
+                if let Some(d) = r.digest(0)? {
+                    out.tokens_lost += settle(t, &r.t(1)?, &[d], "lost", now)?.len();
+                }
+            }
+            t.exec(
+                "INSERT INTO journal (at, execution_id, event, detail)
+                 SELECT ?1, execution_id, 'execution_ended', 'reason=lost (replica lease lapsed)'
+                 FROM executions WHERE state = 'live' AND owner = ?2
+                 AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
+                vals![now, replica],
+            )?;
+            out.executions_lost = t.exec(
+                "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?1
+                 WHERE state = 'live' AND owner = ?2
+                 AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
+                vals![now, replica],
+            )? as usize;
+            let orphaned = t.rows(
+                "UPDATE approvals SET state = 'denied', reason = 'orphaned', decided_at = ?1
+                 WHERE state = 'pending' AND owner = ?2 RETURNING id",
+                vals![now, replica],
+            )?;
+            out.approvals_orphaned = orphaned.iter().map(|r| r.t(0)).collect::<Result<_, _>>()?;
+            t.exec(
+                "UPDATE upstream_pending SET claimed_by = NULL WHERE claimed_by = ?1",
+                vals![replica],
+            )?;
+            Ok(Some(out))
+        })
+    }
+
+    /// The pending record a token digest belongs to, whichever replica wrote it.
+    pub fn pending_of(&self, digest: &[u8; 32]) -> Result<Option<RemotePending>, StoreError> {
+        self.db.tx(|t| {
+            let held = t.rows(
+                "SELECT execution_id FROM pending_tokens WHERE digest = ?1",
+                vals![digest],
+            )?;
+            if let Some(r) = held.first() {
+                let execution_id = r.t(0)?;
+                let rows = t.rows(
+                    "SELECT digest, owner, principal, model, surface, deadline_ms, digests
+                     FROM pending_tokens WHERE execution_id = ?1 ORDER BY position",
+                    vals![&execution_id],
+                )?;
+                let Some(first) = rows.first() else {
+                    return Ok(None);
+                };
+                let (Some(surface), Some(digests)) = (
+                    Surface::parse(&first.t(4)?),
+                    first.ob(6)?.as_deref().and_then(unpack),
+                ) else {
+                    return Ok(None);
+                };
+                let tokens = rows
+                    .iter()
+                    .map(|r| r.digest(0))
+                    .collect::<Result<Option<Vec<_>>, _>>()?
+                    .unwrap_or_default();
+                return Ok(Some(RemotePending::Held {
+                    owner: first.t(1)?,
+                    execution_id,
+                    principal: first.t(2)?,
+                    model: first.t(3)?,
+                    surface,
+                    deadline_ms: first.i(5)? as u64,
+                    digests,
+                    tokens,
+                }));
+            }
+            let durable = t.rows(
+                "SELECT execution_id FROM upstream_pending WHERE digest = ?1",
+                vals![digest],
+            )?;
+            let Some(r) = durable.first() else {
+                return Ok(None);
+            };
+            let rows = t.rows(
+                &format!("SELECT {DURABLE_COLUMNS} FROM upstream_pending WHERE execution_id = ?1 ORDER BY position"),
+                vals![&r.t(0)?],
+            )?;
+            Ok(durable_rows(&rows)?.pop().map(RemotePending::Durable))
+        })
+    }
+
+    /// The principal and reason of a tombstone, whichever replica wrote it.
+    pub fn tombstone_of(&self, digest: &[u8; 32]) -> Result<Option<(String, String)>, StoreError> {
+        let rows = self.db.tx(|t| {
+            t.rows(
+                "SELECT principal, reason FROM tombstones WHERE digest = ?1",
+                vals![digest],
+            )
+        })?;
+        rows.first().map(|r| Ok((r.t(0)?, r.t(1)?))).transpose()
+    }
+
+    /// Claims a stateless record for this replica: one conditional write, so of replicas
+    /// racing for it exactly one wins. False when it is claimed, settled or gone.
+    pub fn upstream_claim(&self, execution_id: &str, tokens: usize) -> Result<bool, StoreError> {
+        let me = self.owner.as_str();
+        let n = self.db.tx(|t| {
+            t.exec(
+                "UPDATE upstream_pending SET claimed_by = ?2 WHERE execution_id = ?1 AND claimed_by IS NULL",
+                vals![execution_id, me],
+            )
+        })?;
+        Ok(n > 0 && n as usize == tokens)
+    }
+
+    /// Releases this replica's claim (the forward failed before the upstream answered).
+    pub fn upstream_unclaim(&self, execution_id: &str) -> Result<(), StoreError> {
+        let me = self.owner.as_str();
+        self.db.tx(|t| {
+            t.exec(
+                "UPDATE upstream_pending SET claimed_by = NULL WHERE execution_id = ?1 AND claimed_by = ?2",
+                vals![execution_id, me],
+            )
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,184 @@
+//! Versioned migrations, applied in order at start on either engine. `schema_migrations`
+//! holds the versions applied; each migration runs once, all pending ones in one transaction
+//! (PostgreSQL's DDL is transactional, and replicas starting together serialise on an advisory
+//! lock). The DDL is written once in SQLite's types and translated for PostgreSQL.
+//!
+//! Version 1 is the layout of the single-process store (a file written before migrations
+//! existed already has it; its statements are `IF NOT EXISTS`). Version 2 adds what replicas
+//! need: the owner replica of every live record, the validation data of a held turn's pending
+//! tokens, a stateless record's claimant, and the replicas' leases.
+
+use super::db::{Engine, Tx};
+use super::StoreError;
+
+const V1: &str = "
+CREATE TABLE IF NOT EXISTS journal (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  at INTEGER NOT NULL,
+  execution_id TEXT,
+  event TEXT NOT NULL,
+  detail TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS executions (
+  execution_id TEXT PRIMARY KEY,
+  principal TEXT NOT NULL,
+  model TEXT NOT NULL,
+  state TEXT NOT NULL,
+  reason TEXT,
+  created_at INTEGER NOT NULL,
+  ended_at INTEGER
+);
+CREATE INDEX IF NOT EXISTS executions_state ON executions(state);
+CREATE TABLE IF NOT EXISTS pending_tokens (
+  digest BLOB PRIMARY KEY,
+  principal TEXT NOT NULL,
+  execution_id TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tombstones (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  digest BLOB NOT NULL UNIQUE,
+  principal TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tombstones_principal ON tombstones(principal, seq);
+CREATE TABLE IF NOT EXISTS upstream_pending (
+  digest BLOB PRIMARY KEY,
+  execution_id TEXT NOT NULL,
+  principal TEXT NOT NULL,
+  model TEXT NOT NULL,
+  deadline_ms INTEGER NOT NULL,
+  digests BLOB NOT NULL,
+  upstream_id TEXT NOT NULL,
+  position INTEGER NOT NULL,
+  rounds INTEGER NOT NULL,
+  created_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS approvals (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  principal TEXT NOT NULL,
+  execution_id TEXT NOT NULL,
+  invocation_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  model TEXT NOT NULL,
+  action_digest TEXT NOT NULL,
+  summary TEXT NOT NULL,
+  state TEXT NOT NULL,
+  reason TEXT,
+  created_at INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL,
+  decided_at INTEGER,
+  decided_by TEXT
+);
+CREATE INDEX IF NOT EXISTS approvals_state ON approvals(state);
+CREATE TABLE IF NOT EXISTS usage_daily (
+  day INTEGER NOT NULL,
+  principal TEXT NOT NULL,
+  model TEXT NOT NULL,
+  input_tokens INTEGER NOT NULL DEFAULT 0,
+  cached_input_tokens INTEGER NOT NULL DEFAULT 0,
+  output_tokens INTEGER NOT NULL DEFAULT 0,
+  reasoning_tokens INTEGER NOT NULL DEFAULT 0,
+  requests INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (day, principal, model)
+);
+";
+
+const V2: &str = "
+ALTER TABLE executions ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE pending_tokens ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE pending_tokens ADD COLUMN model TEXT NOT NULL DEFAULT '';
+ALTER TABLE pending_tokens ADD COLUMN surface TEXT NOT NULL DEFAULT 'chat';
+ALTER TABLE pending_tokens ADD COLUMN deadline_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE pending_tokens ADD COLUMN digests BLOB;
+ALTER TABLE pending_tokens ADD COLUMN position INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX pending_tokens_execution ON pending_tokens(execution_id);
+CREATE INDEX pending_tokens_owner ON pending_tokens(owner);
+ALTER TABLE upstream_pending ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE upstream_pending ADD COLUMN claimed_by TEXT;
+CREATE INDEX upstream_pending_execution ON upstream_pending(execution_id);
+ALTER TABLE approvals ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+CREATE INDEX executions_owner ON executions(owner, state);
+CREATE TABLE replicas (
+  replica_id TEXT PRIMARY KEY,
+  url TEXT NOT NULL,
+  epoch INTEGER NOT NULL,
+  expires_at_ms INTEGER NOT NULL,
+  settled INTEGER NOT NULL DEFAULT 0
+);
+";
+
+/// The migrations in order; a version, once released, never changes.
+const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2)];
+
+/// The schema version this build writes.
+pub const CURRENT: i64 = 2;
+
+/// SQLite's DDL in PostgreSQL's types.
+fn ddl(engine: Engine, sql: &str) -> String {
+    match engine {
+        Engine::Sqlite => sql.to_string(),
+        Engine::Postgres => sql
+            .replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
+            .replace("INTEGER", "BIGINT")
+            .replace("BLOB", "BYTEA"),
+    }
+}
+
+/// Applies every migration not yet applied. Returns the versions it applied.
+pub(super) fn migrate(t: &mut dyn Tx) -> Result<Vec<i64>, StoreError> {
+    let engine = t.engine();
+    if engine == Engine::Postgres {
+        // Replicas starting at once: one migrates, the others then find it done.
+        t.rows("SELECT pg_advisory_xact_lock(7406151)", &[])?;
+    }
+    t.batch(&ddl(
+        engine,
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+    ))?;
+    let applied: Vec<i64> = t
+        .rows("SELECT version FROM schema_migrations", &[])?
+        .iter()
+        .map(|r| r.i(0))
+        .collect::<Result<_, _>>()?;
+    if let Some(newer) = applied.iter().find(|v| **v > CURRENT) {
+        return Err(StoreError(format!(
+            "the store's schema is version {newer}, newer than this build's {CURRENT}; run the newer build"
+        )));
+    }
+    let mut done = Vec::new();
+    for (version, sql) in MIGRATIONS {
+        if applied.contains(version) {
+            continue;
+        }
+        t.batch(&ddl(engine, sql))?;
+        if *version == 1 {
+            v1_surface(t)?;
+        }
+        t.exec(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
+            super::db::vals![*version, super::now_unix()],
+        )?;
+        done.push(*version);
+    }
+    Ok(done)
+}
+
+/// `upstream_pending.surface` came after the table, in the single-process store: add it when
+/// a file from before lacks it.
+fn v1_surface(t: &mut dyn Tx) -> Result<(), StoreError> {
+    let has = match t.engine() {
+        Engine::Sqlite => !t
+            .rows(
+                "SELECT 1 FROM pragma_table_info('upstream_pending') WHERE name = 'surface'",
+                &[],
+            )?
+            .is_empty(),
+        Engine::Postgres => false,
+    };
+    if !has {
+        t.batch("ALTER TABLE upstream_pending ADD COLUMN surface TEXT NOT NULL DEFAULT 'chat'")?;
+    }
+    Ok(())
+}
