@@ -103,9 +103,7 @@ impl ErrorCode {
             ModelNotFound | ContinuationNotFound | ApprovalNotFound | NotFound => "not_found_error",
             CapacityExhausted | RateLimited => "rate_limit_error",
             UpstreamError | UpstreamTimeout | StoreUnavailable | ShuttingDown
-            | ReplicaUnavailable | Internal => {
-                "server_error"
-            }
+            | ReplicaUnavailable | Internal => "server_error",
             InvalidRequest
             | UnsupportedToolChoice
             | RequestTooLarge

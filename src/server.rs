@@ -95,9 +95,12 @@ async fn internal_listener(gw: &Engine) -> Result<Option<TcpListener>, String> {
     let Some(c) = gw.config().cluster.clone() else {
         return Ok(None);
     };
-    let l = TcpListener::bind(c.internal_listen)
-        .await
-        .map_err(|e| format!("cannot listen on {} (cluster.internal_listen): {e}", c.internal_listen))?;
+    let l = TcpListener::bind(c.internal_listen).await.map_err(|e| {
+        format!(
+            "cannot listen on {} (cluster.internal_listen): {e}",
+            c.internal_listen
+        )
+    })?;
     let addr = l.local_addr().map_err(|e| e.to_string())?;
     gw.join_cluster(addr)?;
     tracing::info!(%addr, replica = %c.replica_id, "internal listener for replicas");

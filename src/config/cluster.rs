@@ -63,9 +63,7 @@ pub struct ClusterConfig {
 
 fn env_name(key: &str, v: &str) -> Result<(), ConfigError> {
     let ok = !v.is_empty()
-        && v
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
         && !v.as_bytes()[0].is_ascii_digit();
     if ok {
         Ok(())
@@ -76,7 +74,10 @@ fn env_name(key: &str, v: &str) -> Result<(), ConfigError> {
 
 pub(super) fn store(raw: RawStore, base: &Path) -> Result<StoreConfig, ConfigError> {
     match (raw.path, raw.url) {
-        (Some(_), Some(_)) => Err(err("store", "set `path` (SQLite) or `url` (PostgreSQL), not both")),
+        (Some(_), Some(_)) => Err(err(
+            "store",
+            "set `path` (SQLite) or `url` (PostgreSQL), not both",
+        )),
         (path, None) => {
             if raw.password_env.is_some() {
                 return Err(err("store.password_env", "only applies with `store.url`"));
@@ -146,7 +147,10 @@ pub(super) fn cluster(
             .or_else(|| u.strip_prefix("https://"))
             .is_some_and(|rest| !rest.is_empty() && !rest.contains(['?', '#']));
         if !ok {
-            return Err(err("cluster.advertise_url", "must be an http:// or https:// URL"));
+            return Err(err(
+                "cluster.advertise_url",
+                "must be an http:// or https:// URL",
+            ));
         }
     }
     env_name("cluster.key_env", &c.key_env)?;

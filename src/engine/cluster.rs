@@ -108,9 +108,7 @@ impl Membership {
     }
 
     fn lease_valid(&self) -> bool {
-        self.state()
-            .valid_until
-            .is_some_and(|v| Instant::now() < v)
+        self.state().valid_until.is_some_and(|v| Instant::now() < v)
     }
 
     fn lease_ms(&self) -> u64 {
@@ -176,8 +174,11 @@ impl Engine {
             valid_until: Some(started + m.lease),
         };
         tracing::info!(replica = %m.id, epoch, %url, "replica lease taken");
+        self.survey(m);
         let engine = self.clone();
-        self.inner.tracker.spawn(async move { engine.keep_lease().await });
+        self.inner
+            .tracker
+            .spawn(async move { engine.keep_lease().await });
         Ok(())
     }
 
@@ -236,7 +237,15 @@ impl Engine {
                 return;
             }
         }
-        let Ok(leases) = store.leases() else { return };
+        self.survey(m);
+    }
+
+    /// Reads every lease: counts the live ones and settles the others' lapsed ones.
+    fn survey(&self, m: &Membership) {
+        let metrics = &self.inner.metrics.cluster;
+        let Ok(leases) = self.inner.store.leases() else {
+            return;
+        };
         let now = now_unix_ms();
         let live = leases.iter().filter(|l| l.live_at(now)).count();
         metrics.replicas_seen.store(live as u64, Ordering::Relaxed);
@@ -270,7 +279,9 @@ impl Engine {
                 );
             }
             Ok(None) => {}
-            Err(e) => tracing::error!(replica = %l.replica_id, error = %e, "could not settle a lapsed replica"),
+            Err(e) => {
+                tracing::error!(replica = %l.replica_id, error = %e, "could not settle a lapsed replica")
+            }
         }
     }
 

@@ -231,12 +231,11 @@ impl Engine {
 
     /// Every agent backend has a live process.
     pub fn backends_ready(&self) -> bool {
-        self
-                .inner
-                .backends
-                .values()
-                .filter(|b| b.kind() == BackendKind::Agent)
-                .all(|b| b.stats().processes_alive > 0)
+        self.inner
+            .backends
+            .values()
+            .filter(|b| b.kind() == BackendKind::Agent)
+            .all(|b| b.stats().processes_alive > 0)
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -299,7 +298,11 @@ impl Engine {
     }
 
     /// Runs one request: a fresh turn or the continuation of a suspended one.
-    pub async fn execute(&self, principal: &Principal, input: TurnInput) -> Result<Leg, EngineError> {
+    pub async fn execute(
+        &self,
+        principal: &Principal,
+        input: TurnInput,
+    ) -> Result<Leg, EngineError> {
         self.execute_hop(principal, input, false).await
     }
 
@@ -469,9 +472,7 @@ fn open_store(cfg: &Config) -> Result<Store, String> {
     use crate::store::StoreLocation;
     let owner = cfg.cluster.as_ref().map_or("", |c| c.replica_id.as_str());
     let store = match &cfg.store {
-        config::StoreConfig::Sqlite { path } => {
-            Store::connect(&StoreLocation::Sqlite(path), owner)
-        }
+        config::StoreConfig::Sqlite { path } => Store::connect(&StoreLocation::Sqlite(path), owner),
         config::StoreConfig::Postgres { url, password_env } => {
             let password = match password_env {
                 Some(var) => Some(std::env::var(var).map_err(|_| {

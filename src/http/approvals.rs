@@ -6,8 +6,8 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, Uri};
-use axum::Extension;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
@@ -15,8 +15,8 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::cluster::{to_owner, Hop, Replay};
 use super::{principal, read_body, Gateway};
-use crate::engine::ApprovalRoute;
 use crate::approvals::{to_json, visible, ApprovalState, DecideError};
+use crate::engine::ApprovalRoute;
 use crate::error::{ApiError, ErrorCode};
 
 fn not_found() -> ApiError {

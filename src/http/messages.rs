@@ -6,8 +6,8 @@
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
-use axum::Extension;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde_json::{json, Value};
 

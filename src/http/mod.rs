@@ -22,9 +22,9 @@ use serde_json::json;
 
 use crate::auth::Principal;
 use crate::engine::{Engine, EngineError, Leg};
-use crate::turn::TurnInput;
 use crate::error::{ApiError, ErrorCode};
 use crate::surface::{chat, responses};
+use crate::turn::TurnInput;
 
 type Gateway = Engine;
 

@@ -121,7 +121,9 @@ impl Store {
     pub fn approvals_list(&self, state: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> {
         let rows = self.db.tx(|t| match state {
             Some(s) => t.rows(
-                &format!("SELECT {COLUMNS} FROM approvals WHERE state = ?1 ORDER BY seq DESC LIMIT 1000"),
+                &format!(
+                    "SELECT {COLUMNS} FROM approvals WHERE state = ?1 ORDER BY seq DESC LIMIT 1000"
+                ),
                 vals![s],
             ),
             None => t.rows(

@@ -314,8 +314,13 @@ impl Pg {
     /// cache that belongs to it.
     fn client(
         &mut self,
-    ) -> Result<(&mut postgres::Client, &mut HashMap<String, postgres::Statement>), StoreError>
-    {
+    ) -> Result<
+        (
+            &mut postgres::Client,
+            &mut HashMap<String, postgres::Statement>,
+        ),
+        StoreError,
+    > {
         if self.client.as_ref().is_some_and(|c| c.is_closed()) {
             self.client = None;
         }
@@ -325,6 +330,15 @@ impl Pg {
         }
         let client = self.client.as_mut().expect("connected above");
         Ok((client, &mut self.statements))
+    }
+}
+
+impl Drop for Pg {
+    /// Closing the connection is a round trip too: off the async workers like the rest.
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            blocking(move || drop(client));
+        }
     }
 }
 

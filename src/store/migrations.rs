@@ -131,7 +131,7 @@ pub(super) fn migrate(t: &mut dyn Tx) -> Result<Vec<i64>, StoreError> {
     let engine = t.engine();
     if engine == Engine::Postgres {
         // Replicas starting at once: one migrates, the others then find it done.
-        t.rows("SELECT pg_advisory_xact_lock(7406151)", &[])?;
+        t.exec("SELECT pg_advisory_xact_lock(7406151)", &[])?;
     }
     t.batch(&ddl(
         engine,

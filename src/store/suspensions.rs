@@ -69,11 +69,9 @@ pub(super) const DURABLE_COLUMNS: &str = "digest, execution_id, principal, model
 pub(super) fn durable_rows(rows: &[Row]) -> Result<Vec<StoredSuspension>, StoreError> {
     let mut out: Vec<StoredSuspension> = Vec::new();
     for r in rows {
-        let (Some(token), Some(digests), Some(surface)) = (
-            r.digest(0)?,
-            unpack(&r.b(5)?),
-            Surface::parse(&r.t(9)?),
-        ) else {
+        let (Some(token), Some(digests), Some(surface)) =
+            (r.digest(0)?, unpack(&r.b(5)?), Surface::parse(&r.t(9)?))
+        else {
             continue;
         };
         let execution_id = r.t(1)?;

@@ -388,7 +388,12 @@ async fn restart_orphans_pending_approvals() {
 
 #[tokio::test]
 async fn store_failure_denies() {
-    let gw = Gateway::start().await;
+    // Locks the SQLite file itself, so it keeps SQLite on a PostgreSQL run too.
+    let gw = Gateway::start_with(Opts {
+        sqlite: true,
+        ..Opts::default()
+    })
+    .await;
     let chat = start(&gw, "cmd-ask", "go delay=1500");
     gw.wait_spy("turn_start", 1).await;
     // Another connection holds the database's write lock while the approval is asked.

@@ -181,7 +181,12 @@ async fn kill_9_at_random_moments_loses_nothing_and_answers_nothing_twice() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let fake = FakeUpstream::start().await;
     let url = fake.url.clone();
-    let mut gw = Gateway::start_raw(Opts::default(), move |o, dir| {
+    // Checks the SQLite file's integrity after each kill: SQLite on a PostgreSQL run too.
+    let opts = Opts {
+        sqlite: true,
+        ..Opts::default()
+    };
+    let mut gw = Gateway::start_raw(opts, move |o, dir| {
         let mut s = config_text(o, dir);
         s.push_str(&format!(
             "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\n\

@@ -5,6 +5,7 @@
 pub mod fake_responses;
 pub mod fake_upstream;
 pub mod messages;
+pub mod postgres;
 pub mod responses;
 pub mod tls;
 
@@ -21,6 +22,9 @@ pub const BOB: &str = "sk-bob-test-key";
 pub const CAROL: &str = "sk-carol-test-key";
 /// The upstream key the gateway reads from `TURNSTILE_TEST_UPSTREAM_KEY` (a canary for logs).
 pub const UPSTREAM_KEY: &str = "sk-upstream-canary-8812";
+/// The replicas' shared key, and the variable the config names for it.
+pub const CLUSTER_KEY: &str = "cluster-test-key-0123456789abcdef";
+pub const CLUSTER_KEY_ENV: &str = "TURNSTILE_CLUSTER_KEY";
 /// A client with the `approver` role.
 pub const ROOT: &str = "sk-root-approver-key";
 
@@ -67,6 +71,9 @@ pub struct Opts {
     pub continuity: &'static str,
     /// More lines of the `[server]` section.
     pub server: &'static str,
+    /// Keep the SQLite store even when the suite runs on PostgreSQL (the test inspects or
+    /// locks the SQLite file itself).
+    pub sqlite: bool,
 }
 
 impl Default for Opts {
@@ -86,6 +93,7 @@ impl Default for Opts {
             recycle_after_threads: 1000,
             continuity: "",
             server: "",
+            sqlite: false,
         }
     }
 }
@@ -206,8 +214,13 @@ impl Gateway {
         text: impl FnOnce(&Opts, &std::path::Path) -> String,
     ) -> Gateway {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("turnstile.toml"), text(&opts, dir.path()))
-            .expect("write config");
+        let mut text = text(&opts, dir.path());
+        if postgres::suite_on_postgres() && !opts.sqlite && !text.contains("\nurl = \"postgres://")
+        {
+            text = text.replace("[store]\npath = \"turnstile.db\"\n", "");
+            text.push_str(&postgres::store_section(&postgres::database()));
+        }
+        std::fs::write(dir.path().join("turnstile.toml"), text).expect("write config");
         let mut gw = Gateway {
             child: None,
             url: String::new(),
@@ -241,6 +254,8 @@ impl Gateway {
             .arg(self.config_path())
             .env("TURNSTILE_LOG", "info,turnstile=debug")
             .env("TURNSTILE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
+            .env(postgres::PASSWORD_ENV, postgres::PASSWORD)
+            .env(CLUSTER_KEY_ENV, CLUSTER_KEY)
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()

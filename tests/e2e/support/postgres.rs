@@ -1,0 +1,242 @@
+//! A real PostgreSQL 15 server for the tests, started by the tests themselves: `initdb` into a
+//! temporary folder and `postgres` on a free loopback port, as the unprivileged `nobody` when
+//! the tests run as root, with password authentication (SCRAM) for every connection. One
+//! server per test process; each gateway (or group of replicas) gets its own database.
+//!
+//! The server runs under a small shell that waits on its stdin: when the test process exits
+//! (however it exits), the pipe closes and the shell stops the server, so no server outlives
+//! the tests. Durability settings are relaxed (`fsync=off`): the tests kill gateways, never the
+//! database's machine.
+//!
+//! `TURNSTILE_TEST_STORE=postgres` runs every other e2e test on it too (each gateway's
+//! `[store]` becomes a database here), except the ones that inspect the SQLite file.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The PostgreSQL 15 server binaries on this machine image.
+const BIN: &str = "/usr/lib/postgresql/15/bin";
+/// The superuser the tests create, and its password (given to gateways by environment).
+pub const USER: &str = "turnstile";
+pub const PASSWORD: &str = "pg-test-password-5521";
+/// The environment variable gateways read the password from.
+pub const PASSWORD_ENV: &str = "TURNSTILE_PG_PASSWORD";
+
+pub struct Server {
+    pub port: u16,
+    _dir: tempfile::TempDir,
+    /// Closing it stops the server.
+    _stdin: Mutex<ChildStdin>,
+}
+
+/// Whether the whole suite runs on PostgreSQL.
+pub fn suite_on_postgres() -> bool {
+    std::env::var("TURNSTILE_TEST_STORE").is_ok_and(|v| v == "postgres")
+}
+
+fn run_as(user: Option<&str>, program: &Path) -> Command {
+    match user {
+        Some(u) => {
+            let mut c = Command::new("setpriv");
+            c.args([
+                &format!("--reuid={u}"),
+                &format!("--regid={}", if u == "nobody" { "nogroup" } else { u }),
+                "--clear-groups",
+                "--",
+            ])
+            .arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next().map(|u| u == "0"))
+        .unwrap_or(false)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn start() -> Server {
+    assert!(
+        Path::new(BIN).join("postgres").exists(),
+        "PostgreSQL 15's server binaries are missing from {BIN}"
+    );
+    let user = is_root().then_some("nobody");
+    let dir = tempfile::Builder::new()
+        .prefix("turnstile-pg")
+        .tempdir()
+        .expect("tempdir");
+    let data = dir.path().join("data");
+    let pwfile = dir.path().join("pw");
+    std::fs::write(&pwfile, PASSWORD).expect("pwfile");
+    if user.is_some() {
+        for p in [dir.path(), pwfile.as_path()] {
+            std::os::unix::fs::chown(p, Some(65534), Some(65534)).expect("chown to nobody");
+        }
+    }
+    let out = run_as(user, &Path::new(BIN).join("initdb"))
+        .args(["-D"])
+        .arg(&data)
+        .args([
+            "-U",
+            USER,
+            "--auth=scram-sha-256",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ])
+        .arg(format!("--pwfile={}", pwfile.display()))
+        .output()
+        .expect("initdb");
+    assert!(
+        out.status.success(),
+        "initdb failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for attempt in 0..3 {
+        let port = free_port();
+        let script = format!(
+            "{bin}/postgres -D {data} -p {port} -k {sock} -c listen_addresses=127.0.0.1 \
+             -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
+             -c max_connections=300 -c shared_buffers=64MB & pid=$!; \
+             read _; kill -INT $pid; wait $pid",
+            bin = BIN,
+            data = data.display(),
+            sock = dir.path().display(),
+        );
+        let mut child = run_as(user, Path::new("/bin/sh"))
+            .args(["-c", &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start postgres");
+        let stdin = child.stdin.take().expect("stdin");
+        let stderr = child.stderr.take().expect("stderr");
+        // Ready when the server says so (bounded): its log, not a polling loop.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut ready = false;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if !ready && line.contains("ready to accept connections") {
+                    ready = true;
+                    let _ = tx.send(Ok(()));
+                }
+                if !ready && (line.contains("could not bind") || line.contains("FATAL")) {
+                    let _ = tx.send(Err(line));
+                    return;
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Ok(())) => {
+                return Server {
+                    port,
+                    _dir: dir,
+                    _stdin: Mutex::new(stdin),
+                }
+            }
+            Ok(Err(line)) if attempt < 2 => {
+                eprintln!("postgres did not start on port {port}: {line}; another port");
+                drop(stdin);
+                let _ = child.wait();
+            }
+            other => panic!("postgres did not start: {other:?}"),
+        }
+    }
+    unreachable!()
+}
+
+/// The server of this test process, started on first use.
+pub fn server() -> &'static Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(start)
+}
+
+/// A new, empty database; returns its URL (no password: gateways read it from
+/// [`PASSWORD_ENV`]).
+pub fn database() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let s = server();
+    let name = format!(
+        "t{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = Command::new(PathBuf::from(BIN).join("createdb"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &s.port.to_string(),
+                "-U",
+                USER,
+                &name,
+            ])
+            .env("PGPASSWORD", PASSWORD)
+            .output()
+            .expect("createdb");
+        if out.status.success() {
+            break;
+        }
+        // Two CREATE DATABASE at once may collide on the template; try again (bounded).
+        assert!(
+            Instant::now() < deadline,
+            "createdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    format!("postgres://{USER}@127.0.0.1:{}/{name}", s.port)
+}
+
+/// A `[store]` section on a new database.
+pub fn store_section(url: &str) -> String {
+    format!("\n[store]\nurl = \"{url}\"\npassword_env = \"{PASSWORD_ENV}\"\n")
+}
+
+/// Runs SQL on a database as the superuser (tests that look into the shared store).
+pub fn psql(url: &str, sql: &str) -> String {
+    let db = url.rsplit('/').next().expect("db name");
+    let out = Command::new(PathBuf::from(BIN).join("psql"))
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &server().port.to_string(),
+            "-U",
+            USER,
+            "-d",
+            db,
+            "-At",
+            "-c",
+            sql,
+        ])
+        .env("PGPASSWORD", PASSWORD)
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "psql failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
