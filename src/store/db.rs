@@ -344,7 +344,7 @@ impl Drop for Pg {
 
 pub(super) enum Db {
     Sqlite(Mutex<rusqlite::Connection>),
-    Postgres(Mutex<Pg>),
+    Postgres(Box<Mutex<Pg>>),
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -394,7 +394,7 @@ impl Db {
             statements: HashMap::new(),
         };
         blocking(|| pg.client().map(|_| ()))?;
-        Ok(Db::Postgres(Mutex::new(pg)))
+        Ok(Db::Postgres(Box::new(Mutex::new(pg))))
     }
 
     pub fn engine(&self) -> Engine {

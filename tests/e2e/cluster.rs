@@ -372,3 +372,45 @@ async fn the_internal_listener_wants_the_cluster_key() {
         .await;
     assert_eq!(status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_loses_the_database_refuses_fresh_turns_and_finishes_what_it_holds() {
+    // Its own server, to take away; a long lease, so the held turn is still vouched for.
+    let pg = postgres::Server::start();
+    let db = pg.database();
+    let gw = Gateway::start_raw(Opts::default(), move |o, dir| {
+        let mut s = config_text(o, dir).replace("[store]\npath = \"turnstile.db\"\n", "");
+        s.push_str(&postgres::store_section(&db));
+        s.push_str(&format!(
+            "\n[cluster]\nreplica_id = \"solo\"\ninternal_listen = \"127.0.0.1:0\"\nkey_env = \"{CLUSTER_KEY_ENV}\"\nlease_seconds = 60\n"
+        ));
+        s
+    })
+    .await;
+    let (req, resp) = suspend(&gw, "read the notes").await;
+    let (status, ready) = get(&gw, ROOT, "/readyz").await;
+    assert_eq!(
+        (status, &ready["checks"]["lease"]["status"]),
+        (200, &json!("ok")),
+        "{ready}"
+    );
+    drop(pg);
+    let ready = wait_for("readiness to fail", async || {
+        let (status, v) = get(&gw, ROOT, "/readyz").await;
+        (status == 503).then_some(v)
+    })
+    .await;
+    assert_eq!(ready["checks"]["store"]["status"], "failing", "{ready}");
+    let (status, v) = gw
+        .chat(ALICE, &json!({"model": "echo", "messages": [user("hi")]}))
+        .await;
+    assert_eq!(
+        (status.as_u16(), error_code(&v).as_str()),
+        (503, "store_unavailable"),
+        "{v}"
+    );
+    // The held turn finishes.
+    let (status, v) = gw.chat(ALICE, &answer(&req, &resp, "notes: 42")).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(content(&v).contains("notes: 42"), "{v}");
+}

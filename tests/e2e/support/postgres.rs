@@ -13,7 +13,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -28,9 +28,18 @@ pub const PASSWORD_ENV: &str = "TURNSTILE_PG_PASSWORD";
 
 pub struct Server {
     pub port: u16,
-    _dir: tempfile::TempDir,
     /// Closing it stops the server.
-    _stdin: Mutex<ChildStdin>,
+    stdin: Mutex<Option<ChildStdin>>,
+    child: Mutex<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    /// Stops the server (fast shutdown) and waits for it.
+    fn drop(&mut self) {
+        drop(self.stdin.lock().unwrap().take());
+        let _ = self.child.lock().unwrap().wait();
+    }
 }
 
 /// Whether the whole suite runs on PostgreSQL.
@@ -70,6 +79,19 @@ fn free_port() -> u16 {
         .local_addr()
         .expect("addr")
         .port()
+}
+
+impl Server {
+    /// A server of the caller's own (stopped when dropped), for a test that takes the
+    /// database away.
+    pub fn start() -> Server {
+        start()
+    }
+
+    /// A new, empty database on this server; its URL.
+    pub fn database(&self) -> String {
+        create_database(self.port)
+    }
 }
 
 fn start() -> Server {
@@ -148,8 +170,9 @@ fn start() -> Server {
             Ok(Ok(())) => {
                 return Server {
                     port,
+                    stdin: Mutex::new(Some(stdin)),
+                    child: Mutex::new(child),
                     _dir: dir,
-                    _stdin: Mutex::new(stdin),
                 }
             }
             Ok(Err(line)) if attempt < 2 => {
@@ -157,7 +180,11 @@ fn start() -> Server {
                 drop(stdin);
                 let _ = child.wait();
             }
-            other => panic!("postgres did not start: {other:?}"),
+            other => {
+                drop(stdin);
+                let _ = child.wait();
+                panic!("postgres did not start: {other:?}")
+            }
         }
     }
     unreachable!()
@@ -172,8 +199,11 @@ pub fn server() -> &'static Server {
 /// A new, empty database; returns its URL (no password: gateways read it from
 /// [`PASSWORD_ENV`]).
 pub fn database() -> String {
+    create_database(server().port)
+}
+
+fn create_database(port: u16) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
-    let s = server();
     let name = format!(
         "t{}_{}",
         std::process::id(),
@@ -186,7 +216,7 @@ pub fn database() -> String {
                 "-h",
                 "127.0.0.1",
                 "-p",
-                &s.port.to_string(),
+                &port.to_string(),
                 "-U",
                 USER,
                 &name,
@@ -205,7 +235,7 @@ pub fn database() -> String {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    format!("postgres://{USER}@127.0.0.1:{}/{name}", s.port)
+    format!("postgres://{USER}@127.0.0.1:{port}/{name}")
 }
 
 /// A `[store]` section on a new database.
@@ -215,13 +245,14 @@ pub fn store_section(url: &str) -> String {
 
 /// Runs SQL on a database as the superuser (tests that look into the shared store).
 pub fn psql(url: &str, sql: &str) -> String {
-    let db = url.rsplit('/').next().expect("db name");
+    let (host, db) = url.rsplit_once('/').expect("db name");
+    let port = host.rsplit(':').next().expect("port");
     let out = Command::new(PathBuf::from(BIN).join("psql"))
         .args([
             "-h",
             "127.0.0.1",
             "-p",
-            &server().port.to_string(),
+            port,
             "-U",
             USER,
             "-d",
