@@ -363,17 +363,23 @@ impl Engine {
             tracing::error!(error = %e, "store unavailable for a continuation lookup");
             ContinuationError::StoreUnavailable
         };
-        for t in &c.tokens {
-            if let Some((owner, reason)) = store.tombstone_of(t).map_err(unavailable)? {
-                if !principal_eq(&owner, &principal.id) {
-                    return Err(ContinuationError::NotFound);
-                }
-                return Err(ContinuationError::Settled(Reason::parse(&reason)));
-            }
-        }
+        // Pending first, then tombstones: a settlement deletes the pending rows and writes the
+        // tombstones in one transaction, so a record settled in between is found as the
+        // latter, never as neither.
         let first = c.tokens.first().ok_or(ContinuationError::NotFound)?;
         let found = store.pending_of(first).map_err(unavailable)?;
-        match found.ok_or(ContinuationError::NotFound)? {
+        let Some(found) = found else {
+            for t in &c.tokens {
+                if let Some((owner, reason)) = store.tombstone_of(t).map_err(unavailable)? {
+                    if !principal_eq(&owner, &principal.id) {
+                        return Err(ContinuationError::NotFound);
+                    }
+                    return Err(ContinuationError::Settled(Reason::parse(&reason)));
+                }
+            }
+            return Err(ContinuationError::NotFound);
+        };
+        match found {
             RemotePending::Durable(s) => {
                 if !principal_eq(&s.principal, &principal.id) {
                     return Err(ContinuationError::NotFound);
