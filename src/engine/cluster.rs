@@ -22,13 +22,12 @@ use std::time::Duration;
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
-use super::execution::{ExecutionMeta, Suspended};
 use super::resume::check;
+use super::suspension::durable_batch;
 use super::{ContinuationError, Engine};
 use crate::auth::Principal;
-use crate::backend::{BackendKind, Hold};
 use crate::config::ClusterConfig;
-use crate::continuation::{Batch, Lookup, PendingView, Reason};
+use crate::continuation::{Lookup, PendingView, Reason};
 use crate::digest::sha256;
 use crate::store::{now_unix_ms, ApprovalRecord, Lease, RemotePending};
 use crate::turn::{Continuation, TurnInput};
@@ -384,35 +383,8 @@ impl Engine {
                 if !principal_eq(&s.principal, &principal.id) {
                     return Err(ContinuationError::NotFound);
                 }
-                let left = Duration::from_millis(s.deadline_ms.saturating_sub(now_unix_ms()));
-                let deadline = Instant::now() + left;
-                let meta = ExecutionMeta {
-                    id: s.execution_id.clone(),
-                    principal: s.principal.clone(),
-                    model: s.model.clone(),
-                    surface: s.surface,
-                    created: s.created_at,
-                };
                 // A racing request may have taken it in first; either way, look again.
-                self.inner.registry.restore_absent(Batch {
-                    principal: s.principal,
-                    execution_id: s.execution_id,
-                    model: s.model,
-                    surface: s.surface,
-                    deadline,
-                    tokens: s.tokens,
-                    digests: s.digests,
-                    parked: Suspended {
-                        meta,
-                        kind: BackendKind::Upstream,
-                        deadline,
-                        rounds: s.rounds,
-                        hold: Hold::Ids(s.ids),
-                        backlog: Default::default(),
-                        slot: None,
-                        history: None,
-                    },
-                });
+                self.inner.registry.restore_absent(durable_batch(s));
                 Ok(Elsewhere::Restored)
             }
             RemotePending::Held {

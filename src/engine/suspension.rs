@@ -187,37 +187,42 @@ impl Engine {
 
     /// Puts back the durable suspensions a previous process left pending.
     pub(super) fn restore_durable(&self) -> Result<(), crate::store::StoreError> {
-        let now_ms = now_unix_ms();
         for s in self.inner.store.durable_suspensions()? {
-            let left = std::time::Duration::from_millis(s.deadline_ms.saturating_sub(now_ms));
-            let deadline = tokio::time::Instant::now() + left;
-            let meta = super::execution::ExecutionMeta {
-                id: s.execution_id.clone(),
-                principal: s.principal.clone(),
-                model: s.model.clone(),
-                surface: s.surface,
-                created: s.created_at,
-            };
-            self.inner.registry.restore(Batch {
-                principal: s.principal,
-                execution_id: s.execution_id,
-                model: s.model,
-                surface: s.surface,
-                deadline,
-                tokens: s.tokens,
-                digests: s.digests,
-                parked: Suspended {
-                    meta,
-                    kind: crate::backend::BackendKind::Upstream,
-                    deadline,
-                    rounds: s.rounds,
-                    hold: Hold::Ids(s.ids),
-                    backlog: VecDeque::new(),
-                    slot: None,
-                    history: None,
-                },
-            });
+            self.inner.registry.restore(durable_batch(s));
         }
         Ok(())
+    }
+}
+
+/// A durable (stateless upstream) record from the store as a registry batch, its deadline
+/// carried over from wall-clock time.
+pub(super) fn durable_batch(s: crate::store::StoredSuspension) -> Batch<Suspended> {
+    let left = std::time::Duration::from_millis(s.deadline_ms.saturating_sub(now_unix_ms()));
+    let deadline = tokio::time::Instant::now() + left;
+    let meta = super::execution::ExecutionMeta {
+        id: s.execution_id.clone(),
+        principal: s.principal.clone(),
+        model: s.model.clone(),
+        surface: s.surface,
+        created: s.created_at,
+    };
+    Batch {
+        principal: s.principal,
+        execution_id: s.execution_id,
+        model: s.model,
+        surface: s.surface,
+        deadline,
+        tokens: s.tokens,
+        digests: s.digests,
+        parked: Suspended {
+            meta,
+            kind: crate::backend::BackendKind::Upstream,
+            deadline,
+            rounds: s.rounds,
+            hold: Hold::Ids(s.ids),
+            backlog: VecDeque::new(),
+            slot: None,
+            history: None,
+        },
     }
 }

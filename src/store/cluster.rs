@@ -7,8 +7,8 @@
 //! within a lease (NTP does).
 
 use super::db::{vals, Row};
-use super::suspensions::{durable_rows, settle, unpack, DURABLE_COLUMNS};
-use super::{now_unix, Store, StoreError, StoredSuspension};
+use super::suspensions::{durable_rows, unpack, DURABLE_COLUMNS};
+use super::{lose_owner, now_unix, Store, StoreError, StoredSuspension};
 use crate::continuation::Digests;
 use crate::turn::Surface;
 
@@ -152,40 +152,17 @@ impl Store {
             if won == 0 {
                 return Ok(None);
             }
-            let pending = t.rows(
-                "SELECT digest, principal FROM pending_tokens WHERE owner = ?1",
-                vals![replica],
-            )?;
-            let mut out = ReplicaSettlement::default();
-            for r in &pending {
-                if let Some(d) = r.digest(0)? {
-                    out.tokens_lost += settle(t, &r.t(1)?, &[d], "lost", now)?.len();
-                }
-            }
-            t.exec(
-                "INSERT INTO journal (at, execution_id, event, detail)
-                 SELECT ?1, execution_id, 'execution_ended', 'reason=lost (replica lease lapsed)'
-                 FROM executions WHERE state = 'live' AND owner = ?2
-                 AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
-                vals![now, replica],
-            )?;
-            out.executions_lost = t.exec(
-                "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?1
-                 WHERE state = 'live' AND owner = ?2
-                 AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
-                vals![now, replica],
-            )? as usize;
+            let lost = lose_owner(t, replica, now, "reason=lost (replica lease lapsed)")?;
             let orphaned = t.rows(
                 "UPDATE approvals SET state = 'denied', reason = 'orphaned', decided_at = ?1
                  WHERE state = 'pending' AND owner = ?2 RETURNING id",
                 vals![now, replica],
             )?;
-            out.approvals_orphaned = orphaned.iter().map(|r| r.t(0)).collect::<Result<_, _>>()?;
-            t.exec(
-                "UPDATE upstream_pending SET claimed_by = NULL WHERE claimed_by = ?1",
-                vals![replica],
-            )?;
-            Ok(Some(out))
+            Ok(Some(ReplicaSettlement {
+                tokens_lost: lost.tokens_lost,
+                executions_lost: lost.executions_lost,
+                approvals_orphaned: orphaned.iter().map(|r| r.t(0)).collect::<Result<_, _>>()?,
+            }))
         })
     }
 

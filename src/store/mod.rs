@@ -136,38 +136,9 @@ impl Store {
     /// of starting anew. Stateless records stay (they hold nothing in memory); the claims this
     /// replica held on them are released.
     pub fn recover(&self) -> Result<Recovery, StoreError> {
-        let now = now_unix();
         let owner = self.owner.as_str();
-        self.db.tx(|t| {
-            let tokens = t.exec(
-                "INSERT INTO tombstones (digest, principal, reason, at)
-                 SELECT digest, principal, 'lost', ?1 FROM pending_tokens WHERE owner = ?2
-                 ON CONFLICT (digest) DO NOTHING",
-                vals![now, owner],
-            )?;
-            t.exec("DELETE FROM pending_tokens WHERE owner = ?1", vals![owner])?;
-            t.exec(
-                "UPDATE upstream_pending SET claimed_by = NULL WHERE claimed_by = ?1",
-                vals![owner],
-            )?;
-            t.exec(
-                "INSERT INTO journal (at, execution_id, event, detail)
-                 SELECT ?1, execution_id, 'execution_ended', 'reason=lost (gateway restart)'
-                 FROM executions WHERE state = 'live' AND owner = ?2
-                 AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
-                vals![now, owner],
-            )?;
-            let execs = t.exec(
-                "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?1
-                 WHERE state = 'live' AND owner = ?2
-                 AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
-                vals![now, owner],
-            )?;
-            Ok(Recovery {
-                executions_lost: execs as usize,
-                tokens_lost: tokens as usize,
-            })
-        })
+        self.db
+            .tx(|t| lose_owner(t, owner, now_unix(), "reason=lost (gateway restart)"))
     }
 
     pub fn journal(&self, execution_id: &str, event: &str, detail: &str) -> Result<(), StoreError> {
@@ -262,6 +233,45 @@ impl Store {
         });
         matches!(probe, Err(StoreError(e)) if e.is_empty())
     }
+}
+
+/// Settles what a replica (`owner`) held: its pending tokens become `lost` tombstones, its
+/// claims on stateless records are released, its live executions (but those suspended on a
+/// stateless upstream, which hold nothing in a process) end `lost`, journaled with `why`.
+fn lose_owner(
+    t: &mut dyn db::Tx,
+    owner: &str,
+    now: u64,
+    why: &str,
+) -> Result<Recovery, StoreError> {
+    let tokens = t.exec(
+        "INSERT INTO tombstones (digest, principal, reason, at)
+         SELECT digest, principal, 'lost', ?1 FROM pending_tokens WHERE owner = ?2
+         ON CONFLICT (digest) DO NOTHING",
+        vals![now, owner],
+    )?;
+    t.exec("DELETE FROM pending_tokens WHERE owner = ?1", vals![owner])?;
+    t.exec(
+        "UPDATE upstream_pending SET claimed_by = NULL WHERE claimed_by = ?1",
+        vals![owner],
+    )?;
+    t.exec(
+        "INSERT INTO journal (at, execution_id, event, detail)
+         SELECT ?1, execution_id, 'execution_ended', ?3
+         FROM executions WHERE state = 'live' AND owner = ?2
+         AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
+        vals![now, owner, why],
+    )?;
+    let executions = t.exec(
+        "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?1
+         WHERE state = 'live' AND owner = ?2
+         AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
+        vals![now, owner],
+    )?;
+    Ok(Recovery {
+        executions_lost: executions as usize,
+        tokens_lost: tokens as usize,
+    })
 }
 
 fn sqlite_file(path: &Path) -> Result<Db, StoreError> {
