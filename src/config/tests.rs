@@ -429,3 +429,64 @@ fn backend_errors_name_their_key() {
     assert_eq!(e.path, "backends.b.proceses");
     assert!(e.message.starts_with("unknown field `proceses`"), "{e}");
 }
+
+#[test]
+fn a_postgres_store_and_a_cluster_are_read_exactly_and_secrets_stay_out_of_the_file() {
+    let pg = base_toml().replace(
+        "[store]\npath = \"data/t.db\"",
+        "[store]\nurl = \"postgres://turnstile@127.0.0.1:5432/turnstile\"\npassword_env = \"TURNSTILE_PG_PASSWORD\"",
+    );
+    let cluster = format!(
+        "{pg}\n[cluster]\nreplica_id = \"a\"\ninternal_listen = \"127.0.0.1:0\"\nadvertise_url = \"http://10.0.0.5:8788/\"\nkey_env = \"TURNSTILE_CLUSTER_KEY\"\n"
+    );
+    let cfg = parse(&cluster).unwrap();
+    assert_eq!(
+        cfg.store,
+        StoreConfig::Postgres {
+            url: "postgres://turnstile@127.0.0.1:5432/turnstile".into(),
+            password_env: Some("TURNSTILE_PG_PASSWORD".into()),
+        }
+    );
+    let c = cfg.cluster.unwrap();
+    assert_eq!(c.replica_id, "a");
+    assert_eq!(c.internal_listen.port(), 0);
+    assert_eq!(c.advertise_url.as_deref(), Some("http://10.0.0.5:8788"));
+    assert_eq!(c.key_env, "TURNSTILE_CLUSTER_KEY");
+    assert_eq!(c.lease, Duration::from_secs(10));
+    assert!(parse(&base_toml()).unwrap().cluster.is_none());
+
+    let refused = [
+        (
+            pg.replace("turnstile@127", "turnstile:secret@127"),
+            "store.url",
+        ),
+        (pg.replace("postgres://", "mysql://"), "store.url"),
+        (
+            pg.replace("[store]\n", "[store]\npath = \"x.db\"\n"),
+            "store",
+        ),
+        (
+            base_toml().replace("path = \"data/t.db\"", "path = \"data/t.db\"\npassword_env = \"P\""),
+            "store.password_env",
+        ),
+        (pg.replace("TURNSTILE_PG_PASSWORD", "not a name"), "store.password_env"),
+        (
+            format!("{}\n[cluster]\nreplica_id = \"a\"\ninternal_listen = \"127.0.0.1:0\"\nkey_env = \"K\"\n", base_toml()),
+            "cluster",
+        ),
+        (cluster.replace("replica_id = \"a\"", "replica_id = \"a b\""), "cluster.replica_id"),
+        (
+            cluster.replace("internal_listen = \"127.0.0.1:0\"", "internal_listen = \"nowhere\""),
+            "cluster.internal_listen",
+        ),
+        (cluster.replace("http://10.0.0.5:8788/", "10.0.0.5"), "cluster.advertise_url"),
+        (cluster.replace("key_env = \"TURNSTILE_CLUSTER_KEY\"", "key_env = \"\""), "cluster.key_env"),
+        (format!("{cluster}lease_seconds = 0\n"), "cluster.lease_seconds"),
+    ];
+    for (text, path) in refused {
+        assert_eq!(parse(&text).unwrap_err().path, path, "{text}");
+    }
+    // A misspelt key names its path.
+    let e = parse(&format!("{cluster}lease = 3\n")).unwrap_err();
+    assert!(e.path.starts_with("cluster"), "{e:?}");
+}

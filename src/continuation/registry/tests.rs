@@ -191,3 +191,26 @@ fn a_taken_batch_reads_resolved_until_committed_or_reinstated() {
     );
     assert_eq!(r.tombstone_count(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_record_from_another_replica_goes_in_once_and_a_claim_lost_elsewhere_leaves_nothing() {
+    let r = reg(10, 10, 10);
+    let later = Instant::now() + Duration::from_secs(60);
+    assert!(r.restore_absent(batch("alice", vec![[1; 32], [2; 32]], later)));
+    // A racing request found the same record: it is not put in twice.
+    assert!(!r.restore_absent(batch("alice", vec![[1; 32], [2; 32]], later)));
+    assert_eq!(r.pending_count(), 2);
+    let Lookup::Pending(v) = r.lookup("alice", &[[1; 32], [2; 32]]) else {
+        panic!("not pending")
+    };
+    let taken = r.take(v.batch).expect("claim");
+    // In flight, it reads as resolved; forgotten (another replica won), it is unknown here.
+    assert_eq!(
+        r.lookup("alice", &[[1; 32]]),
+        Lookup::Settled(Reason::Resolved)
+    );
+    assert!(!r.restore_absent(batch("alice", vec![[1; 32]], later)));
+    r.forget(&taken.tokens);
+    assert_eq!(r.lookup("alice", &[[1; 32]]), Lookup::NotFound);
+    assert_eq!((r.pending_count(), r.tombstone_count()), (0, 0));
+}
