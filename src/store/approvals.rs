@@ -108,7 +108,7 @@ impl Store {
     }
 
     pub fn approval_get(&self, id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
-        let rows = self.db.tx(|t| {
+        let rows = self.db.read(|t| {
             t.rows(
                 &format!("SELECT {COLUMNS} FROM approvals WHERE id = ?1"),
                 vals![id],
@@ -119,7 +119,7 @@ impl Store {
 
     /// Approvals newest first, optionally in one state.
     pub fn approvals_list(&self, state: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> {
-        let rows = self.db.tx(|t| match state {
+        let rows = self.db.read(|t| match state {
             Some(s) => t.rows(
                 &format!(
                     "SELECT {COLUMNS} FROM approvals WHERE state = ?1 ORDER BY seq DESC LIMIT 1000"

@@ -113,7 +113,7 @@ impl Store {
     }
 
     pub fn leases(&self) -> Result<Vec<Lease>, StoreError> {
-        let rows = self.db.tx(|t| {
+        let rows = self.db.read(|t| {
             t.rows(
                 "SELECT replica_id, url, epoch, expires_at_ms, settled FROM replicas ORDER BY replica_id",
                 &[],
@@ -123,7 +123,7 @@ impl Store {
     }
 
     pub fn lease_of(&self, replica: &str) -> Result<Option<Lease>, StoreError> {
-        let rows = self.db.tx(|t| {
+        let rows = self.db.read(|t| {
             t.rows(
                 "SELECT replica_id, url, epoch, expires_at_ms, settled FROM replicas WHERE replica_id = ?1",
                 vals![replica],
@@ -168,7 +168,7 @@ impl Store {
 
     /// The pending record a token digest belongs to, whichever replica wrote it.
     pub fn pending_of(&self, digest: &[u8; 32]) -> Result<Option<RemotePending>, StoreError> {
-        self.db.tx(|t| {
+        self.db.read(|t| {
             let held = t.rows(
                 "SELECT execution_id FROM pending_tokens WHERE digest = ?1",
                 vals![digest],
@@ -222,7 +222,7 @@ impl Store {
 
     /// The principal and reason of a tombstone, whichever replica wrote it.
     pub fn tombstone_of(&self, digest: &[u8; 32]) -> Result<Option<(String, String)>, StoreError> {
-        let rows = self.db.tx(|t| {
+        let rows = self.db.read(|t| {
             t.rows(
                 "SELECT principal, reason FROM tombstones WHERE digest = ?1",
                 vals![digest],

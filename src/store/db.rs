@@ -224,12 +224,13 @@ fn dollar(sql: &str) -> String {
     sql.replace('?', "$")
 }
 
-struct PgTx<'a, 'c> {
-    tx: postgres::Transaction<'c>,
+/// Statements on a PostgreSQL connection: inside a transaction, or (reads) on their own.
+struct PgTx<'a, C> {
+    tx: &'a mut C,
     statements: &'a mut HashMap<String, postgres::Statement>,
 }
 
-impl PgTx<'_, '_> {
+impl<C: postgres::GenericClient> PgTx<'_, C> {
     fn statement(&mut self, sql: &str) -> Result<postgres::Statement, StoreError> {
         if let Some(s) = self.statements.get(sql) {
             return Ok(s.clone());
@@ -244,7 +245,7 @@ impl PgTx<'_, '_> {
     }
 }
 
-impl Tx for PgTx<'_, '_> {
+impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
     fn exec(&mut self, sql: &str, p: &[Val<'_>]) -> Result<u64, StoreError> {
         let s = self.statement(sql)?;
         Ok(self.tx.execute(&s, &Self::params(p))?)
@@ -409,6 +410,23 @@ impl Db {
         &self,
         f: impl FnOnce(&mut dyn Tx) -> Result<T, StoreError> + Send,
     ) -> Result<T, StoreError> {
+        self.run(true, f)
+    }
+
+    /// Runs reads in `f`: on PostgreSQL each statement on its own (no `BEGIN`/`COMMIT`
+    /// round trips), so a lookup of one record costs one round trip per statement.
+    pub fn read<T: Send>(
+        &self,
+        f: impl FnOnce(&mut dyn Tx) -> Result<T, StoreError> + Send,
+    ) -> Result<T, StoreError> {
+        self.run(false, f)
+    }
+
+    fn run<T: Send>(
+        &self,
+        transaction: bool,
+        f: impl FnOnce(&mut dyn Tx) -> Result<T, StoreError> + Send,
+    ) -> Result<T, StoreError> {
         match self {
             Db::Sqlite(conn) => {
                 let mut conn = lock(conn);
@@ -421,12 +439,18 @@ impl Db {
                 let mut pg = lock(pg);
                 let out = (|| {
                     let (client, statements) = pg.client()?;
-                    let mut t = PgTx {
-                        tx: client.transaction()?,
+                    if !transaction {
+                        return f(&mut PgTx {
+                            tx: client,
+                            statements,
+                        });
+                    }
+                    let mut tx = client.transaction()?;
+                    let v = f(&mut PgTx {
+                        tx: &mut tx,
                         statements,
-                    };
-                    let v = f(&mut t)?;
-                    t.tx.commit()?;
+                    })?;
+                    tx.commit()?;
                     Ok(v)
                 })();
                 if out.is_err() && pg.client.as_ref().is_some_and(|c| c.is_closed()) {

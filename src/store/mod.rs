@@ -191,7 +191,7 @@ impl Store {
     }
 
     pub fn tombstones(&self) -> Result<Vec<StoredTombstone>, StoreError> {
-        let rows = self.db.tx(|t| {
+        let rows = self.db.read(|t| {
             t.rows(
                 "SELECT digest, principal, reason FROM tombstones ORDER BY seq",
                 &[],
@@ -213,7 +213,7 @@ impl Store {
     /// The journal's events of an execution, in order (tests).
     #[cfg(test)]
     pub fn journal_events(&self, execution_id: &str) -> Result<Vec<String>, StoreError> {
-        let rows = self.db.tx(|t| {
+        let rows = self.db.read(|t| {
             t.rows(
                 "SELECT event FROM journal WHERE execution_id = ?1 ORDER BY seq",
                 vals![execution_id],

@@ -201,7 +201,7 @@ impl Store {
     /// execution.
     pub fn durable_suspensions(&self) -> Result<Vec<StoredSuspension>, StoreError> {
         let owner = self.owner.as_str();
-        let rows = self.db.tx(|t| {
+        let rows = self.db.read(|t| {
             t.rows(
                 &format!("SELECT {DURABLE_COLUMNS} FROM upstream_pending WHERE owner = ?1 ORDER BY execution_id, position"),
                 vals![owner],

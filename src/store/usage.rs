@@ -83,7 +83,7 @@ impl Store {
             }
         }
         sql.push_str(" ORDER BY day, principal, model");
-        let rows = self.db.tx(|t| t.rows(&sql, &params))?;
+        let rows = self.db.read(|t| t.rows(&sql, &params))?;
         rows.iter()
             .map(|r| {
                 let n = |i: usize| r.i(i).map(|v| v as u64);
