@@ -8,4 +8,6 @@ pub mod registry;
 pub mod token;
 
 pub use digests::Digests;
-pub use registry::{Batch, Limits, Lookup, Parked, PendingView, Reason, Registry, Settled};
+pub use registry::{
+    principal_eq, Batch, Limits, Lookup, Parked, PendingView, Reason, Registry, Settled,
+};

@@ -154,7 +154,8 @@ pub struct Registry<P> {
     changed: Notify,
 }
 
-fn principal_eq(a: &str, b: &str) -> bool {
+/// Principal ids compared in constant time.
+pub fn principal_eq(a: &str, b: &str) -> bool {
     bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }
 

@@ -27,7 +27,7 @@ use super::suspension::durable_batch;
 use super::{ContinuationError, Engine};
 use crate::auth::Principal;
 use crate::config::ClusterConfig;
-use crate::continuation::{Lookup, PendingView, Reason};
+use crate::continuation::{principal_eq, Lookup, PendingView, Reason};
 use crate::digest::sha256;
 use crate::store::{now_unix_ms, ApprovalRecord, Lease, RemotePending};
 use crate::turn::{Continuation, TurnInput};
@@ -74,12 +74,6 @@ struct LeaseState {
     url: String,
     /// Until when the last renewal vouches for this replica.
     valid_until: Option<Instant>,
-}
-
-/// What a continuation whose tokens are not in this registry turned out to be.
-pub(super) enum Elsewhere {
-    /// A stateless record, now in this registry: look again.
-    Restored,
 }
 
 impl Membership {
@@ -346,14 +340,15 @@ impl Engine {
     }
 
     /// A continuation none of whose tokens this registry knows: what the store knows of it.
-    /// Only a replica looks; a single gateway's registry is the whole truth.
+    /// Only a replica looks; a single gateway's registry is the whole truth. `Ok` means a
+    /// stateless record is now in this registry: look again.
     pub(super) fn elsewhere(
         &self,
         principal: &Principal,
         input: &TurnInput,
         c: &Continuation,
         forwarded: bool,
-    ) -> Result<Elsewhere, ContinuationError> {
+    ) -> Result<(), ContinuationError> {
         let Some(m) = self.membership() else {
             return Err(ContinuationError::NotFound);
         };
@@ -385,7 +380,7 @@ impl Engine {
                 }
                 // A racing request may have taken it in first; either way, look again.
                 self.inner.registry.restore_absent(durable_batch(s));
-                Ok(Elsewhere::Restored)
+                Ok(())
             }
             RemotePending::Held {
                 owner,
@@ -477,14 +472,8 @@ impl Engine {
     pub(super) fn may_claim_held(&self) -> bool {
         self.membership().is_none_or(Membership::lease_valid)
     }
-}
 
-fn principal_eq(a: &str, b: &str) -> bool {
-    bool::from(a.as_bytes().ct_eq(b.as_bytes()))
-}
-
-/// Lookups of a continuation's batch in this registry, then in the store.
-impl Engine {
+    /// The batch of a continuation: in this registry, else (a replica) in the store.
     pub(super) fn lookup_anywhere(
         &self,
         principal: &Principal,
@@ -496,7 +485,7 @@ impl Engine {
         for attempt in 0..2 {
             match registry.lookup(&principal.id, &c.tokens) {
                 Lookup::NotFound if attempt == 0 => {
-                    let Elsewhere::Restored = self.elsewhere(principal, input, c, forwarded)?;
+                    self.elsewhere(principal, input, c, forwarded)?;
                 }
                 Lookup::NotFound => return Err(ContinuationError::NotFound),
                 Lookup::Settled(reason) => return Err(ContinuationError::Settled(reason)),
