@@ -63,6 +63,18 @@ pub enum SettleReason {
 }
 
 impl SettleReason {
+    pub fn parse(s: &str) -> Option<SettleReason> {
+        [
+            SettleReason::Human,
+            SettleReason::Expired,
+            SettleReason::Cancelled,
+            SettleReason::Orphaned,
+            SettleReason::StoreUnavailable,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             SettleReason::Human => "human",
@@ -257,11 +269,15 @@ impl Approvals {
     pub fn list(
         &self,
         state: Option<ApprovalState>,
+        reason: Option<SettleReason>,
         who: &Principal,
     ) -> Result<Vec<ApprovalRecord>, StoreError> {
         Ok(self
             .store
-            .approvals_list(state.map(ApprovalState::as_str))?
+            .approvals_list(
+                state.map(ApprovalState::as_str),
+                reason.map(SettleReason::as_str),
+            )?
             .into_iter()
             .filter(|r| visible(r, who))
             .collect())
@@ -477,9 +493,14 @@ mod tests {
             a.get(&r3.id, &me).unwrap().reason.as_deref(),
             Some("expired")
         );
-        assert_eq!(a.list(Some(ApprovalState::Denied), &me).unwrap().len(), 3);
         assert_eq!(
-            a.list(Some(ApprovalState::Denied), &who("bob", false))
+            a.list(Some(ApprovalState::Denied), None, &me)
+                .unwrap()
+                .len(),
+            3
+        );
+        assert_eq!(
+            a.list(Some(ApprovalState::Denied), None, &who("bob", false))
                 .unwrap()
                 .len(),
             0

@@ -373,12 +373,17 @@ pub struct UpstreamRefusal {
     pub param: Option<String>,
 }
 
-/// Sessions in use and idle, for metrics and readiness.
+/// Sessions in use and idle, for metrics and readiness; a stateless upstream's last
+/// answer and last failure, for the activity view.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SessionStats {
     pub busy: usize,
     pub capacity: usize,
     pub processes_alive: usize,
+    /// Unix seconds of the last request the backend answered (a refusal is an answer).
+    pub last_answer: Option<u64>,
+    /// Unix seconds of the last request it did not answer (unreachable, timed out, 5xx).
+    pub last_failure: Option<u64>,
 }
 
 pub trait Backend: Send + Sync {

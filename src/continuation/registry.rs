@@ -236,6 +236,18 @@ impl<P: Parked> Registry<P> {
         self.lock().tombs.len()
     }
 
+    /// What `view` makes of each pending batch it selects, earliest deadline first (the
+    /// activity view: a scan under the lock, which `view` must keep short).
+    pub fn snapshot<T>(&self, mut view: impl FnMut(&Batch<P>) -> Option<T>) -> Vec<T> {
+        let inner = self.lock();
+        inner
+            .deadlines
+            .iter()
+            .filter_map(|(_, id)| inner.batches.get(id))
+            .filter_map(|b| view(b))
+            .collect()
+    }
+
     /// Adds a batch within the bounds; on success its id (the caller records it durably,
     /// and withdraws it if that fails). A refusal hands the batch back (boxed: rare).
     pub fn register(&self, b: Batch<P>) -> Result<u64, Box<Batch<P>>> {

@@ -68,6 +68,8 @@ pub(super) struct Entry {
     pub digests: Vec<[u8; 32]>,
     pub idle: Idle,
     pub expires: Instant,
+    /// When it was kept (Unix seconds), for the activity view.
+    pub kept_at: u64,
     seq: u64,
 }
 
@@ -91,6 +93,7 @@ impl Entry {
             digests,
             idle,
             expires,
+            kept_at: crate::store::now_unix(),
             seq: 0,
         }
     }
@@ -244,6 +247,14 @@ impl Continuity {
             .partition(|e| e.expires <= now);
         st.entries = keep;
         due
+    }
+
+    /// What `view` makes of each kept thread it selects, most recently kept first.
+    pub fn snapshot<T>(&self, mut view: impl FnMut(&Entry) -> Option<T>) -> Vec<T> {
+        let st = self.state();
+        let mut entries: Vec<&Entry> = st.entries.iter().collect();
+        entries.sort_by_key(|e| std::cmp::Reverse(e.seq));
+        entries.into_iter().filter_map(|e| view(e)).collect()
     }
 
     pub fn next_expiry(&self) -> Option<Instant> {

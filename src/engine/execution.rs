@@ -49,6 +49,11 @@ pub struct Suspended {
     /// What a continuation by reference needs (surfaces that keep history only; in memory,
     /// never in the store).
     pub history: Option<History>,
+    /// For the activity view, in memory only: when this suspension began (Unix seconds) and
+    /// the names of the calls it exposed. Unknown (None, empty) for a record read back
+    /// from the store.
+    pub suspended_at: Option<u64>,
+    pub tools: Vec<String>,
 }
 
 impl Parked for Suspended {

@@ -12,6 +12,7 @@
 //! The engine works on the neutral [`TurnInput`] and never imports axum or a wire type;
 //! surfaces translate to and from it.
 
+mod activity;
 mod admission;
 mod approval_policy;
 mod cluster;
@@ -28,6 +29,7 @@ mod suspension;
 mod tests;
 mod timer;
 
+pub use activity::{BackendView, SuspendedView, ThreadView};
 pub use cluster::{ApprovalRoute, Owner, OwnerFate};
 pub use ending::EndReason;
 pub use error::{ContinuationError, EngineError};

@@ -333,6 +333,8 @@ impl Engine {
             backlog,
             slot,
             history: _,
+            suspended_at,
+            tools,
         } = s;
         let durable = hold.is_durable();
         let reinstate = Reinstate {
@@ -347,6 +349,8 @@ impl Engine {
                     backlog: backlog.clone(),
                     slot: None,
                     history,
+                    suspended_at,
+                    tools: tools.clone(),
                 })
             }),
         };

@@ -14,7 +14,7 @@ use super::leg::LegEvent;
 use super::{Engine, EngineError};
 use crate::backend::{HeldCall, Hold};
 use crate::continuation::{token, Batch, Digests};
-use crate::store::{now_unix_ms, SuspensionRecord};
+use crate::store::{now_unix, now_unix_ms, SuspensionRecord};
 use crate::turn::{Call, ExposedCall, Message, Role, Usage};
 
 impl Engine {
@@ -122,6 +122,7 @@ impl Engine {
             ..
         } = exec;
         let hold = turn.suspend(invocations);
+        let tools = exposed.iter().map(|c| c.name.clone()).collect();
         let ids = match &hold {
             Hold::Ids(ids) => Some(ids.clone()),
             Hold::Live { .. } => None,
@@ -136,6 +137,8 @@ impl Engine {
             hold,
             backlog,
             history,
+            suspended_at: Some(now_unix()),
+            tools,
         };
         let batch = Batch {
             principal: meta.principal.clone(),
@@ -223,6 +226,8 @@ pub(super) fn durable_batch(s: crate::store::StoredSuspension) -> Batch<Suspende
             backlog: VecDeque::new(),
             slot: None,
             history: None,
+            suspended_at: None,
+            tools: Vec::new(),
         },
     }
 }

@@ -163,6 +163,7 @@ impl Backend for Scripted {
             busy,
             capacity: 16,
             processes_alive: 1,
+            ..SessionStats::default()
         }
     }
     fn shutdown(&self) -> BoxFuture<'_, ()> {

@@ -15,7 +15,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::cluster::{to_owner, Hop, Replay};
 use super::{principal, read_body, Gateway};
-use crate::approvals::{to_json, visible, ApprovalState, DecideError};
+use crate::approvals::{to_json, visible, ApprovalState, DecideError, SettleReason};
 use crate::engine::ApprovalRoute;
 use crate::error::{ApiError, ErrorCode};
 
@@ -29,7 +29,7 @@ pub async fn list(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let who = principal(&gw, &headers)?;
-    let mut state = None;
+    let (mut state, mut reason) = (None, None);
     for pair in query
         .as_deref()
         .unwrap_or_default()
@@ -46,10 +46,19 @@ pub async fn list(
                         .with_param("state"),
                 )
             }
+            Some(("reason", v)) if SettleReason::parse(v).is_some() => {
+                reason = SettleReason::parse(v)
+            }
+            Some(("reason", _)) => {
+                return Err(ApiError::invalid(
+                    "`reason` must be human, expired, cancelled, orphaned or store_unavailable",
+                )
+                .with_param("reason"))
+            }
             _ => {}
         }
     }
-    let records = gw.approvals().list(state, &who).map_err(|e| {
+    let records = gw.approvals().list(state, reason, &who).map_err(|e| {
         tracing::error!(error = %e, "approvals list failed");
         ApiError::new(
             ErrorCode::StoreUnavailable,

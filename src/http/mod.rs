@@ -4,8 +4,10 @@
 //! [`ApiError`] (`error.rs` renders it), including the 404 fallback and 405s. This module never
 //! sees backend ids and knows no wire format.
 
+mod activity;
 mod approvals;
 pub mod cluster;
+mod console;
 mod error;
 mod messages;
 mod usage;
@@ -47,6 +49,11 @@ pub fn router(gw: Engine) -> Router {
         .route("/v1/approvals/events", get(approvals::events))
         .route("/v1/approvals/{id}", get(approvals::show))
         .route("/v1/approvals/{id}/decision", post(approvals::decide))
+        .route("/v1/whoami", get(activity::whoami))
+        .route("/v1/activity/executions", get(activity::executions))
+        .route("/v1/activity/threads", get(activity::threads))
+        .route("/v1/activity/backends", get(activity::backends))
+        .merge(console::routes())
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

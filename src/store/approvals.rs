@@ -118,18 +118,24 @@ impl Store {
     }
 
     /// Approvals newest first, optionally in one state.
-    pub fn approvals_list(&self, state: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> {
-        let rows = self.db.read(|t| match state {
-            Some(s) => t.rows(
-                &format!(
-                    "SELECT {COLUMNS} FROM approvals WHERE state = ?1 ORDER BY seq DESC LIMIT 1000"
+    /// The newest 1000 approvals, optionally of one state and one settle reason.
+    pub fn approvals_list(
+        &self,
+        state: Option<&str>,
+        reason: Option<&str>,
+    ) -> Result<Vec<ApprovalRecord>, StoreError> {
+        let rows = self.db.read(|t| {
+            let base = format!("SELECT {COLUMNS} FROM approvals");
+            let tail = "ORDER BY seq DESC LIMIT 1000";
+            match (state, reason) {
+                (Some(s), Some(r)) => t.rows(
+                    &format!("{base} WHERE state = ?1 AND reason = ?2 {tail}"),
+                    vals![s, r],
                 ),
-                vals![s],
-            ),
-            None => t.rows(
-                &format!("SELECT {COLUMNS} FROM approvals ORDER BY seq DESC LIMIT 1000"),
-                &[],
-            ),
+                (Some(s), None) => t.rows(&format!("{base} WHERE state = ?1 {tail}"), vals![s]),
+                (None, Some(r)) => t.rows(&format!("{base} WHERE reason = ?1 {tail}"), vals![r]),
+                (None, None) => t.rows(&format!("{base} {tail}"), &[]),
+            }
         })?;
         rows.iter().map(record).collect()
     }

@@ -13,6 +13,7 @@ mod codex_messages;
 mod codex_threads;
 mod coding_harnesses;
 mod connections;
+mod console;
 mod continuation;
 mod core;
 mod crash;

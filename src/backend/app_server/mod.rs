@@ -400,6 +400,7 @@ impl Backend for AppServer {
             busy: self.cfg.max_sessions - self.permits.available_permits(),
             capacity: self.cfg.max_sessions,
             processes_alive: procs.iter().flatten().filter(|p| p.is_alive()).count(),
+            ..SessionStats::default()
         }
     }
 

@@ -14,6 +14,7 @@ pub(crate) mod native;
 mod stream;
 mod translate;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -30,6 +31,9 @@ use crate::turn::TurnInput;
 
 pub struct Upstream {
     client: Client,
+    /// Unix seconds of the last answered and the last failed request (0: none yet).
+    last_answer: AtomicU64,
+    last_failure: AtomicU64,
 }
 
 impl Upstream {
@@ -37,6 +41,8 @@ impl Upstream {
     pub fn new(name: &str, cfg: &UpstreamConfig) -> Result<Upstream, String> {
         Ok(Upstream {
             client: Client::new(name, cfg)?,
+            last_answer: AtomicU64::new(0),
+            last_failure: AtomicU64::new(0),
         })
     }
 
@@ -63,7 +69,14 @@ impl Upstream {
     }
 
     async fn run(&self, body: Bytes, leg: &LegRequest<'_>) -> Result<Turn, BackendError> {
-        let resp = self.client.send(body).await?;
+        let sent = self.client.send(body).await;
+        let answered = matches!(sent, Ok(_) | Err(BackendError::Refused(_)));
+        match answered {
+            true => &self.last_answer,
+            false => &self.last_failure,
+        }
+        .store(crate::store::now_unix(), Ordering::Relaxed);
+        let resp = sent?;
         let ids = Arc::new(Mutex::new(Vec::new()));
         let native = leg.input.native.is_some();
         let events = if leg.input.stream {
@@ -161,7 +174,12 @@ impl Backend for Upstream {
     }
 
     fn stats(&self) -> SessionStats {
-        SessionStats::default()
+        let at = |a: &AtomicU64| Some(a.load(Ordering::Relaxed)).filter(|t| *t > 0);
+        SessionStats {
+            last_answer: at(&self.last_answer),
+            last_failure: at(&self.last_failure),
+            ..SessionStats::default()
+        }
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
