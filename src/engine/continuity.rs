@@ -250,11 +250,11 @@ impl Continuity {
     }
 
     /// What `view` makes of each kept thread it selects, most recently kept first.
-    pub fn snapshot<T>(&self, mut view: impl FnMut(&Entry) -> Option<T>) -> Vec<T> {
+    pub fn snapshot<T>(&self, view: impl FnMut(&Entry) -> Option<T>) -> Vec<T> {
         let st = self.state();
         let mut entries: Vec<&Entry> = st.entries.iter().collect();
         entries.sort_by_key(|e| std::cmp::Reverse(e.seq));
-        entries.into_iter().filter_map(|e| view(e)).collect()
+        entries.into_iter().filter_map(view).collect()
     }
 
     pub fn next_expiry(&self) -> Option<Instant> {

@@ -560,3 +560,40 @@ fn check_is_pure_and_ordered() {
         Err(ContinuationError::Mismatch(m)) if m.contains("model")
     ));
 }
+
+#[tokio::test]
+async fn the_activity_view_shows_a_principal_its_own_and_an_approver_all() {
+    let f = fixture();
+    let calls = suspended(&f, "two").await;
+    let mine = f.engine.suspended_for(&who("alice"));
+    assert_eq!(mine.len(), 1);
+    let s = &mine[0];
+    assert_eq!(
+        (s.client.as_str(), s.hold, s.calls, s.round),
+        ("alice", "held", 2, 1)
+    );
+    let names: Vec<String> = calls.iter().map(|c| c.name.clone()).collect();
+    assert_eq!(s.tools, names);
+    assert!(s.suspended_at.is_some() && s.deadline_at >= s.created_at + 59);
+    // No token, digest or backend id in what the view shows.
+    let shown = serde_json::to_string(&mine).unwrap();
+    assert!(calls.iter().all(|c| !shown.contains(&c.id)));
+    assert!(f.engine.suspended_for(&who("bob")).is_empty());
+    let approver = Principal {
+        id: "bob".into(),
+        approver: true,
+    };
+    assert_eq!(f.engine.suspended_for(&approver).len(), 1);
+    let backends = f.engine.backends_for(&approver);
+    assert_eq!(backends.len(), 1);
+    assert_eq!(
+        (
+            backends[0].name.as_str(),
+            backends[0].kind,
+            backends[0].status
+        ),
+        ("fake", "app-server", "ok")
+    );
+    assert_eq!(backends[0].models, ["m"]);
+    assert!(f.engine.threads_for(&who("bob")).is_empty());
+}

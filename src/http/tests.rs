@@ -1,0 +1,278 @@
+//! Router tests with `oneshot`: routing, extractor failures and error shapes, the console's
+//! headers and the activity API, with a gateway that has clients but no backends.
+
+use super::*;
+use axum::http::Request as HttpRequest;
+use serde_json::Value;
+use tower::ServiceExt;
+
+async fn app() -> (Router, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[server]\nmax_body_bytes = 1024\n[store]\npath = \"t.db\"\n\
+         [[clients]]\nid = \"alice\"\nkey_sha256 = \"{}\"\n",
+        crate::auth::hash_key("sk-a")
+    );
+    let cfg = crate::config::from_toml_str(&text, dir.path()).unwrap();
+    let gw = Engine::start(cfg, None).await.unwrap();
+    (router(gw), dir)
+}
+
+async fn send(app: &Router, req: HttpRequest<Body>) -> (StatusCode, Value) {
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+fn chat_req(key: Option<&str>, body: impl Into<Body>) -> HttpRequest<Body> {
+    let mut b =
+        HttpRequest::post("/v1/chat/completions").header("content-type", "application/json");
+    if let Some(k) = key {
+        b = b.header("authorization", format!("Bearer {k}"));
+    }
+    b.body(body.into()).unwrap()
+}
+
+#[tokio::test]
+async fn unknown_route_and_wrong_method_are_openai_shaped() {
+    let (app, _d) = app().await;
+    let (s, v) = send(&app, HttpRequest::get("/nope").body(Body::empty()).unwrap()).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(v["error"]["code"], "not_found");
+    let (s, v) = send(
+        &app,
+        HttpRequest::delete("/v1/chat/completions")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(v["error"]["code"], "method_not_allowed");
+}
+
+#[tokio::test]
+async fn size_limit_comes_before_auth_and_parsing() {
+    let (app, _d) = app().await;
+    let (s, v) = send(&app, chat_req(None, "x".repeat(2000))).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(v["error"]["code"], "request_too_large");
+    // Without a Content-Length (streamed body) the limit still holds.
+    let stream =
+        futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from("y".repeat(2000)))]);
+    let (s, _) = send(&app, chat_req(Some("sk-a"), Body::from_stream(stream))).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn auth_then_json_then_model() {
+    let (app, _d) = app().await;
+    let (s, v) = send(&app, chat_req(None, "{bad")).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("invalid_api_key"))
+    );
+    let (s, v) = send(&app, chat_req(Some("sk-other"), "{}")).await;
+    assert_eq!(
+        (s, v["error"]["type"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("authentication_error"))
+    );
+    let (s, v) = send(&app, chat_req(Some("sk-a"), "{bad")).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_request"))
+    );
+    let (s, _) = send(
+        &app,
+        chat_req(Some("sk-a"), r#"{"model":"m","messages":[]}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"unknown_field":1}"#;
+    let (s, v) = send(&app, chat_req(Some("sk-a"), body)).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("model_not_found"))
+    );
+    assert_eq!(v["error"]["param"], "model");
+}
+
+#[tokio::test]
+async fn messages_routes_speak_anthropic_errors_and_take_x_api_key() {
+    let (app, _d) = app().await;
+    let post = |key: Option<&str>, path: &str, body: &'static str| {
+        let mut b = HttpRequest::post(path).header("content-type", "application/json");
+        if let Some(k) = key {
+            b = b.header("x-api-key", k);
+        }
+        b.body(Body::from(body)).unwrap()
+    };
+    let (s, v) = send(&app, post(None, "/v1/messages?beta=true", "{}")).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "authentication_error");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("invalid_api_key: "));
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let (s, v) = send(&app, post(Some("sk-a"), "/v1/messages", body)).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(v["error"]["type"], "not_found_error");
+    let (s, v) = send(&app, post(Some("sk-a"), "/v1/messages/count_tokens", body)).await;
+    assert_eq!(
+        (s, v["error"]["type"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found_error"))
+    );
+    let (s, v) = send(
+        &app,
+        post(Some("sk-a"), "/v1/messages", "x".repeat(2000).leak()),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["type"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("request_too_large"))
+    );
+    let req = HttpRequest::get("/v1/models")
+        .header("x-api-key", "sk-a")
+        .header("anthropic-version", "2023-06-01")
+        .body(Body::empty())
+        .unwrap();
+    let (s, v) = send(&app, req).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        v,
+        json!({"data": [], "has_more": false, "first_id": null, "last_id": null})
+    );
+}
+
+#[tokio::test]
+async fn models_health_and_readiness() {
+    let (app, _d) = app().await;
+    let req = HttpRequest::get("/v1/models")
+        .header("authorization", "Bearer sk-a")
+        .body(Body::empty())
+        .unwrap();
+    let (s, v) = send(&app, req).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v, json!({"object": "list", "data": []}));
+    let (s, _) = send(
+        &app,
+        HttpRequest::get("/v1/models").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, v) = send(
+        &app,
+        HttpRequest::get("/healthz").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!((s, v["status"].as_str()), (StatusCode::OK, Some("ok")));
+    let (s, _) = send(
+        &app,
+        HttpRequest::get("/readyz").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+}
+
+fn get_req(path: &str, key: Option<&str>) -> HttpRequest<Body> {
+    let mut b = HttpRequest::get(path);
+    if let Some(k) = key {
+        b = b.header("authorization", format!("Bearer {k}"));
+    }
+    b.body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn console_assets_carry_a_strict_csp_and_no_inline_script() {
+    let (app, _d) = app().await;
+    for (path, kind) in [
+        ("/console", "text/html"),
+        ("/console/", "text/html"),
+        ("/console/app.js", "text/javascript"),
+        ("/console/app.css", "text/css"),
+        ("/console/icon.svg", "image/svg+xml"),
+    ] {
+        let resp = app.clone().oneshot(get_req(path, None)).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+        let h = resp.headers();
+        let ct = h[header::CONTENT_TYPE].to_str().unwrap();
+        assert!(ct.starts_with(kind), "{path}: {ct}");
+        let csp = h[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+        for part in [
+            "default-src 'none'",
+            "script-src 'self'",
+            "connect-src 'self'",
+        ] {
+            assert!(csp.contains(part), "{path}: {csp}");
+        }
+        assert!(!csp.contains("unsafe"), "{csp}");
+        assert_eq!(h[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+        assert_eq!(h[header::X_FRAME_OPTIONS], "DENY");
+    }
+    let resp = app.oneshot(get_req("/console", None)).await.unwrap();
+    let html = resp.into_body().collect().await.unwrap().to_bytes();
+    let html = String::from_utf8(html.to_vec()).unwrap();
+    // Every script is a file of this origin; no inline handler or style.
+    for tag in html.split("<script").skip(1) {
+        let open = &tag[..tag.find('>').unwrap()];
+        assert!(open.contains("src=\"/console/"), "inline script: {open}");
+    }
+    assert!(!html.contains(" onclick=") && !html.contains(" style="));
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "an external URL"
+    );
+}
+
+#[tokio::test]
+async fn activity_api_needs_a_credential_and_answers_lists() {
+    let (app, _d) = app().await;
+    for path in [
+        "/v1/whoami",
+        "/v1/activity/executions",
+        "/v1/activity/threads",
+        "/v1/activity/backends",
+    ] {
+        let (s, v) = send(&app, get_req(path, None)).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{path}");
+        assert_eq!(v["error"]["code"], "invalid_api_key", "{path}");
+        let (s, _) = send(&app, get_req(path, Some("sk-wrong"))).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{path}");
+    }
+    let (s, v) = send(&app, get_req("/v1/whoami", Some("sk-a"))).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        v,
+        serde_json::json!({"object": "principal", "id": "alice", "approver": false, "models": []})
+    );
+    for path in [
+        "/v1/activity/executions",
+        "/v1/activity/threads",
+        "/v1/activity/backends",
+    ] {
+        let (s, v) = send(&app, get_req(path, Some("sk-a"))).await;
+        assert_eq!(s, StatusCode::OK, "{path}");
+        assert_eq!(
+            v,
+            serde_json::json!({"object": "list", "data": []}),
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn approvals_filter_by_reason_and_refuse_an_unknown_one() {
+    let (app, _d) = app().await;
+    let (s, v) = send(
+        &app,
+        get_req("/v1/approvals?state=denied&reason=expired", Some("sk-a")),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["data"], serde_json::json!([]));
+    let (s, v) = send(&app, get_req("/v1/approvals?reason=bored", Some("sk-a"))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["param"], "reason");
+}
