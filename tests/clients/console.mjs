@@ -121,11 +121,6 @@ async function newConsole(browser, { viewport = { width: 1200, height: 860 }, no
       problems.push(`console error: ${m.text()}`);
     }
   });
-  // Requests the page made for the pending list (a re-read, not an event).
-  page.resyncs = 0;
-  page.on("request", (req) => {
-    if (req.url().includes("/v1/approvals?state=pending")) page.resyncs++;
-  });
   await page.goto(`${BASE}/console`);
   return { context, page };
 }
@@ -205,11 +200,11 @@ test("a pending approval appears live; approving it finishes the waiting chat st
   await page.getByRole("button", { name: "Enable notifications" }).click();
   assert.equal(await page.evaluate(() => window.__notes.asked), 1);
   await page.getByRole("button", { name: "Enable notifications" }).waitFor({ state: "hidden" });
-  const resyncs = page.resyncs;
   const turn = await waitingTurn();
   const c = card(page, turn.id);
   await c.waitFor({ timeout: WAIT });
-  assert.equal(page.resyncs, resyncs, "the approval came from a re-read, not the event stream");
+  // It arrived as a `created` event (a re-read of the list would say "list").
+  assert.equal(await c.getAttribute("data-arrived"), "event");
   const text = await c.textContent();
   for (const part of ["rm -rf build", "clean the build", "alice", "cmd-ask", "expires in", "asked"]) {
     assert.ok(text.includes(part), `card lacks ${part}: ${text}`);
@@ -295,11 +290,13 @@ test("two consoles race on one approval: one wins, the other shows the settled r
   const b = await newConsole(browser);
   await signIn(a.page, ROOT);
   await signIn(b.page, ALICE);
-  // Both press at once.
+  // Both open the confirmation, then both confirm at once.
   const turn = await waitingTurn();
-  await card(a.page, turn.id).waitFor({ timeout: WAIT });
-  await card(b.page, turn.id).waitFor({ timeout: WAIT });
-  await Promise.all([decide(a.page, turn.id, "approve"), decide(b.page, turn.id, "approve")]);
+  for (const p of [a.page, b.page]) {
+    await card(p, turn.id).getByRole("button", { name: "Approve" }).click({ timeout: WAIT });
+    await p.locator("#confirm").waitFor({ state: "visible", timeout: WAIT });
+  }
+  await Promise.all([a.page, b.page].map((p) => p.locator("#confirm").getByRole("button", { name: "Approve" }).click()));
   const [oa, ob] = [await outcome(a.page, turn.id), await outcome(b.page, turn.id)];
   const { body } = await api(ROOT, `/v1/approvals/${turn.id}`);
   const winner = body.decided_by;

@@ -15,7 +15,8 @@ const $ = (id) => document.getElementById(id);
 const state = {
   credential: null,
   me: null,
-  cards: new Map(), // approval id -> {record, el, settledAt}
+  cards: new Map(), // approval id -> {record, el, settledAt, seq}
+  seq: 0, // arrival order: breaks ties between approvals created in the same second
   stream: null, // AbortController of the events stream
   generation: 0, // bumps on sign-out: stale loops stop
   activityTimer: null,
@@ -293,7 +294,8 @@ async function resync(gen) {
   }
   if (gen !== state.generation) return;
   const ids = new Set(list.data.map((r) => r.id));
-  for (const r of list.data) upsert(r, {});
+  // Oldest first, so that arrival order agrees with the list's newest-first order.
+  for (const r of [...list.data].reverse()) upsert(r, {});
   // Pending here, no longer pending there: read its settled record.
   for (const [id, c] of state.cards) {
     if (c.record.state !== "pending" || ids.has(id)) continue;
@@ -324,7 +326,8 @@ function upsert(record, { fresh }) {
     return;
   }
   if (record.state !== "pending") return; // settled before this console saw it: History has it
-  const card = { record, el: buildCard(record), settledAt: null };
+  const card = { record, el: buildCard(record), settledAt: null, seq: ++state.seq };
+  card.el.dataset.arrived = fresh ? "event" : "list";
   fillTimers(card, now());
   state.cards.set(record.id, card);
   insertNewestFirst(card);
@@ -368,14 +371,17 @@ function insertNewestFirst(card) {
   const focused = document.activeElement && list.contains(document.activeElement) ? document.activeElement : null;
   const anchor = focused || (window.scrollY > 0 ? firstVisibleCard() : null);
   const before = anchor ? anchor.getBoundingClientRect().top : 0;
-  const later = [...state.cards.values()]
-    .filter((c) => c !== card && c.el.isConnected)
-    .find((c) => c.record.created_at < card.record.created_at
-      || (c.record.created_at === card.record.created_at && c.record.id < card.record.id));
-  list.insertBefore(card.el, later ? later.el : null);
+  const newer = (x, y) => x.record.created_at > y.record.created_at
+    || (x.record.created_at === y.record.created_at && x.seq > y.seq);
+  // The list is newest first: the new card goes before the first one older than it.
+  const older = [...list.children]
+    .map((li) => state.cards.get(li.dataset.id))
+    .find((c) => c && newer(card, c));
+  list.insertBefore(card.el, older ? older.el : null);
   // What the approver is looking at or about to press stays where it was.
   if (anchor) window.scrollBy(0, anchor.getBoundingClientRect().top - before);
-  if (!list.querySelector('.card[tabindex="0"]')) rove(card.el);
+  // Tabbing into the list lands on the newest, unless the approver is working in it.
+  if (!focused) rove(list.firstElementChild);
 }
 
 function firstVisibleCard() {
