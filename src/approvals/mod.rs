@@ -152,6 +152,7 @@ pub fn to_json(r: &ApprovalRecord) -> Value {
         "expires_at": r.expires_at,
         "decided_at": r.decided_at,
         "decided_by": r.decided_by,
+        "decision_reason": r.decision_reason,
     })
 }
 
@@ -233,6 +234,7 @@ impl Approvals {
             decided_at: None,
             decided_by: None,
             owner: self.store.owner().to_string(),
+            decision_reason: None,
         };
         // Store, park and publish under one lock: no decision can slip in between, and
         // `created` always precedes any other event of the approval.
@@ -283,11 +285,13 @@ impl Approvals {
             .collect())
     }
 
-    /// A human decision. Exactly one concurrent decision wins; the rest see the settled record.
+    /// A human decision, with the reason they gave. Exactly one concurrent decision wins; the
+    /// rest see the settled record.
     pub fn decide(
         &self,
         id: &str,
         approve: bool,
+        reason: Option<&str>,
         who: &Principal,
     ) -> Result<ApprovalRecord, DecideError> {
         let record = self.get(id, who).ok_or(DecideError::NotFound)?;
@@ -302,11 +306,11 @@ impl Approvals {
         } else {
             ApprovalState::Denied
         };
-        let (state, reason) = (state.as_str(), SettleReason::Human.as_str());
+        let (state, human) = (state.as_str(), SettleReason::Human.as_str());
         // The durable write happens under the map lock so a losing racer reads the result.
-        let written = self
-            .store
-            .approvals_settle(&[id.to_string()], state, reason, Some(&who.id));
+        let written =
+            self.store
+                .approvals_settle(&[id.to_string()], state, human, Some((&who.id, reason)));
         drop(waiters);
         match written {
             Ok(ids) if ids.len() == 1 => {
@@ -434,15 +438,18 @@ mod tests {
         assert!(a.get(&r.id, &who("bob", false)).is_none());
         assert!(a.get(&r.id, &who("carol", true)).is_some());
         assert!(matches!(
-            a.decide(&r.id, true, &who("bob", false)),
+            a.decide(&r.id, true, None, &who("bob", false)),
             Err(DecideError::NotFound)
         ));
-        let settled = a.decide(&r.id, true, &who("alice", false)).unwrap();
+        let settled = a
+            .decide(&r.id, true, Some("fine"), &who("alice", false))
+            .unwrap();
         assert_eq!(
             (settled.state.as_str(), settled.reason.as_deref()),
             ("approved", Some("human"))
         );
-        match a.decide(&r.id, false, &who("alice", false)) {
+        assert_eq!(settled.decision_reason.as_deref(), Some("fine"));
+        match a.decide(&r.id, false, Some("late"), &who("alice", false)) {
             Err(DecideError::AlreadyDecided(r)) => assert_eq!(r.state, "approved"),
             other => panic!("{other:?}"),
         }
@@ -536,7 +543,7 @@ mod tests {
             ("denied", Some("orphaned"))
         );
         assert!(matches!(
-            a.decide(&id, true, &who("alice", false)),
+            a.decide(&id, true, None, &who("alice", false)),
             Err(DecideError::AlreadyDecided(_))
         ));
     }

@@ -19,6 +19,9 @@ use crate::approvals::{to_json, visible, ApprovalState, DecideError, SettleReaso
 use crate::engine::ApprovalRoute;
 use crate::error::{ApiError, ErrorCode};
 
+/// The longest reason a decision may carry.
+const MAX_REASON_CHARS: usize = 1000;
+
 fn not_found() -> ApiError {
     ApiError::new(ErrorCode::ApprovalNotFound, "No approval with this id.")
 }
@@ -113,8 +116,14 @@ pub async fn decide(
         ))
         .with_param("decision")
     })?;
-    // The reason is accepted (clients send it) but neither stored nor sent to the backend.
-    let _ = body.reason;
+    // The reason is recorded with the decision (never sent to the backend, never logged).
+    let reason = body.reason.as_deref().filter(|r| !r.trim().is_empty());
+    if reason.is_some_and(|r| r.chars().count() > MAX_REASON_CHARS) {
+        return Err(ApiError::invalid(format!(
+            "`reason` must be at most {MAX_REASON_CHARS} characters"
+        ))
+        .with_param("reason"));
+    }
     // The backend request waits on another replica: the decision is taken there. An owner
     // that is gone has had its approvals orphaned, which the decision below then reports.
     if let (ApprovalRoute::Owner(owner), None) = (gw.approval_route(&record), hop) {
@@ -129,7 +138,7 @@ pub async fn decide(
     }
     match gw
         .approvals()
-        .decide(&id, body.decision == DecisionValue::Approve, &who)
+        .decide(&id, body.decision == DecisionValue::Approve, reason, &who)
     {
         Ok(record) => Ok(Json(to_json(&record)).into_response()),
         Err(DecideError::NotFound) => Err(not_found()),

@@ -25,9 +25,11 @@ pub struct ApprovalRecord {
     pub decided_by: Option<String>,
     /// The replica whose backend request waits on it (`""` for a single gateway).
     pub owner: String,
+    /// What the human who decided gave as the reason, if anything.
+    pub decision_reason: Option<String>,
 }
 
-const COLUMNS: &str = "id, principal, execution_id, invocation_id, kind, model, action_digest, summary, state, reason, created_at, expires_at, decided_at, decided_by, owner";
+const COLUMNS: &str = "id, principal, execution_id, invocation_id, kind, model, action_digest, summary, state, reason, created_at, expires_at, decided_at, decided_by, owner, decision_reason";
 
 fn record(r: &Row) -> Result<ApprovalRecord, StoreError> {
     Ok(ApprovalRecord {
@@ -46,6 +48,7 @@ fn record(r: &Row) -> Result<ApprovalRecord, StoreError> {
         decided_at: r.oi(12)?.map(|v| v as u64),
         decided_by: r.ot(13)?,
         owner: r.t(14)?,
+        decision_reason: r.ot(15)?,
     })
 }
 
@@ -61,11 +64,12 @@ impl Store {
         );
         self.db.tx(|t| {
             t.exec(
-                &format!("INSERT INTO approvals ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)"),
+                &format!("INSERT INTO approvals ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"),
                 vals![
                     &a.id, &a.principal, &a.execution_id, &a.invocation_id, &a.kind, &a.model,
                     &a.action_digest, &summary, &a.state, a.reason.as_ref(), a.created_at,
-                    a.expires_at, a.decided_at, a.decided_by.as_ref(), &a.owner
+                    a.expires_at, a.decided_at, a.decided_by.as_ref(), &a.owner,
+                    a.decision_reason.as_ref()
                 ],
             )?;
             t.exec(
@@ -77,21 +81,24 @@ impl Store {
     }
 
     /// Settles pending approvals in one transaction; returns the ids that were still pending.
+    /// A human's decision names who decided and the reason they gave.
     pub fn approvals_settle(
         &self,
         ids: &[String],
         state: &str,
         reason: &str,
-        decided_by: Option<&str>,
+        decided_by: Option<(&str, Option<&str>)>,
     ) -> Result<Vec<String>, StoreError> {
+        let (decided_by, decision_reason) = decided_by.unzip();
+        let decision_reason = decision_reason.flatten();
         let now = now_unix();
         self.db.tx(|t| {
             let mut settled = Vec::new();
             for id in ids {
                 let n = t.exec(
-                    "UPDATE approvals SET state = ?2, reason = ?3, decided_at = ?4, decided_by = ?5
-                     WHERE id = ?1 AND state = 'pending'",
-                    vals![id, state, reason, now, decided_by],
+                    "UPDATE approvals SET state = ?2, reason = ?3, decided_at = ?4, decided_by = ?5,
+                     decision_reason = ?6 WHERE id = ?1 AND state = 'pending'",
+                    vals![id, state, reason, now, decided_by, decision_reason],
                 )?;
                 if n == 1 {
                     let detail = format!("approval={id} state={state} reason={reason}");

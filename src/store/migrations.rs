@@ -109,11 +109,16 @@ CREATE TABLE replicas (
 );
 ";
 
+/// The reason a human gave with a decision.
+const V3: &str = "
+ALTER TABLE approvals ADD COLUMN decision_reason TEXT;
+";
+
 /// The migrations in order; a version, once released, never changes.
-const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2)];
+const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3)];
 
 /// The schema version this build writes.
-pub const CURRENT: i64 = 2;
+pub const CURRENT: i64 = 3;
 
 /// SQLite's DDL in PostgreSQL's types.
 fn ddl(engine: Engine, sql: &str) -> String {

@@ -4,7 +4,7 @@
 // (a CSP violation is one) fails the run.
 //
 // Env: TURNSTILE_URL (http://127.0.0.1:PORT), TURNSTILE_APPROVER_KEY (an approver),
-// TURNSTILE_KEY (alice, who owns the turns), TURNSTILE_OTHER_KEY (bob, a foreign principal),
+// TURNSTILE_APPROVER_JWT (a JWT of the approver `approver-bot`), TURNSTILE_KEY (alice, who owns the turns), TURNSTILE_OTHER_KEY (bob, a foreign principal),
 // TURNSTILE_CHROMIUM (default /usr/bin/chromium), TURNSTILE_SCREENSHOTS (a folder).
 
 import assert from "node:assert/strict";
@@ -14,6 +14,7 @@ import { chromium } from "playwright-core";
 
 const BASE = process.env.TURNSTILE_URL;
 const ROOT = process.env.TURNSTILE_APPROVER_KEY;
+const BOT_JWT = process.env.TURNSTILE_APPROVER_JWT;
 const ALICE = process.env.TURNSTILE_KEY;
 const BOB = process.env.TURNSTILE_OTHER_KEY;
 const SHOTS = process.env.TURNSTILE_SCREENSHOTS;
@@ -211,12 +212,13 @@ test("a pending approval appears live; approving it finishes the waiting chat st
   }
   assert.match(await page.title(), /^\(1\) /);
   assert.equal(await page.locator("#pending-count").textContent(), "1");
+  assert.ok((await page.locator("#announce").textContent()).startsWith("New approval from alice: command"));
   const notes = await page.evaluate(() => window.__notes.shown);
   assert.equal(notes.length, 1);
   assert.ok(notes[0].body.includes("rm -rf build"), JSON.stringify(notes));
   await shot(page, "pending");
   await decide(page, turn.id, "approve", "build dir only");
-  assert.equal(await outcome(page, turn.id), "Approved by you (root).");
+  assert.equal(await outcome(page, turn.id), "Approved by you (root). Reason: build dir only");
   const done = await turn.done;
   assert.equal(done.status, 200);
   assert.ok(done.text.includes("Command ran."), done.text);
@@ -226,6 +228,20 @@ test("a pending approval appears live; approving it finishes the waiting chat st
   const { body } = await api(ROOT, `/v1/approvals/${turn.id}`);
   assert.equal(body.state, "approved");
   assert.equal(body.decided_by, "root");
+  assert.equal(body.decision_reason, "build dir only");
+  await context.close();
+});
+
+test("a JWT signs in as its principal and decides as it", async (browser) => {
+  const { context, page } = await newConsole(browser);
+  await signIn(page, BOT_JWT);
+  assert.equal(await page.locator("#who").textContent(), "Signed in as approver-bot (approver)");
+  const turn = await waitingTurn();
+  await card(page, turn.id).waitFor({ timeout: WAIT });
+  await decide(page, turn.id, "approve");
+  assert.equal(await outcome(page, turn.id), "Approved by you (approver-bot).");
+  assert.ok((await turn.done).text.includes("Command ran."));
+  assert.equal((await api(ROOT, `/v1/approvals/${turn.id}`)).body.decided_by, "approver-bot");
   await context.close();
 });
 
@@ -235,7 +251,7 @@ test("denying another declines the command", async (browser) => {
   const turn = await waitingTurn();
   await card(page, turn.id).waitFor({ timeout: WAIT });
   await decide(page, turn.id, "deny", "not now");
-  assert.equal(await outcome(page, turn.id), "Denied by you (root).");
+  assert.equal(await outcome(page, turn.id), "Denied by you (root). Reason: not now");
   const done = await turn.done;
   assert.ok(done.text.includes("Command declined."), done.text);
   await shot(page, "denied");
@@ -280,7 +296,7 @@ test("keyboard only: arrows move, a approves and d denies after a confirmation",
   await page.locator("#confirm").waitFor({ state: "visible" });
   await page.keyboard.type("typed reason");
   await page.keyboard.press("Enter");
-  assert.equal(await outcome(page, first.id), "Denied by you (root).");
+  assert.equal(await outcome(page, first.id), "Denied by you (root). Reason: typed reason");
   assert.ok((await first.done).text.includes("Command declined."));
   await context.close();
 });

@@ -119,6 +119,7 @@ async fn ask_then_approve_runs_the_side_effect_once() {
         (Some("approved"), Some("human"))
     );
     assert_eq!(settled["decided_by"], "alice");
+    assert_eq!(settled["decision_reason"], "fine");
     let (status, body) = tokio::time::timeout(Duration::from_secs(15), chat)
         .await
         .unwrap()
@@ -276,6 +277,7 @@ async fn foreign_clients_see_nothing_and_bad_bodies_change_nothing() {
         json!({}),
         json!({"decision": "approve", "always_approve": true}),
         json!({"decision": "approve", "reason": 5}),
+        json!({"decision": "approve", "reason": "x".repeat(1001)}),
         json!("approve"),
     ] {
         let (s, v) = decide(&gw, ALICE, &id, bad.clone()).await;

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use crate::support::*;
 
-const ISS_A: &str = "https://idp-a.test";
+pub(crate) const ISS_A: &str = "https://idp-a.test";
 const ISS_B: &str = "https://idp-b.test";
 const AUD: &str = "turnstile";
 
@@ -49,7 +49,7 @@ fn token_nonce() -> String {
 }
 
 /// A valid token of issuer A (PEM key).
-fn token_a(sub: &str) -> String {
+pub(crate) fn token_a(sub: &str) -> String {
     sign(
         &Header::new(Algorithm::RS256),
         &claims(ISS_A, sub),
@@ -66,7 +66,7 @@ fn token_b(sub: &str) -> String {
 
 /// The demo config plus both issuers and `extra` (client entries); the PEM is copied into
 /// the gateway's folder so that the relative `pem_file` is resolved against it.
-fn jwt_config(o: &Opts, dir: &Path, extra: &str) -> String {
+pub(crate) fn jwt_config(o: &Opts, dir: &Path, extra: &str) -> String {
     std::fs::create_dir_all(dir.join("keys")).expect("keys folder");
     std::fs::copy(
         fixture("issuer-public.pem"),

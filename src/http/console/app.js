@@ -128,8 +128,9 @@ function settledText(r, how) {
   const mine = state.me && r.decided_by === state.me.id;
   if (r.reason === "human") {
     const by = mine ? `you (${r.decided_by})` : r.decided_by;
-    if (how === "raced") return `Already decided by ${by}: ${r.state}.`;
-    return `${verb} by ${by}.`;
+    const given = r.decision_reason ? ` Reason: ${r.decision_reason}` : "";
+    if (how === "raced") return `Already decided by ${by}: ${r.state}.${given}`;
+    return `${verb} by ${by}.${given}`;
   }
   const why = {
     expired: "it expired before anyone decided",
@@ -332,7 +333,15 @@ function upsert(record, { fresh }) {
   state.cards.set(record.id, card);
   insertNewestFirst(card);
   updateCounts();
-  if (fresh) notifyNew(record);
+  if (fresh) {
+    announce(`New approval from ${record.client}: ${record.kind} ${summaryText(record)}`);
+    notifyNew(record);
+  }
+}
+
+// Screen readers hear arrivals and decisions without the focus moving.
+function announce(text) {
+  $("announce").textContent = text;
 }
 
 function buildCard(r) {
@@ -396,6 +405,7 @@ function settle(card, record, how) {
   for (const b of li.querySelectorAll("button")) b.disabled = true;
   li.querySelector(".expiry").textContent = "";
   li.querySelector(".outcome").textContent = settledText(record, how);
+  if (how === "event") announce(`${summaryText(record)}: ${settledText(record, how)}`);
   const dismiss = el("button", { class: "dismiss", type: "button", text: "Dismiss" });
   dismiss.addEventListener("click", () => removeCard(record.id, true));
   li.querySelector(".card-actions").append(dismiss);
@@ -640,6 +650,7 @@ async function loadHistory() {
       el("td", { text: r.state }),
       el("td", { text: r.reason }),
       el("td", { text: r.decided_by || "—" }),
+      el("td", { text: r.decision_reason || "—" }),
       el("td", { text: r.kind }),
       el("td", { class: "mono", text: summaryText(r) }),
       el("td", { text: r.client }),
