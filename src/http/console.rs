@@ -16,33 +16,36 @@ pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; 
 img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; \
 frame-ancestors 'none'";
 
+const HTML: &str = "text/html; charset=utf-8";
 const INDEX: &str = include_str!("console/index.html");
-const SCRIPT: &str = include_str!("console/app.js");
-const STYLE: &str = include_str!("console/app.css");
-const ICON: &str = include_str!("console/icon.svg");
+
+/// Every asset: its route, content type and bytes.
+const ASSETS: &[(&str, &str, &str)] = &[
+    ("/console", HTML, INDEX),
+    ("/console/", HTML, INDEX),
+    (
+        "/console/app.js",
+        "text/javascript; charset=utf-8",
+        include_str!("console/app.js"),
+    ),
+    (
+        "/console/app.css",
+        "text/css; charset=utf-8",
+        include_str!("console/app.css"),
+    ),
+    (
+        "/console/icon.svg",
+        "image/svg+xml",
+        include_str!("console/icon.svg"),
+    ),
+];
 
 pub fn routes() -> Router<Gateway> {
-    Router::new()
-        .route(
-            "/console",
-            get(|| async { asset("text/html; charset=utf-8", INDEX) }),
-        )
-        .route(
-            "/console/",
-            get(|| async { asset("text/html; charset=utf-8", INDEX) }),
-        )
-        .route(
-            "/console/app.js",
-            get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }),
-        )
-        .route(
-            "/console/app.css",
-            get(|| async { asset("text/css; charset=utf-8", STYLE) }),
-        )
-        .route(
-            "/console/icon.svg",
-            get(|| async { asset("image/svg+xml", ICON) }),
-        )
+    ASSETS
+        .iter()
+        .fold(Router::new(), |router, &(path, content_type, body)| {
+            router.route(path, get(move || async move { asset(content_type, body) }))
+        })
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {

@@ -50,9 +50,18 @@ pub fn router(gw: Engine) -> Router {
         .route("/v1/approvals/{id}", get(approvals::show))
         .route("/v1/approvals/{id}/decision", post(approvals::decide))
         .route("/v1/whoami", get(activity::whoami))
-        .route("/v1/activity/executions", get(activity::executions))
-        .route("/v1/activity/threads", get(activity::threads))
-        .route("/v1/activity/backends", get(activity::backends))
+        .route(
+            "/v1/activity/executions",
+            activity::listing(Engine::suspended_for),
+        )
+        .route(
+            "/v1/activity/threads",
+            activity::listing(Engine::threads_for),
+        )
+        .route(
+            "/v1/activity/backends",
+            activity::listing(Engine::backends_for),
+        )
         .merge(console::routes())
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

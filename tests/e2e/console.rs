@@ -67,15 +67,8 @@ async fn the_console_works_an_approval_queue_in_headless_chromium() {
         ("TURNSTILE_SCREENSHOTS", shots.display().to_string()),
     ];
     let out = node::run(node, "console.mjs", &env, SCRIPT_LIMIT).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = node::succeeded(&out, "console.mjs", &gw.log());
     eprintln!("{stdout}");
-    assert!(
-        out.status.success(),
-        "console script failed ({}):\n{stdout}\n{stderr}\n--- gateway log\n{}",
-        out.status,
-        gw.log()
-    );
     assert!(stdout.contains(" 0 failed"), "{stdout}");
     for name in ["pending", "settled", "denied", "race-loser", "activity"] {
         let png = shots.join(format!("{name}.png"));

@@ -28,13 +28,6 @@ async fn openai_node_sdk_plain_stream_tools_and_errors() {
         ("TURNSTILE_OTHER_KEY", BOB.to_string()),
     ];
     let out = node::run(node, "openai_sdk.mjs", &env, SCRIPT_LIMIT).await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "SDK script failed ({}):\n{stdout}\n{stderr}\n--- gateway log\n{}",
-        out.status,
-        gw.log()
-    );
+    let stdout = node::succeeded(&out, "openai_sdk.mjs", &gw.log());
     assert!(stdout.contains("ALL OK"), "{stdout}");
 }

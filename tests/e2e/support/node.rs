@@ -63,3 +63,16 @@ pub async fn run(node: PathBuf, script: &str, env: &[(&str, String)], limit: Dur
         .unwrap_or_else(|_| panic!("{script} did not finish in {limit:?}"))
         .expect("run node")
 }
+
+/// The script's stdout, after asserting that it exited 0 (else its output and the gateway's
+/// log are the failure message).
+pub fn succeeded(out: &Output, script: &str, gateway_log: &str) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{script} failed ({}):\n{stdout}\n{stderr}\n--- gateway log\n{gateway_log}",
+        out.status,
+    );
+    stdout
+}
