@@ -17,17 +17,18 @@ img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; \
 frame-ancestors 'none'";
 
 const HTML: &str = "text/html; charset=utf-8";
+const JS: &str = "text/javascript; charset=utf-8";
 const INDEX: &str = include_str!("console/index.html");
 
 /// Every asset: its route, content type and bytes.
 const ASSETS: &[(&str, &str, &str)] = &[
     ("/console", HTML, INDEX),
     ("/console/", HTML, INDEX),
-    (
-        "/console/app.js",
-        "text/javascript; charset=utf-8",
-        include_str!("console/app.js"),
-    ),
+    ("/console/app.js", JS, include_str!("console/app.js")),
+    ("/console/api.js", JS, include_str!("console/api.js")),
+    ("/console/dom.js", JS, include_str!("console/dom.js")),
+    ("/console/queue.js", JS, include_str!("console/queue.js")),
+    ("/console/views.js", JS, include_str!("console/views.js")),
     (
         "/console/app.css",
         "text/css; charset=utf-8",

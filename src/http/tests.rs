@@ -191,6 +191,10 @@ async fn console_assets_carry_a_strict_csp_and_no_inline_script() {
         ("/console", "text/html"),
         ("/console/", "text/html"),
         ("/console/app.js", "text/javascript"),
+        ("/console/api.js", "text/javascript"),
+        ("/console/dom.js", "text/javascript"),
+        ("/console/queue.js", "text/javascript"),
+        ("/console/views.js", "text/javascript"),
         ("/console/app.css", "text/css"),
         ("/console/icon.svg", "image/svg+xml"),
     ] {
