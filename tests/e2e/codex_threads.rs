@@ -42,7 +42,8 @@ fn children(pid: u32) -> Vec<u32> {
     out
 }
 
-/// Every process below the gateway (a traced Codex runs under a shell).
+/// Resident memory of a process in MiB (0 once it has exited). Under
+/// `TURNSTILE_CODEX_TRACE` each Codex runs below a shell, which this soak then measures.
 fn rss_mib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib = status
