@@ -207,6 +207,21 @@ impl Approvals {
         let _ = self.events.send(ApprovalEvent { kind, record });
     }
 
+    /// Publishes what another replica (or a settlement of one) wrote to approval `id`, as
+    /// its record now reads: `created` while pending, else the event of its settle reason.
+    pub fn republish(&self, id: &str) {
+        let Ok(Some(record)) = self.store.approval_get(id) else {
+            return;
+        };
+        let kind = match (record.state.as_str(), record.reason.as_deref()) {
+            ("pending", _) => EventKind::Created,
+            (_, Some("human")) => EventKind::Decided,
+            (_, Some("expired")) => EventKind::Expired,
+            _ => EventKind::Cancelled,
+        };
+        self.publish(kind, record);
+    }
+
     /// Records a pending approval and parks the backend's request. On a store failure the
     /// backend is answered deny and the error is returned.
     pub fn create(

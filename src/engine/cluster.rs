@@ -167,6 +167,7 @@ impl Engine {
             valid_until: Some(started + m.lease),
         };
         tracing::info!(replica = %m.id, epoch, %url, "replica lease taken");
+        self.follow_approvals(&m.id);
         self.survey(m);
         let engine = self.clone();
         self.inner
@@ -270,6 +271,10 @@ impl Engine {
                     approvals = s.approvals_orphaned.len(),
                     "settled a replica whose lease lapsed: its held turns are lost, its approvals orphaned"
                 );
+                // The others hear of it from the feed; this replica tells its own consoles.
+                for id in &s.approvals_orphaned {
+                    self.inner.approvals.republish(id);
+                }
             }
             Ok(None) => {}
             Err(e) => {

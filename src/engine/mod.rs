@@ -21,6 +21,7 @@ mod conversation;
 mod ending;
 mod error;
 mod execution;
+mod follow;
 mod ledger;
 mod leg;
 mod resume;

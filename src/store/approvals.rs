@@ -2,6 +2,7 @@
 //! pending row changes), each change journaled in the same transaction.
 
 use super::db::{vals, Row};
+use super::feed;
 use super::{now_unix, Store, StoreError};
 
 /// One approval as stored (and as the API shows it, minus the digest and invocation id).
@@ -76,7 +77,7 @@ impl Store {
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'approval_created', ?3)",
                 vals![a.created_at, &a.execution_id, &detail],
             )?;
-            Ok(())
+            feed::notify(t, &a.id, &self.owner)
         })
     }
 
@@ -107,6 +108,7 @@ impl Store {
                          SELECT ?1, execution_id, 'approval_settled', ?2 FROM approvals WHERE id = ?3",
                         vals![now, &detail, id],
                     )?;
+                    feed::notify(t, id, &self.owner)?;
                     settled.push(id.clone());
                 }
             }

@@ -158,10 +158,15 @@ impl Store {
                  WHERE state = 'pending' AND owner = ?2 RETURNING id",
                 vals![now, replica],
             )?;
+            let orphaned: Vec<String> =
+                orphaned.iter().map(|r| r.t(0)).collect::<Result<_, _>>()?;
+            for id in &orphaned {
+                super::feed::notify(t, id, &self.owner)?;
+            }
             Ok(Some(ReplicaSettlement {
                 tokens_lost: lost.tokens_lost,
                 executions_lost: lost.executions_lost,
-                approvals_orphaned: orphaned.iter().map(|r| r.t(0)).collect::<Result<_, _>>()?,
+                approvals_orphaned: orphaned,
             }))
         })
     }

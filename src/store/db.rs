@@ -356,7 +356,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Runs blocking database work from wherever the caller is: off the async workers'
 /// schedule inside the multi-threaded runtime, on a scoped thread inside a single-threaded
 /// one (where `block_in_place` is not allowed), directly outside any runtime.
-fn blocking<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+pub(super) fn blocking<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     use tokio::runtime::{Handle, RuntimeFlavor};
     match Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
@@ -396,6 +396,14 @@ impl Db {
         };
         blocking(|| pg.client().map(|_| ()))?;
         Ok(Db::Postgres(Box::new(Mutex::new(pg))))
+    }
+
+    /// A connection of its own for LISTEN, on PostgreSQL.
+    pub fn listener(&self) -> Option<super::feed::ApprovalFeed> {
+        match self {
+            Db::Postgres(pg) => Some(super::feed::ApprovalFeed::new(lock(pg).config.clone())),
+            Db::Sqlite(_) => None,
+        }
     }
 
     pub fn engine(&self) -> Engine {

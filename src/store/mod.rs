@@ -20,6 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 mod approvals;
 mod cluster;
 mod db;
+mod feed;
 mod migrations;
 mod suspensions;
 mod usage;
@@ -28,6 +29,7 @@ use db::{vals, Db};
 
 pub use approvals::ApprovalRecord;
 pub use cluster::{Lease, RemotePending, ReplicaSettlement};
+pub use feed::{ApprovalChange, ApprovalFeed};
 pub use suspensions::{StoredSuspension, SuspensionRecord};
 pub use usage::{date_of, day_from_date, day_of, UsageQuery, UsageRow};
 
@@ -220,6 +222,11 @@ impl Store {
             )
         })?;
         rows.iter().map(|r| r.t(0)).collect()
+    }
+
+    /// The approvals change feed of the replicas sharing this database (PostgreSQL only).
+    pub fn approval_feed(&self) -> Option<ApprovalFeed> {
+        self.db.listener()
     }
 
     /// Cheap write probe for readiness: a transaction that writes and is rolled back.

@@ -258,6 +258,28 @@ async fn a_stateless_continuation_suspended_on_a_is_claimed_on_b_with_a_stopped(
 async fn an_approval_asked_on_a_is_decided_on_b_and_reaches_a_s_backend_once() {
     let (_db, gws) = three(None).await;
     let (a, b) = (&gws[0], &gws[1]);
+    // A console on C, which neither asks nor decides, sees both at once.
+    let mut on_c = gws[2]
+        .http
+        .get(format!("{}/v1/approvals/events", gws[2].url))
+        .bearer_auth(ROOT)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(on_c.status(), 200);
+    let mut seen_on_c = String::new();
+    let mut read_c_until = async |what: &str, id: &str| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !seen_on_c.contains(what) || !seen_on_c.contains(id) {
+            let chunk = tokio::time::timeout_at(deadline, on_c.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("no `{what}` on C's event stream: {seen_on_c}"))
+                .unwrap()
+                .expect("C's event stream ended");
+            seen_on_c.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        std::mem::take(&mut seen_on_c)
+    };
     let req = a.post(
         ALICE,
         &json!({"model": "cmd-ask", "stream": true, "messages": [user("go")]}),
@@ -272,6 +294,8 @@ async fn an_approval_asked_on_a_is_decided_on_b_and_reaches_a_s_backend_once() {
         v["data"][0]["id"].as_str().map(String::from)
     })
     .await;
+    let created = read_c_until("event: created", &id).await;
+    assert!(created.contains("\"state\":\"pending\""), "{created}");
     let r = b
         .http
         .post(format!("{}/v1/approvals/{id}/decision", b.url))
@@ -287,6 +311,8 @@ async fn an_approval_asked_on_a_is_decided_on_b_and_reaches_a_s_backend_once() {
         (Some("approved"), Some("root")),
         "{v}"
     );
+    let decided = read_c_until("event: decided", &id).await;
+    assert!(decided.contains("\"decided_by\":\"root\""), "{decided}");
     let (status, text) = tokio::time::timeout(Duration::from_secs(15), chat)
         .await
         .unwrap()

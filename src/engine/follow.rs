@@ -1,0 +1,71 @@
+//! A replica follows the other replicas' approval writes: the store's change feed (LISTEN on
+//! a connection of its own, on a blocking thread) hands each change to a task that
+//! republishes the record on this replica's event stream, so every console sees an approval
+//! appear and settle at once, whichever replica it is connected to. What this replica wrote
+//! it published itself and skips here.
+
+use std::time::Duration;
+
+use super::Engine;
+
+/// How long one wait on the feed lasts before the thread looks at shutdown again.
+const WAIT: Duration = Duration::from_millis(500);
+/// The pause before connecting again after the feed failed: this many fifths of `WAIT`.
+const RETRY_STEPS: u32 = 10;
+
+impl Engine {
+    /// Starts following (a replica on PostgreSQL only). Both halves end at shutdown.
+    pub(super) fn follow_approvals(&self, me: &str) {
+        let Some(mut feed) = self.inner.store.approval_feed() else {
+            return;
+        };
+        // Listening before the replica serves: no approval a console here could miss.
+        if let Err(e) = feed.listen() {
+            tracing::warn!(error = %e, "the approvals feed is down; other replicas' approvals show up on the next list");
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let stop = self.inner.shutdown.clone();
+        self.inner.tracker.spawn_blocking(move || {
+            let mut failing = false;
+            while !stop.is_cancelled() {
+                match feed.wait(WAIT) {
+                    Ok(changes) => {
+                        failing = false;
+                        if changes.into_iter().any(|c| tx.send(c).is_err()) {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        if !failing {
+                            tracing::warn!(error = %e, "the approvals feed is down; other replicas' approvals show up on the next list");
+                        }
+                        failing = true;
+                        // A pause, cut short by shutdown.
+                        for _ in 0..RETRY_STEPS {
+                            if stop.is_cancelled() {
+                                break;
+                            }
+                            std::thread::sleep(WAIT / 5);
+                        }
+                    }
+                }
+            }
+        });
+        let engine = self.clone();
+        let me = me.to_string();
+        let stop = self.inner.shutdown.clone();
+        self.inner.tracker.spawn(async move {
+            loop {
+                let change = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    c = rx.recv() => c,
+                };
+                match change {
+                    Some(c) if c.writer != me => engine.inner.approvals.republish(&c.approval_id),
+                    Some(_) => {}
+                    None => return,
+                }
+            }
+        });
+    }
+}
