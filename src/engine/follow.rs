@@ -10,6 +10,8 @@ use super::Engine;
 
 /// How long one wait on the feed lasts before the thread looks at shutdown again.
 const WAIT: Duration = Duration::from_millis(500);
+/// Logged once each time the feed goes down.
+const DOWN: &str = "the approvals feed is down; other replicas' approvals show up on the next list";
 /// The pause before connecting again after the feed failed: this many fifths of `WAIT`.
 const RETRY_STEPS: u32 = 10;
 
@@ -21,7 +23,7 @@ impl Engine {
         };
         // Listening before the replica serves: no approval a console here could miss.
         if let Err(e) = feed.listen() {
-            tracing::warn!(error = %e, "the approvals feed is down; other replicas' approvals show up on the next list");
+            tracing::warn!(error = %e, DOWN);
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let stop = self.inner.shutdown.clone();
@@ -37,7 +39,7 @@ impl Engine {
                     }
                     Err(e) => {
                         if !failing {
-                            tracing::warn!(error = %e, "the approvals feed is down; other replicas' approvals show up on the next list");
+                            tracing::warn!(error = %e, DOWN);
                         }
                         failing = true;
                         // A pause, cut short by shutdown.
