@@ -14,3 +14,28 @@ fn random_hex() -> String {
 pub fn new_id(prefix: &str) -> String {
     format!("{prefix}{}", random_hex())
 }
+
+/// A fresh `req-` id, built on the stack (one per request, on the relay path).
+pub fn request_id() -> [u8; 36] {
+    let mut bytes = [0u8; 16];
+    rand::rng().fill_bytes(&mut bytes);
+    let mut id = [0u8; 36];
+    id[..4].copy_from_slice(b"req-");
+    // Cannot fail: the output is exactly twice the input.
+    let _ = hex::encode_to_slice(bytes, &mut id[4..]);
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_request_id_is_the_prefix_and_32_hex_digits() {
+        let id = super::request_id();
+        let id = std::str::from_utf8(&id).unwrap();
+        assert!(id.starts_with("req-") && id.len() == 36);
+        assert!(id[4..]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_ne!(super::request_id(), super::request_id());
+    }
+}

@@ -64,11 +64,13 @@ impl Histogram {
 
 #[derive(Default)]
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    /// By route, then status (nested so that counting looks up by `&str`, allocating a key
+    /// only the first time a route is seen).
+    requests: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
     rejections: Mutex<BTreeMap<&'static str, u64>>,
     endings: Mutex<BTreeMap<&'static str, u64>>,
     /// Tokens the backends reported, by (client, model).
-    tokens: Mutex<BTreeMap<(String, String), Usage>>,
+    tokens: Mutex<BTreeMap<String, BTreeMap<String, Usage>>>,
     /// Continuity lookups by (result, reason): `("hit", "")`, `("miss", reason)`, and
     /// idle threads released by (`"released"`, reason).
     continuity: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
@@ -179,10 +181,19 @@ fn label(v: &str) -> std::borrow::Cow<'_, str> {
     )
 }
 
+/// The value under `key`, allocating the key only the first time it is seen (the hot paths
+/// count under a handful of known keys).
+pub(crate) fn slot<'m, V: Default>(m: &'m mut BTreeMap<String, V>, key: &str) -> &'m mut V {
+    if !m.contains_key(key) {
+        m.insert(key.to_string(), V::default());
+    }
+    m.get_mut(key).expect("inserted above")
+}
+
 impl Metrics {
     pub fn request(&self, route: &str, status: u16) {
         let mut m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        *m.entry((route.to_string(), status)).or_default() += 1;
+        *slot(&mut m, route).entry(status).or_default() += 1;
     }
 
     pub fn rejection(&self, code: &'static str) {
@@ -199,8 +210,7 @@ impl Metrics {
     /// A backend reported usage for one model request of this client and model.
     pub fn tokens(&self, client: &str, model: &str, u: Usage) {
         let mut m = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (client.to_string(), model.to_string());
-        m.entry(key).or_default().add(u);
+        slot(slot(&mut m, client), model).add(u);
     }
 
     /// A continuity outcome: `hit`, `miss` (with its reason) or `released` (with why).
@@ -212,12 +222,11 @@ impl Metrics {
     pub fn render(&self, g: &Gauges) -> String {
         let mut out = String::new();
         out.push_str("# HELP turnstile_requests_total HTTP requests by route and status.\n# TYPE turnstile_requests_total counter\n");
-        for ((route, status), n) in self
-            .requests
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        let requests = requests
             .iter()
-        {
+            .flat_map(|(route, m)| m.iter().map(move |(status, n)| (route, status, n)));
+        for (route, status, n) in requests {
             let _ = writeln!(
                 out,
                 "turnstile_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
@@ -248,7 +257,11 @@ impl Metrics {
             );
         }
         out.push_str("# HELP turnstile_tokens_total Tokens the backends reported, by client, model and kind (input includes cached_input; output includes reasoning).\n# TYPE turnstile_tokens_total counter\n");
-        for ((client, model), u) in self.tokens.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        let tokens = tokens
+            .iter()
+            .flat_map(|(client, m)| m.iter().map(move |(model, u)| (client, model, u)));
+        for (client, model, u) in tokens {
             let (client, model) = (label(client), label(model));
             for (kind, n) in [
                 ("input", u.prompt_tokens),

@@ -20,6 +20,8 @@ use futures::stream::BoxStream;
 use crate::config::ModelConfig;
 use crate::turn::{Continuation, TurnInput, Usage};
 
+pub use self::upstream::native::Native;
+
 /// What a backend is, as far as the engine's lifecycle cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
@@ -208,8 +210,9 @@ pub struct ApprovalAsk {
 pub enum TurnEvent {
     Delta(String),
     /// A Chat Completions chunk (or whole body) as a stateless upstream sent it, tool calls
-    /// removed; only on turns whose `native` flag is set. Its text also arrives as `Delta`.
-    Native(serde_json::Value),
+    /// removed and `model` renamed; only on turns whose `native` flag is set. Its text also
+    /// arrives as `Delta`.
+    Native(Native),
     ToolCall(HeldCall),
     /// Boxed: rare, and it would otherwise size every event.
     Approval(Box<ApprovalAsk>),

@@ -63,7 +63,13 @@ impl Engine {
     ) {
         self.inner.approvals.cancel_execution(&meta.id);
         drop(state);
-        tracing::info!(execution = %meta.id, reason = reason.as_str(), "execution ended");
+        // A stateless leg that simply answered is the request's own log line; every other
+        // ending is worth a line of its own.
+        if journaled || reason != EndReason::Completed {
+            tracing::info!(execution = %meta.id, reason = reason.as_str(), "execution ended");
+        } else {
+            tracing::debug!(execution = %meta.id, reason = reason.as_str(), "execution ended");
+        }
         self.inner.metrics.ended(reason.as_str());
         if journaled {
             if let Err(e) = self.inner.store.execution_ended(&meta.id, reason.as_str()) {

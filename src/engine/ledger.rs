@@ -7,21 +7,21 @@
 //! The meter a backend gets holds only this ledger and the metrics, never the engine, so a
 //! backend keeping it does not keep the engine alive.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::Meter;
-use crate::metrics::Metrics;
+use crate::metrics::{slot, Metrics};
 use crate::store::{day_of, now_unix, Store, StoreError, UsageRow};
 use crate::turn::Usage;
 
-type Key = (u32, String, String);
-type Deltas = HashMap<Key, (Usage, u64)>;
+/// By day, principal and model (nested so that recording looks up by `&str`).
+type Deltas = BTreeMap<u32, BTreeMap<String, BTreeMap<String, (Usage, u64)>>>;
 
-fn fold(deltas: &mut Deltas, key: Key, usage: Usage, requests: u64) {
-    let (total, n) = deltas.entry(key).or_default();
+fn fold(deltas: &mut Deltas, (day, principal, model): (u32, &str, &str), usage: Usage, n: u64) {
+    let (total, requests) = slot(slot(deltas.entry(day).or_default(), principal), model);
     total.add(usage);
-    *n += requests;
+    *requests += n;
 }
 
 pub(super) struct Ledger {
@@ -33,7 +33,7 @@ impl Ledger {
     pub fn new(metrics: Arc<Metrics>) -> Arc<Ledger> {
         Arc::new(Ledger {
             metrics,
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -45,10 +45,9 @@ impl Ledger {
 
     pub fn record(&self, principal: &str, model: &str, u: Usage) {
         self.metrics.tokens(principal, model, u);
-        let key = (day_of(now_unix()), principal.to_string(), model.to_string());
         fold(
             &mut self.pending.lock().unwrap_or_else(|e| e.into_inner()),
-            key,
+            (day_of(now_unix()), principal, model),
             u,
             1,
         );
@@ -60,20 +59,30 @@ impl Ledger {
         if taken.is_empty() {
             return Ok(());
         }
-        let rows: Vec<UsageRow> = taken
-            .iter()
-            .map(|((day, principal, model), (usage, requests))| UsageRow {
-                day: *day,
-                principal: principal.clone(),
-                model: model.clone(),
-                usage: *usage,
-                requests: *requests,
-            })
-            .collect();
+        let mut rows: Vec<UsageRow> = Vec::new();
+        for (day, by_principal) in taken {
+            for (principal, by_model) in by_principal {
+                for (model, (usage, requests)) in by_model {
+                    let principal = principal.clone();
+                    rows.push(UsageRow {
+                        day,
+                        principal,
+                        model,
+                        usage,
+                        requests,
+                    });
+                }
+            }
+        }
         store.usage_added(&rows).inspect_err(|_| {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            for (key, (usage, requests)) in taken {
-                fold(&mut pending, key, usage, requests);
+            for r in &rows {
+                fold(
+                    &mut pending,
+                    (r.day, &r.principal, &r.model),
+                    r.usage,
+                    r.requests,
+                );
             }
         })
     }

@@ -19,7 +19,7 @@ pub enum LegEvent {
     Delta(String),
     /// The upstream's own Chat Completions chunk (or whole body), tool calls removed; only on
     /// a leg whose `native` flag is set, for a surface that relays that wire.
-    Native(serde_json::Value),
+    Native(crate::backend::Native),
     /// Something a human watching the stream should know (an approval is pending).
     Notice(String),
     /// The answer was cut at the output token limit; `End` follows.

@@ -89,7 +89,7 @@ async fn method_not_allowed() -> ApiError {
 }
 
 /// The execution a response belongs to, for the request log line.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 struct ExecutionId(String);
 
 /// One log line per request: request id, method, route, status, execution id, duration.
@@ -99,26 +99,31 @@ struct ExecutionId(String);
 /// requests for `/metrics` and sets `x-request-id`.
 async fn log_request(State(gw): State<Gateway>, req: Request, next: Next) -> Response {
     let started = tokio::time::Instant::now();
-    let request_id = crate::ids::new_id("req-");
+    let request_id = crate::ids::request_id();
     let method = req.method().clone();
-    let route = req
+    // The matched route is shared (an `Arc<str>` inside), not copied.
+    let matched = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".to_string());
+        .cloned();
     let mut resp = next.run(req).await;
+    let route = matched.as_ref().map_or("unmatched", |p| p.as_str());
     let status = resp.status().as_u16();
     let code = resp.extensions().get::<error::Code>().map_or("", |c| c.0);
     let micros = started.elapsed().as_micros() as u64;
     let execution = resp
-        .extensions()
-        .get::<ExecutionId>()
-        .map(|e| e.0.clone())
+        .extensions_mut()
+        .remove::<ExecutionId>()
         .unwrap_or_default();
-    gw.metrics().request(&route, status);
-    if let Ok(v) = header::HeaderValue::from_str(&request_id) {
-        resp.headers_mut().insert("x-request-id", v);
-    }
+    let execution = execution.0.as_str();
+    gw.metrics().request(route, status);
+    let request_id = header::HeaderValue::from_bytes(&request_id);
+    let Ok(request_id) = request_id else {
+        return resp;
+    };
+    resp.headers_mut()
+        .insert("x-request-id", request_id.clone());
+    let request_id = request_id.to_str().unwrap_or_default();
     if status >= 500 {
         tracing::error!(request = %request_id, %method, %route, status, code, %execution, micros, "request");
     } else if status >= 400 {
@@ -290,7 +295,7 @@ async fn chat(
         let keepalive = a.cfg.server.keepalive;
         sse(chat::framing::stream(leg, framing.include_usage, keepalive).await?)
     } else {
-        Json(chat::framing::collect(leg).await?).into_response()
+        chat::framing::collect(leg).await?.into_response()
     };
     Ok(answered(&gw, &a, execution, resp))
 }

@@ -45,6 +45,9 @@ impl Client {
         let mut builder = reqwest::Client::builder()
             .connect_timeout(cfg.connect_timeout)
             .pool_max_idle_per_host(cfg.max_idle_connections)
+            // An upstream API is not redirected: a redirect would carry the key elsewhere,
+            // and checking each answer for one showed in profiles.
+            .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true);
         if let Some(path) = &cfg.ca_file {
             let pem = std::fs::read(path).map_err(|e| {

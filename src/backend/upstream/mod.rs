@@ -78,12 +78,13 @@ impl Upstream {
         .store(crate::store::now_unix(), Ordering::Relaxed);
         let resp = sent?;
         let ids = Arc::new(Mutex::new(Vec::new()));
-        let native = leg.input.native.is_some();
+        let native = (leg.input.native.is_some(), leg.model.id.clone());
         let events = if leg.input.stream {
             stream::events(&self.client, resp, native, ids.clone())
         } else {
             stream::whole(&self.client, resp, native, ids.clone())
         };
+        let native = leg.input.native.is_some();
         // Accounting hears each usage report as it passes.
         let meter = leg.meter.clone();
         let events = futures::StreamExt::boxed(futures::StreamExt::inspect(events, move |ev| {

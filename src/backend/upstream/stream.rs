@@ -13,6 +13,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::client::{Client, SseEvent};
+use super::native::{self, Native, Plain};
 use crate::backend::{BackendError, HeldCall, TurnEvent};
 use crate::turn::Usage;
 
@@ -70,17 +71,38 @@ fn announce(calls: Vec<PartialCall>, ids: &Ids, out: &mut VecDeque<TurnEvent>) {
     }
 }
 
-/// A non-streamed answer: one JSON body, read within the total timeout.
+/// The events of an answer (or chunk) with no tool calls; its `Native` only when relayed.
+fn plain(p: Plain, native: bool, out: &mut VecDeque<TurnEvent>) {
+    if let Some(u) = p.usage {
+        out.push_back(TurnEvent::Usage(u));
+    }
+    if p.finish.as_deref() == Some("length") {
+        out.push_back(TurnEvent::Truncated);
+    }
+    if !p.text.is_empty() {
+        out.push_back(TurnEvent::Delta(p.text));
+    }
+    if native {
+        let finish = p.finish.is_some();
+        out.push_back(TurnEvent::Native(Native::Raw {
+            json: p.json,
+            finish,
+        }));
+    }
+}
+
+/// A non-streamed answer: one JSON body, read within the total timeout. One without tool
+/// calls is read without a tree and relayed as it came (`model` renamed to `model`).
 pub fn whole(
     client: &Client,
     resp: reqwest::Response,
-    native: bool,
+    (native, model): (bool, String),
     ids: Ids,
 ) -> BoxStream<'static, TurnEvent> {
     let total = client.total_timeout;
     futures::stream::once(async move {
         let mut out = VecDeque::new();
-        let mut body = match tokio::time::timeout(total, resp.json::<Value>()).await {
+        let bytes = match tokio::time::timeout(total, resp.bytes()).await {
             Err(_) => {
                 out.push_back(TurnEvent::TimedOut);
                 return out;
@@ -89,7 +111,16 @@ pub fn whole(
                 out.push_back(TurnEvent::Failed("unreadable upstream body".into()));
                 return out;
             }
-            Ok(Ok(v)) => v,
+            Ok(Ok(b)) => b,
+        };
+        if let Some(p) = native::plain(&bytes, &model) {
+            plain(p, native, &mut out);
+            out.push_back(TurnEvent::Completed);
+            return out;
+        }
+        let Ok(mut body) = serde_json::from_slice::<Value>(&bytes) else {
+            out.push_back(TurnEvent::Failed("unreadable upstream body".into()));
+            return out;
         };
         let message = &mut body["choices"][0]["message"];
         let text = message["content"].as_str().unwrap_or_default().to_string();
@@ -118,7 +149,8 @@ pub fn whole(
             out.push_back(TurnEvent::Truncated);
         }
         if native {
-            out.push_back(TurnEvent::Native(body));
+            body["model"] = Value::String(model);
+            out.push_back(TurnEvent::Native(Native::Tree(body)));
         }
         let yielded = !calls.is_empty();
         announce(calls, &ids, &mut out);
@@ -138,6 +170,8 @@ struct Relay {
     /// The leg's total deadline (`total_timeout_ms`).
     total: Instant,
     native: bool,
+    /// The name the client knows the model by, for the relayed chunks.
+    model: String,
     ids: Ids,
     calls: BTreeMap<u64, PartialCall>,
     /// The calls were announced (a finish chunk was seen).
@@ -151,13 +185,14 @@ struct Relay {
 pub fn events(
     client: &Client,
     resp: reqwest::Response,
-    native: bool,
+    (native, model): (bool, String),
     ids: Ids,
 ) -> BoxStream<'static, TurnEvent> {
     let relay = Relay {
         events: client.events(resp),
         total: Instant::now() + client.total_timeout,
         native,
+        model,
         ids,
         calls: BTreeMap::new(),
         announced: false,
@@ -203,7 +238,12 @@ impl Relay {
                     self.end();
                 }
                 Some(Ok(SseEvent::Data(data))) => {
-                    if let Ok(chunk) = serde_json::from_str::<Value>(&data) {
+                    let data = bytes::Bytes::from(data);
+                    if let Some(p) = native::plain(&data, &self.model) {
+                        let finish = p.finish.is_some();
+                        plain(p, self.native, &mut self.out);
+                        self.finished(finish);
+                    } else if let Ok(chunk) = serde_json::from_slice::<Value>(&data) {
                         self.chunk(chunk);
                     }
                 }
@@ -272,8 +312,14 @@ impl Relay {
             }
         }
         if self.native && forward {
-            self.out.push_back(TurnEvent::Native(chunk));
+            chunk["model"] = Value::String(self.model.clone());
+            self.out.push_back(TurnEvent::Native(Native::Tree(chunk)));
         }
+        self.finished(finish);
+    }
+
+    /// At the first finish chunk, the calls assembled so far are complete.
+    fn finished(&mut self, finish: bool) {
         if finish && !self.announced {
             self.announced = true;
             let calls = std::mem::take(&mut self.calls);

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 
 use super::error_body;
 use super::wire::{chunk, completion, usage_chunk, ResponseMeta};
+use crate::backend::Native;
 use crate::engine::{Leg, LegEvent};
 use crate::error::ApiError;
 use crate::surface::sse;
@@ -58,7 +59,7 @@ struct Framer {
     include_usage: bool,
     native: bool,
     /// Native chunks held from the finish chunk on (see the module doc).
-    held: Vec<Value>,
+    held: Vec<Native>,
 }
 
 impl sse::Frame for Framer {
@@ -86,15 +87,13 @@ impl Framer {
             LegEvent::Delta(_) if self.native => (String::new(), false),
             LegEvent::Truncated => (String::new(), false),
             LegEvent::Delta(d) => (self.chunk(json!({"content": d}), None), false),
-            LegEvent::Native(mut c) => {
-                c["model"] = json!(self.meta.model);
-                let finishing =
-                    !self.held.is_empty() || c["choices"][0]["finish_reason"].as_str().is_some();
-                if finishing {
+            // Relayed as the upstream sent them, `model` already renamed.
+            LegEvent::Native(c) => {
+                if !self.held.is_empty() || c.finishes() {
                     self.held.push(c);
                     return (String::new(), false);
                 }
-                (event(&c), false)
+                (c.event(), false)
             }
             LegEvent::Notice(n) => (crate::surface::sse::notice_comment(&n), false),
             LegEvent::End { calls, usage } => {
@@ -125,10 +124,11 @@ impl Framer {
     fn native_end(&mut self, calls: &[ExposedCall], out: &mut String) {
         let held = std::mem::take(&mut self.held);
         if !calls.is_empty() {
-            let like = held
-                .first()
-                .cloned()
-                .unwrap_or_else(|| json!({"object": "chat.completion.chunk"}));
+            let like = match held.first() {
+                Some(Native::Tree(v)) => v.clone(),
+                Some(Native::Raw { json, .. }) => serde_json::from_slice(json).unwrap_or_default(),
+                None => json!({"object": "chat.completion.chunk"}),
+            };
             let envelope = |delta: Value, finish: Option<&str>| {
                 let mut c = like.clone();
                 c["model"] = json!(self.meta.model);
@@ -149,7 +149,7 @@ impl Framer {
             }
         }
         for c in &held {
-            out.push_str(&event(c));
+            out.push_str(&c.event());
         }
     }
 }
@@ -169,8 +169,26 @@ pub async fn stream(
     sse::stream(leg, framer, keepalive).await
 }
 
+/// A `chat.completion`: built here, or an upstream's own body relayed as it came.
+pub enum Completion {
+    Built(Value),
+    Relayed(bytes::Bytes),
+}
+
+impl axum::response::IntoResponse for Completion {
+    fn into_response(self) -> axum::response::Response {
+        match self {
+            Completion::Built(v) => axum::Json(v).into_response(),
+            Completion::Relayed(b) => {
+                let json = axum::http::HeaderValue::from_static("application/json");
+                ([(axum::http::header::CONTENT_TYPE, json)], b).into_response()
+            }
+        }
+    }
+}
+
 /// Non-streaming: waits for the leg's end and answers one `chat.completion`.
-pub async fn collect(mut leg: Leg) -> Result<Value, ApiError> {
+pub async fn collect(mut leg: Leg) -> Result<Completion, ApiError> {
     let meta = meta(&leg);
     let mut text = String::new();
     let mut native = None;
@@ -181,7 +199,11 @@ pub async fn collect(mut leg: Leg) -> Result<Value, ApiError> {
             LegEvent::Notice(_) | LegEvent::Truncated => {}
             LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
-                if let Some(mut body) = native {
+                if let Some(body) = native {
+                    let mut body = match (body, calls.is_empty()) {
+                        (Native::Raw { json, .. }, true) => return Ok(Completion::Relayed(json)),
+                        (body, _) => body.into_value(),
+                    };
                     body["model"] = json!(meta.model);
                     if !calls.is_empty() {
                         let list: Vec<Value> = calls
@@ -193,7 +215,7 @@ pub async fn collect(mut leg: Leg) -> Result<Value, ApiError> {
                             .collect();
                         body["choices"][0]["message"]["tool_calls"] = Value::Array(list);
                     }
-                    return Ok(body);
+                    return Ok(Completion::Built(body));
                 }
                 let content = if text.is_empty() && !calls.is_empty() {
                     None
@@ -201,7 +223,9 @@ pub async fn collect(mut leg: Leg) -> Result<Value, ApiError> {
                     Some(text)
                 };
                 let finish = finish_reason(&calls);
-                return Ok(completion(&meta, content, &calls, finish, usage));
+                return Ok(Completion::Built(completion(
+                    &meta, content, &calls, finish, usage,
+                )));
             }
         }
     }
@@ -287,9 +311,12 @@ mod tests {
         let mut f = framer(false);
         f.native = true;
         assert_eq!(f.opening(), "");
-        let (text, _) = f.frame(LegEvent::Native(
-            json!({"id": "up", "model": "x", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": null}], "extra": 1}),
-        ));
+        let up = json!({"id": "up", "model": "x", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": null}], "extra": 1});
+        let raw = crate::backend::upstream::native::plain(&up.to_string().into(), "m").unwrap();
+        let (text, _) = f.frame(LegEvent::Native(Native::Raw {
+            json: raw.json,
+            finish: false,
+        }));
         let ev = events(&text);
         assert_eq!(
             (ev[0]["model"].as_str(), ev[0]["extra"].as_i64()),
@@ -297,7 +324,7 @@ mod tests {
         );
         assert_eq!(f.frame(LegEvent::Delta("hi".into())).0, "");
         let fin = json!({"id": "up", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}], "usage": {"total_tokens": 3}});
-        assert_eq!(f.frame(LegEvent::Native(fin)).0, "");
+        assert_eq!(f.frame(LegEvent::Native(Native::Tree(fin))).0, "");
         let (text, end) = f.frame(LegEvent::End {
             calls: calls(),
             usage: Usage::default(),

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Instructions the gateway executes per request, by callgrind (not a test):
+# `bench/instructions.sh [chat|chat-sse|responses|messages|agent|agent-tool|resume-100k]`.
+#
+# chat … messages: the plain relay to the nginx mock (`kind = "openai"`). agent: a plain turn
+# on the demo backend (`kind = "app-server"`, its processes outside valgrind); agent-tool: a
+# tool round trip there (the request that suspends plus its continuation, counted as one);
+# resume-100k: that round trip with a 100 KB conversation.
+#
+# Wall-clock CPU figures on a shared machine move by 20% between runs; instruction counts do
+# not (the same binary and inputs give the same count), so this is the figure to compare a
+# change by. The gateway runs under valgrind in front of the same nginx mock as bench/run.sh;
+# after a warm-up the counters are zeroed, BENCH_REQUESTS requests (default 2000) are sent
+# from 4 connections, and the total is divided by the count. User space only: the kernel's
+# share (sockets, wake-ups) is not counted. The annotated profile (inclusive, by function) is
+# written to target/instructions-SCENARIO.txt.
+set -euo pipefail
+
+SCENARIO=${1:-chat}
+N=${BENCH_REQUESTS:-2000}
+WARM=300
+case $SCENARIO in
+  agent*|resume*) N=${BENCH_REQUESTS:-300} WARM=30 ;;
+esac
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+MOCK="$ROOT/bench/mock"
+OHA=$(command -v oha || echo "$HOME/.cargo/bin/oha")
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+# BENCH_GATEWAY: another build of the gateway to count (a before-and-after comparison).
+GATEWAY=${BENCH_GATEWAY:-}
+if [ -z "$GATEWAY" ]; then
+  cargo build --release --bin turnstile --manifest-path "$ROOT/Cargo.toml" >&2
+  GATEWAY="$ROOT/target/release/turnstile"
+fi
+DEMO="$ROOT/target/release/turnstile-demo-backend"
+case $SCENARIO in
+  agent*|resume*) cargo build --release --bin turnstile-demo-backend --manifest-path "$ROOT/Cargo.toml" >&2 ;;
+esac
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+mkdir -p "$WORK/nginx"
+body() { sed -e "s/\\\\/\\\\\\\\/g" -e "s/'/\\\\'/g" "$1"; }
+cat >"$WORK/nginx/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body;
+  keepalive_requests 10000000;
+  server {
+    listen 127.0.0.1:$PORT;
+    location = /json/v1/chat/completions { default_type application/json; return 200 '$(body "$MOCK/completion.json")'; }
+    location = /sse/v1/chat/completions { default_type text/event-stream; return 200 '$(body "$MOCK/completion.sse")'; }
+  }
+}
+EOF
+"$NGINX" -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" 2>/dev/null &
+PIDS+=($!)
+
+KEY=sk-bench
+cat >"$WORK/gateway.toml" <<EOF
+[server]
+listen = "127.0.0.1:0"
+max_body_bytes = 16777216
+[store]
+path = "$WORK/gateway.db"
+[[clients]]
+id = "bench"
+key_sha256 = "$(printf %s "$KEY" | sha256sum | cut -d' ' -f1)"
+[[models]]
+id = "mock"
+backend = "json"
+[[models]]
+id = "mock-sse"
+backend = "sse"
+[backends.json]
+kind = "openai"
+base_url = "http://127.0.0.1:$PORT/json/v1"
+[backends.sse]
+kind = "openai"
+base_url = "http://127.0.0.1:$PORT/sse/v1"
+[[models]]
+id = "echo"
+backend = "demo"
+backend_model = "echo"
+[[models]]
+id = "tool"
+backend = "demo"
+backend_model = "tool"
+[backends.demo]
+kind = "app-server"
+command = ["$DEMO"]
+EOF
+mkfifo "$WORK/announce"
+valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" \
+  "$GATEWAY" serve --config "$WORK/gateway.toml" \
+  >"$WORK/announce" 2>"$WORK/valgrind.log" &
+GW=$!
+PIDS+=($GW)
+read -r -t 120 LINE <"$WORK/announce"
+URL=${LINE#listening on }
+cat "$WORK/announce" >/dev/null &
+
+case $SCENARIO in
+  chat) path=/v1/chat/completions body='{"model":"mock","messages":[{"role":"user","content":"Say hello."}]}' ;;
+  chat-sse) path=/v1/chat/completions body='{"model":"mock-sse","stream":true,"messages":[{"role":"user","content":"Say hello."}]}' ;;
+  responses) path=/v1/responses body='{"model":"mock","input":"Say hello."}' ;;
+  messages) path=/v1/messages body='{"model":"mock","max_tokens":64,"messages":[{"role":"user","content":"Say hello."}]}' ;;
+esac
+# The held-turn scenarios: sequential requests on one kept-alive connection.
+drive() {
+  python3 - "$URL" "$KEY" "$SCENARIO" "$1" <<'PY'
+import http.client, json, sys, urllib.parse
+url, key, scenario, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+u = urllib.parse.urlparse(url)
+conn = http.client.HTTPConnection(u.hostname, u.port)
+def post(body):
+    conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                 {"authorization": "Bearer " + key, "content-type": "application/json"})
+    r = conn.getresponse()
+    data = r.read()
+    return r.status, json.loads(data) if r.status == 200 else None
+tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+pad = "x" * 100_000 if scenario == "resume-100k" else ""
+ok = 0
+for i in range(n):
+    if scenario == "agent":
+        s, _ = post({"model": "echo", "messages": [{"role": "user", "content": "hello"}]})
+        ok += s == 200
+        continue
+    msgs = [{"role": "user", "content": f"{pad} read /tmp/f{i}"}]
+    s, a = post({"model": "tool", "messages": msgs, "tools": tools})
+    if s != 200:
+        continue
+    m = a["choices"][0]["message"]
+    msgs += [{"role": "assistant", "content": m.get("content"), "tool_calls": m["tool_calls"]},
+             {"role": "tool", "tool_call_id": m["tool_calls"][0]["id"], "content": "contents"}]
+    s, b = post({"model": "tool", "messages": msgs, "tools": tools})
+    ok += s == 200 and b["choices"][0]["finish_reason"] == "stop"
+print(ok)
+PY
+}
+load() {
+  case $SCENARIO in
+    agent*|resume*) drive "$1"; return ;;
+  esac
+  "$OHA" --no-tui --output-format json -n "$1" -c 4 -m POST -H "authorization: Bearer $KEY" \
+    -H "anthropic-version: 2023-06-01" -T application/json -d "$body" "$URL$path" >"$WORK/oha.json"
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["statusCodeDistribution"].get("200",0))' "$WORK/oha.json"
+}
+load "$WARM" >/dev/null
+callgrind_control -z "$GW" >/dev/null
+ok=$(load "$N")
+callgrind_control -d "$GW" >/dev/null
+dump=$(ls -t "$WORK"/cg.out* | head -1)
+cp "$dump" "$ROOT/target/instructions-$SCENARIO.out"
+total=$(grep -m1 '^summary:\|^totals:' "$dump" | awk '{print $2}')
+(callgrind_annotate --inclusive=yes "$dump" 2>/dev/null || true) | head -120 >"$ROOT/target/instructions-$SCENARIO.txt" || true
+echo "$SCENARIO: $ok requests, $((total / ok)) instructions per request (user space)"
