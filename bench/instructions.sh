@@ -102,6 +102,8 @@ backend_model = "tool"
 [backends.demo]
 kind = "app-server"
 command = ["$DEMO"]
+max_sessions = 64
+processes = 2
 EOF
 mkfifo "$WORK/announce"
 valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" \
@@ -122,11 +124,14 @@ esac
 # The held-turn scenarios: sequential requests on one kept-alive connection.
 drive() {
   python3 - "$URL" "$KEY" "$SCENARIO" "$1" <<'PY'
-import http.client, json, sys, urllib.parse
+import http.client, json, sys, threading, urllib.parse
 url, key, scenario, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 u = urllib.parse.urlparse(url)
-conn = http.client.HTTPConnection(u.hostname, u.port)
+local = threading.local()
 def post(body):
+    if not hasattr(local, "conn"):
+        local.conn = http.client.HTTPConnection(u.hostname, u.port)
+    conn = local.conn
     conn.request("POST", "/v1/chat/completions", json.dumps(body),
                  {"authorization": "Bearer " + key, "content-type": "application/json"})
     r = conn.getresponse()
@@ -135,22 +140,29 @@ def post(body):
 tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
 pad = "x" * 100_000 if scenario == "resume-100k" else ""
-ok = 0
-for i in range(n):
+def one(i):
     if scenario == "agent":
         s, _ = post({"model": "echo", "messages": [{"role": "user", "content": "hello"}]})
-        ok += s == 200
-        continue
+        return s == 200
     msgs = [{"role": "user", "content": f"{pad} read /tmp/f{i}"}]
     s, a = post({"model": "tool", "messages": msgs, "tools": tools})
     if s != 200:
-        continue
+        return False
     m = a["choices"][0]["message"]
     msgs += [{"role": "assistant", "content": m.get("content"), "tool_calls": m["tool_calls"]},
              {"role": "tool", "tool_call_id": m["tool_calls"][0]["id"], "content": "contents"}]
     s, b = post({"model": "tool", "messages": msgs, "tools": tools})
-    ok += s == 200 and b["choices"][0]["finish_reason"] == "stop"
-print(ok)
+    return s == 200 and b["choices"][0]["finish_reason"] == "stop"
+# Four clients at once, as oha's four connections on the relay scenarios.
+ok = [0] * 4
+def client(k):
+    for i in range(k, n, 4):
+        done = one(i)
+        ok[k] += done
+threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(sum(ok))
 PY
 }
 load() {

@@ -1,7 +1,7 @@
 //! The one ending path. Every way an execution ends goes through [`Engine::end`] with a
 //! typed [`EndReason`]: its pending approvals are denied (cancelled), its turn is dropped
 //! (which interrupts an unfinished backend turn and returns its session), the end is
-//! journaled (if the execution has a journal row) and counted. A settled batch also goes
+//! journaled (if the execution has a journal row; queued, `journal.rs`) and counted. A settled batch also goes
 //! through [`Engine::settled`], which makes its tombstones durable first.
 
 use super::execution::{ExecutionMeta, Suspended};
@@ -72,9 +72,7 @@ impl Engine {
         }
         self.inner.metrics.ended(reason.as_str());
         if journaled {
-            if let Err(e) = self.inner.store.execution_ended(&meta.id, reason.as_str()) {
-                tracing::error!(execution = %meta.id, error = %e, "could not journal execution end");
-            }
+            self.inner.journal.ended(&meta.id, reason.as_str());
         }
     }
 

@@ -22,6 +22,7 @@ mod ending;
 mod error;
 mod execution;
 mod follow;
+mod journal;
 mod ledger;
 mod leg;
 mod resume;
@@ -71,6 +72,8 @@ struct Inner {
     /// Idle backend threads kept for their conversation's next turn.
     continuity: continuity::Continuity,
     store: Arc<Store>,
+    /// Agent executions' starts and ends, written behind the request path.
+    journal: journal::Journal,
     /// `[cluster]`: this replica's lease and key; None for a single gateway.
     cluster: Option<cluster::Membership>,
     shutdown: CancellationToken,
@@ -151,6 +154,7 @@ impl Engine {
                 ledger: ledger::Ledger::new(metrics.clone()),
                 metrics,
                 continuity: continuity::Continuity::default(),
+                journal: journal::Journal::start(store.clone())?,
                 store,
                 cluster: membership,
                 shutdown: CancellationToken::new(),
@@ -400,10 +404,10 @@ impl Engine {
         // and two store transactions per relayed request would cap the plain path.
         let journaled = kind == BackendKind::Agent;
         if journaled {
-            if let Err(e) =
-                self.inner
-                    .store
-                    .execution_started(&meta.id, &meta.principal, &meta.model)
+            if let Err(e) = self
+                .inner
+                .journal
+                .started(&meta.id, &meta.principal, &meta.model)
             {
                 tracing::error!(error = %e, "store unavailable");
                 return Err(EngineError::Store);
@@ -463,6 +467,8 @@ impl Engine {
         self.inner.tracker.close();
         self.inner.tracker.wait().await;
         self.flush_usage();
+        let engine = self.clone();
+        let _ = tokio::task::spawn_blocking(move || engine.inner.journal.close()).await;
         for b in self.inner.backends.values() {
             b.shutdown().await;
         }

@@ -299,6 +299,7 @@ async fn plain_turn_ends_completed_and_frees_the_session() {
     let id = leg.execution_id.clone();
     assert_eq!(finish(leg).await.unwrap().0, "echo: hi");
     settle_idle(&f).await;
+    f.engine.inner.journal.flush();
     let events = f.engine.inner.store.journal_events(&id).unwrap();
     assert_eq!(events, ["execution_started", "execution_ended"]);
 }

@@ -67,6 +67,23 @@ pub fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
+/// An execution's start or end, as the journal writer queues it (`at`: Unix seconds when it
+/// happened, not when it was written).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lifecycle {
+    Started {
+        execution_id: String,
+        principal: String,
+        model: String,
+        at: u64,
+    },
+    Ended {
+        execution_id: String,
+        reason: &'static str,
+        at: u64,
+    },
+}
+
 /// A tombstone as recovered from the store, oldest first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredTombstone {
@@ -172,6 +189,52 @@ impl Store {
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_started', ?3)",
                 vals![now, execution_id, &detail],
             )?;
+            Ok(())
+        })
+    }
+
+    /// Lifecycle rows queued behind the request path, in order, in one transaction (the
+    /// engine's journal writer). An end never revives a row another replica already ended.
+    pub fn executions_journaled(&self, rows: &[Lifecycle]) -> Result<(), StoreError> {
+        let owner = self.owner.as_str();
+        self.db.tx(|t| {
+            for row in rows {
+                match row {
+                    Lifecycle::Started {
+                        execution_id,
+                        principal,
+                        model,
+                        at,
+                    } => {
+                        let detail = format!("principal={principal} model={model}");
+                        t.exec(
+                            "INSERT INTO executions (execution_id, principal, model, state, created_at, owner)
+                             VALUES (?1, ?2, ?3, 'live', ?4, ?5)",
+                            vals![execution_id, principal, model, *at, owner],
+                        )?;
+                        t.exec(
+                            "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_started', ?3)",
+                            vals![*at, execution_id, &detail],
+                        )?;
+                    }
+                    Lifecycle::Ended {
+                        execution_id,
+                        reason,
+                        at,
+                    } => {
+                        let detail = format!("reason={reason}");
+                        t.exec(
+                            "UPDATE executions SET state = 'ended', reason = ?2, ended_at = ?3
+                             WHERE execution_id = ?1 AND state = 'live'",
+                            vals![execution_id, *reason, *at],
+                        )?;
+                        t.exec(
+                            "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_ended', ?3)",
+                            vals![*at, execution_id, &detail],
+                        )?;
+                    }
+                }
+            }
             Ok(())
         })
     }

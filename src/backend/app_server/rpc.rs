@@ -5,6 +5,10 @@
 //! never holds more than its bound: a longer line is dropped whole, and bytes that are not
 //! UTF-8 make a line unparsable, not the stream.
 
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 /// The longest line [`Lines`] hands on (a Codex item with a large command output fits).
@@ -91,33 +95,91 @@ pub struct RpcError {
     pub message: String,
 }
 
+/// A message's members, borrowed from its line: the parts are built only when read.
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default, borrow)]
+    method: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    params: Option<&'a RawValue>,
+    /// Present (`null` included) or absent.
+    #[serde(default, borrow, deserialize_with = "present")]
+    result: Option<&'a RawValue>,
+    #[serde(default, deserialize_with = "present")]
+    error: Option<Value>,
+}
+
+/// A member that is there, whatever its value (`Option` alone reads `null` as absent).
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+/// Notifications whose params the gateway reads (`Proc::on_notification`). The others (item
+/// starts and updates, plans, rate limits: most of what a turn sends) keep their params
+/// unbuilt, and `item/completed` builds them only for an agent message, never for a command's
+/// output or the user's own (possibly large) message.
+fn reads_params(method: &str, params: &RawValue) -> bool {
+    #[derive(Deserialize)]
+    struct Completed<'a> {
+        #[serde(borrow)]
+        item: Kind<'a>,
+    }
+    #[derive(Deserialize)]
+    struct Kind<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Cow<'a, str>,
+    }
+    match method {
+        "item/agentMessage/delta" | "thread/tokenUsage/updated" | "turn/completed" | "error" => {
+            true
+        }
+        "item/completed" => serde_json::from_str::<Completed<'_>>(params.get())
+            .is_ok_and(|c| c.item.kind == "agentMessage"),
+        _ => false,
+    }
+}
+
+/// A member built as a tree: None when it does not parse, `Some(None)` when absent.
+fn tree(raw: Option<&RawValue>) -> Option<Option<Value>> {
+    raw.map(|r| serde_json::from_str(r.get())).transpose().ok()
+}
+
 /// Parses one line. `None` for blank lines, non-JSON and unclassifiable objects.
 pub fn parse_line(line: &str) -> Option<Incoming> {
     let line = line.trim();
-    if line.is_empty() {
+    if !line.starts_with('{') {
         return None;
     }
-    let Value::Object(mut obj) = serde_json::from_str::<Value>(line).ok()? else {
-        return None;
-    };
-    let id = obj
-        .remove("id")
-        .filter(|v| v.is_string() || v.is_i64() || v.is_u64());
-    let method = obj
-        .remove("method")
-        .and_then(|m| m.as_str().map(str::to_owned));
-    let params = obj.remove("params").unwrap_or(Value::Null);
+    let e: Envelope<'_> = serde_json::from_str(line).ok()?;
+    let id = e.id.filter(|v| v.is_string() || v.is_i64() || v.is_u64());
+    let method = e.method.map(Cow::into_owned);
     match (id, method) {
-        (Some(id), Some(method)) => Some(Incoming::Request { id, method, params }),
-        (None, Some(method)) => Some(Incoming::Notification { method, params }),
+        (Some(id), Some(method)) => Some(Incoming::Request {
+            id,
+            method,
+            params: tree(e.params)?.unwrap_or(Value::Null),
+        }),
+        (None, Some(method)) => {
+            let params = match e.params {
+                Some(p) if reads_params(&method, p) => tree(Some(p))?.unwrap_or(Value::Null),
+                _ => Value::Null,
+            };
+            Some(Incoming::Notification { method, params })
+        }
         (Some(id), None) => {
-            if let Some(result) = obj.remove("result") {
+            if let Some(result) = tree(e.result)? {
                 Some(Incoming::Response {
                     id,
                     result: Ok(result),
                 })
             } else {
-                let e = obj.remove("error")?;
+                let e = e.error?;
                 Some(Incoming::Response {
                     id,
                     result: Err(RpcError {
@@ -193,9 +255,9 @@ mod tests {
             })
         );
         assert_eq!(
-            parse_line(r#"{"jsonrpc":"2.0","method":"turn/started","params":{}}"#),
+            parse_line(r#"{"jsonrpc":"2.0","method":"turn/completed","params":{}}"#),
             Some(Incoming::Notification {
-                method: "turn/started".into(),
+                method: "turn/completed".into(),
                 params: json!({})
             })
         );
@@ -216,6 +278,29 @@ mod tests {
                 })
             })
         );
+    }
+
+    #[test]
+    fn a_null_result_is_an_answer_and_unread_params_are_not_built() {
+        assert_eq!(
+            parse_line(r#"{"id":4,"result":null}"#),
+            Some(Incoming::Response {
+                id: json!(4),
+                result: Ok(Value::Null)
+            })
+        );
+        let big = "x".repeat(1000);
+        for (line, built) in [
+            (format!(r#"{{"method":"item/started","params":{{"threadId":"t","text":"{big}"}}}}"#), false),
+            (format!(r#"{{"method":"item/completed","params":{{"threadId":"t","item":{{"type":"userMessage","text":"{big}"}}}}}}"#), false),
+            (r#"{"method":"item/completed","params":{"threadId":"t","item":{"type":"agentMessage","id":"i","text":"hi"}}}"#.to_string(), true),
+            (r#"{"method":"turn/completed","params":{"threadId":"t","turn":{"status":"completed"}}}"#.to_string(), true),
+        ] {
+            let Some(Incoming::Notification { params, .. }) = parse_line(&line) else {
+                panic!("{line}");
+            };
+            assert_eq!(params["threadId"] == "t", built, "{line}");
+        }
     }
 
     #[test]
