@@ -106,9 +106,16 @@ max_sessions = 64
 processes = 2
 EOF
 mkfifo "$WORK/announce"
-valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" \
-  "$GATEWAY" serve --config "$WORK/gateway.toml" \
-  >"$WORK/announce" 2>"$WORK/valgrind.log" &
+# BENCH_TOOL=cpu: no valgrind; the gateway's own CPU time per request (user and system, from
+# /proc, noisy on a shared machine) and a perf profile of the same requests.
+TOOL=${BENCH_TOOL:-callgrind}
+if [ "$TOOL" = cpu ]; then
+  "$GATEWAY" serve --config "$WORK/gateway.toml" >"$WORK/announce" 2>/dev/null &
+else
+  valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" \
+    "$GATEWAY" serve --config "$WORK/gateway.toml" \
+    >"$WORK/announce" 2>"$WORK/valgrind.log" &
+fi
 GW=$!
 PIDS+=($GW)
 read -r -t 120 LINE <"$WORK/announce"
@@ -174,6 +181,20 @@ load() {
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["statusCodeDistribution"].get("200",0))' "$WORK/oha.json"
 }
 load "$WARM" >/dev/null
+if [ "$TOOL" = cpu ]; then
+  ticks() { awk '{print $14 + $15}' "/proc/$GW/stat"; }
+  perf record -e cpu-clock -F 999 -g --call-graph dwarf,16384 -o "$WORK/perf.data" -p "$GW" 2>/dev/null &
+  PERF=$!
+  before=$(ticks)
+  ok=$(load "$N")
+  after=$(ticks)
+  kill -INT "$PERF"
+  wait "$PERF" 2>/dev/null || true
+  perf report -i "$WORK/perf.data" --children --sort symbol --stdio -g none --percent-limit 1 2>/dev/null \
+    | grep -v '^#' | grep -v '^$' | cut -c1-200 >"$ROOT/target/cpu-$SCENARIO.txt" || true
+  echo "$SCENARIO: $ok requests, $(( (after - before) * 10000 / ok )) µs of gateway CPU per request (profile: target/cpu-$SCENARIO.txt)"
+  exit 0
+fi
 callgrind_control -z "$GW" >/dev/null
 ok=$(load "$N")
 callgrind_control -d "$GW" >/dev/null

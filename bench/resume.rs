@@ -1,7 +1,8 @@
 //! Resume-path benchmark (not a test): `cargo bench --bench resume`.
 //!
-//! 1. Latency from posting `role:"tool"` results to the first byte of the continued turn,
-//!    through the gateway, for conversations of 1 KB, 100 KB and 1 MB, against the demo
+//! 1. Latency from posting the tool results (chat `role:"tool"`, Responses
+//!    `function_call_output`, Messages `tool_result`) to the first byte of the continued
+//!    turn, through the gateway, for conversations of 1 KB, 100 KB and 1 MB, against the demo
 //!    backend's own answer time measured directly over stdio JSON-RPC in the same run
 //!    (tool answer written -> first `item/agentMessage/delta` read).
 //! 2. Gateway memory per suspended execution with 10,000 held (RSS of the gateway process
@@ -145,25 +146,119 @@ async fn suspend(http: &reqwest::Client, url: &str, prompt: &str) -> (Value, Val
     (req, resp)
 }
 
-async fn gateway_samples(gw: &common::Gateway, size: usize, iters: usize) -> Vec<f64> {
+/// The API surfaces a harness reaches the gateway by.
+#[derive(Clone, Copy)]
+enum Surface {
+    Chat,
+    Responses,
+    Messages,
+}
+
+impl Surface {
+    fn name(self) -> &'static str {
+        match self {
+            Surface::Chat => "chat",
+            Surface::Responses => "responses",
+            Surface::Messages => "messages",
+        }
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            Surface::Chat => "/v1/chat/completions",
+            Surface::Responses => "/v1/responses",
+            Surface::Messages => "/v1/messages",
+        }
+    }
+
+    /// A fresh request whose turn calls `read_file` once.
+    fn fresh(self, prompt: &str) -> Value {
+        let schema = json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]});
+        match self {
+            Surface::Chat => {
+                json!({"model": "tool", "messages": [{"role": "user", "content": prompt}], "tools": tools()})
+            }
+            Surface::Responses => {
+                json!({"model": "tool", "input": [{"role": "user", "content": prompt}],
+                "tools": [{"type": "function", "name": "read_file", "description": "Read a file", "parameters": schema}]})
+            }
+            Surface::Messages => json!({"model": "tool", "max_tokens": 256,
+                "messages": [{"role": "user", "content": prompt}],
+                "tools": [{"name": "read_file", "description": "Read a file", "input_schema": schema}]}),
+        }
+    }
+
+    /// The continuation of `req` answering the one call of `resp` with "R", streamed.
+    fn continuation(self, mut req: Value, resp: &Value) -> Value {
+        match self {
+            Surface::Chat => {
+                let msg = &resp["choices"][0]["message"];
+                let id = msg["tool_calls"][0]["id"].clone();
+                let messages = req["messages"].as_array_mut().expect("messages");
+                messages.push(
+                    json!({"role": "assistant", "content": null, "tool_calls": msg["tool_calls"]}),
+                );
+                messages.push(json!({"role": "tool", "tool_call_id": id, "content": "R"}));
+            }
+            Surface::Responses => {
+                let output = resp["output"].as_array().expect("output");
+                let call = output
+                    .iter()
+                    .find(|i| i["type"] == "function_call")
+                    .expect("a function call");
+                let input = req["input"].as_array_mut().expect("input");
+                input.extend(output.iter().cloned());
+                input.push(json!({"type": "function_call_output", "call_id": call["call_id"], "output": "R"}));
+            }
+            Surface::Messages => {
+                let content = resp["content"].clone();
+                let id = content
+                    .as_array()
+                    .and_then(|c| c.iter().find(|b| b["type"] == "tool_use"))
+                    .expect("a tool_use block")["id"]
+                    .clone();
+                let messages = req["messages"].as_array_mut().expect("messages");
+                messages.push(json!({"role": "assistant", "content": content}));
+                messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": "R"}]}));
+            }
+        }
+        req["stream"] = json!(true);
+        req
+    }
+}
+
+async fn post_surface(http: &reqwest::Client, url: &str, surface: Surface, body: &Value) -> Value {
+    http.post(format!("{url}{}", surface.path()))
+        .bearer_auth(KEY)
+        .header("anthropic-version", "2023-06-01")
+        .json(body)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json")
+}
+
+async fn gateway_samples(
+    gw: &common::Gateway,
+    surface: Surface,
+    size: usize,
+    iters: usize,
+) -> Vec<f64> {
     let http = reqwest::Client::new();
     let text = "x".repeat(size);
     let mut samples = Vec::new();
     for _ in 0..iters {
-        let (mut req, resp) = suspend(&http, &gw.url, &format!("{text} /tmp/f")).await;
-        let msg = &resp["choices"][0]["message"];
-        let id = msg["tool_calls"][0]["id"].clone();
-        let messages = req["messages"].as_array_mut().expect("messages");
-        messages
-            .push(json!({"role": "assistant", "content": null, "tool_calls": msg["tool_calls"]}));
-        messages.push(json!({"role": "tool", "tool_call_id": id, "content": "R"}));
-        req["stream"] = json!(true);
-        let body = serde_json::to_vec(&req).expect("body");
+        let req = surface.fresh(&format!("{text} /tmp/f"));
+        let resp = post_surface(&http, &gw.url, surface, &req).await;
+        let body = serde_json::to_vec(&surface.continuation(req, &resp)).expect("body");
         let started = Instant::now();
         let mut r = http
-            .post(format!("{}/v1/chat/completions", gw.url))
+            .post(format!("{}{}", gw.url, surface.path()))
             .bearer_auth(KEY)
             .header("content-type", "application/json")
+            .header("anthropic-version", "2023-06-01")
             .body(body)
             .send()
             .await
@@ -192,8 +287,8 @@ async fn main() {
         "resume path: POST role:tool -> first byte of the continued turn ({iters} samples each)"
     );
     println!(
-        "{:>8} {:>12} {:>12} {:>12} {:>12} {:>9}",
-        "size", "direct p50", "gateway p50", "direct p99", "gateway p99", "p50 added"
+        "{:>10} {:>8} {:>12} {:>12} {:>12} {:>12} {:>9}",
+        "surface", "size", "direct p50", "gateway p50", "direct p99", "gateway p99", "p50 added"
     );
     let gw = gateway(held + 1000);
     let sizes: &[(&str, usize)] = if iters == 0 {
@@ -207,22 +302,26 @@ async fn main() {
         } else {
             iters
         };
-        let mut d = tokio::task::spawn_blocking(move || direct_samples(size, n))
-            .await
-            .expect("direct");
-        let mut g = gateway_samples(&gw, size, n).await;
-        let (d50, g50) = (
-            common::percentile(&mut d, 0.5),
-            common::percentile(&mut g, 0.5),
-        );
-        let (d99, g99) = (
-            common::percentile(&mut d, 0.99),
-            common::percentile(&mut g, 0.99),
-        );
-        println!(
-            "{label:>8} {d50:>10.3}ms {g50:>10.3}ms {d99:>10.3}ms {g99:>10.3}ms {:>7.3}ms",
-            g50 - d50
-        );
+        // Direct and gateway alternate per surface, so the baseline is of the same minute.
+        for surface in [Surface::Chat, Surface::Responses, Surface::Messages] {
+            let mut d = tokio::task::spawn_blocking(move || direct_samples(size, n))
+                .await
+                .expect("direct");
+            let mut g = gateway_samples(&gw, surface, size, n).await;
+            let (d50, g50) = (
+                common::percentile(&mut d, 0.5),
+                common::percentile(&mut g, 0.5),
+            );
+            let (d99, g99) = (
+                common::percentile(&mut d, 0.99),
+                common::percentile(&mut g, 0.99),
+            );
+            println!(
+                "{:>10} {label:>8} {d50:>10.3}ms {g50:>10.3}ms {d99:>10.3}ms {g99:>10.3}ms {:>7.3}ms",
+                surface.name(),
+                g50 - d50
+            );
+        }
     }
 
     println!("\nmemory: {held} suspended executions held at once");

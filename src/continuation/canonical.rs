@@ -70,7 +70,19 @@ pub fn write_str<'a, S: Sink>(parts: impl IntoIterator<Item = &'a str>, out: &mu
     out.put("\"");
     for part in parts {
         let mut start = 0;
-        for (i, b) in part.bytes().enumerate() {
+        let bytes = part.as_bytes();
+        // Long text is mostly plain: skip it eight bytes at a time to the first word that
+        // holds a byte to escape, then go byte by byte from there.
+        let mut i = 0;
+        while i + 8 <= bytes.len() {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(&bytes[i..i + 8]);
+            if needs_escape(u64::from_le_bytes(word)) {
+                break;
+            }
+            i += 8;
+        }
+        for (i, b) in bytes.iter().copied().enumerate().skip(i) {
             let esc: &str = match b {
                 b'"' => "\\\"",
                 b'\\' => "\\\\",
@@ -93,6 +105,16 @@ pub fn write_str<'a, S: Sink>(parts: impl IntoIterator<Item = &'a str>, out: &mu
         out.put(&part[start..]);
     }
     out.put("\"");
+}
+
+/// Whether any byte of `w` is `"`, `\\` or a control character (below 0x20): the classic
+/// word-at-a-time tests for a zero byte (of `w ^ "…"`, `w ^ \…`) and for a byte below 0x20.
+fn needs_escape(w: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    let below_space = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
+    (zero(w ^ (ONES * b'"' as u64)) | zero(w ^ (ONES * b'\\' as u64)) | below_space) != 0
 }
 
 /// Arguments as canonical JSON when they parse, else the raw text.
@@ -123,6 +145,27 @@ pub fn digest_of_digests(digests: &[[u8; 32]]) -> [u8; 32] {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn strings_are_escaped_as_serde_json_does_at_every_position() {
+        let mut cases: Vec<String> = Vec::new();
+        for special in [
+            "\"", "\\", "\n", "\u{1}", "\u{1f}", "\t", "é", "\u{7f}", " ", "~",
+        ] {
+            for at in 0..20 {
+                let mut s = "abcdefghijklmnopqrstuvwxyz".to_string();
+                s.insert_str(at, special);
+                cases.push(s);
+            }
+        }
+        cases.push(String::new());
+        cases.push("x".repeat(100_000) + "\"");
+        for s in cases {
+            let mut out = String::new();
+            write_str([s.as_str()], &mut out);
+            assert_eq!(out, serde_json::to_string(&s).unwrap(), "{s:?}");
+        }
+    }
 
     #[test]
     fn keys_sorted_no_whitespace() {

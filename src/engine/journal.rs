@@ -1,7 +1,11 @@
-//! Execution lifecycle rows written behind the request path. An agent turn's start and end
-//! are queued to a writer thread of the journal's own, which commits whatever has queued
-//! since its last write in one transaction (group commit): a turn costs no store transaction
-//! on an async worker, and under load many turns share one commit.
+//! Store writes behind the request path. An agent turn's start and end are queued to a
+//! writer thread of the journal's own, which commits whatever has queued since its last write
+//! in one transaction (group commit): a turn costs no store transaction on an async worker,
+//! and under load many turns share one commit. A single gateway's held batch, once answered,
+//! has its tombstones queued too, so a continuation reaches its backend before they are
+//! written (a crash before they are makes the tokens `lost` tombstones at the next start, and
+//! a held turn never resumes after a crash either way). Replicas write them at once: the
+//! write tells whether another replica settled the batch first.
 //!
 //! The queue keeps order, so an end is never written before its start. A crash loses at most
 //! the rows still queued (the next start settles what it finds live as `lost`). While writing
@@ -21,9 +25,19 @@ const MAX_BATCH: usize = 1024;
 
 enum Queued {
     Row(Lifecycle),
+    Tombstones(Tombstones),
     /// Answered once everything queued before it is written (tests).
     #[cfg(test)]
     Barrier(mpsc::SyncSender<()>),
+}
+
+/// A settled batch's tombstones (`Store::tokens_settled`).
+pub(super) struct Tombstones {
+    pub execution_id: String,
+    pub principal: String,
+    pub tokens: Vec<[u8; 32]>,
+    pub reason: &'static str,
+    pub evicted: Vec<[u8; 32]>,
 }
 
 pub(super) struct Journal {
@@ -53,8 +67,16 @@ impl Journal {
     }
 
     fn send(&self, q: Queued) -> bool {
+        self.try_send(q).is_ok()
+    }
+
+    /// Queues `q`, or hands it back when the writer has stopped.
+    fn try_send(&self, q: Queued) -> Result<(), Queued> {
         let queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        queue.as_ref().is_some_and(|tx| tx.send(q).is_ok())
+        match queue.as_ref() {
+            Some(tx) => tx.send(q).map_err(|e| e.0),
+            None => Err(q),
+        }
     }
 
     /// Records a start: queued while the journal is healthy, else written at once (the
@@ -80,6 +102,13 @@ impl Journal {
             .execution_started(execution_id, principal, model)?;
         self.healthy.store(true, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Writes a batch's tombstones behind the request path (after shutdown, at once).
+    pub fn tombstones(&self, t: Tombstones) {
+        if let Err(Queued::Tombstones(t)) = self.try_send(Queued::Tombstones(t)) {
+            write_tombstones(&self.store, &t);
+        }
     }
 
     /// Records an end (queued; after shutdown, written at once).
@@ -119,16 +148,18 @@ impl Journal {
 /// The writer: waits for a row, takes everything queued behind it, commits it as one.
 fn write(store: &Store, rx: &mpsc::Receiver<Queued>, healthy: &AtomicBool) {
     let mut rows = Vec::new();
+    let mut settled = Vec::new();
     let mut barriers: Vec<mpsc::SyncSender<()>> = Vec::new();
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
         while let Some(q) = next.take() {
             match q {
                 Queued::Row(r) => rows.push(r),
+                Queued::Tombstones(t) => settled.push(t),
                 #[cfg(test)]
                 Queued::Barrier(b) => barriers.push(b),
             }
-            if rows.len() < MAX_BATCH {
+            if rows.len() + settled.len() < MAX_BATCH {
                 next = rx.try_recv().ok();
             }
         }
@@ -142,9 +173,26 @@ fn write(store: &Store, rx: &mpsc::Receiver<Queued>, healthy: &AtomicBool) {
             }
             rows.clear();
         }
+        for t in settled.drain(..) {
+            write_tombstones(store, &t);
+        }
         for b in barriers.drain(..) {
             let _ = b.send(());
         }
+    }
+}
+
+fn write_tombstones(store: &Store, t: &Tombstones) {
+    let written = store.tokens_settled(
+        &t.execution_id,
+        &t.principal,
+        &t.tokens,
+        t.reason,
+        &t.evicted,
+    );
+    if let Err(e) = written {
+        // Recovery turns the still-pending rows into `lost` tombstones, which never resume.
+        tracing::error!(execution = %t.execution_id, error = %e, "could not persist tombstones");
     }
 }
 

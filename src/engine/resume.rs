@@ -206,6 +206,28 @@ impl Engine {
             .map(|n| n == tokens.len())
     }
 
+    /// Tombstones a claimed held batch's tokens. A single gateway writes them behind the
+    /// request path (nothing else settles its batches, and a held turn never outlives the
+    /// process: `journal.rs`); a replica at once, to learn whether another settled it first.
+    /// Never for a stateless batch, whose durable record must not be claimable again.
+    fn spend_held(&self, t: &Taken) -> Option<bool> {
+        if self.replica_id().is_some() {
+            return self.spend(&t.execution_id, &t.principal, &t.tokens, Reason::Resolved);
+        }
+        let evicted = self
+            .inner
+            .registry
+            .commit(&t.principal, &t.tokens, Reason::Resolved);
+        self.inner.journal.tombstones(super::journal::Tombstones {
+            execution_id: t.execution_id.clone(),
+            principal: t.principal.clone(),
+            tokens: t.tokens.clone(),
+            reason: Reason::Resolved.as_str(),
+            evicted,
+        });
+        Some(true)
+    }
+
     /// Validates a continuation and claims its batch. Returns the claimed suspension, the
     /// batch position of each result and the claimed batch.
     pub(super) fn claim(
@@ -264,12 +286,7 @@ impl Engine {
                 return Err(e);
             }
         } else {
-            let spent = self.spend(
-                &taken.execution_id,
-                &taken.principal,
-                &taken.tokens,
-                Reason::Resolved,
-            );
+            let spent = self.spend_held(&taken);
             if spent == Some(false) && self.replica_id().is_some() {
                 // Another replica settled this held turn (this one's lease had lapsed).
                 let meta = claimed.meta.clone();
