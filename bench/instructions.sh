@@ -46,28 +46,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-mkdir -p "$WORK/nginx"
-body() { sed -e "s/\\\\/\\\\\\\\/g" -e "s/'/\\\\'/g" "$1"; }
-cat >"$WORK/nginx/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body;
-  keepalive_requests 10000000;
-  server {
-    listen 127.0.0.1:$PORT;
-    location = /json/v1/chat/completions { default_type application/json; return 200 '$(body "$MOCK/completion.json")'; }
-    location = /sse/v1/chat/completions { default_type text/event-stream; return 200 '$(body "$MOCK/completion.sse")'; }
-  }
-}
-EOF
-"$NGINX" -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" 2>/dev/null &
-PIDS+=($!)
+# shellcheck source=bench/mock/nginx.sh
+. "$MOCK/nginx.sh"
+start_mock "$WORK" ""
+PIDS+=("$MOCK_PID")
+PORT=$MOCK_PORT
 
 KEY=sk-bench
 cat >"$WORK/gateway.toml" <<EOF

@@ -50,50 +50,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-# --- the mock: two canned bodies, any method, keep-alive without limit ---------------------
-NGINX_PORT=$(free_port)
-mkdir -p "$WORK/nginx"
-nginx_string() { sed -e "s/\\\\/\\\\\\\\/g" -e "s/'/\\\\'/g" "$1"; }
-cat >"$WORK/nginx/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body;
-  proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fastcgi;
-  uwsgi_temp_path $WORK/nginx/uwsgi;
-  scgi_temp_path $WORK/nginx/scgi;
-  keepalive_requests 10000000;
-  keepalive_timeout 300s;
-  client_body_buffer_size 64k;
-  server {
-    listen 127.0.0.1:$NGINX_PORT reuseport backlog=4096;
-    location = /json/v1/chat/completions {
-      default_type application/json;
-      return 200 '$(nginx_string "$MOCK/completion.json")';
-    }
-    location = /sse/v1/chat/completions {
-      default_type text/event-stream;
-      return 200 '$(nginx_string "$MOCK/completion.sse")';
-    }
-  }
-}
-EOF
-taskset -c "$SERVER_CPU" "$NGINX" -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" 2>"$WORK/nginx/stderr" &
-PIDS+=($!)
-for _ in $(seq 100); do
-  [ -s "$WORK/nginx/nginx.pid" ] && break
-  sleep 0.05
-done
-NGINX_WORKER=$(pgrep -P "$(cat "$WORK/nginx/nginx.pid")" | head -1)
+# shellcheck source=bench/mock/nginx.sh
+. "$MOCK/nginx.sh"
+start_mock "$WORK" "$SERVER_CPU"
+PIDS+=("$MOCK_PID")
+NGINX_PORT=$MOCK_PORT
+NGINX_WORKER=$MOCK_WORKER
 
 # --- the gateway: one model per mock body, the default log level ----------------------------
 KEY=sk-bench
