@@ -1,4 +1,5 @@
-//! Store writes behind the request path. An agent turn's start and end are queued to a
+//! Store writes behind the request path. An agent turn's start and end (a replica's start
+//! is written at once: its store's answer is how it learns to refuse fresh turns) are queued to a
 //! writer thread of the journal's own, which commits whatever has queued since its last write
 //! in one transaction (group commit): a turn costs no store transaction on an async worker,
 //! and under load many turns share one commit. A single gateway's held batch, once answered,

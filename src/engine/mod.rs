@@ -404,11 +404,20 @@ impl Engine {
         // and two store transactions per relayed request would cap the plain path.
         let journaled = kind == BackendKind::Agent;
         if journaled {
-            if let Err(e) = self
-                .inner
-                .journal
-                .started(&meta.id, &meta.principal, &meta.model)
-            {
+            // A replica writes its start at once: the store's answer is what tells a replica
+            // that lost its database to refuse fresh turns (journal.rs).
+            let started = match self.replica_id() {
+                None => self
+                    .inner
+                    .journal
+                    .started(&meta.id, &meta.principal, &meta.model),
+                Some(_) => {
+                    self.inner
+                        .store
+                        .execution_started(&meta.id, &meta.principal, &meta.model)
+                }
+            };
+            if let Err(e) = started {
                 tracing::error!(error = %e, "store unavailable");
                 return Err(EngineError::Store);
             }
