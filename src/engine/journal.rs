@@ -1,5 +1,4 @@
-//! Store writes behind the request path. An agent turn's start and end (a replica's start
-//! is written at once: its store's answer is how it learns to refuse fresh turns) are queued to a
+//! Store writes behind the request path. An agent turn's start and end are queued to a
 //! writer thread of the journal's own, which commits whatever has queued since its last write
 //! in one transaction (group commit): a turn costs no store transaction on an async worker,
 //! and under load many turns share one commit. Queueing never wakes the writer: it drains
@@ -8,8 +7,11 @@
 //! 200-270 µs here). A single gateway's held batch, once answered,
 //! has its tombstones queued too, so a continuation reaches its backend before they are
 //! written (a crash before they are makes the tokens `lost` tombstones at the next start, and
-//! a held turn never resumes after a crash either way). Replicas write them at once: the
-//! write tells whether another replica settled the batch first.
+//! a held turn never resumes after a crash either way).
+//!
+//! Only a single gateway writes behind ([`Journal::behind`]). A replica writes at once: its
+//! store's answer to a start is how a replica that lost its database learns to refuse fresh
+//! turns, and its tombstone write tells whether another replica settled the batch first.
 //!
 //! The queue keeps order, so an end is never written before its start. A crash loses at most
 //! the rows still queued (the next start settles what it finds live as `lost`). While writing
@@ -60,6 +62,8 @@ pub(super) struct Journal {
     queue: Arc<Mutex<Queue>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     healthy: Arc<AtomicBool>,
+    /// Writes may go behind the request path (a single gateway).
+    behind: bool,
 }
 
 fn lock(q: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
@@ -67,7 +71,7 @@ fn lock(q: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
 }
 
 impl Journal {
-    pub fn start(store: Arc<Store>) -> Result<Journal, String> {
+    pub fn start(store: Arc<Store>, behind: bool) -> Result<Journal, String> {
         let queue = Arc::new(Mutex::new(Queue::default()));
         let healthy = Arc::new(AtomicBool::new(true));
         let writer = {
@@ -82,7 +86,13 @@ impl Journal {
             queue,
             writer: Mutex::new(Some(writer)),
             healthy,
+            behind,
         })
+    }
+
+    /// Whether writes go behind the request path (a single gateway) or at once (a replica).
+    pub fn behind(&self) -> bool {
+        self.behind
     }
 
     fn send(&self, q: Queued) -> bool {
@@ -106,15 +116,15 @@ impl Journal {
         }
     }
 
-    /// Records a start: queued while the journal is healthy, else written at once (the
-    /// caller refuses the turn when that fails).
+    /// Records a start: queued while the journal is behind and healthy, else written at once
+    /// (the caller refuses the turn when that fails).
     pub fn started(
         &self,
         execution_id: &str,
         principal: &str,
         model: &str,
     ) -> Result<(), StoreError> {
-        if self.healthy.load(Ordering::Relaxed) {
+        if self.behind && self.healthy.load(Ordering::Relaxed) {
             let row = Lifecycle::Started {
                 execution_id: execution_id.to_string(),
                 principal: principal.to_string(),
@@ -241,7 +251,7 @@ mod tests {
     #[test]
     fn rows_are_written_in_order_and_flushed() {
         let store = Arc::new(Store::open_in_memory().unwrap());
-        let journal = Journal::start(store.clone()).unwrap();
+        let journal = Journal::start(store.clone(), true).unwrap();
         for i in 0..50 {
             journal.started(&format!("exe-{i}"), "alice", "m").unwrap();
             journal.ended(&format!("exe-{i}"), "completed");

@@ -154,7 +154,7 @@ impl Engine {
                 ledger: ledger::Ledger::new(metrics.clone()),
                 metrics,
                 continuity: continuity::Continuity::default(),
-                journal: journal::Journal::start(store.clone())?,
+                journal: journal::Journal::start(store.clone(), membership.is_none())?,
                 store,
                 cluster: membership,
                 shutdown: CancellationToken::new(),
@@ -404,20 +404,11 @@ impl Engine {
         // and two store transactions per relayed request would cap the plain path.
         let journaled = kind == BackendKind::Agent;
         if journaled {
-            // A replica writes its start at once: the store's answer is what tells a replica
-            // that lost its database to refuse fresh turns (journal.rs).
-            let started = match self.replica_id() {
-                None => self
-                    .inner
-                    .journal
-                    .started(&meta.id, &meta.principal, &meta.model),
-                Some(_) => {
-                    self.inner
-                        .store
-                        .execution_started(&meta.id, &meta.principal, &meta.model)
-                }
-            };
-            if let Err(e) = started {
+            if let Err(e) = self
+                .inner
+                .journal
+                .started(&meta.id, &meta.principal, &meta.model)
+            {
                 tracing::error!(error = %e, "store unavailable");
                 return Err(EngineError::Store);
             }

@@ -206,12 +206,11 @@ impl Engine {
             .map(|n| n == tokens.len())
     }
 
-    /// Tombstones a claimed held batch's tokens. A single gateway writes them behind the
-    /// request path (nothing else settles its batches, and a held turn never outlives the
-    /// process: `journal.rs`); a replica at once, to learn whether another settled it first.
-    /// Never for a stateless batch, whose durable record must not be claimable again.
+    /// Tombstones a claimed held batch's tokens: behind the request path where the journal
+    /// writes behind (`journal.rs`), else at once. Never for a stateless batch, whose durable
+    /// record must not be claimable again.
     fn spend_held(&self, t: &Taken) -> Option<bool> {
-        if self.replica_id().is_some() {
+        if !self.inner.journal.behind() {
             return self.spend(&t.execution_id, &t.principal, &t.tokens, Reason::Resolved);
         }
         let evicted = self

@@ -176,25 +176,13 @@ impl Store {
         principal: &str,
         model: &str,
     ) -> Result<(), StoreError> {
-        let now = now_unix();
-        let detail = format!("principal={principal} model={model}");
         let owner = self.owner.as_str();
-        self.db.tx(|t| {
-            t.exec(
-                "INSERT INTO executions (execution_id, principal, model, state, created_at, owner)
-                 VALUES (?1, ?2, ?3, 'live', ?4, ?5)",
-                vals![execution_id, principal, model, now, owner],
-            )?;
-            t.exec(
-                "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_started', ?3)",
-                vals![now, execution_id, &detail],
-            )?;
-            Ok(())
-        })
+        self.db
+            .tx(|t| started_rows(t, (execution_id, principal, model), now_unix(), owner))
     }
 
     /// Lifecycle rows queued behind the request path, in order, in one transaction (the
-    /// engine's journal writer). An end never revives a row another replica already ended.
+    /// engine's journal writer).
     pub fn executions_journaled(&self, rows: &[Lifecycle]) -> Result<(), StoreError> {
         let owner = self.owner.as_str();
         self.db.tx(|t| {
@@ -205,34 +193,12 @@ impl Store {
                         principal,
                         model,
                         at,
-                    } => {
-                        let detail = format!("principal={principal} model={model}");
-                        t.exec(
-                            "INSERT INTO executions (execution_id, principal, model, state, created_at, owner)
-                             VALUES (?1, ?2, ?3, 'live', ?4, ?5)",
-                            vals![execution_id, principal, model, *at, owner],
-                        )?;
-                        t.exec(
-                            "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_started', ?3)",
-                            vals![*at, execution_id, &detail],
-                        )?;
-                    }
+                    } => started_rows(t, (execution_id, principal, model), *at, owner)?,
                     Lifecycle::Ended {
                         execution_id,
                         reason,
                         at,
-                    } => {
-                        let detail = format!("reason={reason}");
-                        t.exec(
-                            "UPDATE executions SET state = 'ended', reason = ?2, ended_at = ?3
-                             WHERE execution_id = ?1 AND state = 'live'",
-                            vals![execution_id, *reason, *at],
-                        )?;
-                        t.exec(
-                            "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_ended', ?3)",
-                            vals![*at, execution_id, &detail],
-                        )?;
-                    }
+                    } => ended_rows(t, execution_id, reason, *at)?,
                 }
             }
             Ok(())
@@ -240,19 +206,8 @@ impl Store {
     }
 
     pub fn execution_ended(&self, execution_id: &str, reason: &str) -> Result<(), StoreError> {
-        let now = now_unix();
-        let detail = format!("reason={reason}");
-        self.db.tx(|t| {
-            t.exec(
-                "UPDATE executions SET state = 'ended', reason = ?2, ended_at = ?3 WHERE execution_id = ?1",
-                vals![execution_id, reason, now],
-            )?;
-            t.exec(
-                "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_ended', ?3)",
-                vals![now, execution_id, &detail],
-            )?;
-            Ok(())
-        })
+        self.db
+            .tx(|t| ended_rows(t, execution_id, reason, now_unix()))
     }
 
     pub fn tombstones(&self) -> Result<Vec<StoredTombstone>, StoreError> {
@@ -303,6 +258,47 @@ impl Store {
         });
         matches!(probe, Err(StoreError(e)) if e.is_empty())
     }
+}
+
+/// An execution's live row and its `execution_started` journal entry.
+fn started_rows(
+    t: &mut dyn db::Tx,
+    (execution_id, principal, model): (&str, &str, &str),
+    at: u64,
+    owner: &str,
+) -> Result<(), StoreError> {
+    let detail = format!("principal={principal} model={model}");
+    t.exec(
+        "INSERT INTO executions (execution_id, principal, model, state, created_at, owner)
+         VALUES (?1, ?2, ?3, 'live', ?4, ?5)",
+        vals![execution_id, principal, model, at, owner],
+    )?;
+    t.exec(
+        "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_started', ?3)",
+        vals![at, execution_id, &detail],
+    )?;
+    Ok(())
+}
+
+/// An execution's end and its `execution_ended` journal entry. A row another replica already
+/// ended (settled `lost`) keeps that ending.
+fn ended_rows(
+    t: &mut dyn db::Tx,
+    execution_id: &str,
+    reason: &str,
+    at: u64,
+) -> Result<(), StoreError> {
+    let detail = format!("reason={reason}");
+    t.exec(
+        "UPDATE executions SET state = 'ended', reason = ?2, ended_at = ?3
+         WHERE execution_id = ?1 AND state = 'live'",
+        vals![execution_id, reason, at],
+    )?;
+    t.exec(
+        "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_ended', ?3)",
+        vals![at, execution_id, &detail],
+    )?;
+    Ok(())
 }
 
 /// Settles what a replica (`owner`) held: its pending tokens become `lost` tombstones, its

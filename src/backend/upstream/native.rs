@@ -124,8 +124,16 @@ impl Native {
     /// As a tree (parsed only on the tool-call paths, which rewrite it).
     pub fn into_value(self) -> serde_json::Value {
         match self {
-            Native::Raw { json, .. } => serde_json::from_slice(&json).unwrap_or_default(),
             Native::Tree(v) => v,
+            raw => raw.to_value(),
+        }
+    }
+
+    /// A copy as a tree.
+    pub fn to_value(&self) -> serde_json::Value {
+        match self {
+            Native::Raw { json, .. } => serde_json::from_slice(json).unwrap_or_default(),
+            Native::Tree(v) => v.clone(),
         }
     }
 

@@ -124,11 +124,10 @@ impl Framer {
     fn native_end(&mut self, calls: &[ExposedCall], out: &mut String) {
         let held = std::mem::take(&mut self.held);
         if !calls.is_empty() {
-            let like = match held.first() {
-                Some(Native::Tree(v)) => v.clone(),
-                Some(Native::Raw { json, .. }) => serde_json::from_slice(json).unwrap_or_default(),
-                None => json!({"object": "chat.completion.chunk"}),
-            };
+            let like = held
+                .first()
+                .map(Native::to_value)
+                .unwrap_or_else(|| json!({"object": "chat.completion.chunk"}));
             let envelope = |delta: Value, finish: Option<&str>| {
                 let mut c = like.clone();
                 c["model"] = json!(self.meta.model);
