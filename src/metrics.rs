@@ -158,6 +158,7 @@ impl ClusterMetrics {
 }
 
 /// Point-in-time values read from the live state when rendering.
+#[derive(Default)]
 pub struct Gauges {
     pub suspended_executions: usize,
     pub pending_continuations: usize,
@@ -219,7 +220,9 @@ impl Metrics {
         *m.entry((result, reason)).or_default() += 1;
     }
 
-    pub fn render(&self, g: &Gauges) -> String {
+    /// The Prometheus text. Only `clients` (an approver's scrape) names principals: without
+    /// it `turnstile_tokens_total` is summed over clients, by model and kind.
+    pub fn render(&self, g: &Gauges, clients: bool) -> String {
         let mut out = String::new();
         out.push_str("# HELP turnstile_requests_total HTTP requests by route and status.\n# TYPE turnstile_requests_total counter\n");
         let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
@@ -256,13 +259,26 @@ impl Metrics {
                 "turnstile_executions_ended_total{{reason=\"{reason}\"}} {n}"
             );
         }
-        out.push_str("# HELP turnstile_tokens_total Tokens the backends reported, by client, model and kind (input includes cached_input; output includes reasoning).\n# TYPE turnstile_tokens_total counter\n");
+        out.push_str("# HELP turnstile_tokens_total Tokens the backends reported, by client (an approver's scrape only), model and kind (input includes cached_input; output includes reasoning).\n# TYPE turnstile_tokens_total counter\n");
         let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-        let tokens = tokens
+        let mut summed: BTreeMap<&str, BTreeMap<&str, Usage>> = BTreeMap::new();
+        for (client, m) in tokens.iter() {
+            let client = if clients { client.as_str() } else { "" };
+            let per_model = summed.entry(client).or_default();
+            for (model, u) in m {
+                per_model.entry(model.as_str()).or_default().add(*u);
+            }
+        }
+        let tokens = summed
             .iter()
             .flat_map(|(client, m)| m.iter().map(move |(model, u)| (client, model, u)));
         for (client, model, u) in tokens {
-            let (client, model) = (label(client), label(model));
+            let model = label(model);
+            let client = if clients {
+                format!("client=\"{}\",", label(client))
+            } else {
+                String::new()
+            };
             for (kind, n) in [
                 ("input", u.prompt_tokens),
                 ("cached_input", u.cached_tokens),
@@ -271,7 +287,7 @@ impl Metrics {
             ] {
                 let _ = writeln!(
                     out,
-                    "turnstile_tokens_total{{client=\"{client}\",model=\"{model}\",kind=\"{kind}\"}} {n}"
+                    "turnstile_tokens_total{{{client}model=\"{model}\",kind=\"{kind}\"}} {n}"
                 );
             }
         }
@@ -377,14 +393,17 @@ mod tests {
         };
         m.tokens("al\"ice", "codex", u);
         m.overhead.observe(Duration::from_micros(300));
-        let text = m.render(&Gauges {
-            suspended_executions: 1,
-            pending_continuations: 2,
-            tombstones: 3,
-            pending_approvals: 0,
-            sessions: vec![("demo".into(), 1, 16)],
-            idle_threads: 2,
-        });
+        let text = m.render(
+            &Gauges {
+                suspended_executions: 1,
+                pending_continuations: 2,
+                tombstones: 3,
+                pending_approvals: 0,
+                sessions: vec![("demo".into(), 1, 16)],
+                idle_threads: 2,
+            },
+            true,
+        );
         assert!(text
             .contains("turnstile_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2"));
         assert!(text
@@ -401,5 +420,8 @@ mod tests {
         assert!(text.contains(
             "turnstile_tokens_total{client=\"al\\\"ice\",model=\"codex\",kind=\"cached_input\"} 4"
         ));
+        let public = m.render(&Gauges::default(), false);
+        assert!(public.contains("turnstile_tokens_total{model=\"codex\",kind=\"cached_input\"} 4"));
+        assert!(!public.contains("ice"), "{public}");
     }
 }

@@ -289,15 +289,10 @@ impl Approvals {
         reason: Option<SettleReason>,
         who: &Principal,
     ) -> Result<Vec<ApprovalRecord>, StoreError> {
-        Ok(self
-            .store
-            .approvals_list(
-                state.map(ApprovalState::as_str),
-                reason.map(SettleReason::as_str),
-            )?
-            .into_iter()
-            .filter(|r| visible(r, who))
-            .collect())
+        let principal = (!who.approver).then_some(who.id.as_str());
+        let state = state.map(ApprovalState::as_str);
+        self.store
+            .approvals_list(principal, state, reason.map(SettleReason::as_str))
     }
 
     /// A human decision, with the reason they gave. Exactly one concurrent decision wins; the

@@ -16,8 +16,9 @@ use serde_path_to_error::{Path as KeyPath, Segment};
 
 use super::raw::{
     DEFAULT_ACQUIRE_TIMEOUT_MS, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_FIRST_BYTE_TIMEOUT_MS,
-    DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_MAX_IDLE_CONNECTIONS, DEFAULT_MAX_SESSIONS, DEFAULT_PROCESSES,
-    DEFAULT_RECYCLE_AFTER_THREADS, DEFAULT_TOTAL_TIMEOUT_MS,
+    DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_MAX_IDLE_CONNECTIONS, DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_MAX_SESSIONS, DEFAULT_PROCESSES, DEFAULT_RECYCLE_AFTER_THREADS,
+    DEFAULT_TOTAL_TIMEOUT_MS,
 };
 use super::{err, resolve, BackendConfig, ConfigError, UpstreamConfig};
 
@@ -54,6 +55,7 @@ pub(super) enum RawBackend {
 pub(super) struct RawAppServer {
     pub command: Option<Vec<String>>,
     pub env: Option<BTreeMap<String, String>>,
+    pub env_passthrough: Option<Vec<String>>,
     pub cwd: Option<String>,
     pub max_sessions: Option<usize>,
     pub processes: Option<usize>,
@@ -73,6 +75,7 @@ pub(super) struct RawOpenAi {
     pub idle_timeout_ms: Option<u64>,
     pub total_timeout_ms: Option<u64>,
     pub max_idle_connections: Option<usize>,
+    pub max_response_bytes: Option<u64>,
     pub ca_file: Option<String>,
 }
 
@@ -155,9 +158,32 @@ fn app_server_backend(
             }
         })
         .collect();
+    let mut passthrough: Vec<String> = DEFAULT_ENV_PASSTHROUGH
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    for (i, v) in b
+        .env_passthrough
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+    {
+        if v.is_empty() || v.contains('=') || v.contains('\0') {
+            return Err(err(
+                at(&format!("env_passthrough[{i}]")),
+                "must name an environment variable",
+            ));
+        }
+        passthrough.push(v);
+    }
+    // The variable a Codex provider's `env_key` names in the command is the one it needs.
+    passthrough.extend(command.iter().flat_map(|a| env_keys(a)));
+    passthrough.sort();
+    passthrough.dedup();
     Ok(BackendConfig {
         command,
         env,
+        env_passthrough: passthrough,
         cwd: b.cwd.map(|c| resolve(base, &c)),
         max_sessions,
         processes,
@@ -244,7 +270,42 @@ fn upstream_backend(name: &str, b: RawOpenAi, base: &Path) -> Result<UpstreamCon
         max_idle_connections: b
             .max_idle_connections
             .unwrap_or(DEFAULT_MAX_IDLE_CONNECTIONS),
+        max_response_bytes: match b.max_response_bytes {
+            Some(0) => return Err(err(at("max_response_bytes"), "must be greater than 0")),
+            n => n.unwrap_or(DEFAULT_MAX_RESPONSE_BYTES) as usize,
+        },
     })
+}
+
+/// What an agent backend's child gets of the gateway's environment without asking: enough to
+/// run a program (no credentials). Everything else comes from `env` or `env_passthrough`.
+pub const DEFAULT_ENV_PASSTHROUGH: &[&str] = &[
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "LOGNAME",
+    "PATH",
+    "SSL_CERT_DIR",
+    "SSL_CERT_FILE",
+    "TMPDIR",
+    "TZ",
+    "USER",
+];
+
+/// The variables `env_key="NAME"` names in one command argument (Codex's provider setting).
+fn env_keys(arg: &str) -> Vec<String> {
+    arg.match_indices("env_key")
+        .filter_map(|(at, _)| {
+            let rest = arg[at + "env_key".len()..].trim_start().strip_prefix('=')?;
+            let rest = rest.trim_start();
+            let quote = rest.chars().next().filter(|c| *c == '"' || *c == '\'')?;
+            let name = rest[1..].split(quote).next()?;
+            let ok =
+                !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            ok.then(|| name.to_string())
+        })
+        .collect()
 }
 
 /// When serde failed at `backends.NAME` or `backends.NAME.kind` (`path`), the error of that

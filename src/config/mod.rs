@@ -157,7 +157,12 @@ pub struct ModelConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendConfig {
     pub command: Vec<String>,
+    /// Variables set for the child, besides what `env_passthrough` lets through.
     pub env: BTreeMap<String, String>,
+    /// The names of the gateway's environment variables the child also gets (the default
+    /// list, the config's `env_passthrough`, and any `env_key` its command names); the child's
+    /// environment is built from these and `env` alone.
+    pub env_passthrough: Vec<String>,
     pub cwd: Option<PathBuf>,
     pub max_sessions: usize,
     pub processes: usize,
@@ -185,6 +190,8 @@ pub struct UpstreamConfig {
     pub idle_timeout: Duration,
     pub total_timeout: Duration,
     pub max_idle_connections: usize,
+    /// The bound of a non-streamed answer and of an error body (over it: `upstream_error`).
+    pub max_response_bytes: usize,
 }
 
 /// `[continuity]`: keeping an agent's thread idle for the conversation's next turn.

@@ -54,6 +54,9 @@ pub(super) const DEFAULT_IDLE_TIMEOUT_MS: u64 = 120_000;
 pub(super) const DEFAULT_TOTAL_TIMEOUT_MS: u64 = 900_000;
 /// `backends.NAME.max_idle_connections` (`kind = "openai"`).
 pub(super) const DEFAULT_MAX_IDLE_CONNECTIONS: usize = 64;
+/// `backends.NAME.max_response_bytes` (`kind = "openai"`): the bound of a non-streamed answer
+/// and of an error body.
+pub(super) const DEFAULT_MAX_RESPONSE_BYTES: u64 = 64 << 20;
 
 /// `backends.NAME.recycle_after_threads` (`kind = "app-server"`): measured on Codex 0.169.0,
 /// a thread that is not unloaded costs about 1 MiB, and under concurrent load most deleted

@@ -490,3 +490,32 @@ fn a_postgres_store_and_a_cluster_are_read_exactly_and_secrets_stay_out_of_the_f
     let e = parse(&format!("{cluster}lease = 3\n")).unwrap_err();
     assert!(e.path.starts_with("cluster"), "{e:?}");
 }
+
+#[test]
+fn a_backend_child_gets_the_pass_list_and_never_the_gateways_secrets() {
+    let cfg = parse(&base_toml()).unwrap();
+    let demo = &cfg.backends["demo"];
+    assert!(demo.env_passthrough.contains(&"PATH".to_string()));
+    assert!(!demo.env_passthrough.iter().any(|v| v.contains("KEY")));
+    let text = base_toml().replace(
+        "command = [\"./bin/demo\"]",
+        "command = [\"./bin/demo\", \"-c\", 'model_providers.u={name=\"u\",env_key=\"UP_KEY\"}']\nenv_passthrough = [\"CODEX_API_KEY\"]",
+    );
+    let cfg = parse(&text).unwrap();
+    let pass = &cfg.backends["demo"].env_passthrough;
+    assert!(pass.contains(&"UP_KEY".to_string()), "{pass:?}");
+    assert!(pass.contains(&"CODEX_API_KEY".to_string()), "{pass:?}");
+    let pg = text
+        .replace(
+            "path = \"data/t.db\"",
+            "url = \"postgres://u@127.0.0.1/db\"\npassword_env = \"PG_PASS\"",
+        )
+        .replace("[\"CODEX_API_KEY\"]", "[\"PG_PASS\"]");
+    let e = parse(&pg).unwrap_err();
+    assert_eq!(e.path, "backends.demo.env_passthrough", "{e}");
+    let bad = text.replace("[\"CODEX_API_KEY\"]", "[\"A=B\"]");
+    assert_eq!(
+        parse(&bad).unwrap_err().path,
+        "backends.demo.env_passthrough[0]"
+    );
+}

@@ -57,6 +57,24 @@ pub(super) fn validate(
     let cluster = super::cluster::cluster(raw.cluster, &store)?;
 
     let backends = backends::backends(raw.backends, base)?;
+    // The store password and the cluster key are the gateway's alone.
+    let secrets = [
+        match &store {
+            super::StoreConfig::Postgres { password_env, .. } => password_env.clone(),
+            _ => None,
+        },
+        cluster.as_ref().map(|c| c.key_env.clone()),
+    ];
+    for (name, b) in &backends.app_servers {
+        for secret in secrets.iter().flatten() {
+            if b.env_passthrough.contains(secret) {
+                return Err(err(
+                    format!("backends.{name}.env_passthrough"),
+                    format!("must not pass `{secret}` (the gateway's own secret) to a backend"),
+                ));
+            }
+        }
+    }
     let models = models(raw.models, |name| backends.contains(name))?;
     let jwt_issuers = jwt::jwt_issuers(raw.auth.jwt, base, read)?;
     let clients = clients(raw.clients, &jwt_issuers)?;

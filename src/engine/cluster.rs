@@ -439,16 +439,15 @@ impl Engine {
         }
     }
 
-    /// Claims a stateless record this replica took from its registry, in the store, where
-    /// replicas race for it. Only a replica claims there.
+    /// Claims a stateless record taken from the registry in the store, before its forward,
+    /// on a single gateway as on a replica (where replicas race for it). The claim is what
+    /// makes the answer exactly once when the store fails later: a spend that cannot be
+    /// written leaves the record claimed, and a claimed record settles `lost` at recovery.
     pub(super) fn claim_durable(
         &self,
         execution_id: &str,
         tokens: &[[u8; 32]],
     ) -> Result<(), ContinuationError> {
-        if self.membership().is_none() {
-            return Ok(());
-        }
         match self.inner.store.upstream_claim(execution_id, tokens.len()) {
             Ok(true) => Ok(()),
             Ok(false) => {
@@ -463,12 +462,12 @@ impl Engine {
         }
     }
 
-    /// Releases this replica's claim on a stateless record (its forward failed).
+    /// Releases the claim on a stateless record (its forward failed before the upstream
+    /// answered). If that cannot be written the record stays claimed: this process may take
+    /// it again, and a restart settles it `lost` (fail closed).
     pub(super) fn unclaim_durable(&self, execution_id: &str) {
-        if self.membership().is_some() {
-            if let Err(e) = self.inner.store.upstream_unclaim(execution_id) {
-                tracing::error!(error = %e, "could not release a claim; the next start of this replica does");
-            }
+        if let Err(e) = self.inner.store.upstream_unclaim(execution_id) {
+            tracing::error!(error = %e, "could not release a claim; the record settles lost at the next start");
         }
     }
 

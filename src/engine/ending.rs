@@ -90,7 +90,9 @@ impl Engine {
             .tokens_settled(execution_id, principal, tokens, reason.as_str(), evicted)
             .inspect_err(|e| {
                 // The in-memory tombstones still answer replays; after a restart, recovery
-                // turns the still-pending rows into `lost` tombstones, which never resume.
+                // turns the still-pending rows of a held turn and the still-claimed record of
+                // a stateless one into `lost` tombstones, which never resume. (An expired or
+                // revoked stateless record left pending is refused again after a restart.)
                 tracing::error!(execution = %execution_id, error = %e, "could not persist tombstones");
             })
             .ok()

@@ -114,14 +114,17 @@ mod tests {
         assert_eq!(rows.len(), 1);
         assert_eq!((rows[0].usage.prompt_tokens, rows[0].requests), (20, 2));
         assert_eq!(rows[0].usage.reasoning_tokens, 2);
-        let text = metrics.render(&crate::metrics::Gauges {
-            suspended_executions: 0,
-            pending_continuations: 0,
-            tombstones: 0,
-            pending_approvals: 0,
-            sessions: Vec::new(),
-            idle_threads: 0,
-        });
+        let text = metrics.render(
+            &crate::metrics::Gauges {
+                suspended_executions: 0,
+                pending_continuations: 0,
+                tombstones: 0,
+                pending_approvals: 0,
+                sessions: Vec::new(),
+                idle_threads: 0,
+            },
+            true,
+        );
         assert!(text.contains(
             "turnstile_tokens_total{client=\"alice\",model=\"codex\",kind=\"output\"} 10"
         ));

@@ -6,10 +6,12 @@
 //! the same execution is driven.
 //!
 //! A held turn's tokens are spent at the claim (its answer cannot be taken back). A stateless
-//! upstream's are spent only once the upstream has answered with a success status: a forward
-//! that fails before (connect error, timeout before headers, an error status) reinstates the
-//! batch as it was, in memory, and its durable record was never touched, so the client may
-//! retry (also after a restart).
+//! upstream's record is claimed in the store before the forward and spent only once the
+//! upstream has answered with a success status: a forward that fails before (connect error,
+//! timeout before headers, an error status) releases the claim and reinstates the batch as it
+//! was, so the client may retry. A claim the process never released or spent (it crashed
+//! mid-forward, or the spend could not be written) is settled `lost` at the next start: the
+//! outcome is unknown, so the gateway fails closed rather than answer twice.
 
 use std::collections::HashMap;
 
@@ -172,11 +174,15 @@ struct Reinstate<'a> {
 }
 
 impl Reinstate<'_> {
-    /// The upstream answered: the tokens are spent.
+    /// The upstream answered: the tokens are spent, in memory at once (a replay here is
+    /// 409). If the store cannot record it, the record stays claimed in the store, which a
+    /// restart settles as `lost` and no other replica claims: never answered twice.
     fn spend(mut self) {
         if let Some(b) = self.batch.take() {
             let t = (&b.execution_id, &b.principal, &b.tokens);
-            self.engine.spend(t.0, t.1, t.2, Reason::Resolved);
+            if self.engine.spend(t.0, t.1, t.2, Reason::Resolved).is_none() {
+                tracing::warn!(execution = %b.execution_id, "the spend stays a claim in the store; it settles lost at the next start");
+            }
         }
     }
 }

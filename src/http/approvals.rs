@@ -154,13 +154,36 @@ pub async fn decide(
     }
 }
 
+/// The credential of a long-lived stream, re-checked under the current config before each
+/// event and keep-alive: authority lasts only as long as the config (and a JWT's `exp`)
+/// grants it. The stream ends when the key or issuer is gone, the token expired, or the
+/// principal's approver role changed.
+struct Authority {
+    gw: Gateway,
+    credential: Option<String>,
+    opened: crate::auth::Principal,
+}
+
+impl Authority {
+    fn current(&self) -> Option<&crate::auth::Principal> {
+        let now = self.gw.authenticate(self.credential.as_deref()).ok()?;
+        (now.id == self.opened.id && now.approver == self.opened.approver).then_some(&self.opened)
+    }
+}
+
 /// `GET /v1/approvals/events`: `created`, `decided`, `expired`, `cancelled` events of the
 /// approvals the caller may see, as SSE, with keep-alive comments.
 pub async fn events(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Response, ApiError> {
-    let who = principal(&gw, &headers)?;
+    let opened = principal(&gw, &headers)?;
+    let credential = super::authorization(&headers).map(|c| c.into_owned());
     let rx = gw.approvals().subscribe();
     let keepalive = gw.config().server.keepalive;
     let stop = gw.stopping();
+    let who = Authority {
+        gw,
+        credential,
+        opened,
+    };
     let stream = futures::stream::unfold(
         (rx, who, stop, true),
         move |(mut rx, who, stop, first)| async move {
@@ -176,16 +199,21 @@ pub async fn events(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Res
                     _ = stop.cancelled() => return None,
                     r = tokio::time::timeout(keepalive.max(Duration::from_millis(100)), rx.recv()) => r,
                 };
+                let Some(current) = who.current() else {
+                    tracing::info!(client = %who.opened.id, "approvals event stream ended: its authority is gone");
+                    return None;
+                };
                 let chunk = match next {
                     Err(_) => ": keep-alive\n\n".to_string(),
-                    Ok(Ok(ev)) if visible(&ev.record, &who) => {
+                    Ok(Ok(ev)) if visible(&ev.record, current) => {
                         let kind = ev.kind.as_str();
                         let data = json!({"type": kind, "approval": to_json(&ev.record)});
                         format!("event: {kind}\ndata: {data}\n\n")
                     }
                     Ok(Ok(_)) => continue,
-                    Ok(Err(RecvError::Lagged(n))) => {
-                        format!(": lagged {n} events; re-read GET /v1/approvals\n\n")
+                    // How many were dropped counts everyone's events, so it is not shown.
+                    Ok(Err(RecvError::Lagged(_))) => {
+                        ": lagged; re-read GET /v1/approvals\n\n".to_string()
                     }
                     Ok(Err(RecvError::Closed)) => return None,
                 };

@@ -52,12 +52,17 @@ pub(super) struct Replay<'a> {
     pub body: Bytes,
 }
 
+/// The client that relays to an owner replica. It carries the cluster key and the client's
+/// credential, so it goes straight to the URL the owner's lease names: no proxy from the
+/// environment (`HTTP_PROXY`, `ALL_PROXY`) and no redirect is ever followed.
 fn client() -> &'static reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     CLIENT.get_or_init(|| {
         reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
             .http1_only()
             .build()
             .unwrap_or_default()

@@ -126,26 +126,34 @@ impl Store {
         rows.first().map(record).transpose()
     }
 
-    /// Approvals newest first, optionally in one state.
-    /// The newest 1000 approvals, optionally of one state and one settle reason.
+    /// The newest 1000 approvals of `principal` (None: everyone's, for an approver),
+    /// optionally of one state and one settle reason. The principal filters in SQL, before the
+    /// limit, so another principal's approvals never push one's own out of its list.
     pub fn approvals_list(
         &self,
+        principal: Option<&str>,
         state: Option<&str>,
         reason: Option<&str>,
     ) -> Result<Vec<ApprovalRecord>, StoreError> {
-        let rows = self.db.read(|t| {
-            let base = format!("SELECT {COLUMNS} FROM approvals");
-            let tail = "ORDER BY seq DESC LIMIT 1000";
-            match (state, reason) {
-                (Some(s), Some(r)) => t.rows(
-                    &format!("{base} WHERE state = ?1 AND reason = ?2 {tail}"),
-                    vals![s, r],
-                ),
-                (Some(s), None) => t.rows(&format!("{base} WHERE state = ?1 {tail}"), vals![s]),
-                (None, Some(r)) => t.rows(&format!("{base} WHERE reason = ?1 {tail}"), vals![r]),
-                (None, None) => t.rows(&format!("{base} {tail}"), &[]),
+        let filters = [
+            ("principal", principal),
+            ("state", state),
+            ("reason", reason),
+        ];
+        let mut clauses = Vec::new();
+        let mut params = Vec::new();
+        for (column, value) in filters {
+            if let Some(v) = value {
+                params.push(super::db::Val::from(v));
+                clauses.push(format!("{column} = ?{}", params.len()));
             }
-        })?;
+        }
+        let filter = match clauses.is_empty() {
+            true => String::new(),
+            false => format!("WHERE {}", clauses.join(" AND ")),
+        };
+        let sql = format!("SELECT {COLUMNS} FROM approvals {filter} ORDER BY seq DESC LIMIT 1000");
+        let rows = self.db.read(|t| t.rows(&sql, &params))?;
         rows.iter().map(record).collect()
     }
 

@@ -236,13 +236,18 @@ impl Store {
         rows.first().map(|r| Ok((r.t(0)?, r.t(1)?))).transpose()
     }
 
-    /// Claims a stateless record for this replica: one conditional write, so of replicas
-    /// racing for it exactly one wins. False when it is claimed, settled or gone.
+    /// Claims a stateless record for this replica (or single gateway) before its forward:
+    /// one conditional write, so of replicas racing for it exactly one wins, and a claim that
+    /// outlives its process settles the record `lost` at recovery (its outcome is unknown).
+    /// False when another replica claimed it, or it is settled or gone. This replica's own
+    /// earlier claim (a release that could not be written) is its to take again: its registry
+    /// hands a batch to one caller at a time.
     pub fn upstream_claim(&self, execution_id: &str, tokens: usize) -> Result<bool, StoreError> {
         let me = self.owner.as_str();
         let n = self.db.tx(|t| {
             t.exec(
-                "UPDATE upstream_pending SET claimed_by = ?2 WHERE execution_id = ?1 AND claimed_by IS NULL",
+                "UPDATE upstream_pending SET claimed_by = ?2
+                 WHERE execution_id = ?1 AND (claimed_by IS NULL OR claimed_by = ?2)",
                 vals![execution_id, me],
             )
         })?;

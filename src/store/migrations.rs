@@ -115,10 +115,15 @@ ALTER TABLE approvals ADD COLUMN decision_reason TEXT;
 ";
 
 /// The migrations in order; a version, once released, never changes.
-const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3)];
+/// A non-approver's approvals list filters by principal before its limit.
+const V4: &str = "
+CREATE INDEX approvals_principal ON approvals(principal, seq);
+";
+
+const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4)];
 
 /// The schema version this build writes.
-pub const CURRENT: i64 = 3;
+pub const CURRENT: i64 = 4;
 
 /// SQLite's DDL in PostgreSQL's types.
 fn ddl(engine: Engine, sql: &str) -> String {

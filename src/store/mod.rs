@@ -8,7 +8,9 @@
 //! (`migrations.rs`) bring either to the current layout at start. Writes are small and
 //! synchronous under one connection lock that is never held across an `.await`.
 //! SQLite's `synchronous=NORMAL` in WAL mode survives a process crash (the case restarts must
-//! handle); an OS crash may lose the last transactions, which then read as `lost`.
+//! handle); an OS or power failure may lose the last transactions: a held turn's then read as
+//! `lost`, but a stateless record whose claim was lost reads as pending again, so a gateway
+//! that must stay exactly once across power loss runs on PostgreSQL (`synchronous_commit` on).
 //!
 //! Every live row names its owner replica (`""` for a single gateway), and a start settles only
 //! its own replica's leftovers, so replicas sharing a database never settle each other's work
@@ -152,8 +154,8 @@ impl Store {
 
     /// Settles everything this replica's previous process left live: its executions are
     /// `lost` and their pending tokens become `lost` tombstones, so replays answer 410 instead
-    /// of starting anew. Stateless records stay (they hold nothing in memory); the claims this
-    /// replica held on them are released.
+    /// of starting anew. Unclaimed stateless records stay (they hold nothing in memory); the
+    /// ones it had claimed (a forward in flight, or a spend it could not write) are `lost`.
     pub fn recover(&self) -> Result<Recovery, StoreError> {
         let owner = self.owner.as_str();
         self.db
@@ -301,9 +303,9 @@ fn ended_rows(
     Ok(())
 }
 
-/// Settles what a replica (`owner`) held: its pending tokens become `lost` tombstones, its
-/// claims on stateless records are released, its live executions (but those suspended on a
-/// stateless upstream, which hold nothing in a process) end `lost`, journaled with `why`.
+/// Settles what a replica (`owner`) held: its pending tokens and the stateless records it had
+/// claimed become `lost` tombstones, its live executions (but those suspended on a stateless
+/// upstream and unclaimed, which hold nothing in a process) end `lost`, journaled with `why`.
 fn lose_owner(
     t: &mut dyn db::Tx,
     owner: &str,
@@ -317,10 +319,41 @@ fn lose_owner(
         vals![now, owner],
     )?;
     t.exec("DELETE FROM pending_tokens WHERE owner = ?1", vals![owner])?;
-    t.exec(
-        "UPDATE upstream_pending SET claimed_by = NULL WHERE claimed_by = ?1",
+    // A stateless record this replica had claimed was being forwarded: whether the upstream
+    // answered (and the client got that answer) is unknown, so it is spent as `lost`, never
+    // put back (exactly once, failing closed). Its execution ends below or, when another
+    // replica owns its row, here.
+    let claimed = t.rows(
+        "SELECT DISTINCT execution_id FROM upstream_pending WHERE claimed_by = ?1",
         vals![owner],
     )?;
+    let tokens = tokens
+        + t.exec(
+            "INSERT INTO tombstones (digest, principal, reason, at)
+             SELECT digest, principal, 'lost', ?1 FROM upstream_pending WHERE claimed_by = ?2
+             ON CONFLICT (digest) DO NOTHING",
+            vals![now, owner],
+        )?;
+    t.exec(
+        "DELETE FROM upstream_pending WHERE claimed_by = ?1",
+        vals![owner],
+    )?;
+    let mut executions = 0;
+    for r in &claimed {
+        let id: String = r.t(0)?;
+        let ended = t.exec(
+            "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?2
+             WHERE execution_id = ?1 AND state = 'live' AND owner <> ?3",
+            vals![&id, now, owner],
+        )?;
+        if ended > 0 {
+            t.exec(
+                "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_ended', ?3)",
+                vals![now, &id, why],
+            )?;
+            executions += ended;
+        }
+    }
     t.exec(
         "INSERT INTO journal (at, execution_id, event, detail)
          SELECT ?1, execution_id, 'execution_ended', ?3
@@ -328,12 +361,13 @@ fn lose_owner(
          AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
         vals![now, owner, why],
     )?;
-    let executions = t.exec(
-        "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?1
-         WHERE state = 'live' AND owner = ?2
-         AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
-        vals![now, owner],
-    )?;
+    let executions = executions
+        + t.exec(
+            "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?1
+             WHERE state = 'live' AND owner = ?2
+             AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
+            vals![now, owner],
+        )?;
     Ok(Recovery {
         executions_lost: executions as usize,
         tokens_lost: tokens as usize,

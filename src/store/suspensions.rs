@@ -248,4 +248,46 @@ mod tests {
             .unwrap();
         assert!(s.durable_suspensions().unwrap().is_empty());
     }
+
+    /// Security review finding 4, in the store: a stateless record still claimed when its
+    /// process went away has an unknown outcome; recovery spends it `lost` (never pending
+    /// again), while an unclaimed one is restored.
+    #[test]
+    fn a_claimed_stateless_record_is_lost_at_recovery_an_unclaimed_one_stays() {
+        let s = Store::open_in_memory().unwrap();
+        let digests = Digests {
+            tools: [1; 32],
+            tool_choice: [2; 32],
+            prefix: [3; 32],
+            echo: [4; 32],
+        };
+        let ids = vec!["call_a".to_string()];
+        for (exe, token) in [("exe-claimed", [7; 32]), ("exe-free", [8; 32])] {
+            s.execution_started(exe, "alice", "m").unwrap();
+            s.suspension_recorded(&SuspensionRecord {
+                execution_id: exe,
+                principal: "alice",
+                model: "m",
+                surface: Surface::Chat,
+                deadline_ms: u64::MAX / 2,
+                digests: &digests,
+                tokens: &[token],
+                ids: Some(&ids),
+                rounds: 1,
+                created_at: 5,
+            })
+            .unwrap();
+        }
+        assert!(s.upstream_claim("exe-claimed", 1).unwrap());
+        // Its own earlier claim is this gateway's to take again.
+        assert!(s.upstream_claim("exe-claimed", 1).unwrap());
+        let r = s.recover().unwrap();
+        assert_eq!((r.tokens_lost, r.executions_lost), (1, 1));
+        let left = s.durable_suspensions().unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].execution_id, "exe-free");
+        let t = s.tombstones().unwrap();
+        assert_eq!(t.len(), 1);
+        assert_eq!((t[0].digest, t[0].reason.as_str()), ([7; 32], "lost"));
+    }
 }

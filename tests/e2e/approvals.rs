@@ -513,3 +513,106 @@ async fn cli_approves_end_to_end() {
     assert_eq!(streamed_text(&body), "Command ran.");
     assert_eq!(decisions(&gw), ["accept"]);
 }
+
+/// Opens `GET /v1/approvals/events` as `key` and reads its opening comment.
+async fn open_events(gw: &Gateway, key: &str) -> reqwest::Response {
+    let mut events = gw
+        .http
+        .get(format!("{}/v1/approvals/events", gw.url))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), 200);
+    let first = tokio::time::timeout(Duration::from_secs(10), events.chunk())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(first.is_some());
+    events
+}
+
+/// Reads a stream to its end (bounded); what it carried.
+async fn to_end(mut events: reqwest::Response) -> String {
+    let mut seen = String::new();
+    loop {
+        match tokio::time::timeout(WAIT, events.chunk()).await {
+            Ok(Ok(Some(c))) => seen.push_str(&String::from_utf8_lossy(&c)),
+            Ok(_) => return seen,
+            Err(_) => panic!("the stream did not end: {seen}"),
+        }
+    }
+}
+
+/// Rewrites the config with `edit` applied and reloads it.
+async fn reload(gw: &Gateway, edit: impl Fn(String) -> String, n: usize) {
+    let text = edit(config_text(&gw.opts, gw.dir.path()));
+    std::fs::write(gw.config_path(), text).unwrap();
+    gw.signal("HUP");
+    wait_until("reload logged", || {
+        gw.log().matches("config reloaded").count() >= n
+    })
+    .await;
+}
+
+/// Security review finding 1: an approvals event stream is authorized for as long as it is
+/// open, not once: a reload that takes the approver role away, or the key, ends it before
+/// it carries another principal's approval.
+#[tokio::test]
+async fn an_event_stream_ends_when_its_authority_is_revoked() {
+    let gw = Gateway::start().await;
+    let no_role = |t: String| t.replace("roles = [\"approver\"]", "roles = []");
+    let no_key = |t: String| t.replace(&hash(ROOT), &hash("sk-another-key-entirely"));
+    let edits: [&dyn Fn(String) -> String; 2] = [&no_role, &no_key];
+    for (n, edit) in edits.into_iter().enumerate() {
+        if n > 0 {
+            reload(&gw, |t| t, 2 * n).await;
+        }
+        let events = open_events(&gw, ROOT).await;
+        reload(&gw, edit, 2 * n + 1).await;
+        let chat = start(&gw, "cmd-ask", &format!("go {n}"));
+        wait_until("alice's approval", || {
+            gw.log().matches("approval pending").count() > n
+        })
+        .await;
+        let seen = to_end(events).await;
+        assert!(!seen.contains("event: created"), "{seen}");
+        chat.abort();
+    }
+}
+
+/// Security review finding 3: the list filters by principal before its limit, so another
+/// client's 1001 approvals do not hide one's own.
+#[tokio::test]
+async fn another_clients_approvals_do_not_push_ones_own_out_of_the_list() {
+    let gw = Gateway::start_with(Opts {
+        sqlite: true,
+        ..Opts::default()
+    })
+    .await;
+    let chat = start(&gw, "cmd-ask", "go");
+    let mine = wait_for("alice's approval", async || {
+        let (_, v) = get(&gw, ALICE, "/v1/approvals").await;
+        v["data"].as_array().filter(|d| !d.is_empty()).cloned()
+    })
+    .await;
+    assert_eq!(mine.len(), 1);
+    chat.abort();
+    // 1001 newer approvals of bob's, written straight into the store.
+    let db = gw.dir.path().join("turnstile.db");
+    let script = "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\ncols=[r[1] for r in c.execute('PRAGMA table_info(approvals)')]\nrow=dict(zip(cols,c.execute('SELECT * FROM approvals LIMIT 1').fetchone()))\nfor i in range(1001):\n  r=dict(row); r.pop('seq',None); r['id']='apr-bob-%d'%i; r['principal']='bob'\n  c.execute('INSERT INTO approvals (%s) VALUES (%s)'%(','.join(r),','.join('?'*len(r))),list(r.values()))\nc.commit()";
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, db.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, v) = get(&gw, ALICE, "/v1/approvals").await;
+    assert_eq!(v["data"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["data"][0]["id"], mine[0]["id"]);
+    let (_, all) = get(&gw, ROOT, "/v1/approvals").await;
+    assert_eq!(all["data"].as_array().unwrap().len(), 1000);
+}

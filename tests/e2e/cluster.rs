@@ -23,8 +23,12 @@ fn report(line: &str) {
 /// One replica on database `db`, with the demo backend and, given a fake upstream's URL, the
 /// `up-tool` model on it.
 async fn replica(id: &str, db: &str, upstream: Option<String>) -> Gateway {
+    replica_with(id, db, upstream, Opts::default()).await
+}
+
+async fn replica_with(id: &str, db: &str, upstream: Option<String>, opts: Opts) -> Gateway {
     let (id, db) = (id.to_string(), db.to_string());
-    Gateway::start_raw(Opts::default(), move |o, dir| {
+    Gateway::start_raw(opts, move |o, dir| {
         let mut s = config_text(o, dir).replace("[store]\npath = \"turnstile.db\"\n", "");
         s.push_str(&postgres::store_section(&db));
         s.push_str(&format!(
@@ -364,6 +368,39 @@ async fn after_every_replica_restarts_tombstones_still_answer_409_and_readiness_
     assert_eq!(status, 200, "{v}");
     let (_, m) = get_text(&gws[0], ROOT, "/metrics").await;
     assert!(metric(&m, "turnstile_replicas_seen") >= 1.0, "{m}");
+}
+
+/// Security review finding 12: the relay to an owner replica carries the cluster key and the
+/// client's credential, so it never goes through a proxy named by the environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_to_the_owner_ignores_proxy_variables() {
+    let trap = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy = format!("http://{}", trap.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = seen.clone();
+    let trap_task = tokio::spawn(async move {
+        while let Ok((socket, _)) = trap.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(socket);
+        }
+    });
+    let env: Vec<(String, String)> = ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
+        .iter()
+        .map(|k| (k.to_string(), proxy.clone()))
+        .chain([("NO_PROXY".to_string(), String::new())])
+        .collect();
+    let db = postgres::database();
+    let opts = Opts {
+        env,
+        ..Opts::default()
+    };
+    let a = replica_with("a", &db, None, opts.clone()).await;
+    let b = replica_with("b", &db, None, opts).await;
+    let (req, resp) = suspend(&a, "read the notes").await;
+    let (status, v) = b.chat(ALICE, &answer(&req, &resp, "notes: 42")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 0);
+    trap_task.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,25 +23,6 @@ const RSS_BUDGET_MIB: u64 = 128;
 /// Codex children alive at once: the serving one and, during a recycle, the draining one.
 const MAX_CHILDREN: usize = 2;
 
-/// The direct children of a process (the gateway's: the Codex app-servers).
-fn children(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        out.extend(
-            list.split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok()),
-        );
-    }
-    out.sort_unstable();
-    out.dedup();
-    out
-}
-
 /// Resident memory of a process in MiB (0 once it has exited). Under
 /// `TURNSTILE_CODEX_TRACE` each Codex runs below a shell, which this soak then measures.
 fn rss_mib(pid: u32) -> u64 {

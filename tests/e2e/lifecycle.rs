@@ -14,6 +14,83 @@ fn demo_pids(gw: &Gateway) -> Vec<u64> {
         .collect()
 }
 
+/// Security review finding 7: an agent backend's child gets the default pass list and its
+/// config's `env`, nothing else of the gateway's environment (the store password, the cluster
+/// key and the upstream key are all set on the gateway here).
+#[tokio::test]
+async fn the_backend_child_environment_holds_only_its_pass_list() {
+    let gw = Gateway::start_with(Opts {
+        env: vec![("SOME_SECRET_TOKEN".into(), "s3cr3t".into())],
+        ..Opts::default()
+    })
+    .await;
+    let (status, v) = gw
+        .chat(ALICE, &json!({"model": "echo", "messages": [user("hi")]}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let pid = *demo_pids(&gw).first().expect("a demo backend started");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let mut names: Vec<String> = environ
+        .split(|b| *b == 0)
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            String::from_utf8_lossy(kv)
+                .split('=')
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    names.sort();
+    for secret in [
+        "SOME_SECRET_TOKEN",
+        "TURNSTILE_TEST_UPSTREAM_KEY",
+        postgres::PASSWORD_ENV,
+        CLUSTER_KEY_ENV,
+        "TURNSTILE_LOG",
+    ] {
+        assert!(!names.iter().any(|n| n == secret), "{secret} in {names:?}");
+    }
+    assert!(names.iter().any(|n| n == "TURNSTILE_DEMO_SPY"), "{names:?}");
+    let allowed = [
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "LOGNAME",
+        "PATH",
+        "SSL_CERT_DIR",
+        "SSL_CERT_FILE",
+        "TMPDIR",
+        "TZ",
+        "USER",
+        "TURNSTILE_DEMO_SPY",
+    ];
+    for n in &names {
+        assert!(allowed.contains(&n.as_str()), "unexpected {n} in {names:?}");
+    }
+}
+
+/// Security review finding 13 (settled: it was true of a backend that logs its input): the
+/// gateway forwards a backend's stderr lines verbatim only until its handshake is done; after
+/// that, a line (which may quote a prompt) is logged by its size alone, even at debug.
+#[tokio::test]
+async fn a_backends_stderr_never_carries_a_prompt_into_the_log() {
+    let gw = Gateway::start().await;
+    let (status, v) = gw
+        .chat(
+            ALICE,
+            &json!({"model": "echo", "messages": [user("PROMPT-7f3a-SECRET")]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    wait_until("the stderr line logged", || {
+        gw.log().contains("backend stderr line (content withheld)")
+    })
+    .await;
+    assert!(!gw.log().contains("PROMPT-7f3a-SECRET"));
+}
+
 #[tokio::test]
 async fn backend_crash_mid_turn_is_502_and_the_next_request_works() {
     let gw = Gateway::start().await;

@@ -361,12 +361,30 @@ async fn usage_is_totalled_per_client_and_model_interrupted_turns_included() {
     assert_eq!(later["total"]["input_tokens"], 30);
     let (s, bad) = get(&gw, ROOT, "/v1/usage?from=yesterday").await;
     assert_eq!((s, error_code(&bad)), (400, "invalid_request".into()));
-    let (_, metrics) = get_text(&gw, ALICE, "/metrics").await;
+    let (_, metrics) = get_text(&gw, ROOT, "/metrics").await;
     assert!(
         metrics
             .contains("turnstile_tokens_total{client=\"alice\",model=\"hang\",kind=\"input\"} 10"),
         "{metrics}"
     );
+    // Security review finding 2: no one but an approver reads principals off /metrics.
+    let anonymous = gw
+        .http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (_, alices) = get_text(&gw, ALICE, "/metrics").await;
+    for text in [&anonymous, &alices] {
+        assert!(!text.contains("client="), "{text}");
+        assert!(
+            text.contains("turnstile_tokens_total{model=\"hang\",kind=\"input\"}"),
+            "{text}"
+        );
+    }
 
     // The CLI reads the same endpoint.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))

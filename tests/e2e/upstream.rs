@@ -15,6 +15,10 @@ const MODELS: &[(&str, &str, &str)] = &[
     ("u-oneshot", "up", "up-oneshot"),
     ("u-500", "up", "up-500"),
     ("u-400", "up", "up-400"),
+    ("u-401", "up", "up-401"),
+    ("u-403", "up", "up-403"),
+    ("u-huge-400", "up", "up-huge-400"),
+    ("u-huge", "up", "up-huge"),
     ("u-slow", "up", "up-slow-first"),
     ("u-idle", "up", "up-idle"),
     ("u-endless", "up", "up-endless"),
@@ -32,7 +36,7 @@ async fn start() -> (Gateway, FakeUpstream) {
         let mut s = config_text(o, dir);
         s.push_str(&format!(
             "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\napi_key_env = \"TURNSTILE_TEST_UPSTREAM_KEY\"\n\
-             first_byte_timeout_ms = 1000\nidle_timeout_ms = 500\n\
+             first_byte_timeout_ms = 1000\nidle_timeout_ms = 500\nmax_response_bytes = 1048576\n\
              \n[backends.dead]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:{closed}/v1\"\n"
         ));
         for (id, backend, model) in MODELS {
@@ -235,6 +239,113 @@ async fn continuation_survives_a_restart_and_replay_after_restart_is_409() {
     gw.spawn().await;
     assert_eq!(gw.chat(ALICE, &next).await.0, 409);
     assert_eq!(fake.bodies().len(), 2);
+}
+
+/// Security review finding 4: the write that spends a stateless record fails (another
+/// connection holds SQLite's write lock) after the upstream answered; the answer is 200, and
+/// the replay is refused in the same process and after a restart (never a second resume).
+#[tokio::test]
+async fn a_spend_the_store_refused_is_not_resumed_again_after_a_restart() {
+    let fake = FakeUpstream::start().await;
+    let url = fake.url.clone();
+    let opts = Opts {
+        sqlite: true,
+        ..Opts::default()
+    };
+    let mut gw = Gateway::start_raw(opts, move |o, dir| {
+        let mut s = config_text(o, dir);
+        s.push_str(&format!(
+            "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\n\n[[models]]\nid = \"u-tool\"\nbackend = \"up\"\nbackend_model = \"up-tool\"\n"
+        ));
+        s
+    })
+    .await;
+    let req = tool_req("u-tool");
+    let (s, resp) = gw.chat(ALICE, &req).await;
+    assert_eq!(s, 200, "{resp}");
+    let next = continuation(&req, &resp, |_, _| json!("ONCE"));
+    fake.seen
+        .hold_next
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let answer = {
+        let (http, url, next) = (gw.http.clone(), gw.url.clone(), next.clone());
+        tokio::spawn(async move {
+            let r = http
+                .post(format!("{url}/v1/chat/completions"))
+                .bearer_auth(ALICE)
+                .json(&next)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    // The upstream has the forward; the store's write lock is taken before it answers.
+    wait_until("the forward at the upstream", || fake.bodies().len() == 2).await;
+    let db = gw.dir.path().join("turnstile.db");
+    let mut locker = std::process::Command::new("python3")
+        .args(["-c", "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1],isolation_level=None)\nc.execute('BEGIN IMMEDIATE')\nprint('locked',flush=True)\nsys.stdin.readline()", db.to_str().unwrap()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(locker.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "locked");
+    fake.seen.release.notify_one();
+    let (s, v) = tokio::time::timeout(Duration::from_secs(20), answer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(content(&v), "Results: call_up_1=ONCE");
+    assert!(gw.log().contains("could not persist tombstones"));
+    drop(locker.stdin.take());
+    let _ = locker.wait();
+    assert_eq!(gw.chat(ALICE, &next).await.0, 409);
+    assert_eq!(gw.stop().await, Some(0));
+    gw.spawn().await;
+    let (s, v) = gw.chat(ALICE, &next).await;
+    assert!(s == 409 || s == 410, "replay after restart: {s} {v}");
+    assert_eq!(fake.bodies().len(), 2, "the upstream saw one resume");
+}
+
+/// Security review finding 6: the provider's refusal of the gateway's own key is a gateway
+/// failure, not the client's 401, and its text (which names the key) reaches no one.
+#[tokio::test]
+async fn an_upstream_refusing_the_gateways_key_is_502_without_its_text() {
+    let (gw, _fake) = start().await;
+    for model in ["u-401", "u-403"] {
+        let (s, v) = gw
+            .chat(ALICE, &json!({"model": model, "messages": [user("x")]}))
+            .await;
+        assert_eq!(
+            (s.as_u16(), error_code(&v).as_str()),
+            (502, "upstream_error"),
+            "{model}: {v}"
+        );
+        assert!(!v.to_string().contains("wXyZ"), "{v}");
+    }
+    assert!(!gw.log().contains("wXyZ"));
+}
+
+/// Security review finding 11: an upstream's whole bodies (an answer, an error's text) are
+/// read under `max_response_bytes` (1 MiB here; the fake sends 2 MiB).
+#[tokio::test]
+async fn upstream_bodies_over_max_response_bytes_are_502() {
+    let (gw, _fake) = start().await;
+    for model in ["u-huge-400", "u-huge"] {
+        let (s, v) = gw
+            .chat(ALICE, &json!({"model": model, "messages": [user("x")]}))
+            .await;
+        assert_eq!(
+            (s.as_u16(), error_code(&v).as_str()),
+            (502, "upstream_error"),
+            "{model}: {}",
+            &v.to_string()[..200.min(v.to_string().len())]
+        );
+    }
 }
 
 #[tokio::test]

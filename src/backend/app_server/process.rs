@@ -128,7 +128,15 @@ impl Proc {
         deaths: Arc<tokio::sync::watch::Sender<u64>>,
     ) -> Result<Arc<Proc>, BackendError> {
         let mut cmd = Command::new(&cfg.command[0]);
+        // Only what the config lets through, never the gateway's own secrets (store password,
+        // cluster key, upstream keys): the agent may run commands that read its environment.
+        let passed = cfg
+            .env_passthrough
+            .iter()
+            .filter_map(|k| Some((k, std::env::var_os(k)?)));
         cmd.args(&cfg.command[1..])
+            .env_clear()
+            .envs(passed)
             .envs(&cfg.env)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -192,11 +200,23 @@ impl Proc {
             drop(stdin);
         });
 
-        // Stderr: forwarded at debug level only; it is the backend's own log.
+        // Stderr: the backend's own log. Until the handshake is done it can only be about
+        // starting (a bad flag, a config the backend refuses) and is forwarded at debug; after
+        // it a line may quote a prompt or a tool's output, so only its size is logged.
+        let initialized = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let started = initialized.clone();
         tracker.spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                tracing::debug!(backend_process = id, "backend stderr: {line}");
+                if started.load(std::sync::atomic::Ordering::Relaxed) {
+                    tracing::debug!(
+                        backend_process = id,
+                        bytes = line.len(),
+                        "backend stderr line (content withheld)"
+                    );
+                } else {
+                    tracing::debug!(backend_process = id, "backend stderr: {line}");
+                }
             }
         });
 
@@ -286,6 +306,7 @@ impl Proc {
             .unwrap_or("unknown")
             .to_string();
         tracing::info!(backend_process = id, user_agent = %ua, "backend initialized");
+        initialized.store(true, std::sync::atomic::Ordering::Relaxed);
         *lock(&proc.user_agent) = ua;
         proc.send(rpc::notification("initialized"));
         Ok(proc)

@@ -1,8 +1,9 @@
 //! The HTTP client of a stateless upstream: sends a Chat Completions body over HTTP or TLS
 //! (rustls with the platform's roots plus the backend's `ca_file`; HTTP/2 when the upstream
 //! offers it by ALPN), applies the connect / first-byte / idle / total timeouts, maps upstream
-//! failures to [`BackendError`]s (an upstream 4xx keeps its status and message; the upstream
-//! URL and key never appear), and splits an SSE body into events.
+//! failures to [`BackendError`]s (an upstream 4xx keeps its status and message, but a refusal
+//! of the gateway's own credentials is a gateway failure; the upstream URL and key never
+//! appear), reads whole bodies under `max_response_bytes`, and splits an SSE body into events.
 
 use std::time::Duration;
 
@@ -23,6 +24,42 @@ pub struct Client {
     pub idle_timeout: Duration,
     pub total_timeout: Duration,
     first_byte_timeout: Duration,
+    /// The bound of a non-streamed answer and of an error body.
+    pub max_response_bytes: usize,
+}
+
+/// Why a whole body could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unread {
+    /// Longer than the bound.
+    Over,
+    /// The connection broke off.
+    Broken,
+}
+
+impl From<Unread> for BackendError {
+    fn from(u: Unread) -> Self {
+        BackendError::Unavailable(match u {
+            Unread::Over => "body over max_response_bytes".into(),
+            Unread::Broken => "body broke off".into(),
+        })
+    }
+}
+
+/// A body read whole under `limit` bytes: refused from its `Content-Length` when that is over,
+/// else broken off at the first chunk that crosses it (nothing past the bound is kept).
+pub(super) async fn bounded(mut resp: reqwest::Response, limit: usize) -> Result<Bytes, Unread> {
+    if resp.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(Unread::Over);
+    }
+    let mut out = BytesMut::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|_| Unread::Broken)? {
+        if out.len() + chunk.len() > limit {
+            return Err(Unread::Over);
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out.freeze())
 }
 
 /// One event of an upstream SSE body.
@@ -75,6 +112,7 @@ impl Client {
             idle_timeout: cfg.idle_timeout,
             total_timeout: cfg.total_timeout,
             first_byte_timeout: cfg.first_byte_timeout,
+            max_response_bytes: cfg.max_response_bytes,
         })
     }
 
@@ -109,14 +147,23 @@ impl Client {
         if status.is_success() {
             return Ok(resp);
         }
-        let text = tokio::time::timeout(self.idle_timeout, resp.text())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
         tracing::warn!(backend = %self.name, status = status.as_u16(), "upstream answered an error");
+        // A refusal of the gateway's own credentials (or of its account) is not the client's
+        // to see: its text may name the key, and the client's key was fine.
+        if matches!(status.as_u16(), 401 | 403 | 407) {
+            return Err(BackendError::Unavailable("credentials refused".into()));
+        }
+        // An error body over the bound is the upstream failing, not a refusal to relay.
+        let text =
+            match tokio::time::timeout(self.idle_timeout, bounded(resp, self.max_response_bytes))
+                .await
+            {
+                Ok(Err(Unread::Over)) => return Err(Unread::Over.into()),
+                Ok(Ok(text)) => text,
+                _ => Bytes::new(),
+            };
         if status.is_client_error() {
-            let upstream: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            let upstream: Value = serde_json::from_slice(&text).unwrap_or(Value::Null);
             let e = &upstream["error"];
             let message = e["message"]
                 .as_str()

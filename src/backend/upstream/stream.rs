@@ -100,14 +100,16 @@ pub fn whole(
     ids: Ids,
 ) -> BoxStream<'static, TurnEvent> {
     let total = client.total_timeout;
+    let limit = client.max_response_bytes;
     futures::stream::once(async move {
         let mut out = VecDeque::new();
-        let bytes = match tokio::time::timeout(total, resp.bytes()).await {
+        let bytes = match tokio::time::timeout(total, super::client::bounded(resp, limit)).await {
             Err(_) => {
                 out.push_back(TurnEvent::TimedOut);
                 return out;
             }
-            Ok(Err(_)) => {
+            Ok(Err(e)) => {
+                tracing::warn!(why = ?e, "upstream answer unreadable");
                 out.push_back(TurnEvent::Failed("unreadable upstream body".into()));
                 return out;
             }

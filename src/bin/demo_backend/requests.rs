@@ -162,6 +162,9 @@ pub(crate) fn turn_start(ctx: &Ctx, id: &Value, p: &Value) {
                "effort": p["effort"]}),
     );
     let text = texts.last().copied().unwrap_or("").to_owned();
+    // Like a backend logging verbosely: its stderr quotes the input (the gateway must not
+    // carry that into its own log).
+    eprintln!("demo-backend: turn input: {text}");
     let scenario = directive(&text, "scenario").filter(|s| SCENARIOS.contains(s));
     let scenario = scenario.unwrap_or(&thread.scenario).to_owned();
     let spec = TurnSpec {

@@ -4,7 +4,8 @@
 //! answer that is dropped by its reader is recorded as `disconnects`. It serves plain HTTP or
 //! TLS (HTTP/2 or HTTP/1.1 by ALPN) with a certificate the test made; the next requests can be
 //! told to fail (`fail_next`: 503 with no body, `stall_next`: no headers for 5 s,
-//! `break_next`: a stream that goes silent after its second chunk).
+//! `break_next`: a stream that goes silent after its second chunk, `hold_next`: no answer
+//! until the test calls `release`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,6 +30,9 @@ pub struct Seen {
     pub fail_next: AtomicUsize,
     pub stall_next: AtomicUsize,
     pub break_next: AtomicUsize,
+    pub hold_next: AtomicUsize,
+    /// Lets one held request answer.
+    pub release: tokio::sync::Notify,
 }
 
 /// Takes one from a "next N requests" counter.
@@ -217,6 +221,9 @@ async fn handle(
     if take(&seen.fail_next) {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
+    if take(&seen.hold_next) {
+        seen.release.notified().await;
+    }
     if take(&seen.stall_next) {
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
@@ -236,6 +243,19 @@ async fn handle(
         .unwrap_or(Value::Null);
     let calls: Vec<(&str, &str, &str)> = match model.as_str() {
         "up-500" => return (StatusCode::INTERNAL_SERVER_ERROR, "boom at http://secret-upstream.internal").into_response(),
+        "up-401" | "up-403" => {
+            let status = if model == "up-401" { StatusCode::UNAUTHORIZED } else { StatusCode::FORBIDDEN };
+            return (status, Json(json!({"error": {"message": "Incorrect API key provided: sk-proj-****wXyZ. You can find your API key at https://platform.openai.com/account/api-keys.", "type": "invalid_request_error", "code": "invalid_api_key", "param": null}}))).into_response()
+        }
+        // Bodies of 2 MiB, over the 1 MiB bound the tests configure.
+        "up-huge-400" => {
+            return (StatusCode::BAD_REQUEST, Json(json!({"error": {"message": "x".repeat(2 << 20), "type": "invalid_request_error"}}))).into_response()
+        }
+        "up-huge" if !stream => {
+            return Json(json!({"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "y".repeat(2 << 20)}, "finish_reason": "stop"}]}))
+            .into_response()
+        }
         "up-400" => {
             return (StatusCode::BAD_REQUEST, Json(json!({"error": {"message": "context too long", "type": "invalid_request_error", "code": "context_length_exceeded", "param": "messages"}}))).into_response()
         }

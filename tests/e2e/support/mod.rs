@@ -75,6 +75,8 @@ pub struct Opts {
     /// Keep the SQLite store even when the suite runs on PostgreSQL (the test inspects or
     /// locks the SQLite file itself).
     pub sqlite: bool,
+    /// More environment variables of the gateway process.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for Opts {
@@ -95,6 +97,7 @@ impl Default for Opts {
             continuity: "",
             server: "",
             sqlite: false,
+            env: Vec::new(),
         }
     }
 }
@@ -257,6 +260,7 @@ impl Gateway {
             .env("TURNSTILE_TEST_UPSTREAM_KEY", UPSTREAM_KEY)
             .env(postgres::PASSWORD_ENV, postgres::PASSWORD)
             .env(CLUSTER_KEY_ENV, CLUSTER_KEY)
+            .envs(self.opts.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
@@ -542,6 +546,25 @@ pub async fn pending(gw: &Gateway, key: &str) -> Value {
         v["data"].as_array().and_then(|d| d.first()).cloned()
     })
     .await
+}
+
+/// The direct children of a process (the gateway's: its backend processes).
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(
+            list.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// The bound of a wait that names none.
