@@ -132,8 +132,13 @@ pub async fn decide(
             headers: &headers,
             body: bytes.clone(),
         };
-        if let Ok(resp) = to_owner(&gw, "approval", owner, &replay).await {
-            return Ok(resp);
+        match to_owner(&gw, "approval", owner, &replay).await {
+            Ok(resp) => return Ok(resp),
+            // Alive by its lease but not answering: the approval is still pending there, so
+            // this is not "already decided" but "retry" (nothing was decided).
+            Err(e @ crate::engine::EngineError::ReplicaUnavailable) => return Err(e.into()),
+            // Gone: its approvals are orphaned, which the decision below reports.
+            Err(_) => {}
         }
     }
     match gw
