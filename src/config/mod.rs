@@ -35,6 +35,7 @@ use serde::Deserialize;
 
 pub use crate::auth::grant::{ClientLimits, Rate, Role};
 pub use crate::auth::jwt::JwtIssuer;
+pub use backends::DEFAULT_ENV_PASSTHROUGH;
 pub use cluster::{ClusterConfig, StoreConfig};
 
 #[derive(Debug, thiserror::Error)]

@@ -137,8 +137,7 @@ async fn log_request(State(gw): State<Gateway>, req: Request, next: Next) -> Res
 /// Public (a scraper needs no credential), but only an approver's scrape names principals:
 /// another principal's usage is not for anyone who can reach the listener.
 async fn metrics(State(gw): State<Gateway>, headers: HeaderMap) -> Response {
-    let clients =
-        authorization(&headers).is_some() && principal(&gw, &headers).is_ok_and(|p| p.approver);
+    let clients = principal(&gw, &headers).is_ok_and(|p| p.approver);
     let text = gw.metrics().render(&gw.gauges(), clients);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -399,20 +399,9 @@ async fn store_failure_denies() {
     let chat = start(&gw, "cmd-ask", "go delay=1500");
     gw.wait_spy("turn_start", 1).await;
     // Another connection holds the database's write lock while the approval is asked.
-    let db = gw.dir.path().join("turnstile.db");
-    let mut locker = std::process::Command::new("python3")
-        .args(["-c", "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1],isolation_level=None)\nc.execute('BEGIN IMMEDIATE')\nprint('locked',flush=True)\nsys.stdin.readline()", db.to_str().unwrap()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(locker.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    assert_eq!(line.trim(), "locked");
+    let lock = SqliteLock::take(&gw.dir.path().join("turnstile.db"));
     gw.wait_spy("approval_decision", 1).await;
-    drop(locker.stdin.take());
-    let _ = locker.wait();
+    drop(lock);
     assert_eq!(decisions(&gw), ["decline"]);
     let (_, body) = tokio::time::timeout(Duration::from_secs(15), chat)
         .await
@@ -427,21 +416,7 @@ async fn store_failure_denies() {
 #[tokio::test]
 async fn events_stream_created_then_decided() {
     let gw = Gateway::start().await;
-    let mut events = gw
-        .http
-        .get(format!("{}/v1/approvals/events", gw.url))
-        .bearer_auth(ROOT)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(events.status(), 200);
-    // The stream is open once its first comment arrives.
-    let first = tokio::time::timeout(Duration::from_secs(10), events.chunk())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&first).starts_with(':'));
+    let mut events = open_events(&gw, ROOT).await;
     let chat = start(&gw, "cmd-ask", "go");
     let id = pending(&gw, ROOT).await["id"].as_str().unwrap().to_string();
     decide(&gw, ROOT, &id, json!({"decision": "approve"})).await;
@@ -524,11 +499,13 @@ async fn open_events(gw: &Gateway, key: &str) -> reqwest::Response {
         .await
         .unwrap();
     assert_eq!(events.status(), 200);
+    // The stream is open once its first comment arrives.
     let first = tokio::time::timeout(Duration::from_secs(10), events.chunk())
         .await
         .unwrap()
+        .unwrap()
         .unwrap();
-    assert!(first.is_some());
+    assert!(String::from_utf8_lossy(&first).starts_with(':'));
     events
 }
 

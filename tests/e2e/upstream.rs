@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::fake_upstream::FakeUpstream;
+use crate::support::fake_upstream::{gateway_on_fake, FakeUpstream};
 use crate::support::*;
 
 const MODELS: &[(&str, &str, &str)] = &[
@@ -246,20 +246,11 @@ async fn continuation_survives_a_restart_and_replay_after_restart_is_409() {
 /// the replay is refused in the same process and after a restart (never a second resume).
 #[tokio::test]
 async fn a_spend_the_store_refused_is_not_resumed_again_after_a_restart() {
-    let fake = FakeUpstream::start().await;
-    let url = fake.url.clone();
     let opts = Opts {
         sqlite: true,
         ..Opts::default()
     };
-    let mut gw = Gateway::start_raw(opts, move |o, dir| {
-        let mut s = config_text(o, dir);
-        s.push_str(&format!(
-            "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\n\n[[models]]\nid = \"u-tool\"\nbackend = \"up\"\nbackend_model = \"up-tool\"\n"
-        ));
-        s
-    })
-    .await;
+    let (mut gw, fake) = gateway_on_fake(opts, &[("u-tool", "up-tool")]).await;
     let req = tool_req("u-tool");
     let (s, resp) = gw.chat(ALICE, &req).await;
     assert_eq!(s, 200, "{resp}");
@@ -282,17 +273,7 @@ async fn a_spend_the_store_refused_is_not_resumed_again_after_a_restart() {
     };
     // The upstream has the forward; the store's write lock is taken before it answers.
     wait_until("the forward at the upstream", || fake.bodies().len() == 2).await;
-    let db = gw.dir.path().join("turnstile.db");
-    let mut locker = std::process::Command::new("python3")
-        .args(["-c", "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1],isolation_level=None)\nc.execute('BEGIN IMMEDIATE')\nprint('locked',flush=True)\nsys.stdin.readline()", db.to_str().unwrap()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(locker.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    assert_eq!(line.trim(), "locked");
+    let lock = SqliteLock::take(&gw.dir.path().join("turnstile.db"));
     fake.seen.release.notify_one();
     let (s, v) = tokio::time::timeout(Duration::from_secs(20), answer)
         .await
@@ -301,8 +282,7 @@ async fn a_spend_the_store_refused_is_not_resumed_again_after_a_restart() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(content(&v), "Results: call_up_1=ONCE");
     assert!(gw.log().contains("could not persist tombstones"));
-    drop(locker.stdin.take());
-    let _ = locker.wait();
+    drop(lock);
     assert_eq!(gw.chat(ALICE, &next).await.0, 409);
     assert_eq!(gw.stop().await, Some(0));
     gw.spawn().await;

@@ -10,6 +10,7 @@
 //! replaced by a fresh one started in the background, and drains (`thread.rs`, `process.rs`).
 
 mod approval;
+mod child;
 mod process;
 mod render;
 pub mod rpc;

@@ -14,14 +14,12 @@
 //! last turn is gone (it holds nothing by then).
 
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::Command;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -127,29 +125,7 @@ impl Proc {
         next_invocation: Arc<AtomicU64>,
         deaths: Arc<tokio::sync::watch::Sender<u64>>,
     ) -> Result<Arc<Proc>, BackendError> {
-        let mut cmd = Command::new(&cfg.command[0]);
-        // Only what the config lets through, never the gateway's own secrets (store password,
-        // cluster key, upstream keys): the agent may run commands that read its environment.
-        let passed = cfg
-            .env_passthrough
-            .iter()
-            .filter_map(|k| Some((k, std::env::var_os(k)?)));
-        cmd.args(&cfg.command[1..])
-            .env_clear()
-            .envs(passed)
-            .envs(&cfg.env)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        if let Some(cwd) = &cfg.cwd {
-            cmd.current_dir(cwd);
-        }
-        // CODEX_HOME must exist before the child starts.
-        if let Some(home) = cfg.env.get("CODEX_HOME") {
-            std::fs::create_dir_all(home)
-                .map_err(|e| BackendError::Unavailable(format!("cannot create CODEX_HOME: {e}")))?;
-        }
+        let mut cmd = super::child::command(cfg)?;
         let mut child = cmd.spawn().map_err(|e| {
             BackendError::Unavailable(format!("cannot start {}: {e}", cfg.command[0]))
         })?;
@@ -200,25 +176,7 @@ impl Proc {
             drop(stdin);
         });
 
-        // Stderr: the backend's own log. Until the handshake is done it can only be about
-        // starting (a bad flag, a config the backend refuses) and is forwarded at debug; after
-        // it a line may quote a prompt or a tool's output, so only its size is logged.
-        let initialized = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let started = initialized.clone();
-        tracker.spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if started.load(std::sync::atomic::Ordering::Relaxed) {
-                    tracing::debug!(
-                        backend_process = id,
-                        bytes = line.len(),
-                        "backend stderr line (content withheld)"
-                    );
-                } else {
-                    tracing::debug!(backend_process = id, "backend stderr: {line}");
-                }
-            }
-        });
+        let initialized = super::child::forward_stderr(tracker, id, stderr);
 
         // Reader: classifies and routes every stdout line.
         let reader_proc = proc.clone();

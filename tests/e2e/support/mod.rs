@@ -567,6 +567,33 @@ pub fn children(pid: u32) -> Vec<u32> {
     out
 }
 
+/// Another connection holding the SQLite store's write lock (as a backup or an operator's
+/// shell would) until it is dropped.
+pub struct SqliteLock(std::process::Child);
+
+impl SqliteLock {
+    pub fn take(db: &std::path::Path) -> SqliteLock {
+        let mut locker = Command::new("python3")
+            .args(["-c", "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1],isolation_level=None)\nc.execute('BEGIN IMMEDIATE')\nprint('locked',flush=True)\nsys.stdin.readline()", db.to_str().unwrap()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(locker.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "locked");
+        SqliteLock(locker)
+    }
+}
+
+impl Drop for SqliteLock {
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        let _ = self.0.wait();
+    }
+}
+
 /// The bound of a wait that names none.
 pub const WAIT: Duration = Duration::from_secs(15);
 /// How often a bounded wait polls.
