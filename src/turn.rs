@@ -98,6 +98,21 @@ pub struct Message {
     pub is_error: bool,
 }
 
+impl Message {
+    /// The bytes of text it holds (what keeping it in memory costs, near enough).
+    pub fn kept_bytes(&self) -> usize {
+        let calls: usize = self
+            .tool_calls
+            .iter()
+            .map(|c| c.id.len() + c.name.len() + c.arguments.len())
+            .sum();
+        let images: usize = self.images.iter().map(String::len).sum();
+        let ids = self.name.as_ref().map_or(0, String::len)
+            + self.tool_call_id.as_ref().map_or(0, String::len);
+        self.text.len() + images + calls + ids
+    }
+}
+
 /// A tool call as it appears in a conversation (the id is whatever the client sent).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Call {

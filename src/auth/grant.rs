@@ -36,4 +36,6 @@ pub struct ClientLimits {
     pub concurrent_executions: Option<usize>,
     /// Suspended executions at once.
     pub max_suspended: Option<usize>,
+    /// Open event streams and streamed legs at once (`None`: `server.max_streams_per_client`).
+    pub max_streams: Option<usize>,
 }

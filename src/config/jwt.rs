@@ -121,6 +121,7 @@ pub(super) fn jwt_issuers(
             j.burst,
             j.concurrent_executions,
             j.max_suspended,
+            j.max_streams,
         )?;
         out.push(Arc::new(JwtIssuer {
             issuer: j.issuer,

@@ -98,6 +98,9 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
     pub max_connections: usize,
+    /// Open event streams and streamed legs of one principal, unless its entry sets
+    /// `max_streams`.
+    pub max_streams_per_client: usize,
     pub shutdown_drain: Duration,
 }
 
@@ -209,6 +212,8 @@ pub struct ContinuationLimits {
     pub execution_ttl: Duration,
     pub max_pending: usize,
     pub max_pending_per_client: usize,
+    /// Bytes of conversation one principal's suspensions may keep in memory.
+    pub max_kept_bytes_per_client: usize,
     pub tombstones_per_client: usize,
     pub max_rounds: u32,
     pub max_tool_result_bytes: usize,

@@ -79,6 +79,9 @@ pub(super) const DEFAULT_EXECUTION_TTL_SECONDS: u64 = 900;
 pub(super) const DEFAULT_MAX_PENDING: usize = 4096;
 /// `continuations.max_pending_per_client`.
 pub(super) const DEFAULT_MAX_PENDING_PER_CLIENT: usize = 64;
+/// `continuations.max_kept_bytes_per_client`: conversations a principal's suspensions keep
+/// in memory (a stateless upstream's, on the Responses surface).
+pub(super) const DEFAULT_MAX_KEPT_BYTES_PER_CLIENT: u64 = 64 << 20;
 /// `continuations.tombstones_per_client`.
 pub(super) const DEFAULT_TOMBSTONES_PER_CLIENT: usize = 1024;
 /// `continuations.max_rounds`.
@@ -135,6 +138,8 @@ pub(super) struct RawServer {
     pub header_read_timeout_seconds: u64,
     pub body_read_timeout_seconds: u64,
     pub max_connections: u64,
+    /// Default: a quarter of `max_connections` (at least 1).
+    pub max_streams_per_client: Option<u64>,
     pub shutdown_drain_seconds: u64,
 }
 
@@ -147,6 +152,7 @@ impl Default for RawServer {
             header_read_timeout_seconds: DEFAULT_HEADER_READ_TIMEOUT_SECONDS,
             body_read_timeout_seconds: DEFAULT_BODY_READ_TIMEOUT_SECONDS,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_streams_per_client: None,
             shutdown_drain_seconds: DEFAULT_SHUTDOWN_DRAIN_SECONDS,
         }
     }
@@ -167,6 +173,7 @@ pub(super) struct RawClient {
     pub burst: Option<u32>,
     pub concurrent_executions: Option<usize>,
     pub max_suspended: Option<usize>,
+    pub max_streams: Option<usize>,
 }
 
 /// A JWT principal named by a client entry.
@@ -207,6 +214,7 @@ pub(super) struct RawJwt {
     pub burst: Option<u32>,
     pub concurrent_executions: Option<usize>,
     pub max_suspended: Option<usize>,
+    pub max_streams: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -251,6 +259,7 @@ pub(super) struct RawContinuations {
     pub execution_ttl_seconds: u64,
     pub max_pending: usize,
     pub max_pending_per_client: usize,
+    pub max_kept_bytes_per_client: u64,
     pub tombstones_per_client: usize,
     pub max_rounds: u32,
     pub max_tool_result_bytes: usize,
@@ -263,6 +272,7 @@ impl Default for RawContinuations {
             execution_ttl_seconds: DEFAULT_EXECUTION_TTL_SECONDS,
             max_pending: DEFAULT_MAX_PENDING,
             max_pending_per_client: DEFAULT_MAX_PENDING_PER_CLIENT,
+            max_kept_bytes_per_client: DEFAULT_MAX_KEPT_BYTES_PER_CLIENT,
             tombstones_per_client: DEFAULT_TOMBSTONES_PER_CLIENT,
             max_rounds: DEFAULT_MAX_ROUNDS,
             max_tool_result_bytes: DEFAULT_MAX_TOOL_RESULT_BYTES,

@@ -519,3 +519,45 @@ fn a_backend_child_gets_the_pass_list_and_never_the_gateways_secrets() {
         "backends.demo.env_passthrough[0]"
     );
 }
+
+#[test]
+fn stream_and_kept_bytes_bounds() {
+    let cfg = parse(&base_toml()).unwrap();
+    // A quarter of the 1024 connections; 64 MiB of kept conversation.
+    assert_eq!(cfg.server.max_streams_per_client, 256);
+    assert_eq!(cfg.continuations.max_kept_bytes_per_client, 64 << 20);
+    assert_eq!(cfg.clients[0].limits.max_streams, None);
+    let few = base_toml().replace("listen =", "max_connections = 3\nlisten =");
+    assert_eq!(parse(&few).unwrap().server.max_streams_per_client, 1);
+    let set = base_toml()
+        .replace("listen =", "max_streams_per_client = 7\nlisten =")
+        .replace(
+            "models = [\"demo*\"]",
+            "models = [\"demo*\"]\nmax_streams = 2",
+        );
+    let cfg = parse(&set).unwrap();
+    assert_eq!(cfg.server.max_streams_per_client, 7);
+    assert_eq!(cfg.clients[0].limits.max_streams, Some(2));
+    for (text, path) in [
+        (
+            base_toml().replace("listen =", "max_streams_per_client = 0\nlisten ="),
+            "server.max_streams_per_client",
+        ),
+        (
+            base_toml().replace(
+                "models = [\"demo*\"]",
+                "models = [\"demo*\"]\nmax_streams = 0",
+            ),
+            "clients[0].max_streams",
+        ),
+        (
+            format!(
+                "{}\n[continuations]\nmax_kept_bytes_per_client = 0\n",
+                base_toml()
+            ),
+            "continuations.max_kept_bytes_per_client",
+        ),
+    ] {
+        assert_eq!(parse(&text).unwrap_err().path, path);
+    }
+}

@@ -53,6 +53,18 @@ pub(super) fn validate(
             return Err(err(key, "must be greater than 0"));
         }
     }
+    let max_streams_per_client = match raw.server.max_streams_per_client {
+        Some(0) => {
+            return Err(err(
+                "server.max_streams_per_client",
+                "must be greater than 0",
+            ))
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        None => usize::try_from(raw.server.max_connections / 4)
+            .unwrap_or(usize::MAX)
+            .max(1),
+    };
     let store = super::cluster::store(raw.store, base)?;
     let cluster = super::cluster::cluster(raw.cluster, &store)?;
 
@@ -92,6 +104,7 @@ pub(super) fn validate(
             header_read_timeout: Duration::from_secs(raw.server.header_read_timeout_seconds),
             body_read_timeout: Duration::from_secs(raw.server.body_read_timeout_seconds),
             max_connections: usize::try_from(raw.server.max_connections).unwrap_or(usize::MAX),
+            max_streams_per_client,
             shutdown_drain: Duration::from_secs(raw.server.shutdown_drain_seconds),
         },
         store,
@@ -257,6 +270,7 @@ fn clients(
             c.burst,
             c.concurrent_executions,
             c.max_suspended,
+            c.max_streams,
         )?;
         clients.push(ClientConfig {
             id: c.id,
@@ -280,6 +294,7 @@ fn continuations(c: RawContinuations) -> Result<ContinuationLimits, ConfigError>
     positive(c.execution_ttl_seconds, "execution_ttl_seconds")?;
     positive(c.max_pending as u64, "max_pending")?;
     positive(c.max_pending_per_client as u64, "max_pending_per_client")?;
+    positive(c.max_kept_bytes_per_client, "max_kept_bytes_per_client")?;
     positive(c.tombstones_per_client as u64, "tombstones_per_client")?;
     positive(c.max_rounds as u64, "max_rounds")?;
     positive(c.max_tool_result_bytes as u64, "max_tool_result_bytes")?;
@@ -287,6 +302,8 @@ fn continuations(c: RawContinuations) -> Result<ContinuationLimits, ConfigError>
         execution_ttl: Duration::from_secs(c.execution_ttl_seconds),
         max_pending: c.max_pending,
         max_pending_per_client: c.max_pending_per_client,
+        max_kept_bytes_per_client: usize::try_from(c.max_kept_bytes_per_client)
+            .unwrap_or(usize::MAX),
         tombstones_per_client: c.tombstones_per_client,
         max_rounds: c.max_rounds,
         max_tool_result_bytes: c.max_tool_result_bytes,
@@ -328,6 +345,7 @@ pub(super) fn limits(
     burst: Option<u32>,
     concurrent_executions: Option<usize>,
     max_suspended: Option<usize>,
+    max_streams: Option<usize>,
 ) -> Result<ClientLimits, ConfigError> {
     let positive = "must be greater than 0 (leave it out for no limit)";
     let rate = match (requests_per_minute, burst) {
@@ -355,10 +373,17 @@ pub(super) fn limits(
     if max_suspended == Some(0) {
         return Err(err(format!("{at}.max_suspended"), positive));
     }
+    if max_streams == Some(0) {
+        return Err(err(
+            format!("{at}.max_streams"),
+            "must be greater than 0 (leave it out for server.max_streams_per_client)",
+        ));
+    }
     Ok(ClientLimits {
         rate,
         concurrent_executions,
         max_suspended,
+        max_streams,
     })
 }
 

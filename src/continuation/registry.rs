@@ -89,6 +89,11 @@ pub trait Parked {
     fn by_reference(&self) -> bool {
         false
     }
+    /// Bytes of conversation the record keeps in memory (a stateless upstream's history on
+    /// a surface that names records by reference); counted against the principal's budget.
+    fn kept_bytes(&self) -> usize {
+        0
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +125,8 @@ struct Inner<P> {
     /// Boxed: the map's table stays small while thousands of executions are parked.
     batches: HashMap<u64, Box<Batch<P>>>,
     per_principal: HashMap<String, usize>,
+    /// [`Parked::kept_bytes`] of the pending batches, by principal (only those keeping any).
+    kept: HashMap<String, usize>,
     pending: usize,
     tombs: HashMap<[u8; 32], Tomb>,
     rings: HashMap<String, VecDeque<[u8; 32]>>,
@@ -134,6 +141,7 @@ struct Inner<P> {
 pub struct Limits {
     pub max_pending: usize,
     pub max_pending_per_client: usize,
+    pub max_kept_bytes_per_client: usize,
     pub tombstones_per_client: usize,
 }
 
@@ -170,6 +178,7 @@ impl<P: Parked> Registry<P> {
             token_batch: HashMap::new(),
             batches: HashMap::new(),
             per_principal: HashMap::new(),
+            kept: HashMap::new(),
             pending: 0,
             tombs: HashMap::new(),
             rings: HashMap::new(),
@@ -255,8 +264,11 @@ impl<P: Parked> Registry<P> {
         let id = {
             let mut g = self.lock();
             let mine = g.per_principal.get(&b.principal).copied().unwrap_or(0);
+            let kept = g.kept.get(&b.principal).copied().unwrap_or(0);
             if g.pending + n > self.limits.max_pending
                 || mine + n > self.limits.max_pending_per_client
+                || kept.saturating_add(b.parked.kept_bytes())
+                    > self.limits.max_kept_bytes_per_client
             {
                 return Err(Box::new(b));
             }
@@ -310,6 +322,10 @@ impl<P: Parked> Registry<P> {
         }
         g.pending += b.tokens.len();
         *g.per_principal.entry(b.principal.clone()).or_default() += b.tokens.len();
+        let kept = b.parked.kept_bytes();
+        if kept > 0 {
+            *g.kept.entry(b.principal.clone()).or_default() += kept;
+        }
         g.deadlines.insert((b.deadline, id));
         g.batches.insert(id, Box::new(b));
         id
@@ -326,6 +342,13 @@ impl<P: Parked> Registry<P> {
             *c -= batch.tokens.len();
             if *c == 0 {
                 g.per_principal.remove(&batch.principal);
+            }
+        }
+        let kept = batch.parked.kept_bytes();
+        if let Some(c) = g.kept.get_mut(&batch.principal).filter(|_| kept > 0) {
+            *c -= kept;
+            if *c == 0 {
+                g.kept.remove(&batch.principal);
             }
         }
         Some(batch)

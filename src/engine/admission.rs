@@ -1,5 +1,6 @@
 //! Per-principal admission limits for fresh turns: a GCRA request rate (`governor`, keyed by
-//! principal), executions live at once, and suspended executions.
+//! principal), executions live at once, and suspended executions; and the bound on one
+//! principal's open long-lived responses (event streams, streamed legs).
 //!
 //! Limits are read from the **current** config on every admission, so a SIGHUP reload applies
 //! a client's new limit at once (a changed rate starts that principal with a full burst under
@@ -70,6 +71,8 @@ impl std::fmt::Debug for Slot {
 
 pub struct Limiter {
     live: Live,
+    /// Open long-lived responses (event streams, streamed legs) by principal.
+    streams: Live,
     /// One keyed GCRA limiter per distinct quota, keyed by principal.
     rates: Mutex<HashMap<Rate, Arc<DefaultKeyedRateLimiter<String>>>>,
     clock: DefaultClock,
@@ -79,6 +82,7 @@ impl Default for Limiter {
     fn default() -> Self {
         Limiter {
             live: Arc::new(Mutex::new(HashMap::new())),
+            streams: Arc::new(Mutex::new(HashMap::new())),
             rates: Mutex::new(HashMap::new()),
             clock: DefaultClock::default(),
         }
@@ -138,6 +142,24 @@ impl Limiter {
         }
     }
 
+    /// A place for one more long-lived response of `principal`, if it holds fewer than
+    /// `max`; dropping the slot (with the response body) frees it.
+    pub fn stream(&self, principal: &str, max: usize) -> Option<Slot> {
+        let mut open = lock(&self.streams);
+        let n = open.entry(principal.to_string()).or_insert(0);
+        if *n >= max {
+            if *n == 0 {
+                open.remove(principal);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            live: self.streams.clone(),
+            principal: principal.to_string(),
+        })
+    }
+
     /// Live executions of `principal` that hold a slot.
     #[cfg(test)]
     pub fn live(&self, principal: &str) -> usize {
@@ -191,6 +213,7 @@ mod tests {
             }),
             concurrent_executions: conc,
             max_suspended: susp,
+            max_streams: None,
         }
     }
 
@@ -246,6 +269,24 @@ mod tests {
         drop(h);
         assert_eq!(l.live("alice"), 0);
         l.forget_idle();
+    }
+
+    #[test]
+    fn streams_are_bounded_per_principal_and_freed_on_drop() {
+        let l = Limiter::default();
+        let a = l.stream("alice", 2).unwrap();
+        let b = l.stream("alice", 2).unwrap();
+        assert!(l.stream("alice", 2).is_none(), "a third stream over 2");
+        assert!(
+            l.stream("bob", 2).is_some(),
+            "another principal is not affected"
+        );
+        drop(a);
+        let c = l
+            .stream("alice", 2)
+            .expect("a dropped stream frees its place");
+        drop((b, c));
+        assert!(lock(&l.streams).is_empty(), "no entry left behind");
     }
 
     #[test]

@@ -19,7 +19,15 @@ impl Engine {
         tx: &mpsc::Sender<LegEvent>,
     ) {
         let cfg = self.config();
-        let policy = cfg.model(&exec.model).map(|m| &m.approvals);
+        // Authority is the current config's: a principal whose entry (or access to the model)
+        // a reload removed gets every side effect denied, and no approval is created.
+        let granted = cfg
+            .grant(&exec.principal)
+            .is_some_and(|g| g.may_use(&exec.model));
+        let policy = cfg
+            .model(&exec.model)
+            .filter(|_| granted)
+            .map(|m| &m.approvals);
         let decision = policy.map_or(Decision::Deny, |p| match ask.kind {
             ApprovalKind::Command => p.command,
             ApprovalKind::FileChange => p.file_change,

@@ -37,6 +37,9 @@ pub enum EngineError {
     /// The pending-continuation bounds refused a suspension; no token was exposed.
     #[error("too many suspended tool calls")]
     SuspensionCapacity,
+    /// The principal holds its maximum of open streams (`max_streams`).
+    #[error("too many open streams ({0})")]
+    StreamCapacity(usize),
     /// The store could not record what must be recorded first; nothing was exposed.
     #[error("the store is unavailable")]
     Store,
@@ -191,8 +194,16 @@ impl From<EngineError> for ApiError {
             ),
             EngineError::SuspensionCapacity => ApiError::new(
                 ErrorCode::CapacityExhausted,
-                "Too many suspended tool calls; retry later.",
+                "Too many suspended tool calls (or too much conversation kept for them); retry later.",
             ),
+            EngineError::StreamCapacity(max) => {
+                let mut e = ApiError::new(
+                    ErrorCode::CapacityExhausted,
+                    format!("This client already has {max} open streams; close one or retry later."),
+                );
+                e.retry_after = Some(1);
+                e
+            }
             EngineError::Store => ApiError::new(
                 ErrorCode::StoreUnavailable,
                 "The gateway could not record the execution; nothing was exposed. Retry later.",

@@ -68,6 +68,11 @@ impl Parked for Suspended {
     fn by_reference(&self) -> bool {
         self.history.is_some()
     }
+
+    fn kept_bytes(&self) -> usize {
+        let messages = self.history.as_ref().and_then(|h| h.messages.as_ref());
+        messages.map_or(0, |m| m.iter().map(Message::kept_bytes).sum())
+    }
 }
 
 /// The conversation of a suspension, for a continuation that names it by reference: the

@@ -32,6 +32,7 @@ mod tests;
 mod timer;
 
 pub use activity::{BackendView, SuspendedView, ThreadView};
+pub use admission::Slot;
 pub use cluster::{ApprovalRoute, Owner, OwnerFate};
 pub use ending::EndReason;
 pub use error::{ContinuationError, EngineError};
@@ -132,6 +133,7 @@ impl Engine {
         let limits = Limits {
             max_pending: cfg.continuations.max_pending,
             max_pending_per_client: cfg.continuations.max_pending_per_client,
+            max_kept_bytes_per_client: cfg.continuations.max_kept_bytes_per_client,
             tombstones_per_client: cfg.continuations.tombstones_per_client,
         };
         let tombstones = store.tombstones().map_err(|e| e.to_string())?;
@@ -369,6 +371,21 @@ impl Engine {
                     retry_after_secs: secs,
                 }
             })
+    }
+
+    /// A place for one more long-lived response of the principal (an event stream, a
+    /// streamed leg), under its `max_streams` in the current config; the response body holds
+    /// it. Over the bound: 429 `capacity_exhausted`.
+    pub fn open_stream(&self, principal: &Principal) -> Result<admission::Slot, EngineError> {
+        let cfg = self.config();
+        let max = cfg
+            .grant(&principal.id)
+            .and_then(|g| g.limits.max_streams)
+            .unwrap_or(cfg.server.max_streams_per_client);
+        self.inner.limiter.stream(&principal.id, max).ok_or_else(|| {
+            tracing::debug!(principal = %principal.id, max, "stream refused: the client holds its maximum");
+            EngineError::StreamCapacity(max)
+        })
     }
 
     async fn fresh(

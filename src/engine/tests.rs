@@ -485,6 +485,40 @@ async fn an_approval_past_its_ttl_is_denied_expired_in_paused_time() {
     );
 }
 
+#[tokio::test]
+async fn a_side_effect_of_a_revoked_principal_is_denied_without_a_notice() {
+    let f = fixture();
+    let mut leg = begin(&f, "hang").await;
+    // A reload removes alice's entry while her turn runs.
+    let without = CONFIG
+        .replace("[[clients]]\nid = \"alice\"\nkey_sha256 = \"KEY_A\"\n", "")
+        .replace("KEY_B", &crate::auth::hash_key("sk-b"));
+    let cfg = crate::config::from_toml_str(&without, f.dir.path()).unwrap();
+    assert!(cfg.grant("alice").is_none());
+    *f.engine.inner.config.write().unwrap() = Arc::new(cfg);
+    let spy = f.spy.clone();
+    let ask = crate::backend::ApprovalAsk {
+        kind: crate::backend::ApprovalKind::Command,
+        summary: json!({"command": "rm -rf build"}),
+        action_digest: [9; 32],
+        responder: crate::backend::ApprovalResponder::new(move |ok| {
+            spy.answers.lock().unwrap().push(format!("approval={ok}"));
+        }),
+    };
+    let tx = f.spy.senders.lock().unwrap()[&leg.execution_id].clone();
+    tx.unbounded_send(TurnEvent::Approval(Box::new(ask)))
+        .unwrap();
+    tx.unbounded_send(TurnEvent::Completed).unwrap();
+    while let Some(ev) = leg.events.recv().await {
+        assert!(
+            !matches!(ev, LegEvent::Notice(_)),
+            "a notice for a revoked principal"
+        );
+    }
+    assert_eq!(*f.spy.answers.lock().unwrap(), ["approval=false"]);
+    assert_eq!(f.engine.approvals().pending_count(), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_running_leg_past_its_deadline_ends_expired() {
     let f = fixture();

@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::cluster::{to_owner, Hop, Replay};
-use super::{principal, read_body, Gateway};
+use super::{declared_within, principal, read_body, Gateway};
 use crate::approvals::{to_json, visible, ApprovalState, DecideError, SettleReason};
 use crate::engine::ApprovalRoute;
 use crate::error::{ApiError, ErrorCode};
@@ -105,11 +105,14 @@ pub async fn decide(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let timeout = gw.config().server.body_read_timeout;
-    let bytes = read_body(body, &headers, 64 * 1024, timeout).await?;
+    const LIMIT: usize = 64 * 1024;
+    // The headers first: no body byte is read for a caller without credentials.
+    declared_within(&headers, LIMIT)?;
     let who = principal(&gw, &headers)?;
-    // Visibility first: a foreign caller learns nothing, not even that its body was bad.
+    // Visibility next: a foreign caller learns nothing, not even that its body was bad.
     let record = gw.approvals().get(&id, &who).ok_or_else(not_found)?;
+    let timeout = gw.config().server.body_read_timeout;
+    let bytes = read_body(body, &headers, LIMIT, timeout).await?;
     let body: DecisionBody = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::invalid(format!(
             "The body must be {{\"decision\":\"approve\"|\"deny\",\"reason\"?:string}}: {e}"
@@ -167,6 +170,8 @@ struct Authority {
     gw: Gateway,
     credential: Option<String>,
     opened: crate::auth::Principal,
+    /// The stream's place among the principal's open streams, freed with the stream.
+    _slot: crate::engine::Slot,
 }
 
 impl Authority {
@@ -180,6 +185,7 @@ impl Authority {
 /// approvals the caller may see, as SSE, with keep-alive comments.
 pub async fn events(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Response, ApiError> {
     let opened = principal(&gw, &headers)?;
+    let slot = gw.open_stream(&opened)?;
     let credential = super::authorization(&headers).map(|c| c.into_owned());
     let rx = gw.approvals().subscribe();
     let keepalive = gw.config().server.keepalive;
@@ -188,6 +194,7 @@ pub async fn events(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Res
         gw,
         credential,
         opened,
+        _slot: slot,
     };
     let stream = futures::stream::unfold(
         (rx, who, stop, true),

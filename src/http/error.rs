@@ -4,7 +4,7 @@
 //! `WWW-Authenticate` on 401 and `Retry-After` on 429. The code goes into the response's
 //! extensions so the request log line names it once, at the boundary.
 
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
@@ -55,6 +55,15 @@ fn render(e: ApiError, body: Value) -> Response {
     if e.code == ErrorCode::InvalidApiKey {
         resp.headers_mut()
             .insert("www-authenticate", HeaderValue::from_static("Bearer"));
+    }
+    // A caller without credentials, or over its bounds, does not keep the connection (nor a
+    // body it may still be sending, which was never read).
+    if matches!(
+        e.code,
+        ErrorCode::InvalidApiKey | ErrorCode::CapacityExhausted | ErrorCode::RequestTooLarge
+    ) {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     if let Some(secs) = e.retry_after {
         resp.headers_mut()

@@ -12,7 +12,9 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::error::Anthropic;
-use super::{admitted, answered, cluster, keep_raw, principal, run, sse, Gateway, Ran};
+use super::{
+    admitted, answered, cluster, holding, keep_raw, principal, run, sse, stream_place, Gateway, Ran,
+};
 use crate::error::{ApiError, ErrorCode};
 use crate::surface::messages;
 
@@ -29,12 +31,13 @@ pub(super) async fn create(
     let bytes = std::mem::take(&mut a.bytes);
     let (input, framing) = messages::parse(&bytes, a.arrived)?;
     drop(bytes);
+    let slot = stream_place(&gw, &a, framing.stream)?;
     let leg = match run(&gw, &a, input, hop, (&uri, &headers, raw))
         .await
         .map_err(ApiError::from)?
     {
         Ran::Here(leg) => leg,
-        Ran::Relayed(resp) => return Ok(resp),
+        Ran::Relayed(resp) => return Ok(holding(resp, slot)),
     };
     let execution = leg.execution_id.clone();
     let resp = if framing.stream {
@@ -42,7 +45,7 @@ pub(super) async fn create(
     } else {
         Json(messages::framing::collect(leg, framing).await?).into_response()
     };
-    Ok(answered(&gw, &a, execution, resp))
+    Ok(answered(&gw, &a, execution, holding(resp, slot)))
 }
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": n}` for a model the principal may use.

@@ -1,5 +1,5 @@
-//! HTTP: the router (routes and layers in one function) and thin handlers. A handler reads
-//! the body under the limit, authenticates, lets its surface translate the request, hands the
+//! HTTP: the router (routes and layers in one function) and thin handlers. A handler
+//! authenticates from the headers, reads the body under the limit, lets its surface translate the request, hands the
 //! neutral turn to the [`Engine`] and lets the surface frame the answer. Every error is an
 //! [`ApiError`] (`error.rs` renders it), including the 404 fallback and 405s. This module never
 //! sees backend ids and knows no wire format.
@@ -19,11 +19,12 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use futures::StreamExt;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
 
 use crate::auth::Principal;
-use crate::engine::{Engine, EngineError, Leg};
+use crate::engine::{Engine, EngineError, Leg, Slot};
 use crate::error::{ApiError, ErrorCode};
 use crate::surface::{chat, responses};
 use crate::turn::TurnInput;
@@ -152,6 +153,18 @@ fn authorization(headers: &HeaderMap) -> Option<std::borrow::Cow<'_, str>> {
     }
 }
 
+/// A declared `Content-Length` over the limit: 413 from the headers, before anything else.
+fn declared_within(headers: &HeaderMap, limit: usize) -> Result<(), ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > limit as u64 => Err(ApiError::too_large(limit)),
+        _ => Ok(()),
+    }
+}
+
 /// Reads the body under the configured limit (413 before any parsing or digest work) and
 /// within the body-read timeout (408: a body trickled in is not waited for).
 async fn read_body(
@@ -160,13 +173,7 @@ async fn read_body(
     limit: usize,
     timeout: std::time::Duration,
 ) -> Result<Bytes, ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::too_large(limit));
-    }
+    declared_within(headers, limit)?;
     let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect());
     let Ok(read) = read.await else {
         return Err(ApiError::new(
@@ -205,8 +212,10 @@ fn sse(
     resp
 }
 
-/// What every surface handler does first: the body under the limit (413 before any parsing
-/// or digest work), then the principal (401).
+/// What every surface handler does first, in this order: a declared length over the limit is
+/// 413 and a request without valid credentials 401, both from the headers alone (no body
+/// byte is read, so an unauthenticated caller costs no memory, and the connection closes);
+/// only then the body, under the limit (413 before any parsing or digest work).
 struct Admitted {
     arrived: tokio::time::Instant,
     cfg: std::sync::Arc<crate::config::Config>,
@@ -218,6 +227,8 @@ async fn admitted(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Admit
     let arrived = tokio::time::Instant::now();
     let cfg = gw.config();
     let server = &cfg.server;
+    declared_within(headers, server.max_body_bytes)?;
+    let principal = principal(gw, headers)?;
     let bytes = read_body(
         body,
         headers,
@@ -225,12 +236,34 @@ async fn admitted(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Admit
         server.body_read_timeout,
     )
     .await?;
-    let principal = principal(gw, headers)?;
     Ok(Admitted {
         arrived,
         cfg,
         bytes,
         principal,
+    })
+}
+
+/// A streamed answer's place among the principal's open streams: 429 over its bound, before
+/// the turn runs, so a refusal consumes nothing. `None` for an answer that is not streamed.
+fn stream_place(gw: &Gateway, a: &Admitted, stream: bool) -> Result<Option<Slot>, ApiError> {
+    match stream {
+        true => Ok(Some(gw.open_stream(&a.principal)?)),
+        false => Ok(None),
+    }
+}
+
+/// The response, holding `slot` until its body is done (sent, or dropped with the
+/// connection).
+fn holding(resp: Response, slot: Option<Slot>) -> Response {
+    let Some(slot) = slot else {
+        return resp;
+    };
+    resp.map(|body| {
+        Body::from_stream(body.into_data_stream().map(move |chunk| {
+            let _held = &slot;
+            chunk
+        }))
     })
 }
 
@@ -289,9 +322,10 @@ async fn chat(
     let mut a = admitted(&gw, &headers, body).await?;
     let raw = keep_raw(&gw, &a);
     let (input, framing) = chat::parse(std::mem::take(&mut a.bytes), a.arrived)?;
+    let slot = stream_place(&gw, &a, framing.stream)?;
     let leg = match run(&gw, &a, input, hop, (&uri, &headers, raw)).await? {
         Ran::Here(leg) => leg,
-        Ran::Relayed(resp) => return Ok(resp),
+        Ran::Relayed(resp) => return Ok(holding(resp, slot)),
     };
     let execution = leg.execution_id.clone();
     let resp = if framing.stream {
@@ -300,7 +334,7 @@ async fn chat(
     } else {
         chat::framing::collect(leg).await?.into_response()
     };
-    Ok(answered(&gw, &a, execution, resp))
+    Ok(answered(&gw, &a, execution, holding(resp, slot)))
 }
 
 /// `POST /v1/responses`.
@@ -316,10 +350,11 @@ async fn responses(
     let bytes = std::mem::take(&mut a.bytes);
     let (input, framing) = responses::parse(&bytes, a.arrived)?;
     drop(bytes);
+    let slot = stream_place(&gw, &a, framing.stream)?;
     let ran = run(&gw, &a, input, hop, (&uri, &headers, raw)).await;
     let leg = match ran.map_err(|e| responses::on_input(e.into()))? {
         Ran::Here(leg) => leg,
-        Ran::Relayed(resp) => return Ok(resp),
+        Ran::Relayed(resp) => return Ok(holding(resp, slot)),
     };
     let execution = leg.execution_id.clone();
     let resp = if framing.stream {
@@ -327,7 +362,7 @@ async fn responses(
     } else {
         Json(responses::framing::collect(leg, framing).await?).into_response()
     };
-    Ok(answered(&gw, &a, execution, resp))
+    Ok(answered(&gw, &a, execution, holding(resp, slot)))
 }
 
 /// Whether a request comes from an Anthropic client (it names the API version).

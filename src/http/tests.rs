@@ -52,11 +52,18 @@ async fn unknown_route_and_wrong_method_are_openai_shaped() {
 }
 
 #[tokio::test]
-async fn size_limit_comes_before_auth_and_parsing() {
+async fn declared_size_then_auth_then_body() {
     let (app, _d) = app().await;
-    let (s, v) = send(&app, chat_req(None, "x".repeat(2000))).await;
+    // A declared length over the limit: 413 from the headers, before the credential.
+    let mut declared = chat_req(None, "x".repeat(2000));
+    declared.headers_mut().insert("content-length", 2000.into());
+    let (s, v) = send(&app, declared).await;
     assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(v["error"]["code"], "request_too_large");
+    // Without a declared length and without a credential: 401 before the body is read.
+    let (s, v) = send(&app, chat_req(None, "x".repeat(2000))).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert_eq!(v["error"]["code"], "invalid_api_key");
     // Without a Content-Length (streamed body) the limit still holds.
     let stream =
         futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from("y".repeat(2000)))]);

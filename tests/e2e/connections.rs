@@ -148,3 +148,140 @@ async fn shutdown_drains_open_responses_within_its_bound() {
     );
     drop(open);
 }
+
+/// Reads one response head (up to the blank line) from a raw socket.
+async fn read_head(s: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match tokio::time::timeout(WAIT, s.read(&mut byte)).await {
+            Ok(Ok(1)) => head.push(byte[0]),
+            other => panic!("no response head: {other:?}, so far {head:?}"),
+        }
+    }
+    String::from_utf8_lossy(&head).to_lowercase()
+}
+
+#[tokio::test]
+async fn bodies_are_not_read_before_authentication() {
+    let gw = Gateway::start().await;
+    let a = addr(&gw);
+    let max = gw.opts.max_body_bytes;
+    for (route, credential, len) in [
+        (
+            "/v1/chat/completions",
+            "authorization: Bearer sk-not-a-key\r\n",
+            max,
+        ),
+        ("/v1/messages", "", max),
+        // A decision's body is bounded at 64 KiB.
+        (
+            "/v1/approvals/apr-x/decision",
+            "x-api-key: sk-wrong\r\n",
+            65536,
+        ),
+    ] {
+        // A declared body within the limit, none of it sent: the 401 comes from the head.
+        let mut s = TcpStream::connect(&a).await.unwrap();
+        let head = format!(
+            "POST {route} HTTP/1.1\r\nhost: {a}\r\n{credential}content-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        let answer = read_head(&mut s).await;
+        assert!(answer.starts_with("http/1.1 401"), "{route}: {answer}");
+        assert!(answer.contains("connection: close"), "{route}: {answer}");
+        // The connection is closed, not kept for the body.
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(WAIT, s.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "{route}: the connection stayed open");
+    }
+    // A declared length over the limit is 413 from the head, before the credential.
+    let mut s = TcpStream::connect(&a).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {a}\r\ncontent-length: 999999999999\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    assert!(read_head(&mut s).await.starts_with("http/1.1 413"));
+    // With a valid key the body is read as before.
+    let (s, v) = gw
+        .chat(ALICE, &json!({"model": "echo", "messages": [user("ok")]}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+}
+
+#[tokio::test]
+async fn one_principal_cannot_take_every_connection_with_streams() {
+    // max_connections = 8: each client may hold max(1, 8 / 4) = 2 streams.
+    let gw = Gateway::start_with(Opts {
+        server: "max_connections = 8",
+        ..Opts::default()
+    })
+    .await;
+    let events = |key: &'static str| {
+        gw.http
+            .get(format!("{}/v1/approvals/events", gw.url))
+            .bearer_auth(key)
+            .send()
+    };
+    let first = events(ALICE).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let leg = gw.hold_stream(ALICE).await;
+    // A third stream of alice's, of either kind, is refused from its head.
+    for over in [
+        events(ALICE).await.unwrap(),
+        gw.post(
+            ALICE,
+            &json!({"model": "echo", "stream": true, "messages": [user("x")]}),
+        )
+        .send()
+        .await
+        .unwrap(),
+    ] {
+        assert_eq!(over.status(), 429);
+        assert_eq!(over.headers()["retry-after"], "1");
+        assert_eq!(over.headers()["connection"], "close");
+        let v: serde_json::Value = over.json().await.unwrap();
+        assert_eq!(error_code(&v), "capacity_exhausted", "{v}");
+    }
+    // Meanwhile the gateway serves everyone else, and alice's answers that do not stream.
+    let health = gw.http.get(format!("{}/healthz", gw.url)).send().await;
+    assert_eq!(health.unwrap().status(), 200);
+    let (s, _) = get(&gw, BOB, "/v1/models").await;
+    assert_eq!(s, 200);
+    let bob = events(BOB).await.unwrap();
+    assert_eq!(bob.status(), 200);
+    let (s, v) = gw
+        .chat(ALICE, &json!({"model": "echo", "messages": [user("x")]}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    // A closed stream gives its place back.
+    drop(first);
+    let again = wait_for("alice's place back", async || {
+        let r = events(ALICE).await.unwrap();
+        (r.status() == 200).then_some(r)
+    })
+    .await;
+    drop((again, leg, bob));
+}
+
+#[tokio::test]
+async fn a_client_entry_sets_its_own_stream_bound() {
+    // The server allows one stream a client; bob's entry allows him two.
+    let gw = Gateway::start_raw(
+        Opts {
+            server: "max_streams_per_client = 1",
+            ..Opts::default()
+        },
+        |o, dir| config_text(o, dir).replace("id = \"bob\"\n", "id = \"bob\"\nmax_streams = 2\n"),
+    )
+    .await;
+    let stream = json!({"model": "echo", "messages": [user("x")]});
+    let alice = gw.hold_stream(ALICE).await;
+    let (s, _, _) = gw.chat_stream(ALICE, &stream).await;
+    assert_eq!(s, 429, "alice's second stream");
+    let bob = gw.hold_stream(BOB).await;
+    let bob_too = gw.hold_stream(BOB).await;
+    let (s, _, _) = gw.chat_stream(BOB, &stream).await;
+    assert_eq!(s, 429, "bob's third stream");
+    drop((alice, bob, bob_too));
+}

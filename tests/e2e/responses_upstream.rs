@@ -120,3 +120,39 @@ async fn upstream_parallel_calls_and_foreign_references() {
     assert_eq!(s, 200, "{done}");
     assert_eq!(response_text(&done), "Results: call_up_1=R0, call_up_2=R1");
 }
+
+#[tokio::test]
+async fn kept_conversations_are_bounded_per_client_in_bytes() {
+    // Each suspension keeps a 40 KB conversation (a stateless upstream holds none of its
+    // own); each client may keep 100 KB.
+    let (gw, _fake) = gateway_on_fake(
+        Opts {
+            continuations: "max_kept_bytes_per_client = 100000",
+            ..Opts::default()
+        },
+        UPSTREAM_MODELS,
+    )
+    .await;
+    let req = request("u-tool", &"x".repeat(40_000));
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (s, v) = create(&gw, ALICE, &req).await;
+        assert_eq!(s, 200, "{v}");
+        assert!(is_token(&response_calls(&v)[0]["call_id"]));
+        held.push(v);
+    }
+    // The third would keep 120 KB: refused before any token is exposed.
+    let (s, text) = create_text(&gw, ALICE, &req).await;
+    assert_eq!(s, 429, "{text}");
+    assert!(text.contains("capacity_exhausted"), "{text}");
+    assert!(!text.contains("srct-"), "{text}");
+    // Another client has a budget of its own.
+    let (s, v) = create(&gw, BOB, &req).await;
+    assert_eq!(s, 200, "{v}");
+    // A resumed suspension gives its bytes back.
+    let next = stateful(&req, &held[0], |_, _| "FILE".into());
+    let (s, v) = create(&gw, ALICE, &next).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = create(&gw, ALICE, &req).await;
+    assert_eq!(s, 200, "{v}");
+}

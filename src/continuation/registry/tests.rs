@@ -5,6 +5,7 @@ use std::time::Duration;
 
 struct Fake {
     alive: bool,
+    kept: usize,
 }
 
 impl Parked for Fake {
@@ -14,6 +15,9 @@ impl Parked for Fake {
     fn is_durable(&self) -> bool {
         false
     }
+    fn kept_bytes(&self) -> usize {
+        self.kept
+    }
 }
 
 fn reg(max: usize, per: usize, ring: usize) -> Registry<Fake> {
@@ -21,6 +25,7 @@ fn reg(max: usize, per: usize, ring: usize) -> Registry<Fake> {
         Limits {
             max_pending: max,
             max_pending_per_client: per,
+            max_kept_bytes_per_client: usize::MAX,
             tombstones_per_client: ring,
         },
         [],
@@ -45,12 +50,49 @@ fn batch(principal: &str, tokens: Vec<[u8; 32]>, deadline: Instant) -> Batch<Fak
         deadline,
         tokens,
         digests: digests(),
-        parked: Fake { alive: true },
+        parked: Fake {
+            alive: true,
+            kept: 0,
+        },
     }
 }
 
 fn later() -> Instant {
     Instant::now() + Duration::from_secs(60)
+}
+
+#[test]
+fn kept_conversations_are_bounded_per_principal_in_bytes() {
+    let r = Registry::new(
+        Limits {
+            max_pending: 10,
+            max_pending_per_client: 10,
+            max_kept_bytes_per_client: 100,
+            tombstones_per_client: 10,
+        },
+        [],
+    );
+    let keeping = |p: &str, t: u8, kept: usize| Batch {
+        parked: Fake { alive: true, kept },
+        ..batch(p, vec![[t; 32]], later())
+    };
+    let first = r.register(keeping("alice", 1, 60)).ok().unwrap();
+    assert!(
+        r.register(keeping("alice", 2, 41)).is_err(),
+        "60 + 41 bytes over a budget of 100"
+    );
+    assert!(
+        r.register(keeping("bob", 3, 100)).is_ok(),
+        "bob has his own budget"
+    );
+    assert!(r.register(keeping("alice", 4, 40)).is_ok(), "60 + 40 fits");
+    // Taking a batch gives its bytes back; putting it back (its place was never given up)
+    // counts them again.
+    let taken = r.take(first).unwrap();
+    assert!(r.register(keeping("alice", 5, 60)).is_ok());
+    assert_eq!(r.lock().kept.get("alice"), Some(&100));
+    r.reinstate(taken);
+    assert_eq!(r.lock().kept.get("alice"), Some(&160));
 }
 
 #[test]

@@ -72,6 +72,8 @@ pub struct Opts {
     pub continuity: &'static str,
     /// More lines of the `[server]` section.
     pub server: &'static str,
+    /// More lines of the `[continuations]` section.
+    pub continuations: &'static str,
     /// Keep the SQLite store even when the suite runs on PostgreSQL (the test inspects or
     /// locks the SQLite file itself).
     pub sqlite: bool,
@@ -96,6 +98,7 @@ impl Default for Opts {
             recycle_after_threads: 1000,
             continuity: "",
             server: "",
+            continuations: "",
             sqlite: false,
             env: Vec::new(),
         }
@@ -157,10 +160,12 @@ max_tool_result_bytes = {max_result}
 max_rounds = {max_rounds}
 max_pending_per_client = {per_client}
 batch_debounce_ms = 25
+{continuations}
 "#,
         max_body = o.max_body_bytes,
         keepalive = o.keepalive_seconds,
         server = o.server,
+        continuations = o.continuations,
         alice = hash(ALICE),
         bob = hash(BOB),
         carol = hash(CAROL),
