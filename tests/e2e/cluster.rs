@@ -27,6 +27,17 @@ async fn replica(id: &str, db: &str, upstream: Option<String>) -> Gateway {
 }
 
 async fn replica_with(id: &str, db: &str, upstream: Option<String>, opts: Opts) -> Gateway {
+    replica_at(id, db, upstream, opts, None).await
+}
+
+/// A replica that advertises `advertise_url` (else its internal listener) to the others.
+async fn replica_at(
+    id: &str,
+    db: &str,
+    upstream: Option<String>,
+    opts: Opts,
+    advertise_url: Option<String>,
+) -> Gateway {
     let (id, db) = (id.to_string(), db.to_string());
     Gateway::start_raw(opts, move |o, dir| {
         let mut s = config_text(o, dir).replace("[store]\npath = \"turnstile.db\"\n", "");
@@ -34,6 +45,9 @@ async fn replica_with(id: &str, db: &str, upstream: Option<String>, opts: Opts) 
         s.push_str(&format!(
             "\n[cluster]\nreplica_id = \"{id}\"\ninternal_listen = \"127.0.0.1:0\"\nkey_env = \"{CLUSTER_KEY_ENV}\"\nlease_seconds = {LEASE_SECONDS}\n"
         ));
+        if let Some(url) = advertise_url {
+            s.push_str(&format!("advertise_url = \"{url}\"\n"));
+        }
         if let Some(url) = upstream {
             s.push_str(&format!(
                 "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\napi_key_env = \"TURNSTILE_TEST_UPSTREAM_KEY\"\n\n[[models]]\nid = \"up-tool\"\nbackend = \"up\"\nbackend_model = \"up-tool\"\n"
@@ -401,6 +415,58 @@ async fn forwarding_to_the_owner_ignores_proxy_variables() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 0);
     trap_task.abort();
+}
+
+/// Security review finding 5: a decision relayed to an owner that is alive by its lease but
+/// does not answer is 503 `replica_unavailable` (retry), never "already decided"; the approval
+/// stays pending and is decided later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_relayed_to_an_owner_that_does_not_answer_is_503_and_stays_pending() {
+    // A's lease is renewed, but the address it advertises refuses every connection.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let nowhere = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let db = postgres::database();
+    let a = replica_at("a", &db, None, Opts::default(), Some(nowhere)).await;
+    let b = replica("b", &db, None).await;
+    let req = a.post(
+        ALICE,
+        &json!({"model": "cmd-ask", "stream": true, "messages": [user("go")]}),
+    );
+    let chat = tokio::spawn(async move {
+        let r = req.send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap_or_default())
+    });
+    let id = wait_for("the approval on B", async || {
+        let (_, v) = get(&b, ROOT, "/v1/approvals?state=pending").await;
+        v["data"][0]["id"].as_str().map(String::from)
+    })
+    .await;
+    let decide = async |gw: &Gateway| {
+        gw.http
+            .post(format!("{}/v1/approvals/{id}/decision", gw.url))
+            .bearer_auth(ROOT)
+            .json(&json!({"decision": "approve"}))
+            .send()
+            .await
+            .unwrap()
+    };
+    let r = decide(&b).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(error_code(&v), "replica_unavailable", "{v}");
+    let (_, record) = get(&b, ROOT, &format!("/v1/approvals/{id}")).await;
+    assert_eq!(record["state"], "pending", "{record}");
+    // Decided where the backend waits, it reaches the backend once.
+    let r = decide(&a).await;
+    assert_eq!(r.status(), 200);
+    let (status, text) = tokio::time::timeout(Duration::from_secs(15), chat)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(a.spy_events("approval_decision").len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

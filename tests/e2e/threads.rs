@@ -367,7 +367,34 @@ async fn usage_is_totalled_per_client_and_model_interrupted_turns_included() {
             .contains("turnstile_tokens_total{client=\"alice\",model=\"hang\",kind=\"input\"} 10"),
         "{metrics}"
     );
-    // Security review finding 2: no one but an approver reads principals off /metrics.
+
+    // The CLI reads the same endpoint.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["usage", "--url", &gw.url, "--key", ROOT, "--client", "bob"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["total"]["input_tokens"], 10);
+}
+
+/// No one but an approver reads principals off `/metrics`: without a credential, or with a
+/// client's, the same series come totalled by model.
+#[tokio::test]
+async fn metrics_name_principals_only_to_an_approver() {
+    let gw = Gateway::start().await;
+    ok_chat(
+        &gw,
+        ALICE,
+        &json!({"model": "echo", "messages": [user("x")]}),
+    )
+    .await;
+    let counted = "turnstile_tokens_total{client=\"alice\",model=\"echo\",kind=\"input\"} 10";
+    wait_for("alice's usage in an approver's scrape", async || {
+        let (_, text) = get_text(&gw, ROOT, "/metrics").await;
+        text.contains(counted).then_some(())
+    })
+    .await;
     let anonymous = gw
         .http
         .get(format!("{}/metrics", gw.url))
@@ -381,19 +408,10 @@ async fn usage_is_totalled_per_client_and_model_interrupted_turns_included() {
     for text in [&anonymous, &alices] {
         assert!(!text.contains("client="), "{text}");
         assert!(
-            text.contains("turnstile_tokens_total{model=\"hang\",kind=\"input\"}"),
+            text.contains("turnstile_tokens_total{model=\"echo\",kind=\"input\"} 10"),
             "{text}"
         );
     }
-
-    // The CLI reads the same endpoint.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["usage", "--url", &gw.url, "--key", ROOT, "--client", "bob"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(printed["total"]["input_tokens"], 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
