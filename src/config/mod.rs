@@ -240,6 +240,11 @@ impl Config {
     /// What the principal `id` may do under this config: its client entry, or for a JWT
     /// subject no entry names (`jwt:<iss>#<sub>`), its issuer's defaults. None when neither
     /// exists (any more).
+    /// Whether principal `id` may use `model` under this config.
+    pub fn may_use(&self, id: &str, model: &str) -> bool {
+        self.grant(id).is_some_and(|g| g.may_use(model))
+    }
+
     pub fn grant(&self, id: &str) -> Option<Grant<'_>> {
         if let Some(c) = self.client(id) {
             return Some(Grant {

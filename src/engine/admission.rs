@@ -146,14 +146,10 @@ impl Limiter {
     /// `max`; dropping the slot (with the response body) frees it.
     pub fn stream(&self, principal: &str, max: usize) -> Option<Slot> {
         let mut open = lock(&self.streams);
-        let n = open.entry(principal.to_string()).or_insert(0);
-        if *n >= max {
-            if *n == 0 {
-                open.remove(principal);
-            }
+        if open.get(principal).copied().unwrap_or(0) >= max {
             return None;
         }
-        *n += 1;
+        *open.entry(principal.to_string()).or_insert(0) += 1;
         Some(Slot {
             live: self.streams.clone(),
             principal: principal.to_string(),

@@ -21,9 +21,7 @@ impl Engine {
         let cfg = self.config();
         // Authority is the current config's: a principal whose entry (or access to the model)
         // a reload removed gets every side effect denied, and no approval is created.
-        let granted = cfg
-            .grant(&exec.principal)
-            .is_some_and(|g| g.may_use(&exec.model));
+        let granted = cfg.may_use(&exec.principal, &exec.model);
         let policy = cfg
             .model(&exec.model)
             .filter(|_| granted)

@@ -401,7 +401,7 @@ impl Engine {
         let cfg = self.config();
         let model = cfg
             .model(&input.model)
-            .filter(|m| cfg.grant(&principal.id).is_some_and(|g| g.may_use(&m.id)))
+            .filter(|m| cfg.may_use(&principal.id, &m.id))
             .ok_or_else(|| EngineError::ModelNotFound(input.model.clone()))?;
         let backend = self
             .backend(&model.backend)

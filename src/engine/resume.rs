@@ -266,10 +266,7 @@ impl Engine {
         let placement = check(&view, input, c, cfg.continuations.max_tool_result_bytes)?;
 
         // Authority under the current config, for the original model.
-        let allowed = cfg.model(&view.model).is_some()
-            && cfg
-                .grant(&principal.id)
-                .is_some_and(|g| g.may_use(&view.model));
+        let allowed = cfg.model(&view.model).is_some() && cfg.may_use(&principal.id, &view.model);
         if !allowed {
             if let Some(s) = registry.settle(view.batch, Reason::Revoked) {
                 tracing::info!(execution = %s.execution_id, "grant revoked while suspended; turn interrupted");

@@ -1,6 +1,7 @@
 //! Engine tests, in process, against a scripted backend injected through the `Backend` trait:
 //! the continuation validation order, register before exposure, the claim race, endings
-//! returning pending records and sessions to zero, and expiry in paused time.
+//! returning pending records and sessions to zero, and expiry in paused time. Approval
+//! policy tests are in `tests/approvals.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,6 +19,8 @@ use crate::backend::{
 };
 use crate::error::ErrorCode;
 use crate::surface::chat;
+
+mod approvals;
 
 /// What the scripted backend saw and holds.
 #[derive(Default)]
@@ -95,19 +98,7 @@ impl Backend for Scripted {
                     tx.unbounded_send(call(2)).unwrap();
                 }
                 Some("hang") => {}
-                Some("approve") => {
-                    let spy = self.spy.clone();
-                    let ask = crate::backend::ApprovalAsk {
-                        kind: crate::backend::ApprovalKind::Command,
-                        summary: json!({"command": "rm -rf build"}),
-                        action_digest: [9; 32],
-                        responder: crate::backend::ApprovalResponder::new(move |ok| {
-                            spy.answers.lock().unwrap().push(format!("approval={ok}"));
-                        }),
-                    };
-                    tx.unbounded_send(TurnEvent::Approval(Box::new(ask)))
-                        .unwrap();
-                }
+                Some("approve") => tx.unbounded_send(ask(&self.spy)).unwrap(),
                 other => {
                     self.spy
                         .completed
@@ -169,6 +160,19 @@ impl Backend for Scripted {
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+}
+
+/// A command approval the backend asks; its answer is recorded in the spy.
+fn ask(spy: &Arc<Spy>) -> TurnEvent {
+    let spy = spy.clone();
+    TurnEvent::Approval(Box::new(crate::backend::ApprovalAsk {
+        kind: crate::backend::ApprovalKind::Command,
+        summary: json!({"command": "rm -rf build"}),
+        action_digest: [9; 32],
+        responder: crate::backend::ApprovalResponder::new(move |ok| {
+            spy.answers.lock().unwrap().push(format!("approval={ok}"));
+        }),
+    }))
 }
 
 const CONFIG: &str = r#"
@@ -462,61 +466,6 @@ async fn expiry_settles_in_paused_time() {
     let e = f.engine.execute(&who("alice"), next).await.err().unwrap();
     assert_eq!(code(e), ErrorCode::ContinuationExpired);
     assert_eq!(f.spy.interrupts.load(Ordering::SeqCst), 1);
-}
-
-#[tokio::test(start_paused = true)]
-async fn an_approval_past_its_ttl_is_denied_expired_in_paused_time() {
-    let f = fixture();
-    let mut leg = begin(&f, "approve").await;
-    let Some(LegEvent::Notice(n)) = leg.events.recv().await else {
-        panic!("no approval notice")
-    };
-    let id = n.split_whitespace().nth(2).unwrap().to_string();
-    assert_eq!(f.engine.approvals().pending_count(), 1);
-    tokio::time::sleep(Duration::from_secs(29)).await;
-    assert_eq!(f.engine.approvals().pending_count(), 1);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(f.engine.approvals().pending_count(), 0);
-    assert_eq!(*f.spy.answers.lock().unwrap(), ["approval=false"]);
-    let r = f.engine.approvals().get(&id, &who("alice")).unwrap();
-    assert_eq!(
-        (r.state.as_str(), r.reason.as_deref()),
-        ("denied", Some("expired"))
-    );
-}
-
-#[tokio::test]
-async fn a_side_effect_of_a_revoked_principal_is_denied_without_a_notice() {
-    let f = fixture();
-    let mut leg = begin(&f, "hang").await;
-    // A reload removes alice's entry while her turn runs.
-    let without = CONFIG
-        .replace("[[clients]]\nid = \"alice\"\nkey_sha256 = \"KEY_A\"\n", "")
-        .replace("KEY_B", &crate::auth::hash_key("sk-b"));
-    let cfg = crate::config::from_toml_str(&without, f.dir.path()).unwrap();
-    assert!(cfg.grant("alice").is_none());
-    *f.engine.inner.config.write().unwrap() = Arc::new(cfg);
-    let spy = f.spy.clone();
-    let ask = crate::backend::ApprovalAsk {
-        kind: crate::backend::ApprovalKind::Command,
-        summary: json!({"command": "rm -rf build"}),
-        action_digest: [9; 32],
-        responder: crate::backend::ApprovalResponder::new(move |ok| {
-            spy.answers.lock().unwrap().push(format!("approval={ok}"));
-        }),
-    };
-    let tx = f.spy.senders.lock().unwrap()[&leg.execution_id].clone();
-    tx.unbounded_send(TurnEvent::Approval(Box::new(ask)))
-        .unwrap();
-    tx.unbounded_send(TurnEvent::Completed).unwrap();
-    while let Some(ev) = leg.events.recv().await {
-        assert!(
-            !matches!(ev, LegEvent::Notice(_)),
-            "a notice for a revoked principal"
-        );
-    }
-    assert_eq!(*f.spy.answers.lock().unwrap(), ["approval=false"]);
-    assert_eq!(f.engine.approvals().pending_count(), 0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::cluster::{to_owner, Hop, Replay};
-use super::{declared_within, principal, read_body, Gateway};
+use super::{declared_within, holding, principal, read_body, Gateway};
 use crate::approvals::{to_json, visible, ApprovalState, DecideError, SettleReason};
 use crate::engine::ApprovalRoute;
 use crate::error::{ApiError, ErrorCode};
@@ -112,7 +112,7 @@ pub async fn decide(
     // Visibility next: a foreign caller learns nothing, not even that its body was bad.
     let record = gw.approvals().get(&id, &who).ok_or_else(not_found)?;
     let timeout = gw.config().server.body_read_timeout;
-    let bytes = read_body(body, &headers, LIMIT, timeout).await?;
+    let bytes = read_body(body, LIMIT, timeout).await?;
     let body: DecisionBody = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::invalid(format!(
             "The body must be {{\"decision\":\"approve\"|\"deny\",\"reason\"?:string}}: {e}"
@@ -170,8 +170,6 @@ struct Authority {
     gw: Gateway,
     credential: Option<String>,
     opened: crate::auth::Principal,
-    /// The stream's place among the principal's open streams, freed with the stream.
-    _slot: crate::engine::Slot,
 }
 
 impl Authority {
@@ -194,7 +192,6 @@ pub async fn events(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Res
         gw,
         credential,
         opened,
-        _slot: slot,
     };
     let stream = futures::stream::unfold(
         (rx, who, stop, true),
@@ -233,9 +230,10 @@ pub async fn events(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Res
             }
         },
     );
-    Response::builder()
+    let resp = Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(stream))
-        .map_err(|_| ApiError::new(ErrorCode::Internal, "response build failed"))
+        .map_err(|_| ApiError::new(ErrorCode::Internal, "response build failed"))?;
+    Ok(holding(resp, Some(slot)))
 }

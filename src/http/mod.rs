@@ -166,14 +166,13 @@ fn declared_within(headers: &HeaderMap, limit: usize) -> Result<(), ApiError> {
 }
 
 /// Reads the body under the configured limit (413 before any parsing or digest work) and
-/// within the body-read timeout (408: a body trickled in is not waited for).
+/// within the body-read timeout (408: a body trickled in is not waited for). Callers check
+/// the declared length ([`declared_within`]) and the credential first.
 async fn read_body(
     body: Body,
-    headers: &HeaderMap,
     limit: usize,
     timeout: std::time::Duration,
 ) -> Result<Bytes, ApiError> {
-    declared_within(headers, limit)?;
     let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect());
     let Ok(read) = read.await else {
         return Err(ApiError::new(
@@ -229,13 +228,7 @@ async fn admitted(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Admit
     let server = &cfg.server;
     declared_within(headers, server.max_body_bytes)?;
     let principal = principal(gw, headers)?;
-    let bytes = read_body(
-        body,
-        headers,
-        server.max_body_bytes,
-        server.body_read_timeout,
-    )
-    .await?;
+    let bytes = read_body(body, server.max_body_bytes, server.body_read_timeout).await?;
     Ok(Admitted {
         arrived,
         cfg,

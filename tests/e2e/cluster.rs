@@ -68,6 +68,25 @@ async fn three(upstream: Option<String>) -> (String, Vec<Gateway>) {
     (db, out)
 }
 
+/// A streamed `cmd-ask` turn of alice's on `a`, waiting on its approval, and the approval's id
+/// once `b` lists it (the store is shared). The task ends with the turn's status and body.
+async fn ask_on(a: &Gateway, b: &Gateway) -> (tokio::task::JoinHandle<(u16, String)>, String) {
+    let req = a.post(
+        ALICE,
+        &json!({"model": "cmd-ask", "stream": true, "messages": [user("go")]}),
+    );
+    let chat = tokio::spawn(async move {
+        let r = req.send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap_or_default())
+    });
+    let id = wait_for("the approval on B", async || {
+        let (_, v) = get(b, ROOT, "/v1/approvals?state=pending").await;
+        v["data"][0]["id"].as_str().map(String::from)
+    })
+    .await;
+    (chat, id)
+}
+
 /// A tool turn suspended on `gw`: the request and its response.
 async fn suspend(gw: &Gateway, prompt: &str) -> (Value, Value) {
     let req = tool_request("tool", prompt);
@@ -298,20 +317,8 @@ async fn an_approval_asked_on_a_is_decided_on_b_and_reaches_a_s_backend_once() {
         }
         std::mem::take(&mut seen_on_c)
     };
-    let req = a.post(
-        ALICE,
-        &json!({"model": "cmd-ask", "stream": true, "messages": [user("go")]}),
-    );
-    let chat = tokio::spawn(async move {
-        let r = req.send().await.unwrap();
-        (r.status().as_u16(), r.text().await.unwrap_or_default())
-    });
     // Visible on B (the store is shared).
-    let id = wait_for("the approval on B", async || {
-        let (_, v) = get(b, ROOT, "/v1/approvals?state=pending").await;
-        v["data"][0]["id"].as_str().map(String::from)
-    })
-    .await;
+    let (chat, id) = ask_on(a, b).await;
     let created = read_c_until("event: created", &id).await;
     assert!(created.contains("\"state\":\"pending\""), "{created}");
     let r = b
@@ -429,19 +436,7 @@ async fn a_decision_relayed_to_an_owner_that_does_not_answer_is_503_and_stays_pe
     let db = postgres::database();
     let a = replica_at("a", &db, None, Opts::default(), Some(nowhere)).await;
     let b = replica("b", &db, None).await;
-    let req = a.post(
-        ALICE,
-        &json!({"model": "cmd-ask", "stream": true, "messages": [user("go")]}),
-    );
-    let chat = tokio::spawn(async move {
-        let r = req.send().await.unwrap();
-        (r.status().as_u16(), r.text().await.unwrap_or_default())
-    });
-    let id = wait_for("the approval on B", async || {
-        let (_, v) = get(&b, ROOT, "/v1/approvals?state=pending").await;
-        v["data"][0]["id"].as_str().map(String::from)
-    })
-    .await;
+    let (chat, id) = ask_on(&a, &b).await;
     let decide = async |gw: &Gateway| {
         gw.http
             .post(format!("{}/v1/approvals/{id}/decision", gw.url))
