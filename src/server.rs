@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -117,10 +117,14 @@ async fn accept(
 ) {
     let permits = Arc::new(Semaphore::new(cfg.max_connections));
     let graceful = GracefulShutdown::new();
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
+    // HTTP/1 only; the auto builder because its connections with upgrades (the Responses
+    // WebSocket) take part in the graceful drain.
+    let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new()).http1_only();
+    http.http1()
+        .timer(TokioTimer::new())
         .header_read_timeout(cfg.header_read_timeout)
         .keep_alive(true);
+    let http = Arc::new(http);
     tokio::pin!(stop);
     loop {
         let permit = tokio::select! {
@@ -145,9 +149,10 @@ async fn accept(
         // Small SSE writes must not wait for delayed ACKs.
         let _ = tcp.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
+        let (http, watcher) = (http.clone(), graceful.watcher());
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let conn = http.serve_connection_with_upgrades(TokioIo::new(tcp), service);
+            if let Err(e) = watcher.watch(conn).await {
                 // A peer that went away or was too slow: the client's problem, not ours.
                 tracing::debug!(error = %e, "connection ended");
             }

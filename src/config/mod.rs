@@ -102,6 +102,10 @@ pub struct ServerConfig {
     /// `max_streams`.
     pub max_streams_per_client: usize,
     pub shutdown_drain: Duration,
+    /// A Responses WebSocket idle this long (no message either way) is closed.
+    pub websocket_idle_timeout: Duration,
+    /// How often a Responses WebSocket is pinged.
+    pub websocket_ping: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -214,6 +218,8 @@ pub struct ContinuationLimits {
     pub max_pending_per_client: usize,
     /// Bytes of conversation one principal's suspensions may keep in memory.
     pub max_kept_bytes_per_client: usize,
+    /// How long a remote compaction's summary answers its handle.
+    pub compaction_ttl: Duration,
     pub tombstones_per_client: usize,
     pub max_rounds: u32,
     pub max_tool_result_bytes: usize,

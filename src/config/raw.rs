@@ -28,6 +28,12 @@ pub(super) const DEFAULT_BODY_READ_TIMEOUT_SECONDS: u64 = 30;
 pub(super) const DEFAULT_MAX_CONNECTIONS: u64 = 1024;
 /// `server.shutdown_drain_seconds`: how long open responses may finish after a signal.
 pub(super) const DEFAULT_SHUTDOWN_DRAIN_SECONDS: u64 = 10;
+/// `server.websocket_idle_timeout_seconds`: a Responses WebSocket with no message either way
+/// for this long is closed (a held turn is not affected).
+pub(super) const DEFAULT_WEBSOCKET_IDLE_TIMEOUT_SECONDS: u64 = 300;
+/// `server.websocket_ping_seconds`: a Responses WebSocket is pinged this often; one that has
+/// answered nothing for two intervals is closed.
+pub(super) const DEFAULT_WEBSOCKET_PING_SECONDS: u64 = 30;
 
 /// `clients[N].models`: every model.
 pub(super) const DEFAULT_CLIENT_MODELS: &[&str] = &["*"];
@@ -82,6 +88,9 @@ pub(super) const DEFAULT_MAX_PENDING_PER_CLIENT: usize = 64;
 /// `continuations.max_kept_bytes_per_client`: conversations a principal's suspensions keep
 /// in memory (a stateless upstream's, on the Responses surface).
 pub(super) const DEFAULT_MAX_KEPT_BYTES_PER_CLIENT: u64 = 64 << 20;
+/// `continuations.compaction_ttl_days`: how long a remote compaction's summary answers its
+/// handle.
+pub(super) const DEFAULT_COMPACTION_TTL_DAYS: u64 = 30;
 /// `continuations.tombstones_per_client`.
 pub(super) const DEFAULT_TOMBSTONES_PER_CLIENT: usize = 1024;
 /// `continuations.max_rounds`.
@@ -141,6 +150,8 @@ pub(super) struct RawServer {
     /// Default: a quarter of `max_connections` (at least 1).
     pub max_streams_per_client: Option<u64>,
     pub shutdown_drain_seconds: u64,
+    pub websocket_idle_timeout_seconds: u64,
+    pub websocket_ping_seconds: u64,
 }
 
 impl Default for RawServer {
@@ -154,6 +165,8 @@ impl Default for RawServer {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_streams_per_client: None,
             shutdown_drain_seconds: DEFAULT_SHUTDOWN_DRAIN_SECONDS,
+            websocket_idle_timeout_seconds: DEFAULT_WEBSOCKET_IDLE_TIMEOUT_SECONDS,
+            websocket_ping_seconds: DEFAULT_WEBSOCKET_PING_SECONDS,
         }
     }
 }
@@ -260,6 +273,7 @@ pub(super) struct RawContinuations {
     pub max_pending: usize,
     pub max_pending_per_client: usize,
     pub max_kept_bytes_per_client: u64,
+    pub compaction_ttl_days: u64,
     pub tombstones_per_client: usize,
     pub max_rounds: u32,
     pub max_tool_result_bytes: usize,
@@ -273,6 +287,7 @@ impl Default for RawContinuations {
             max_pending: DEFAULT_MAX_PENDING,
             max_pending_per_client: DEFAULT_MAX_PENDING_PER_CLIENT,
             max_kept_bytes_per_client: DEFAULT_MAX_KEPT_BYTES_PER_CLIENT,
+            compaction_ttl_days: DEFAULT_COMPACTION_TTL_DAYS,
             tombstones_per_client: DEFAULT_TOMBSTONES_PER_CLIENT,
             max_rounds: DEFAULT_MAX_ROUNDS,
             max_tool_result_bytes: DEFAULT_MAX_TOOL_RESULT_BYTES,

@@ -48,6 +48,14 @@ pub(super) fn validate(
             "server.shutdown_drain_seconds",
             raw.server.shutdown_drain_seconds,
         ),
+        (
+            "server.websocket_idle_timeout_seconds",
+            raw.server.websocket_idle_timeout_seconds,
+        ),
+        (
+            "server.websocket_ping_seconds",
+            raw.server.websocket_ping_seconds,
+        ),
     ] {
         if value == 0 {
             return Err(err(key, "must be greater than 0"));
@@ -106,6 +114,8 @@ pub(super) fn validate(
             max_connections: usize::try_from(raw.server.max_connections).unwrap_or(usize::MAX),
             max_streams_per_client,
             shutdown_drain: Duration::from_secs(raw.server.shutdown_drain_seconds),
+            websocket_idle_timeout: Duration::from_secs(raw.server.websocket_idle_timeout_seconds),
+            websocket_ping: Duration::from_secs(raw.server.websocket_ping_seconds),
         },
         store,
         cluster,
@@ -295,6 +305,7 @@ fn continuations(c: RawContinuations) -> Result<ContinuationLimits, ConfigError>
     positive(c.max_pending as u64, "max_pending")?;
     positive(c.max_pending_per_client as u64, "max_pending_per_client")?;
     positive(c.max_kept_bytes_per_client, "max_kept_bytes_per_client")?;
+    positive(c.compaction_ttl_days, "compaction_ttl_days")?;
     positive(c.tombstones_per_client as u64, "tombstones_per_client")?;
     positive(c.max_rounds as u64, "max_rounds")?;
     positive(c.max_tool_result_bytes as u64, "max_tool_result_bytes")?;
@@ -304,6 +315,7 @@ fn continuations(c: RawContinuations) -> Result<ContinuationLimits, ConfigError>
         max_pending_per_client: c.max_pending_per_client,
         max_kept_bytes_per_client: usize::try_from(c.max_kept_bytes_per_client)
             .unwrap_or(usize::MAX),
+        compaction_ttl: Duration::from_secs(c.compaction_ttl_days.saturating_mul(86_400)),
         tombstones_per_client: c.tombstones_per_client,
         max_rounds: c.max_rounds,
         max_tool_result_bytes: c.max_tool_result_bytes,

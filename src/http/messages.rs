@@ -32,7 +32,7 @@ pub(super) async fn create(
     let (input, framing) = messages::parse(&bytes, a.arrived)?;
     drop(bytes);
     let slot = stream_place(&gw, &a, framing.stream)?;
-    let leg = match run(&gw, &a, input, hop, (&uri, &headers, raw))
+    let leg = match run(&gw, &a.principal, input, hop, (&uri, &headers, raw))
         .await
         .map_err(ApiError::from)?
     {

@@ -10,6 +10,7 @@ pub mod cluster;
 mod console;
 mod error;
 mod messages;
+mod responses_ws;
 mod usage;
 
 use axum::body::{Body, Bytes};
@@ -34,7 +35,7 @@ type Gateway = Engine;
 pub fn router(gw: Engine) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
-        .route("/v1/responses", post(responses))
+        .route("/v1/responses", post(responses).get(responses_ws::upgrade))
         .route(
             "/v1/messages",
             post(messages::create).fallback(messages::method_not_allowed),
@@ -270,12 +271,12 @@ enum Ran {
 /// body as received (kept only on a replica, which may have to send it on).
 async fn run(
     gw: &Gateway,
-    a: &Admitted,
+    principal: &Principal,
     input: TurnInput,
     hop: Option<Extension<cluster::Hop>>,
     replay: (&Uri, &HeaderMap, Option<Bytes>),
 ) -> Result<Ran, EngineError> {
-    match gw.execute_hop(&a.principal, input, hop.is_some()).await {
+    match gw.execute_hop(principal, input, hop.is_some()).await {
         Ok(leg) => Ok(Ran::Here(leg)),
         Err(EngineError::Forward(owner)) => {
             let (uri, headers, body) = replay;
@@ -316,7 +317,7 @@ async fn chat(
     let raw = keep_raw(&gw, &a);
     let (input, framing) = chat::parse(std::mem::take(&mut a.bytes), a.arrived)?;
     let slot = stream_place(&gw, &a, framing.stream)?;
-    let leg = match run(&gw, &a, input, hop, (&uri, &headers, raw)).await? {
+    let leg = match run(&gw, &a.principal, input, hop, (&uri, &headers, raw)).await? {
         Ran::Here(leg) => leg,
         Ran::Relayed(resp) => return Ok(holding(resp, slot)),
     };
@@ -344,7 +345,7 @@ async fn responses(
     let (input, framing) = responses::parse(&bytes, a.arrived)?;
     drop(bytes);
     let slot = stream_place(&gw, &a, framing.stream)?;
-    let ran = run(&gw, &a, input, hop, (&uri, &headers, raw)).await;
+    let ran = run(&gw, &a.principal, input, hop, (&uri, &headers, raw)).await;
     let leg = match ran.map_err(|e| responses::on_input(e.into()))? {
         Ran::Here(leg) => leg,
         Ran::Relayed(resp) => return Ok(holding(resp, slot)),

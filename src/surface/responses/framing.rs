@@ -95,7 +95,9 @@ fn meta(leg: &Leg) -> LegMeta {
     }
 }
 
-struct Framer {
+/// The event stream of one response, as JSON events: the SSE body renders them as `event:` /
+/// `data:` pairs, the WebSocket transport sends each as a text frame.
+pub struct Framer {
     f: Framing,
     leg: LegMeta,
     seq: u64,
@@ -107,31 +109,60 @@ struct Framer {
 
 impl sse::Frame for Framer {
     fn opening(&mut self) -> String {
-        Framer::opening(self)
+        sse_text(Framer::opening(self))
     }
 
     fn frame(&mut self, ev: LegEvent) -> (String, bool) {
-        Framer::frame(self, ev)
+        if let LegEvent::Notice(n) = &ev {
+            return (sse::notice_comment(n), false);
+        }
+        let (events, done) = Framer::frame(self, ev);
+        (sse_text(events), done)
     }
 }
 
+/// Events as SSE text, each with an `event:` line naming it.
+fn sse_text(events: Vec<Value>) -> String {
+    let mut out = String::new();
+    for v in events {
+        let kind = v["type"].as_str().unwrap_or_default().to_string();
+        out.push_str(&format!("event: {kind}\ndata: {v}\n\n"));
+    }
+    out
+}
+
 impl Framer {
-    fn event(&mut self, out: &mut String, kind: &str, mut v: Value) {
+    pub fn new(leg: &Leg, framing: Framing) -> Framer {
+        Framer::of(meta(leg), framing)
+    }
+
+    fn of(leg: LegMeta, framing: Framing) -> Framer {
+        Framer {
+            leg,
+            f: framing,
+            seq: 0,
+            message: None,
+            output: Vec::new(),
+        }
+    }
+
+    fn event(&mut self, out: &mut Vec<Value>, kind: &str, mut v: Value) {
         v["type"] = json!(kind);
         v["sequence_number"] = json!(self.seq);
         self.seq += 1;
-        out.push_str(&format!("event: {kind}\ndata: {v}\n\n"));
+        out.push(v);
     }
 
-    fn opening(&mut self) -> String {
-        let mut out = String::new();
+    /// `response.created` and `response.in_progress`.
+    pub fn opening(&mut self) -> Vec<Value> {
+        let mut out = Vec::new();
         let r = response(&self.f, &self.leg, "in_progress", Vec::new(), None);
         self.event(&mut out, "response.created", json!({"response": r}));
         self.event(&mut out, "response.in_progress", json!({"response": r}));
         out
     }
 
-    fn delta(&mut self, out: &mut String, d: &str) {
+    fn delta(&mut self, out: &mut Vec<Value>, d: &str) {
         let index = self.output.len();
         if self.message.is_none() {
             let id = crate::ids::new_id("msg_");
@@ -157,7 +188,7 @@ impl Framer {
         self.event(out, "response.output_text.delta", v);
     }
 
-    fn close_message(&mut self, out: &mut String) {
+    fn close_message(&mut self, out: &mut Vec<Value>) {
         let Some((id, text)) = self.message.take() else {
             return;
         };
@@ -183,7 +214,7 @@ impl Framer {
         self.output.push(item);
     }
 
-    fn call(&mut self, out: &mut String, c: &ExposedCall) {
+    fn call(&mut self, out: &mut Vec<Value>, c: &ExposedCall) {
         let index = self.output.len();
         let item = call_item(c, &self.f);
         let id = item["id"].clone();
@@ -221,13 +252,12 @@ impl Framer {
         self.output.push(item);
     }
 
-    /// Frames one leg event; returns the text and whether the stream is finished.
-    fn frame(&mut self, ev: LegEvent) -> (String, bool) {
-        let mut out = String::new();
+    /// Frames one leg event; returns its events and whether the response is finished.
+    pub fn frame(&mut self, ev: LegEvent) -> (Vec<Value>, bool) {
+        let mut out = Vec::new();
         match ev {
             LegEvent::Delta(d) => self.delta(&mut out, &d),
-            LegEvent::Native(_) | LegEvent::Truncated => {}
-            LegEvent::Notice(n) => out.push_str(&sse::notice_comment(&n)),
+            LegEvent::Native(_) | LegEvent::Truncated | LegEvent::Notice(_) => {}
             LegEvent::End { calls, usage } => {
                 self.close_message(&mut out);
                 for c in &calls {
@@ -253,19 +283,35 @@ impl Framer {
     }
 }
 
+/// The whole event stream of a response that ran no leg: `output` as finished items (none for
+/// a `generate: false` response, one `compaction` item for a compaction).
+pub fn finished(framing: Framing, id: &str, output: Vec<Value>, usage: Usage) -> Vec<Value> {
+    let leg = LegMeta {
+        id: id.to_string(),
+        created: crate::store::now_unix(),
+    };
+    let mut f = Framer::of(leg, framing);
+    let mut out = f.opening();
+    for item in output {
+        let index = f.output.len();
+        let v = json!({"output_index": index, "item": item});
+        f.event(&mut out, "response.output_item.added", v.clone());
+        f.event(&mut out, "response.output_item.done", v);
+        f.output.push(item);
+    }
+    let output = std::mem::take(&mut f.output);
+    let r = response(&f.f, &f.leg, "completed", output, Some(usage));
+    f.event(&mut out, "response.completed", json!({"response": r}));
+    out
+}
+
 /// The streaming body.
 pub async fn stream(
     leg: Leg,
     framing: Framing,
     keepalive: Duration,
 ) -> Result<sse::Body, ApiError> {
-    let framer = Framer {
-        leg: meta(&leg),
-        f: framing,
-        seq: 0,
-        message: None,
-        output: Vec::new(),
-    };
+    let framer = Framer::new(&leg, framing);
     sse::stream(leg, framer, keepalive)
         .await
         .map_err(super::on_input)
@@ -334,9 +380,9 @@ mod tests {
     #[test]
     fn event_order_and_sequence_numbers() {
         let mut f = framer();
-        let mut text = f.opening();
-        text.push_str(&f.frame(LegEvent::Delta("he".into())).0);
-        text.push_str(&f.frame(LegEvent::Delta("y".into())).0);
+        let mut ev = f.opening();
+        ev.extend(f.frame(LegEvent::Delta("he".into())).0);
+        ev.extend(f.frame(LegEvent::Delta("y".into())).0);
         let calls = vec![
             ExposedCall {
                 id: "srct-a".into(),
@@ -354,8 +400,9 @@ mod tests {
             usage: Usage::default(),
         });
         assert!(done);
-        text.push_str(&end);
-        let ev = events(&text);
+        ev.extend(end);
+        // The SSE rendering names each event and carries it whole.
+        assert_eq!(events(&sse_text(ev.clone())), ev);
         let kinds: Vec<&str> = ev.iter().map(|e| e["type"].as_str().unwrap()).collect();
         assert_eq!(
             kinds,
@@ -405,9 +452,8 @@ mod tests {
     fn an_error_after_the_first_byte_fails_the_response() {
         let mut f = framer();
         f.opening();
-        let (text, done) = f.frame(LegEvent::Error(EngineError::TurnFailed));
+        let (ev, done) = f.frame(LegEvent::Error(EngineError::TurnFailed));
         assert!(done);
-        let ev = events(&text);
         assert_eq!(ev[0]["type"], "response.failed");
         assert_eq!(ev[0]["response"]["status"], "failed");
         assert_eq!(ev[0]["response"]["error"]["code"], "upstream_error");
