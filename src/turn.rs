@@ -273,6 +273,9 @@ pub struct TurnInput {
     /// Options a translated turn passes to a stateless upstream's Chat Completions body
     /// (`max_tokens`, `temperature`, `reasoning_effort`, ...); empty for a native body.
     pub chat_options: serde_json::Map<String, Value>,
+    /// A turn of the gateway's own (a compaction's summary): it runs on a fresh thread and
+    /// its thread is not kept for the conversation.
+    pub ephemeral: bool,
     /// When the request arrived (the time until the backend is engaged is gateway overhead).
     pub arrived: Instant,
 }

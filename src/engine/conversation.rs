@@ -24,7 +24,8 @@ impl Engine {
         kind: BackendKind,
         input: &mut TurnInput,
     ) -> Result<Option<Kept>, EngineError> {
-        let enabled = self.config().continuity.enabled && kind == BackendKind::Agent;
+        let enabled =
+            self.config().continuity.enabled && kind == BackendKind::Agent && !input.ephemeral;
         let metrics = &self.inner.metrics;
         let binding = Binding::new(principal, model, input.surface, &input.fingerprint);
         if let Some(execution) = input.follows.take() {
@@ -109,7 +110,7 @@ impl Engine {
         turn: Turn,
     ) {
         let cfg = self.config();
-        if !cfg.continuity.enabled || kind != BackendKind::Agent {
+        if !cfg.continuity.enabled || kind != BackendKind::Agent || !ctx.keep {
             return;
         }
         let Some(idle) = turn.keep() else { return };

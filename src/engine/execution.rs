@@ -99,6 +99,8 @@ pub struct LegContext {
     pub digests: Vec<[u8; 32]>,
     /// The messages, for a stateless upstream on a surface that keeps history.
     pub messages: Option<Vec<Message>>,
+    /// A completed turn's thread may be kept for the conversation (not an ephemeral turn's).
+    pub keep: bool,
 }
 
 impl LegContext {
@@ -118,6 +120,7 @@ impl LegContext {
             digests,
             messages: (keeps_history && kind == BackendKind::Upstream)
                 .then(|| std::mem::take(&mut input.messages)),
+            keep: !input.ephemeral,
         }
     }
 }

@@ -16,6 +16,7 @@ mod activity;
 mod admission;
 mod approval_policy;
 mod cluster;
+mod compaction;
 mod continuity;
 mod conversation;
 mod ending;

@@ -10,6 +10,7 @@ pub mod cluster;
 mod console;
 mod error;
 mod messages;
+mod responses;
 mod responses_ws;
 mod usage;
 
@@ -27,7 +28,7 @@ use serde_json::json;
 use crate::auth::Principal;
 use crate::engine::{Engine, EngineError, Leg, Slot};
 use crate::error::{ApiError, ErrorCode};
-use crate::surface::{chat, responses};
+use crate::surface::chat;
 use crate::turn::TurnInput;
 
 type Gateway = Engine;
@@ -35,7 +36,11 @@ type Gateway = Engine;
 pub fn router(gw: Engine) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
-        .route("/v1/responses", post(responses).get(responses_ws::upgrade))
+        .route(
+            "/v1/responses",
+            post(responses::create).get(responses_ws::upgrade),
+        )
+        .route("/v1/responses/compact", post(responses::compact))
         .route(
             "/v1/messages",
             post(messages::create).fallback(messages::method_not_allowed),
@@ -327,34 +332,6 @@ async fn chat(
         sse(chat::framing::stream(leg, framing.include_usage, keepalive).await?)
     } else {
         chat::framing::collect(leg).await?.into_response()
-    };
-    Ok(answered(&gw, &a, execution, holding(resp, slot)))
-}
-
-/// `POST /v1/responses`.
-async fn responses(
-    State(gw): State<Gateway>,
-    hop: Option<Extension<cluster::Hop>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let mut a = admitted(&gw, &headers, body).await?;
-    let raw = keep_raw(&gw, &a);
-    let bytes = std::mem::take(&mut a.bytes);
-    let (input, framing) = responses::parse(&bytes, a.arrived)?;
-    drop(bytes);
-    let slot = stream_place(&gw, &a, framing.stream)?;
-    let ran = run(&gw, &a.principal, input, hop, (&uri, &headers, raw)).await;
-    let leg = match ran.map_err(|e| responses::on_input(e.into()))? {
-        Ran::Here(leg) => leg,
-        Ran::Relayed(resp) => return Ok(holding(resp, slot)),
-    };
-    let execution = leg.execution_id.clone();
-    let resp = if framing.stream {
-        sse(responses::framing::stream(leg, framing, a.cfg.server.keepalive).await?)
-    } else {
-        Json(responses::framing::collect(leg, framing).await?).into_response()
     };
     Ok(answered(&gw, &a, execution, holding(resp, slot)))
 }

@@ -29,12 +29,13 @@ use futures::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
-use super::{run, Gateway, Ran};
+use super::responses::{answer, Answer};
+use super::{Gateway, Ran};
 use crate::auth::Principal;
 use crate::engine::Slot;
 use crate::error::{ApiError, ErrorCode};
-use crate::surface::responses::{self, framing::Framer};
-use crate::turn::Usage;
+use crate::surface::responses;
+use crate::surface::responses::framing::{finished, Framer};
 
 /// The upgrade: a plain GET is 405 (the route is POST); credentials are checked from the
 /// headers (401) and a place among the principal's open streams is taken (429) before
@@ -235,21 +236,10 @@ impl Socket {
             }
         }
         let input = expand(&mut body, self.last.as_ref());
-        let generate = body.remove("generate");
         body.insert("stream".into(), Value::Bool(true));
         let bytes = serde_json::to_vec(&Value::Object(body)).unwrap_or_default();
         if bytes.len() > limit {
             return Err(ApiError::too_large(limit));
-        }
-        let (turn, framing) = responses::parse(&bytes, arrived)?;
-        if generate == Some(Value::Bool(false)) {
-            // Nothing runs: the response only names its input for the next request.
-            let id = responses::response_id(&crate::ids::new_id("exe-"));
-            let events = responses::framing::finished(framing, &id, Vec::new(), Usage::default());
-            return Ok(InFlight {
-                input,
-                events: futures::stream::iter(events).boxed(),
-            });
         }
         let gw = self.gw.clone();
         let principal = self.principal.clone();
@@ -257,18 +247,24 @@ impl Socket {
         let keepalive = gw.config().server.keepalive;
         let events = async move {
             let uri = Uri::from_static("/v1/responses");
-            let ran = run(
-                &gw,
-                &principal,
-                turn,
-                None,
-                (&uri, &headers, Some(bytes.into())),
-            )
-            .await;
-            match ran.map_err(|e| responses::on_input(e.into())) {
-                Ok(Ran::Here(leg)) => leg_events(leg, framing, keepalive).await,
-                Ok(Ran::Relayed(resp)) => relayed_events(resp).await,
-                Err(e) => futures::stream::iter([error_event(e)]).boxed(),
+            let replay = (
+                &uri,
+                &headers,
+                gw.replica_id().map(|_| Bytes::from(bytes.clone())),
+            );
+            let answered = match responses::read(&bytes) {
+                Ok(req) => answer(&gw, &principal, req, arrived, false, None, replay).await,
+                Err(e) => Err(e),
+            };
+            match answered {
+                Ok((Answer::Ran(Ran::Here(leg)), framing)) => {
+                    leg_events(leg, framing, keepalive).await
+                }
+                Ok((Answer::Ran(Ran::Relayed(resp)), _)) => relayed_events(resp).await,
+                Ok((Answer::Finished { id, output, usage }, framing)) => {
+                    futures::stream::iter(finished(framing, &id, output, usage)).boxed()
+                }
+                Err(e) => futures::stream::iter([error_event(responses::on_input(e))]).boxed(),
             }
         };
         Ok(InFlight {

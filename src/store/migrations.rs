@@ -120,10 +120,26 @@ const V4: &str = "
 CREATE INDEX approvals_principal ON approvals(principal, seq);
 ";
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4)];
+/// Remote compaction summaries (sealed under a key their handle derives; found by the
+/// handle's digest, bound to a principal, until they expire) and cache writes in the usage
+/// totals.
+const V5: &str = "
+CREATE TABLE compactions (
+  digest BLOB PRIMARY KEY,
+  principal TEXT NOT NULL,
+  model TEXT NOT NULL,
+  sealed BLOB NOT NULL,
+  created_at INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL
+);
+CREATE INDEX compactions_expiry ON compactions(expires_at);
+ALTER TABLE usage_daily ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+";
+
+const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5)];
 
 /// The schema version this build writes.
-pub const CURRENT: i64 = 4;
+pub const CURRENT: i64 = 5;
 
 /// SQLite's DDL in PostgreSQL's types.
 fn ddl(engine: Engine, sql: &str) -> String {

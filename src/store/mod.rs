@@ -21,6 +21,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 mod approvals;
 mod cluster;
+mod compactions;
 mod db;
 mod feed;
 mod migrations;
@@ -31,6 +32,7 @@ use db::{vals, Db};
 
 pub use approvals::ApprovalRecord;
 pub use cluster::{Lease, RemotePending, ReplicaSettlement};
+pub use compactions::CompactionRecord;
 pub use feed::{ApprovalChange, ApprovalFeed};
 pub use suspensions::{StoredSuspension, SuspensionRecord};
 pub use usage::{date_of, day_from_date, day_of, UsageQuery, UsageRow};

@@ -87,6 +87,7 @@ pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         client_tool_history,
         native: Some(body),
         chat_options: serde_json::Map::new(),
+        ephemeral: false,
         arrived,
     };
     Ok((input, framing))

@@ -142,6 +142,7 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         client_tool_history,
         native: None,
         chat_options,
+        ephemeral: false,
         arrived,
     };
     Ok((

@@ -21,7 +21,7 @@ use crate::error::ApiError;
 use crate::surface::sse;
 use crate::turn::{ExposedCall, Usage};
 
-fn usage_json(u: Usage) -> Value {
+pub fn usage_json(u: Usage) -> Value {
     json!({
         "input_tokens": u.prompt_tokens,
         "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
@@ -122,7 +122,7 @@ impl sse::Frame for Framer {
 }
 
 /// Events as SSE text, each with an `event:` line naming it.
-fn sse_text(events: Vec<Value>) -> String {
+pub fn sse_text(events: Vec<Value>) -> String {
     let mut out = String::new();
     for v in events {
         let kind = v["type"].as_str().unwrap_or_default().to_string();

@@ -26,8 +26,9 @@ use crate::continuation::canonical::{digest, digest_of_digests};
 use crate::error::ApiError;
 use crate::turn::{Continuation, Effort, Fingerprint, Surface, TurnInput};
 
+/// A request body as read: its shape is checked, its compaction handles not yet resolved.
 #[derive(Debug, Deserialize)]
-struct Request {
+pub struct Request {
     model: String,
     #[serde(default)]
     input: Value,
@@ -59,6 +60,95 @@ struct Request {
     text: Option<Value>,
     #[serde(default)]
     user: Option<Value>,
+    /// `false`: a response that runs nothing (Codex's prewarm), only naming its input.
+    #[serde(default)]
+    generate: Option<bool>,
+}
+
+/// What a request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A turn of the model.
+    Turn,
+    /// `generate: false`: a response with no output, run by nothing.
+    Prewarm,
+    /// The input ends with a `compaction_trigger` item (or the request came to
+    /// `/v1/responses/compact`): one summary turn, answered with one `compaction` item.
+    Compact,
+}
+
+/// How a compaction's summary enters the conversation that carries its item.
+pub const SUMMARY_PREFIX: &str = "Summary of the earlier conversation (compacted):\n\n";
+
+impl Request {
+    /// The client asked for the answer streamed.
+    pub fn streams(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// The handles of the `compaction` items in `input` (their `encrypted_content`), to be
+    /// resolved before [`translate`].
+    pub fn compactions(&self) -> Vec<String> {
+        let items = self.input.as_array().map(Vec::as_slice).unwrap_or_default();
+        items
+            .iter()
+            .filter(|i| is_compaction(i))
+            .map(|i| {
+                i["encrypted_content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect()
+    }
+
+    /// The `input` items with type `message` and role `user`, as sent (what a
+    /// `/v1/responses/compact` answer keeps).
+    pub fn user_messages(&self) -> Vec<Value> {
+        let items = self.input.as_array().map(Vec::as_slice).unwrap_or_default();
+        items
+            .iter()
+            .filter(|i| i["role"] == "user" && i.get("type").is_none_or(|t| t == "message"))
+            .cloned()
+            .collect()
+    }
+}
+
+fn is_compaction(item: &Value) -> bool {
+    matches!(
+        item["type"].as_str(),
+        Some("compaction" | "compaction_summary")
+    )
+}
+
+/// Reads one request body (400 on a malformed one).
+pub fn read(body: &[u8]) -> Result<Request, ApiError> {
+    super::read_json(body)
+}
+
+/// `input` with each compaction item as the user message of its summary, and a final
+/// `compaction_trigger` taken off (`true`: it was there). A handle with no summary in
+/// `summaries` reads as an unknown response.
+fn resolve(input: &mut Value, summaries: &[(String, String)]) -> Result<bool, ApiError> {
+    let Value::Array(items) = input else {
+        return Ok(false);
+    };
+    let trigger = items
+        .last()
+        .is_some_and(|i| i["type"] == "compaction_trigger");
+    items.retain(|i| i["type"] != "compaction_trigger");
+    for item in items.iter_mut().filter(|i| is_compaction(i)) {
+        let handle = item["encrypted_content"].as_str().unwrap_or_default();
+        let Some((_, summary)) = summaries.iter().find(|(h, _)| h == handle) else {
+            return Err(crate::engine::EngineError::from(
+                crate::engine::ContinuationError::ResponseNotFound,
+            )
+            .into());
+        };
+        *item = json!({"type": "message", "role": "user",
+                       "content": format!("{SUMMARY_PREFIX}{summary}")});
+    }
+    Ok(trigger)
 }
 
 /// How to frame the answer: the request fields a response object echoes, and the client's
@@ -84,9 +174,24 @@ pub fn response_id(execution_id: &str) -> String {
     format!("resp_{}", execution_id.trim_start_matches("exe-"))
 }
 
-/// Parses and translates one request body. Shapes are checked here (400), before any lookup.
+/// Parses and translates one request body without compaction items. Shapes are checked here
+/// (400), before any lookup.
 pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiError> {
-    let req: Request = super::read_json(body)?;
+    let (input, framing, _) = translate(read(body)?, &[], arrived)?;
+    Ok((input, framing))
+}
+
+/// Translates a request read by [`read`], its compaction handles resolved to `summaries`.
+pub fn translate(
+    mut req: Request,
+    summaries: &[(String, String)],
+    arrived: Instant,
+) -> Result<(TurnInput, Framing, Kind), ApiError> {
+    let kind = match (resolve(&mut req.input, summaries)?, req.generate) {
+        (true, _) => Kind::Compact,
+        (false, Some(false)) => Kind::Prewarm,
+        (false, _) => Kind::Turn,
+    };
     let all = all_tools(&req);
     let tool_values = Some(&*all);
     let effort = Effort::read(
@@ -104,7 +209,11 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         return Err(ApiError::invalid("`input` must not be empty").with_param("input"));
     }
     let digests: Vec<[u8; 32]> = messages.iter().map(message_digest).collect();
-    let detected = items::detect(&messages, stateful)?;
+    let detected = match kind {
+        // A summary turn of the conversation as it stands: nothing in it is answered.
+        Kind::Compact => Detected::Fresh,
+        _ => items::detect(&messages, stateful)?,
+    };
     let follows = match detected {
         Detected::Follows => req.previous_response_id.as_deref().map(execution_of),
         _ => None,
@@ -167,9 +276,10 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         client_tool_history,
         native: None,
         chat_options,
+        ephemeral: false,
         arrived,
     };
-    Ok((input, framing))
+    Ok((input, framing, kind))
 }
 
 /// The request's tools: `tools`, and those an `additional_tools` input item offers (Codex

@@ -1,0 +1,194 @@
+//! Remote compaction: one summary turn of the conversation's own model on a fresh, ephemeral
+//! thread or upstream call (every backend kind can run it), and the summary kept durably
+//! behind an opaque handle (`cmp-` + 128 CSPRNG bits) that the client carries back.
+//!
+//! The store holds only the handle's digest and the summary sealed with ChaCha20-Poly1305
+//! under a key derived from the handle, bound to the principal, until
+//! `[continuations] compaction_ttl_days` have passed: valid on every replica and after a
+//! restart, unreadable without the handle. An unknown, expired or another principal's handle
+//! reads as none.
+
+use chacha20poly1305::aead::{Aead, KeyInit};
+use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
+
+use super::{Engine, EngineError, LegEvent};
+use crate::auth::Principal;
+use crate::digest::sha256;
+use crate::store::{now_unix, CompactionRecord};
+use crate::turn::{Fingerprint, Message, Role, ToolChoice, TurnInput, Usage};
+
+/// What the summary turn is asked, before the conversation's transcript.
+const PROMPT: &str = "You are compacting a conversation so that it can continue in a fresh \
+context. Write a summary that lets the work carry on without the earlier messages: the \
+user's goals and constraints, what has been done and decided, the files, commands and tools \
+involved with their important results, and what remains to be done. Answer with the summary \
+only.\n\nThe conversation so far:\n";
+
+/// The key that seals a handle's summary. Derived from the handle alone (never stored); the
+/// lookup digest is the handle's plain SHA-256, a different value.
+fn key_of(handle: &str) -> ChaCha20Poly1305 {
+    let mut material = b"turnstile compaction key\0".to_vec();
+    material.extend_from_slice(handle.as_bytes());
+    ChaCha20Poly1305::new(Key::from_slice(&sha256(&material)))
+}
+
+// Each key seals exactly one message, so a fixed nonce never repeats under a key.
+const NONCE: [u8; 12] = [0; 12];
+
+fn seal(handle: &str, summary: &str) -> Option<Vec<u8>> {
+    key_of(handle)
+        .encrypt(Nonce::from_slice(&NONCE), summary.as_bytes())
+        .ok()
+}
+
+fn open(handle: &str, sealed: &[u8]) -> Option<String> {
+    let plain = key_of(handle)
+        .decrypt(Nonce::from_slice(&NONCE), sealed)
+        .ok()?;
+    String::from_utf8(plain).ok()
+}
+
+/// The conversation as one transcript for the summary turn: it carries tool calls and
+/// results as text, so the summary turn declares no tools on any backend.
+fn transcript(messages: &[Message]) -> String {
+    let mut out = String::new();
+    for m in messages {
+        out.push_str(&format!("\n[{}]", m.role.as_str()));
+        if let Some(id) = &m.tool_call_id {
+            out.push_str(&format!(" (result of {id})"));
+        }
+        out.push('\n');
+        out.push_str(&m.text);
+        for c in &m.tool_calls {
+            out.push_str(&format!("\n(call {} {}: {})", c.id, c.name, c.arguments));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+impl Engine {
+    /// Runs one summary turn of `input`'s model over its conversation, for `principal`, and
+    /// keeps the summary. Returns the handle and the turn's usage.
+    pub async fn compact(
+        &self,
+        principal: &Principal,
+        input: TurnInput,
+    ) -> Result<(String, Usage), EngineError> {
+        let ask = Message {
+            role: Role::User,
+            text: format!("{PROMPT}{}", transcript(&input.messages)),
+            images: Vec::new(),
+            name: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            is_error: false,
+        };
+        let digest = (input.digest)(&ask);
+        let turn = TurnInput {
+            messages: vec![ask],
+            message_digests: vec![digest],
+            tools: Ok(Vec::new()),
+            tool_choice: ToolChoice::Auto,
+            parallel_tool_calls: false,
+            stream: false,
+            fingerprint: Fingerprint {
+                tools: [0; 32],
+                tool_choice: [0; 32],
+                prefix: digest,
+            },
+            continuation: None,
+            follows: None,
+            client_tool_history: false,
+            native: None,
+            chat_options: Default::default(),
+            ephemeral: true,
+            ..input
+        };
+        let model = turn.model.clone();
+        let mut leg = self.execute(principal, turn).await?;
+        let mut summary = String::new();
+        let usage = loop {
+            match leg.events.recv().await {
+                Some(LegEvent::Delta(d)) => summary.push_str(&d),
+                Some(LegEvent::End { calls, usage }) if calls.is_empty() => break usage,
+                Some(LegEvent::End { .. }) | None => return Err(EngineError::TurnFailed),
+                Some(LegEvent::Error(e)) => return Err(e),
+                Some(_) => {}
+            }
+        };
+        let handle = crate::ids::new_id("cmp-");
+        let sealed = seal(&handle, summary.trim()).ok_or(EngineError::TurnFailed)?;
+        let now = now_unix();
+        let ttl = self.config().continuations.compaction_ttl.as_secs();
+        let record = CompactionRecord {
+            digest: &sha256(handle.as_bytes()),
+            principal: &principal.id,
+            model: &model,
+            sealed: &sealed,
+            created_at: now,
+            expires_at: now.saturating_add(ttl),
+        };
+        if let Err(e) = self.inner.store.compaction_insert(&record) {
+            tracing::error!(error = %e, "could not keep a compaction summary");
+            return Err(EngineError::Store);
+        }
+        Ok((handle, usage))
+    }
+
+    /// The summary behind a compaction handle, if it is `principal`'s and has not expired.
+    pub fn compacted(
+        &self,
+        principal: &Principal,
+        handle: &str,
+    ) -> Result<Option<String>, EngineError> {
+        let found =
+            self.inner
+                .store
+                .compaction_get(&sha256(handle.as_bytes()), &principal.id, now_unix());
+        match found {
+            Ok(sealed) => Ok(sealed.and_then(|s| open(handle, &s))),
+            Err(e) => {
+                tracing::error!(error = %e, "could not read a compaction summary");
+                Err(EngineError::Store)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_opens_only_with_its_own_handle() {
+        let sealed = seal("cmp-a", "the summary").unwrap();
+        assert!(!sealed.windows(b"summary".len()).any(|w| w == b"summary"));
+        assert_eq!(open("cmp-a", &sealed).as_deref(), Some("the summary"));
+        assert_eq!(open("cmp-b", &sealed), None);
+    }
+
+    #[test]
+    fn the_transcript_carries_calls_and_results_as_text() {
+        let mut call = Message {
+            role: Role::Assistant,
+            text: String::new(),
+            images: Vec::new(),
+            name: None,
+            tool_calls: vec![crate::turn::Call {
+                id: "c1".into(),
+                name: "read".into(),
+                arguments: "{\"p\":1}".into(),
+            }],
+            tool_call_id: None,
+            is_error: false,
+        };
+        let t = transcript(std::slice::from_ref(&call));
+        assert!(t.contains("[assistant]") && t.contains("(call c1 read: {\"p\":1})"));
+        call.role = Role::Tool;
+        call.tool_calls.clear();
+        call.tool_call_id = Some("c1".into());
+        call.text = "ok".into();
+        assert!(transcript(&[call]).contains("[tool] (result of c1)\nok"));
+    }
+}
