@@ -14,8 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
@@ -116,15 +115,15 @@ async fn accept(
     stop: impl Future<Output = ()>,
 ) {
     let permits = Arc::new(Semaphore::new(cfg.max_connections));
-    let graceful = GracefulShutdown::new();
-    // HTTP/1 only; the auto builder because its connections with upgrades (the Responses
-    // WebSocket) take part in the graceful drain.
-    let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new()).http1_only();
-    http.http1()
-        .timer(TokioTimer::new())
+    // The graceful drain by hand: hyper-util's `GracefulShutdown` does not take HTTP/1
+    // connections with upgrades (the Responses WebSocket), and its auto builder would wait
+    // for a first byte without the header-read timeout.
+    let (draining, drain) = tokio::sync::watch::channel(false);
+    let connections = tokio_util::task::TaskTracker::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
         .header_read_timeout(cfg.header_read_timeout)
         .keep_alive(true);
-    let http = Arc::new(http);
     tokio::pin!(stop);
     loop {
         let permit = tokio::select! {
@@ -149,10 +148,20 @@ async fn accept(
         // Small SSE writes must not wait for delayed ACKs.
         let _ = tcp.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
-        let (http, watcher) = (http.clone(), graceful.watcher());
-        tokio::spawn(async move {
-            let conn = http.serve_connection_with_upgrades(TokioIo::new(tcp), service);
-            if let Err(e) = watcher.watch(conn).await {
+        let conn = http
+            .serve_connection(TokioIo::new(tcp), service)
+            .with_upgrades();
+        let mut drain = drain.clone();
+        connections.spawn(async move {
+            tokio::pin!(conn);
+            let served = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = drain.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = served {
                 // A peer that went away or was too slow: the client's problem, not ours.
                 tracing::debug!(error = %e, "connection ended");
             }
@@ -160,7 +169,9 @@ async fn accept(
         });
     }
     drop(listener);
-    if tokio::time::timeout(cfg.shutdown_drain, graceful.shutdown())
+    let _ = draining.send(true);
+    connections.close();
+    if tokio::time::timeout(cfg.shutdown_drain, connections.wait())
         .await
         .is_err()
     {

@@ -1,4 +1,4 @@
-//! The real Codex `app-server` (npm `@openai/codex@0.169.0`) behind the gateway, fully offline.
+//! The real Codex `app-server` (npm `@openai/codex@0.171.0`) behind the gateway, fully offline.
 //!
 //! The gateway spawns the binary from its own config (`[backends.codex]`), with `-c` overrides
 //! that make its only model provider the scripted fake Responses API in
@@ -25,7 +25,7 @@ use crate::support::fake_responses::{self as fake, FakeResponses, Reply};
 use crate::support::*;
 
 /// The version `.ci/run` installs and these tests were written against.
-const CODEX_VERSION: &str = "0.169.0";
+const CODEX_VERSION: &str = "0.171.0";
 /// Where `npm install --prefix .cache/codex @openai/codex` puts the native binary (x86_64).
 const DEFAULT_BIN: &str = ".cache/codex/node_modules/@openai/codex-linux-x64/vendor/\
                            x86_64-unknown-linux-musl/bin/codex";

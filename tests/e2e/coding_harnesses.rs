@@ -26,7 +26,7 @@ use crate::support::*;
 /// The gateway model the harnesses use; it maps to demo scenario `tool`.
 const MODEL: &str = "fake-model";
 /// Bound on one harness run (they take 2-12 s here).
-const RUN_LIMIT: Duration = Duration::from_secs(180);
+pub(crate) const RUN_LIMIT: Duration = Duration::from_secs(180);
 /// Written by `.ci/run` into a harness folder after a successful install.
 const INSTALLED_MARKER: &str = ".turnstile-installed";
 
@@ -116,7 +116,7 @@ pub(crate) struct Scene {
 }
 
 impl Scene {
-    fn new(gw: &Gateway) -> Scene {
+    pub(crate) fn new(gw: &Gateway) -> Scene {
         let tmp = tempfile::tempdir().expect("tempdir");
         let project = tmp.path().join("project");
         let home = tmp.path().join("home");
@@ -155,7 +155,7 @@ pub(crate) fn harness_config(o: &Opts, dir: &Path) -> String {
 
 /// Runs `cmd` in its own process group; past `limit` the group is killed. The group is also
 /// killed after a normal exit, so nothing a harness left behind outlives the test.
-fn run_bounded(mut cmd: Command, limit: Duration) -> (Option<ExitStatus>, Duration) {
+pub(crate) fn run_bounded(mut cmd: Command, limit: Duration) -> (Option<ExitStatus>, Duration) {
     let start = Instant::now();
     let mut child = cmd.process_group(0).spawn().expect("spawn harness");
     let pgid = child.id();
@@ -186,7 +186,7 @@ fn tail(text: &str, lines: usize) -> String {
 
 /// The harness `bin` in `scene`, its output going to the files it returns. Nothing from the
 /// caller's environment (keys, base URLs, configs) leaks in.
-fn command(bin: &Path, scene: &Scene) -> (Command, PathBuf, PathBuf) {
+pub(crate) fn command(bin: &Path, scene: &Scene) -> (Command, PathBuf, PathBuf) {
     let stdout_path = scene.tmp.path().join("stdout.txt");
     let stderr_path = scene.tmp.path().join("stderr.txt");
     let mut cmd = Command::new(bin);
@@ -229,7 +229,8 @@ async fn reads_secret_through_held_turn(h: &Harness, configure: impl FnOnce(&Sce
 
 /// Runs the harness `bin` on the secret prompt against `gw` and checks both ends: the
 /// backend received the secret in a tool result (`backend_saw`), and the harness printed the
-/// backend's final answer (`Tool result: …` with the secret).
+/// backend's final answer (`Tool result: …` with the secret). Returns the harness's stderr and
+/// how long it ran.
 pub(crate) async fn reads_secret(
     gw: &Gateway,
     name: &str,
@@ -237,7 +238,7 @@ pub(crate) async fn reads_secret(
     bin: &Path,
     backend_saw: impl Fn(&str) -> bool,
     configure: impl FnOnce(&Scene, &mut Command),
-) {
+) -> (String, Duration) {
     let scene = Scene::new(gw);
     let (mut cmd, stdout_path, stderr_path) = command(bin, &scene);
     configure(&scene, &mut cmd);
@@ -313,6 +314,7 @@ pub(crate) async fn reads_secret(
         scene.secret,
         diagnostics()
     );
+    (stderr, elapsed)
 }
 
 #[tokio::test]

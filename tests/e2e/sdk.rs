@@ -22,21 +22,26 @@ async fn run_script(name: &str) {
 
 /// Runs one SDK script with `TURNSTILE_URL` = the gateway's URL + `path`.
 pub(crate) async fn run_script_at(name: &str, path: &'static str) {
+    run_script_on(&Gateway::start().await, name, path).await;
+}
+
+/// Runs one SDK script against `gw`; `false` when the venv is missing (a loud skip).
+pub(crate) async fn run_script_on(gw: &Gateway, name: &str, path: &'static str) -> bool {
     let Some(py) = python() else {
         eprintln!("\n!!!!! SKIPPED openai SDK test: no venv at .cache/venv (run .ci/run to install it) !!!!!\n");
         if std::env::var_os("CI").is_some() {
             panic!("the openai SDK venv must exist in CI");
         }
-        return;
+        return false;
     };
-    let gw = Gateway::start().await;
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/clients")
         .join(name);
+    let url = format!("{}{path}", gw.url);
     let out = tokio::task::spawn_blocking(move || {
         Command::new(py)
             .arg(script)
-            .env("TURNSTILE_URL", format!("{}{path}", gw_url_leak(&gw)))
+            .env("TURNSTILE_URL", url)
             .env("TURNSTILE_KEY", ALICE)
             .env("TURNSTILE_OTHER_KEY", BOB)
             .output()
@@ -51,6 +56,7 @@ pub(crate) async fn run_script_at(name: &str, path: &'static str) {
         "SDK script failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("ALL OK"), "{stdout}");
+    true
 }
 
 #[tokio::test]
@@ -68,7 +74,22 @@ async fn openai_python_sdk_responses_create_and_stream() {
     run_script("openai_responses.py").await;
 }
 
-/// The gateway must outlive the blocking task; the URL is all the script needs.
-fn gw_url_leak(gw: &Gateway) -> String {
-    gw.url.clone()
+/// The Responses WebSocket mode through the `openai` package's `responses.connect()`; its
+/// last socket closes while a leg runs, which interrupts that leg.
+#[tokio::test]
+async fn openai_python_sdk_responses_over_websocket() {
+    let gw = Gateway::start().await;
+    if !run_script_on(&gw, "openai_ws.py", "/v1").await {
+        return;
+    }
+    wait_for("the leg of a closed socket interrupted", async || {
+        gw.log()
+            .contains("client went away mid-leg; interrupting the turn")
+            .then_some(())
+    })
+    .await;
+    let log = gw.log();
+    let opened = log.matches("socket opened").count();
+    assert!(opened >= 3, "{opened} sockets opened\n{log}");
+    assert!(log.contains(r#"transport="websocket""#), "{log}");
 }
