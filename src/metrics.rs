@@ -282,6 +282,7 @@ impl Metrics {
             for (kind, n) in [
                 ("input", u.prompt_tokens),
                 ("cached_input", u.cached_tokens),
+                ("cache_write_input", u.cache_write_tokens),
                 ("output", u.completion_tokens),
                 ("reasoning", u.reasoning_tokens),
             ] {

@@ -288,6 +288,8 @@ pub struct Usage {
     pub total_tokens: u64,
     /// Of `prompt_tokens`, those the provider served from its cache.
     pub cached_tokens: u64,
+    /// Of `prompt_tokens`, those the provider wrote to its cache.
+    pub cache_write_tokens: u64,
     /// Of `completion_tokens`, those spent reasoning.
     pub reasoning_tokens: u64,
 }
@@ -298,6 +300,7 @@ impl Usage {
         self.completion_tokens += other.completion_tokens;
         self.total_tokens += other.total_tokens;
         self.cached_tokens += other.cached_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
         self.reasoning_tokens += other.reasoning_tokens;
     }
 }

@@ -104,6 +104,7 @@ mod tests {
             completion_tokens: 5,
             total_tokens: 15,
             cached_tokens: 2,
+            cache_write_tokens: 3,
             reasoning_tokens: 1,
         };
         meter(u);

@@ -68,13 +68,53 @@ fn model(id: &str) -> Value {
     json!({"type": "model", "id": id, "display_name": id, "created_at": "1970-01-01T00:00:00Z"})
 }
 
-/// `GET /v1/models` for an Anthropic client: one page holding every model.
-pub(super) fn models(gw: &Gateway, headers: &HeaderMap) -> Result<Response, Anthropic> {
+/// The paging parameters of Anthropic's model list.
+#[derive(serde::Deserialize)]
+struct Page {
+    limit: Option<usize>,
+    after_id: Option<String>,
+    before_id: Option<String>,
+}
+
+/// `GET /v1/models` for an Anthropic client (Claude Code's gateway model discovery asks
+/// `?limit=1000`): the caller's models in config order, a page of `limit` (default 20, 1 to
+/// 1000) after `after_id` or before `before_id`. A cursor the caller cannot see gives an
+/// empty page.
+pub(super) fn models(gw: &Gateway, headers: &HeaderMap, uri: &Uri) -> Result<Response, Anthropic> {
     let principal = principal(gw, headers)?;
+    let page = axum::extract::Query::<Page>::try_from_uri(uri)
+        .map_err(|_| {
+            ApiError::invalid("`limit` must be a number; `after_id` and `before_id` are model ids")
+        })?
+        .0;
+    let limit = page.limit.unwrap_or(20);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::invalid("`limit` must be between 1 and 1000")
+            .with_param("limit")
+            .into());
+    }
     let ids = gw.models_for(&principal);
-    let data: Vec<Value> = ids.iter().map(|id| model(id)).collect();
-    Ok(Json(json!({"data": data, "has_more": false,
-                   "first_id": ids.first(), "last_id": ids.last()}))
+    let at = |id: &str| ids.iter().position(|m| m == id);
+    let (slice, has_more) = match (&page.after_id, &page.before_id) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid("give `after_id` or `before_id`, not both").into())
+        }
+        (Some(after), None) => match at(after) {
+            Some(i) => {
+                let rest = &ids[i + 1..];
+                (&rest[..limit.min(rest.len())], rest.len() > limit)
+            }
+            None => (&ids[..0], false),
+        },
+        (None, Some(before)) => match at(before) {
+            Some(i) => (&ids[i.saturating_sub(limit)..i], i > limit),
+            None => (&ids[..0], false),
+        },
+        (None, None) => (&ids[..limit.min(ids.len())], ids.len() > limit),
+    };
+    let data: Vec<Value> = slice.iter().map(|id| model(id)).collect();
+    Ok(Json(json!({"data": data, "has_more": has_more,
+                   "first_id": slice.first(), "last_id": slice.last()}))
     .into_response())
 }
 

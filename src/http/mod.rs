@@ -341,9 +341,9 @@ fn anthropic(headers: &HeaderMap) -> bool {
     headers.contains_key("anthropic-version")
 }
 
-async fn models(State(gw): State<Gateway>, headers: HeaderMap) -> Response {
+async fn models(State(gw): State<Gateway>, headers: HeaderMap, uri: Uri) -> Response {
     if anthropic(&headers) {
-        return messages::models(&gw, &headers).into_response();
+        return messages::models(&gw, &headers, &uri).into_response();
     }
     openai_models(&gw, &headers).into_response()
 }

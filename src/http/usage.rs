@@ -17,6 +17,7 @@ fn totals(u: &Usage, requests: u64) -> serde_json::Map<String, Value> {
     [
         ("input_tokens", u.prompt_tokens),
         ("cached_input_tokens", u.cached_tokens),
+        ("cache_write_input_tokens", u.cache_write_tokens),
         ("output_tokens", u.completion_tokens),
         ("reasoning_tokens", u.reasoning_tokens),
         ("total_tokens", u.prompt_tokens + u.completion_tokens),

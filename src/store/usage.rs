@@ -30,14 +30,15 @@ fn add(t: &mut dyn Tx, r: &UsageRow) -> Result<u64, StoreError> {
     let u = &r.usage;
     t.exec(
         "INSERT INTO usage_daily (day, principal, model, input_tokens, cached_input_tokens,
-                                  output_tokens, reasoning_tokens, requests)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                                  output_tokens, reasoning_tokens, requests, cache_write_tokens)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
          ON CONFLICT (day, principal, model) DO UPDATE SET
            input_tokens = usage_daily.input_tokens + excluded.input_tokens,
            cached_input_tokens = usage_daily.cached_input_tokens + excluded.cached_input_tokens,
            output_tokens = usage_daily.output_tokens + excluded.output_tokens,
            reasoning_tokens = usage_daily.reasoning_tokens + excluded.reasoning_tokens,
-           requests = usage_daily.requests + excluded.requests",
+           requests = usage_daily.requests + excluded.requests,
+           cache_write_tokens = usage_daily.cache_write_tokens + excluded.cache_write_tokens",
         vals![
             r.day,
             &r.principal,
@@ -46,7 +47,8 @@ fn add(t: &mut dyn Tx, r: &UsageRow) -> Result<u64, StoreError> {
             u.cached_tokens,
             u.completion_tokens,
             u.reasoning_tokens,
-            r.requests
+            r.requests,
+            u.cache_write_tokens
         ],
     )
 }
@@ -69,7 +71,7 @@ impl Store {
     pub fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageRow>, StoreError> {
         let mut sql = String::from(
             "SELECT day, principal, model, input_tokens, cached_input_tokens, output_tokens,
-                    reasoning_tokens, requests FROM usage_daily WHERE 1 = 1",
+                    reasoning_tokens, requests, cache_write_tokens FROM usage_daily WHERE 1 = 1",
         );
         let mut params: Vec<Val<'_>> = Vec::new();
         for (clause, v) in [
@@ -97,6 +99,7 @@ impl Store {
                         completion_tokens: n(5)?,
                         reasoning_tokens: n(6)?,
                         total_tokens: n(3)? + n(5)?,
+                        cache_write_tokens: n(8)?,
                     },
                     requests: n(7)?,
                 })
@@ -177,6 +180,7 @@ mod tests {
                 prompt_tokens: input,
                 completion_tokens: 2,
                 cached_tokens: 1,
+                cache_write_tokens: 1,
                 reasoning_tokens: 1,
                 total_tokens: input + 2,
             },

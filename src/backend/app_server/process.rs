@@ -469,6 +469,8 @@ impl Proc {
                     total_tokens: n("totalTokens"),
                     cached_tokens: n("cachedInputTokens"),
                     reasoning_tokens: n("reasoningOutputTokens"),
+                    // Codex's token usage reports cache reads only.
+                    cache_write_tokens: 0,
                 };
                 (route.meter)(usage);
                 route.emit(TurnEvent::Usage(usage));

@@ -92,12 +92,17 @@ struct WireUsage {
     prompt_tokens_details: Option<Details>,
     #[serde(default)]
     completion_tokens_details: Option<Details>,
+    /// Cache writes as gateways that front Claude models report them.
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
 struct Details {
     #[serde(default)]
     cached_tokens: Option<u64>,
+    #[serde(default)]
+    cache_write_tokens: Option<u64>,
     #[serde(default)]
     reasoning_tokens: Option<u64>,
 }
@@ -187,7 +192,14 @@ pub fn plain(raw: &Bytes, model: &str) -> Option<Plain> {
         total_tokens: u.total_tokens,
         cached_tokens: u
             .prompt_tokens_details
+            .as_ref()
             .and_then(|d| d.cached_tokens)
+            .unwrap_or(0),
+        cache_write_tokens: u
+            .prompt_tokens_details
+            .as_ref()
+            .and_then(|d| d.cache_write_tokens)
+            .or(u.cache_creation_input_tokens)
             .unwrap_or(0),
         reasoning_tokens: u
             .completion_tokens_details

@@ -35,6 +35,16 @@ fn arguments_text(v: &Value) -> String {
     }
 }
 
+/// Cache writes as OpenAI-compatible upstreams report them: OpenAI's
+/// `prompt_tokens_details.cache_write_tokens`, or the Anthropic-style
+/// `cache_creation_input_tokens` of gateways that front Claude models.
+pub(super) fn cache_writes(u: &Value) -> u64 {
+    u["prompt_tokens_details"]["cache_write_tokens"]
+        .as_u64()
+        .or(u["cache_creation_input_tokens"].as_u64())
+        .unwrap_or(0)
+}
+
 fn usage(v: &Value) -> Option<Usage> {
     let u = v.get("usage").filter(|u| u.is_object())?;
     let n = |k: &str| u[k].as_u64().unwrap_or(0);
@@ -45,6 +55,7 @@ fn usage(v: &Value) -> Option<Usage> {
         cached_tokens: u["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
             .unwrap_or(0),
+        cache_write_tokens: cache_writes(u),
         reasoning_tokens: u["completion_tokens_details"]["reasoning_tokens"]
             .as_u64()
             .unwrap_or(0),

@@ -114,7 +114,8 @@ pub fn usage_json(u: Usage) -> Value {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens,
+                                  "cache_write_tokens": u.cache_write_tokens},
         "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
     })
 }

@@ -19,11 +19,11 @@ use crate::error::ApiError;
 use crate::surface::sse;
 use crate::turn::{ExposedCall, Usage};
 
-/// Anthropic's usage: `input_tokens` excludes the tokens read from the cache.
+/// Anthropic's usage: `input_tokens` excludes the tokens read from and written to the cache.
 fn usage_json(u: Usage) -> Value {
     json!({
-        "input_tokens": u.prompt_tokens.saturating_sub(u.cached_tokens),
-        "cache_creation_input_tokens": 0,
+        "input_tokens": u.prompt_tokens.saturating_sub(u.cached_tokens + u.cache_write_tokens),
+        "cache_creation_input_tokens": u.cache_write_tokens,
         "cache_read_input_tokens": u.cached_tokens,
         "output_tokens": u.completion_tokens,
     })

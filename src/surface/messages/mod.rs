@@ -52,6 +52,10 @@ struct Request {
     temperature: Option<Value>,
     #[serde(default)]
     top_p: Option<Value>,
+    #[serde(default)]
+    thinking: Option<Value>,
+    #[serde(default)]
+    metadata: Option<Value>,
 }
 
 /// How to frame the answer.
@@ -60,6 +64,59 @@ pub struct Framing {
     pub stream: bool,
     /// The model as the client named it.
     pub model: String,
+    /// How the backend's reasoning is shown: not at all (the request did not enable
+    /// thinking), as `thinking` blocks with their text, or as blocks with the text omitted.
+    pub thinking: Thinking,
+}
+
+/// What `thinking` asked to be shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Thinking {
+    Hidden,
+    Shown,
+    Omitted,
+}
+
+/// `thinking`: whether and how reasoning is shown, and the effort it stands for when no
+/// `output_config.effort` is given (README, "The Anthropic Messages API"): `disabled` is
+/// `minimal` (the least every reasoning backend takes), `adaptive` leaves the backend its own
+/// default, `enabled` maps `budget_tokens` below 4,096 to `low`, below 16,384 to `medium`,
+/// below 32,768 to `high` (Claude Code's 31,999), and beyond to `xhigh`.
+fn thinking(v: Option<&Value>) -> Result<(Thinking, Option<Effort>), ApiError> {
+    let Some(t) = v.filter(|v| !v.is_null()) else {
+        return Ok((Thinking::Hidden, None));
+    };
+    let shown = match t["display"].as_str() {
+        Some("omitted") => Thinking::Omitted,
+        _ => Thinking::Shown,
+    };
+    let budget = &t["budget_tokens"];
+    if !budget.is_null() && !budget.is_u64() {
+        return Err(
+            ApiError::invalid("`thinking.budget_tokens` must be a positive integer")
+                .with_param("thinking.budget_tokens"),
+        );
+    }
+    Ok(match t["type"].as_str() {
+        Some("disabled") => (Thinking::Hidden, Some(Effort::Minimal)),
+        Some("adaptive") => (shown, None),
+        Some("enabled") => {
+            let effort = match budget.as_u64() {
+                Some(b) if b < 4_096 => Effort::Low,
+                Some(b) if b < 16_384 => Effort::Medium,
+                Some(b) if b < 32_768 => Effort::High,
+                Some(_) => Effort::XHigh,
+                None => Effort::Medium,
+            };
+            (shown, Some(effort))
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "`thinking.type` must be \"enabled\", \"adaptive\" or \"disabled\"",
+            )
+            .with_param("thinking.type"))
+        }
+    })
 }
 
 /// The message id of one leg: `msg_` + the execution id's hex, and `_N` for the leg after
@@ -87,7 +144,8 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         .with_param("messages"));
     }
     let raw_effort = req.output_config.as_ref().map(|o| &o["effort"]);
-    let effort = effort(raw_effort)?;
+    let (shown, thought) = thinking(req.thinking.as_ref())?;
+    let effort = effort(raw_effort)?.or(thought);
     let tools_in = req.tools.as_deref().unwrap_or_default();
     let choice = Choice::read(req.tool_choice.as_ref(), tools_in)?;
     let messages = blocks::messages(req.system.as_ref(), &req.messages);
@@ -150,6 +208,7 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         Framing {
             stream,
             model: req.model,
+            thinking: shown,
         },
     ))
 }
@@ -282,6 +341,13 @@ fn chat_options(req: &Request, effort: Option<Effort>) -> Map<String, Value> {
     }
     if let Some(e) = effort {
         o.insert("reasoning_effort".into(), json!(e.as_str()));
+    }
+    // The client's cache identity, as a key that names no one (`cache_control` never
+    // reaches a Chat Completions upstream: the body is translated, not forwarded).
+    let user = req.metadata.as_ref().and_then(|m| m["user_id"].as_str());
+    if let Some(user) = user.filter(|u| !u.is_empty()) {
+        let key = hex::encode(crate::digest::sha256(user.as_bytes()));
+        o.insert("prompt_cache_key".into(), json!(key));
     }
     o
 }

@@ -24,7 +24,7 @@ use crate::turn::{ExposedCall, Usage};
 pub fn usage_json(u: Usage) -> Value {
     json!({
         "input_tokens": u.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": u.cache_write_tokens},
         "output_tokens": u.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
         "total_tokens": u.total_tokens,

@@ -63,6 +63,8 @@ pub struct Request {
     /// `false`: a response that runs nothing (Codex's prewarm), only naming its input.
     #[serde(default)]
     generate: Option<bool>,
+    #[serde(default)]
+    prompt_cache_key: Option<Value>,
 }
 
 /// What a request asks for.
@@ -316,6 +318,9 @@ fn chat_options(req: &Request, effort: Option<Effort>) -> Map<String, Value> {
     }
     if let Some(e) = effort {
         o.insert("reasoning_effort".into(), json!(e.as_str()));
+    }
+    if let Some(key) = req.prompt_cache_key.as_ref().filter(|k| k.is_string()) {
+        o.insert("prompt_cache_key".into(), key.clone());
     }
     let format = req.text.as_ref().map(|t| &t["format"]);
     match format.and_then(|f| f["type"].as_str()) {
