@@ -209,6 +209,9 @@ pub struct ApprovalAsk {
 #[derive(Debug)]
 pub enum TurnEvent {
     Delta(String),
+    /// Reasoning the backend shows (Codex's reasoning summaries, an upstream's
+    /// `reasoning_content`), for the surfaces to carry in their own form.
+    Reasoning(String),
     /// A Chat Completions chunk (or whole body) as a stateless upstream sent it, tool calls
     /// removed and `model` renamed; only on turns whose `native` flag is set. Its text also
     /// arrives as `Delta`.

@@ -17,6 +17,8 @@ use crate::turn::{ExposedCall, Usage};
 #[derive(Debug)]
 pub enum LegEvent {
     Delta(String),
+    /// Reasoning the backend shows; the surface carries it in its own form.
+    Reasoning(String),
     /// The upstream's own Chat Completions chunk (or whole body), tool calls removed; only on
     /// a leg whose `native` flag is set, for a surface that relays that wire.
     Native(crate::backend::Native),
@@ -109,6 +111,9 @@ impl Engine {
                     text.push_str(&d);
                     // A send error means the client left; the next loop turn sees `closed`.
                     let _ = tx.send(LegEvent::Delta(d)).await;
+                }
+                Some(TurnEvent::Reasoning(r)) => {
+                    let _ = tx.send(LegEvent::Reasoning(r)).await;
                 }
                 Some(TurnEvent::Native(v)) => {
                     let _ = tx.send(LegEvent::Native(v)).await;

@@ -246,6 +246,7 @@ async fn finish(mut leg: Leg) -> Result<(String, Vec<crate::turn::ExposedCall>),
             LegEvent::End { calls, .. } => return Ok((text, calls)),
             LegEvent::Error(e) => return Err(e),
             LegEvent::Native(_) | LegEvent::Notice(_) | LegEvent::Truncated => {}
+            LegEvent::Reasoning(_) => {}
         }
     }
     Err(EngineError::TurnFailed)

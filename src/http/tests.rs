@@ -154,6 +154,73 @@ async fn messages_routes_speak_anthropic_errors_and_take_x_api_key() {
 }
 
 #[tokio::test]
+async fn anthropic_model_list_pages_by_limit_and_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text = format!(
+        "[store]\npath = \"t.db\"\n[[clients]]\nid = \"alice\"\nkey_sha256 = \"{}\"\nmodels = [\"m*\"]\n\
+         [backends.up]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n",
+        crate::auth::hash_key("sk-a")
+    );
+    for m in ["m1", "m2", "m3", "other"] {
+        text.push_str(&format!("[[models]]\nid = \"{m}\"\nbackend = \"up\"\n"));
+    }
+    let cfg = crate::config::from_toml_str(&text, dir.path()).unwrap();
+    let app = router(Engine::start(cfg, None).await.unwrap());
+    let page = |q: &str| {
+        HttpRequest::get(format!("/v1/models{q}"))
+            .header("x-api-key", "sk-a")
+            .header("anthropic-version", "2023-06-01")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let ids = |v: &Value| -> Vec<String> {
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (s, v) = send(&app, page("?limit=1000")).await;
+    assert_eq!(
+        (s, ids(&v)),
+        (StatusCode::OK, vec!["m1".into(), "m2".into(), "m3".into()])
+    );
+    assert_eq!(v["data"][0]["type"], "model");
+    let (_, v) = send(&app, page("?limit=2")).await;
+    assert_eq!(
+        (ids(&v), &v["has_more"], &v["last_id"]),
+        (vec!["m1".into(), "m2".into()], &json!(true), &json!("m2"))
+    );
+    let (_, v) = send(&app, page("?limit=2&after_id=m2")).await;
+    assert_eq!(
+        (ids(&v), &v["has_more"]),
+        (vec!["m3".into()], &json!(false))
+    );
+    let (_, v) = send(&app, page("?limit=1&before_id=m3")).await;
+    assert_eq!(
+        (ids(&v), &v["has_more"], &v["first_id"]),
+        (vec!["m2".into()], &json!(true), &json!("m2"))
+    );
+    // A model the caller may not use is no cursor.
+    let (_, v) = send(&app, page("?after_id=other")).await;
+    assert_eq!(ids(&v), Vec::<String>::new());
+    for bad in [
+        "?limit=0",
+        "?limit=1001",
+        "?limit=x",
+        "?after_id=m1&before_id=m2",
+    ] {
+        let (s, v) = send(&app, page(bad)).await;
+        assert_eq!(
+            (s, v["type"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("error")),
+            "{bad}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn models_health_and_readiness() {
     let (app, _d) = app().await;
     let req = HttpRequest::get("/v1/models")

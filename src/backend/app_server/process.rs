@@ -441,6 +441,15 @@ impl Proc {
                     .push_str(delta);
                 route.emit(TurnEvent::Delta(delta.to_string()));
             }
+            // Reasoning summaries; a new part after the first is a new paragraph.
+            "item/reasoning/summaryTextDelta" => {
+                if let Some(d) = params["delta"].as_str().filter(|d| !d.is_empty()) {
+                    route.emit(TurnEvent::Reasoning(d.to_string()));
+                }
+            }
+            "item/reasoning/summaryPartAdded" if params["summaryIndex"].as_u64() > Some(0) => {
+                route.emit(TurnEvent::Reasoning("\n\n".into()));
+            }
             "item/completed" => {
                 let item = &params["item"];
                 if item.get("type").and_then(Value::as_str) != Some("agentMessage") {

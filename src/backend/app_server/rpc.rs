@@ -136,9 +136,12 @@ fn reads_params(method: &str, params: &RawValue) -> bool {
         kind: Cow<'a, str>,
     }
     match method {
-        "item/agentMessage/delta" | "thread/tokenUsage/updated" | "turn/completed" | "error" => {
-            true
-        }
+        "item/agentMessage/delta"
+        | "item/reasoning/summaryTextDelta"
+        | "item/reasoning/summaryPartAdded"
+        | "thread/tokenUsage/updated"
+        | "turn/completed"
+        | "error" => true,
         "item/completed" => serde_json::from_str::<Completed<'_>>(params.get())
             .is_ok_and(|c| c.item.kind == "agentMessage"),
         _ => false,

@@ -76,6 +76,10 @@ struct Choice<'a> {
 struct Said<'a> {
     #[serde(default, borrow)]
     content: Option<Cow<'a, str>>,
+    /// Reasoning as DeepSeek and others send it (`reasoning_content`) or vLLM and OpenRouter
+    /// (`reasoning`).
+    #[serde(default, borrow, alias = "reasoning")]
+    reasoning_content: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     tool_calls: Option<&'a RawValue>,
 }
@@ -163,6 +167,7 @@ pub struct Plain {
     /// The body (or chunk) with `model` renamed, to relay as it is.
     pub json: Bytes,
     pub text: String,
+    pub reasoning: String,
     pub usage: Option<Usage>,
     /// The first choice's `finish_reason`, when it has one.
     pub finish: Option<String>,
@@ -209,6 +214,10 @@ pub fn plain(raw: &Bytes, model: &str) -> Option<Plain> {
     Some(Plain {
         text: said
             .and_then(|s| s.content.as_deref())
+            .unwrap_or_default()
+            .to_string(),
+        reasoning: said
+            .and_then(|s| s.reasoning_content.as_deref())
             .unwrap_or_default()
             .to_string(),
         usage,

@@ -45,6 +45,14 @@ pub(super) fn cache_writes(u: &Value) -> u64 {
         .unwrap_or(0)
 }
 
+/// A message's or delta's reasoning text: `reasoning_content` (DeepSeek and others) or
+/// `reasoning` (vLLM, OpenRouter).
+fn reasoning(said: &Value) -> Option<&str> {
+    said["reasoning_content"]
+        .as_str()
+        .or(said["reasoning"].as_str())
+}
+
 fn usage(v: &Value) -> Option<Usage> {
     let u = v.get("usage").filter(|u| u.is_object())?;
     let n = |k: &str| u[k].as_u64().unwrap_or(0);
@@ -89,6 +97,9 @@ fn plain(p: Plain, native: bool, out: &mut VecDeque<TurnEvent>) {
     }
     if p.finish.as_deref() == Some("length") {
         out.push_back(TurnEvent::Truncated);
+    }
+    if !p.reasoning.is_empty() {
+        out.push_back(TurnEvent::Reasoning(p.reasoning));
     }
     if !p.text.is_empty() {
         out.push_back(TurnEvent::Delta(p.text));
@@ -137,6 +148,9 @@ pub fn whole(
         };
         let message = &mut body["choices"][0]["message"];
         let text = message["content"].as_str().unwrap_or_default().to_string();
+        if let Some(r) = reasoning(message).filter(|r| !r.is_empty()) {
+            out.push_back(TurnEvent::Reasoning(r.to_string()));
+        }
         let calls: Vec<PartialCall> =
             match message.as_object_mut().and_then(|m| m.remove("tool_calls")) {
                 Some(Value::Array(list)) => list
@@ -290,6 +304,9 @@ impl Relay {
             finish = choice["finish_reason"].as_str().is_some();
             if choice["finish_reason"] == "length" {
                 self.out.push_back(TurnEvent::Truncated);
+            }
+            if let Some(r) = reasoning(&choice["delta"]).filter(|r| !r.is_empty()) {
+                self.out.push_back(TurnEvent::Reasoning(r.to_string()));
             }
             if let Some(delta) = choice.get_mut("delta").and_then(Value::as_object_mut) {
                 if let Some(text) = delta.get("content").and_then(Value::as_str) {

@@ -136,6 +136,11 @@ pub(crate) async fn run_scenario(turn: &Turn, spec: &TurnSpec) -> Step {
             turn.stream_text(&text)?;
             turn.complete()
         }
+        "reasoning" => {
+            let about = format!("Thinking about: {}", spec.text);
+            turn.stream_reasoning(&[&about, "Answering now."])?;
+            echo(turn)
+        }
         "hang" => {
             // A model request in flight: its usage is reported if the turn is interrupted.
             turn.usage_pending()?;

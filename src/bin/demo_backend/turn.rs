@@ -62,6 +62,25 @@ impl Turn {
         }
         self.item_completed(json!({"type": "agentMessage", "id": id, "text": text}))
     }
+    /// A reasoning item whose summary streams in two parts.
+    pub(crate) fn stream_reasoning(&self, parts: &[&str]) -> Step {
+        let id = format!("rs_{}", rand_hex::<8>());
+        self.item_started(json!({"type": "reasoning", "id": id, "summary": [], "content": []}))?;
+        for (i, part) in parts.iter().enumerate() {
+            self.notify(
+                "item/reasoning/summaryPartAdded",
+                json!({"itemId": id, "summaryIndex": i}),
+            )?;
+            for delta in chunks(part) {
+                self.notify(
+                    "item/reasoning/summaryTextDelta",
+                    json!({"itemId": id, "delta": delta, "summaryIndex": i}),
+                )?;
+            }
+        }
+        self.item_completed(json!({"type": "reasoning", "id": id, "summary": parts, "content": []}))
+    }
+
     /// A model request is in flight whose usage is reported later (when its calls are
     /// answered, or when the turn is interrupted).
     pub(crate) fn usage_pending(&self) -> Step {

@@ -84,9 +84,10 @@ impl Framer {
     fn frame(&mut self, ev: LegEvent) -> (String, bool) {
         match ev {
             // A Chat answer's own chunks carry its `finish_reason`.
-            LegEvent::Delta(_) if self.native => (String::new(), false),
+            LegEvent::Delta(_) | LegEvent::Reasoning(_) if self.native => (String::new(), false),
             LegEvent::Truncated => (String::new(), false),
             LegEvent::Delta(d) => (self.chunk(json!({"content": d}), None), false),
+            LegEvent::Reasoning(r) => (self.chunk(json!({"reasoning_content": r}), None), false),
             // Relayed as the upstream sent them, `model` already renamed.
             LegEvent::Native(c) => {
                 if !self.held.is_empty() || c.finishes() {
@@ -190,10 +191,12 @@ impl axum::response::IntoResponse for Completion {
 pub async fn collect(mut leg: Leg) -> Result<Completion, ApiError> {
     let meta = meta(&leg);
     let mut text = String::new();
+    let mut reasoning = String::new();
     let mut native = None;
     while let Some(ev) = leg.events.recv().await {
         match ev {
             LegEvent::Delta(d) => text.push_str(&d),
+            LegEvent::Reasoning(r) => reasoning.push_str(&r),
             LegEvent::Native(body) => native = Some(body),
             LegEvent::Notice(_) | LegEvent::Truncated => {}
             LegEvent::Error(e) => return Err(e.into()),
@@ -222,9 +225,11 @@ pub async fn collect(mut leg: Leg) -> Result<Completion, ApiError> {
                     Some(text)
                 };
                 let finish = finish_reason(&calls);
-                return Ok(Completion::Built(completion(
-                    &meta, content, &calls, finish, usage,
-                )));
+                let mut body = completion(&meta, content, &calls, finish, usage);
+                if !reasoning.is_empty() {
+                    body["choices"][0]["message"]["reasoning_content"] = json!(reasoning);
+                }
+                return Ok(Completion::Built(body));
             }
         }
     }

@@ -5,6 +5,11 @@
 //! stretches carry `ping` events. An error decided before the first byte is a real HTTP
 //! status; after it, an `error` event ends the stream.
 //!
+//! Reasoning the backend shows is a `thinking` block (`thinking_delta`s, then a
+//! `signature_delta` before its stop) when the request enabled thinking: with its text, or
+//! with none under `display: "omitted"`. The signature is opaque; a client sends the block
+//! back and the gateway drops it (it is never evidence of anything).
+//!
 //! Each leg of an execution answers as its own message (`msg_` + the execution id's hex, then
 //! `_N` after N tool rounds); a call's `tool_use.id` is its continuation token.
 
@@ -13,7 +18,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::echo::{input_of, visible};
-use super::{error_body, message_id, Framing};
+use super::{error_body, message_id, Framing, Thinking};
 use crate::engine::{Leg, LegEvent};
 use crate::error::ApiError;
 use crate::surface::sse;
@@ -49,12 +54,22 @@ fn message(id: &str, model: &str, content: Vec<Value>, stop: Option<&str>, usage
            "usage": usage_json(usage)})
 }
 
+/// The signature of a thinking block the gateway shows (opaque to clients, never checked).
+const SIGNATURE: &str = "dHVybnN0aWxl";
+
+/// A thinking block, whole.
+fn thinking_block(text: &str) -> Value {
+    json!({"type": "thinking", "thinking": text, "signature": SIGNATURE})
+}
+
 struct Framer {
     id: String,
     model: String,
+    thinking: Thinking,
     /// Content blocks started so far.
     blocks: usize,
     text_open: bool,
+    thinking_open: bool,
     /// Whitespace waiting for text: a text block is opened only for visible text.
     pending: String,
     truncated: bool,
@@ -69,6 +84,44 @@ impl Framer {
     fn close_text(&mut self, out: &mut String) {
         if std::mem::take(&mut self.text_open) {
             event(out, "content_block_stop", json!({"index": self.blocks - 1}));
+        }
+    }
+
+    fn close_thinking(&mut self, out: &mut String) {
+        if std::mem::take(&mut self.thinking_open) {
+            let index = self.blocks - 1;
+            let delta = json!({"type": "signature_delta", "signature": SIGNATURE});
+            event(
+                out,
+                "content_block_delta",
+                json!({"index": index, "delta": delta}),
+            );
+            event(out, "content_block_stop", json!({"index": index}));
+        }
+    }
+
+    fn reasoning(&mut self, out: &mut String, r: &str) {
+        if self.thinking == Thinking::Hidden {
+            return;
+        }
+        if !self.thinking_open {
+            self.close_text(out);
+            self.thinking_open = true;
+            self.blocks += 1;
+            let block = json!({"type": "thinking", "thinking": "", "signature": ""});
+            event(
+                out,
+                "content_block_start",
+                json!({"index": self.blocks - 1, "content_block": block}),
+            );
+        }
+        if self.thinking == Thinking::Shown {
+            let delta = json!({"type": "thinking_delta", "thinking": r});
+            event(
+                out,
+                "content_block_delta",
+                json!({"index": self.blocks - 1, "delta": delta}),
+            );
         }
     }
 
@@ -102,6 +155,7 @@ impl sse::Frame for Framer {
     fn frame(&mut self, ev: LegEvent) -> (String, bool) {
         let mut out = String::new();
         match ev {
+            LegEvent::Reasoning(r) => self.reasoning(&mut out, &r),
             LegEvent::Delta(mut d) => {
                 if !self.text_open {
                     self.pending.push_str(&d);
@@ -109,6 +163,7 @@ impl sse::Frame for Framer {
                         return (out, false);
                     }
                     d = std::mem::take(&mut self.pending);
+                    self.close_thinking(&mut out);
                     self.text_open = true;
                     self.blocks += 1;
                     event(
@@ -127,6 +182,7 @@ impl sse::Frame for Framer {
             LegEvent::Truncated => self.truncated = true,
             LegEvent::Notice(n) => out.push_str(&sse::notice_comment(&n)),
             LegEvent::End { calls, usage } => {
+                self.close_thinking(&mut out);
                 self.close_text(&mut out);
                 for c in &calls {
                     self.call(&mut out, c);
@@ -162,8 +218,10 @@ pub async fn stream(
     let framer = Framer {
         id: message_id(&leg.execution_id, leg.round),
         model: framing.model,
+        thinking: framing.thinking,
         blocks: 0,
         text_open: false,
+        thinking_open: false,
         pending: String::new(),
         truncated: false,
     };
@@ -174,15 +232,22 @@ pub async fn stream(
 pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> {
     let id = message_id(&leg.execution_id, leg.round);
     let mut text = String::new();
+    let mut thought: Option<String> = None;
     let mut truncated = false;
     while let Some(ev) = leg.events.recv().await {
         match ev {
             LegEvent::Delta(d) => text.push_str(&d),
+            LegEvent::Reasoning(r) => thought.get_or_insert_default().push_str(&r),
             LegEvent::Truncated => truncated = true,
             LegEvent::Native(_) | LegEvent::Notice(_) => {}
             LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
                 let mut content = Vec::new();
+                match (framing.thinking, thought) {
+                    (Thinking::Shown, Some(t)) => content.push(thinking_block(&t)),
+                    (Thinking::Omitted, Some(_)) => content.push(thinking_block("")),
+                    _ => {}
+                }
                 if !visible(&text).is_empty() {
                     content.push(json!({"type": "text", "text": text}));
                 }
@@ -205,11 +270,65 @@ mod tests {
         Framer {
             id: "msg_1".into(),
             model: "m".into(),
+            thinking: Thinking::Hidden,
             blocks: 0,
             text_open: false,
+            thinking_open: false,
             pending: String::new(),
             truncated: false,
         }
+    }
+
+    /// The kinds of block each `content_block_start` opened, and the thinking text.
+    fn thinking_run(thinking: Thinking) -> (Vec<String>, String) {
+        let mut f = framer();
+        f.thinking = thinking;
+        let mut text = f.opening();
+        for ev in [
+            LegEvent::Reasoning("Pondering ".into()),
+            LegEvent::Reasoning("deeply.".into()),
+            LegEvent::Delta("Done.".into()),
+            LegEvent::End {
+                calls: Vec::new(),
+                usage: Usage::default(),
+            },
+        ] {
+            text.push_str(&f.frame(ev).0);
+        }
+        let ev = events(&text);
+        let blocks = ev
+            .iter()
+            .filter(|(k, _)| k == "content_block_start")
+            .map(|(_, v)| v["content_block"]["type"].as_str().unwrap().to_string())
+            .collect();
+        let thought = ev
+            .iter()
+            .filter_map(|(_, v)| v["delta"]["thinking"].as_str())
+            .collect();
+        for (i, (k, v)) in ev.iter().enumerate() {
+            if k == "content_block_stop" && v["index"] == 0 && blocks_of(&ev) > 1 {
+                assert_eq!(ev[i - 1].1["delta"]["type"], "signature_delta");
+            }
+        }
+        (blocks, thought)
+    }
+
+    fn blocks_of(ev: &[(String, Value)]) -> usize {
+        ev.iter()
+            .filter(|(k, _)| k == "content_block_start")
+            .count()
+    }
+
+    #[test]
+    fn reasoning_is_a_thinking_block_shown_omitted_or_hidden_as_asked() {
+        let (blocks, thought) = thinking_run(Thinking::Shown);
+        assert_eq!(blocks, ["thinking", "text"]);
+        assert_eq!(thought, "Pondering deeply.");
+        let (blocks, thought) = thinking_run(Thinking::Omitted);
+        assert_eq!(blocks, ["thinking", "text"]);
+        assert_eq!(thought, "");
+        let (blocks, _) = thinking_run(Thinking::Hidden);
+        assert_eq!(blocks, ["text"]);
     }
 
     fn events(text: &str) -> Vec<(String, Value)> {

@@ -441,6 +441,69 @@ mod tests {
     }
 
     #[test]
+    fn a_2026_claude_code_body_maps_thinking_to_effort_and_names_no_one_upstream() {
+        let mut body = fixture();
+        body.as_object_mut().unwrap().remove("output_config");
+        body["thinking"] = json!({"type": "enabled", "budget_tokens": 31999, "display": "updates"});
+        body["context_management"] =
+            json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]});
+        body["system"][0]["cache_control"] = json!({"type": "ephemeral", "ttl": "1h"});
+        body["metadata"] = json!({"user_id": "{\"device_id\":\"d\",\"session_id\":\"s\"}"});
+        let (t, f) = parsed(body.clone());
+        assert_eq!(t.effort, Some(Effort::High));
+        assert_eq!(f.thinking, Thinking::Shown);
+        let key = t.chat_options["prompt_cache_key"].as_str().unwrap();
+        assert_eq!(key.len(), 64);
+        assert!(!t
+            .chat_options
+            .values()
+            .any(|v| v.to_string().contains("ttl")));
+        for (thinking, effort, shown) in [
+            (
+                json!({"type": "enabled", "budget_tokens": 2000}),
+                Some(Effort::Low),
+                Thinking::Shown,
+            ),
+            (
+                json!({"type": "enabled", "budget_tokens": 8000}),
+                Some(Effort::Medium),
+                Thinking::Shown,
+            ),
+            (
+                json!({"type": "enabled", "budget_tokens": 64000}),
+                Some(Effort::XHigh),
+                Thinking::Shown,
+            ),
+            (
+                json!({"type": "adaptive", "display": "omitted"}),
+                None,
+                Thinking::Omitted,
+            ),
+            (
+                json!({"type": "disabled"}),
+                Some(Effort::Minimal),
+                Thinking::Hidden,
+            ),
+        ] {
+            body["thinking"] = thinking;
+            let (t, f) = parsed(body.clone());
+            assert_eq!(
+                (t.effort, f.thinking),
+                (effort, shown),
+                "{}",
+                body["thinking"]
+            );
+        }
+        // An explicit effort wins over thinking.
+        body["output_config"] = json!({"effort": "low"});
+        body["thinking"] = json!({"type": "enabled", "budget_tokens": 64000});
+        assert_eq!(parsed(body.clone()).0.effort, Some(Effort::Low));
+        body["thinking"] = json!({"type": "sometimes"});
+        let e = parse(body.to_string().as_bytes(), Instant::now()).unwrap_err();
+        assert_eq!(e.param, Some("thinking.type"));
+    }
+
+    #[test]
     fn tool_choice_server_tools_and_parallel_use() {
         let body = |choice: Value| {
             json!({"model": "m", "messages": [{"role": "user", "content": "x"}],

@@ -7,6 +7,10 @@
 //! decided before the first byte is a real HTTP status; after it, `response.failed` ends the
 //! stream. Silent stretches carry `: keep-alive` comments.
 //!
+//! Reasoning the backend shows is a `reasoning` item whose one `summary_text` part streams as
+//! `response.reasoning_summary_part.added`, `response.reasoning_summary_text.delta`...,
+//! `.text.done`, `.part.done`, before the text it preceded.
+//!
 //! Each leg of an execution answers as the same response (`resp_` + the execution id). Calls
 //! are shown as the client declared them (`ToolMap`): a `function_call` (with its `namespace`
 //! if it had one) or a `custom_tool_call` whose `input` is the function form's `input`.
@@ -51,6 +55,10 @@ fn call_item(c: &ExposedCall, f: &Framing) -> Value {
         item["namespace"] = json!(ns);
     }
     item
+}
+
+fn reasoning_item(id: &str, text: &str) -> Value {
+    json!({"id": id, "type": "reasoning", "summary": [{"type": "summary_text", "text": text}]})
 }
 
 fn message_item(id: &str, text: &str, status: &str) -> Value {
@@ -103,6 +111,8 @@ pub struct Framer {
     seq: u64,
     /// The open message item: its id and text so far.
     message: Option<(String, String)>,
+    /// The open reasoning item: its id and summary text so far.
+    reasoning: Option<(String, String)>,
     /// Finished output items.
     output: Vec<Value>,
 }
@@ -142,8 +152,57 @@ impl Framer {
             f: framing,
             seq: 0,
             message: None,
+            reasoning: None,
             output: Vec::new(),
         }
+    }
+
+    fn reason(&mut self, out: &mut Vec<Value>, r: &str) {
+        self.close_message(out);
+        let index = self.output.len();
+        if self.reasoning.is_none() {
+            let id = crate::ids::new_id("rs_");
+            let item = json!({"id": id, "type": "reasoning", "summary": []});
+            self.event(
+                out,
+                "response.output_item.added",
+                json!({"output_index": index, "item": item}),
+            );
+            self.event(
+                out,
+                "response.reasoning_summary_part.added",
+                json!({"item_id": id, "output_index": index, "summary_index": 0,
+                       "part": {"type": "summary_text", "text": ""}}),
+            );
+            self.reasoning = Some((id, String::new()));
+        }
+        let Some((id, text)) = self.reasoning.as_mut() else {
+            return;
+        };
+        text.push_str(r);
+        let v = json!({"item_id": id, "output_index": index, "summary_index": 0, "delta": r});
+        self.event(out, "response.reasoning_summary_text.delta", v);
+    }
+
+    fn close_reasoning(&mut self, out: &mut Vec<Value>) {
+        let Some((id, text)) = self.reasoning.take() else {
+            return;
+        };
+        let index = self.output.len();
+        let at = json!({"item_id": id, "output_index": index, "summary_index": 0});
+        let mut done = at.clone();
+        done["text"] = json!(text);
+        self.event(out, "response.reasoning_summary_text.done", done);
+        let mut part = at;
+        part["part"] = json!({"type": "summary_text", "text": text});
+        self.event(out, "response.reasoning_summary_part.done", part);
+        let item = reasoning_item(&id, &text);
+        self.event(
+            out,
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        );
+        self.output.push(item);
     }
 
     fn event(&mut self, out: &mut Vec<Value>, kind: &str, mut v: Value) {
@@ -163,6 +222,7 @@ impl Framer {
     }
 
     fn delta(&mut self, out: &mut Vec<Value>, d: &str) {
+        self.close_reasoning(out);
         let index = self.output.len();
         if self.message.is_none() {
             let id = crate::ids::new_id("msg_");
@@ -257,8 +317,10 @@ impl Framer {
         let mut out = Vec::new();
         match ev {
             LegEvent::Delta(d) => self.delta(&mut out, &d),
+            LegEvent::Reasoning(r) => self.reason(&mut out, &r),
             LegEvent::Native(_) | LegEvent::Truncated | LegEvent::Notice(_) => {}
             LegEvent::End { calls, usage } => {
+                self.close_reasoning(&mut out);
                 self.close_message(&mut out);
                 for c in &calls {
                     self.call(&mut out, c);
@@ -269,6 +331,7 @@ impl Framer {
                 return (out, true);
             }
             LegEvent::Error(e) => {
+                self.close_reasoning(&mut out);
                 self.close_message(&mut out);
                 let body = error_body(ApiError::from(e));
                 let output = std::mem::take(&mut self.output);
@@ -321,13 +384,18 @@ pub async fn stream(
 pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> {
     let meta = meta(&leg);
     let mut text = String::new();
+    let mut thought = String::new();
     while let Some(ev) = leg.events.recv().await {
         match ev {
             LegEvent::Delta(d) => text.push_str(&d),
+            LegEvent::Reasoning(r) => thought.push_str(&r),
             LegEvent::Native(_) | LegEvent::Notice(_) | LegEvent::Truncated => {}
             LegEvent::Error(e) => return Err(super::on_input(e.into())),
             LegEvent::End { calls, usage } => {
                 let mut output = Vec::new();
+                if !thought.is_empty() {
+                    output.push(reasoning_item(&crate::ids::new_id("rs_"), &thought));
+                }
                 if !text.is_empty() {
                     output.push(message_item(
                         &crate::ids::new_id("msg_"),
@@ -366,8 +434,42 @@ mod tests {
             },
             seq: 0,
             message: None,
+            reasoning: None,
             output: Vec::new(),
         }
+    }
+
+    #[test]
+    fn reasoning_is_an_item_with_a_summary_before_the_text() {
+        let mut f = framer();
+        let mut ev = f.opening();
+        ev.extend(f.frame(LegEvent::Reasoning("Think".into())).0);
+        ev.extend(f.frame(LegEvent::Reasoning("ing.".into())).0);
+        ev.extend(f.frame(LegEvent::Delta("Hi".into())).0);
+        let (end, _) = f.frame(LegEvent::End {
+            calls: Vec::new(),
+            usage: Usage::default(),
+        });
+        ev.extend(end);
+        let kinds: Vec<&str> = ev.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds[2..9],
+            [
+                "response.output_item.added",
+                "response.reasoning_summary_part.added",
+                "response.reasoning_summary_text.delta",
+                "response.reasoning_summary_text.delta",
+                "response.reasoning_summary_text.done",
+                "response.reasoning_summary_part.done",
+                "response.output_item.done",
+            ]
+        );
+        let done = &ev.last().unwrap()["response"]["output"];
+        assert_eq!(done[0]["type"], "reasoning");
+        assert_eq!(done[0]["summary"][0]["text"], "Thinking.");
+        assert_eq!(done[1]["content"][0]["text"], "Hi");
+        assert_eq!(ev[8]["output_index"], 0);
+        assert_eq!(ev[9]["output_index"], 1);
     }
 
     fn events(text: &str) -> Vec<Value> {

@@ -38,6 +38,7 @@ pub const SCENARIOS: &[&str] = &[
     "rounds3",
     "hang",
     "slow",
+    "reasoning",
     "crash",
     "fail",
     "garbage",
