@@ -22,6 +22,7 @@ mod jwt;
 mod lifecycle;
 mod messages;
 mod messages_upstream;
+mod reasoning;
 mod responses;
 mod responses_upstream;
 mod sdk;

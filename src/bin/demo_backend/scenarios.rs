@@ -40,6 +40,7 @@ pub(crate) const SCENARIOS: &[&str] = &[
     "rounds3",
     "hang",
     "slow",
+    "reasoning",
     "crash",
     "fail",
     "garbage",

@@ -136,9 +136,17 @@ fn chunk(model: &str, delta: Value, finish: Option<&str>) -> String {
     format!("data: {c}\n\n")
 }
 
-fn usage() -> Value {
-    json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10})
+/// `up-think` reads 4 of its 7 prompt tokens from its cache and writes 2 to it.
+fn usage(model: &str) -> Value {
+    let mut u = json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10});
+    if model == "up-think" {
+        u["prompt_tokens_details"] = json!({"cached_tokens": 4, "cache_write_tokens": 2});
+    }
+    u
 }
+
+/// What `up-think` reasons before it answers.
+pub const THOUGHT: &str = "Weighing the options.";
 
 fn tool_results(body: &Value) -> usize {
     body["messages"]
@@ -296,7 +304,9 @@ async fn handle(
         format!("echo: {}", last_user(&body))
     };
     if !stream {
-        let message = if calls.is_empty() {
+        let message = if model == "up-think" {
+            json!({"role": "assistant", "content": text, "reasoning_content": THOUGHT})
+        } else if calls.is_empty() {
             json!({"role": "assistant", "content": text})
         } else {
             let tc: Vec<Value> = calls
@@ -312,7 +322,7 @@ async fn handle(
         };
         return Json(json!({"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": model,
             "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
-            "usage": usage(), "x_upstream_extra": {"kept": true}}))
+            "usage": usage(&model), "x_upstream_extra": {"kept": true}}))
         .into_response();
     }
     let mut parts: Vec<(u64, String)> = vec![(
@@ -369,6 +379,12 @@ async fn handle(
             }
         }
         _ => {
+            if model == "up-think" {
+                parts.push((
+                    0,
+                    chunk(&model, json!({"reasoning_content": THOUGHT}), None),
+                ));
+            }
             let third = text.len() / 3;
             for piece in [&text[..third], &text[third..2 * third], &text[2 * third..]] {
                 parts.push((0, chunk(&model, json!({"content": piece}), None)));
@@ -382,7 +398,7 @@ async fn handle(
     };
     parts.push((0, chunk(&model, json!({}), Some(finish))));
     if include_usage {
-        let u = json!({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": [], "usage": usage()});
+        let u = json!({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": [], "usage": usage(&model)});
         parts.push((0, format!("data: {u}\n\n")));
     }
     parts.push((0, "data: [DONE]\n\n".to_string()));

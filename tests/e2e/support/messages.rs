@@ -89,7 +89,10 @@ fn rebuild(events: &[Value], text: &str) -> Value {
                 let block = e["content_block"].clone();
                 assert!(
                     block["type"] == "text" && block["text"] == ""
-                        || block["type"] == "tool_use" && block["input"] == json!({}),
+                        || block["type"] == "tool_use" && block["input"] == json!({})
+                        || block["type"] == "thinking"
+                            && block["thinking"] == ""
+                            && block["signature"] == "",
                     "{block}"
                 );
                 content.push(block);
@@ -112,6 +115,18 @@ fn rebuild(events: &[Value], text: &str) -> Value {
                     ("tool_use", Some("input_json_delta")) => {
                         partial.push_str(e["delta"]["partial_json"].as_str().unwrap())
                     }
+                    ("thinking", Some("thinking_delta")) => {
+                        assert_eq!(b["signature"], "", "a thinking delta after its signature");
+                        let t = format!(
+                            "{}{}",
+                            b["thinking"].as_str().unwrap(),
+                            e["delta"]["thinking"].as_str().unwrap()
+                        );
+                        b["thinking"] = json!(t);
+                    }
+                    ("thinking", Some("signature_delta")) => {
+                        b["signature"] = e["delta"]["signature"].clone();
+                    }
                     other => panic!("delta {other:?} in the wrong block: {text}"),
                 }
             }
@@ -120,6 +135,9 @@ fn rebuild(events: &[Value], text: &str) -> Value {
                 assert_eq!(e["index"], index as u64, "{text}");
                 if content[index]["type"] == "tool_use" {
                     content[index]["input"] = serde_json::from_str(&partial).unwrap();
+                }
+                if content[index]["type"] == "thinking" {
+                    assert_ne!(content[index]["signature"], "", "a thinking block unsigned");
                 }
             }
             "message_delta" => {
