@@ -30,7 +30,7 @@ pub(crate) const RUN_LIMIT: Duration = Duration::from_secs(180);
 /// Written by `.ci/run` into a harness folder after a successful install.
 const INSTALLED_MARKER: &str = ".turnstile-installed";
 
-struct Harness {
+pub(crate) struct Harness {
     /// Folder under `.cache/harnesses/`.
     name: &'static str,
     /// The npm package.
@@ -54,7 +54,7 @@ const PI: Harness = Harness {
     package: "@mariozechner/pi-coding-agent",
     bin: "pi",
 };
-const CLAUDE: Harness = Harness {
+pub(crate) const CLAUDE: Harness = Harness {
     name: "claude",
     package: "@anthropic-ai/claude-code",
     bin: "claude",
@@ -81,7 +81,7 @@ impl Harness {
     }
 
     /// The executable, or `None` after a loud skip message.
-    fn locate(&self) -> Option<PathBuf> {
+    pub(crate) fn locate(&self) -> Option<PathBuf> {
         let bin = self.dir().join("node_modules/.bin").join(self.bin);
         if bin.exists() {
             return Some(bin);
@@ -371,7 +371,7 @@ async fn harness_claude_code_reads_secret_through_held_turn() {
 }
 
 /// The Claude Code environment: the gateway, a key, and no traffic elsewhere.
-fn claude_env(s: &Scene, cmd: &mut Command) {
+pub(crate) fn claude_env(s: &Scene, cmd: &mut Command) {
     cmd.env("ANTHROPIC_BASE_URL", s.base_url.trim_end_matches("/v1"))
         .env("ANTHROPIC_API_KEY", ALICE)
         .env("DISABLE_TELEMETRY", "1")
@@ -395,15 +395,25 @@ async fn run_claude(bin: &Path, gw: &Gateway, model: &str) -> (String, String) {
         gw,
         &scene,
         &["-p", &prompt, "--model", model, "--allowedTools", "Read"],
+        None,
     )
     .await
 }
 
-/// Runs Claude Code with `args` in `scene`; it must exit 0. Its stdout, and the diagnostics
-/// for a failed assertion.
-async fn claude_in(bin: &Path, gw: &Gateway, scene: &Scene, args: &[&str]) -> (String, String) {
+/// Runs Claude Code with `args` (and one more variable in its environment, if given) in
+/// `scene`; it must exit 0. Its stdout, and the diagnostics for a failed assertion.
+pub(crate) async fn claude_in(
+    bin: &Path,
+    gw: &Gateway,
+    scene: &Scene,
+    args: &[&str],
+    env: Option<(&str, &str)>,
+) -> (String, String) {
     let (mut cmd, stdout_path, stderr_path) = command(bin, scene);
     claude_env(scene, &mut cmd);
+    if let Some((k, v)) = env {
+        cmd.env(k, v);
+    }
     cmd.args(args);
     let run = args.join(" ");
     let (status, _) = tokio::task::spawn_blocking(move || run_bounded(cmd, RUN_LIMIT))
@@ -432,7 +442,8 @@ async fn harness_claude_code_continues_a_conversation_on_its_thread() {
     let scene = Scene::new(&gw);
     for (round, prompt) in ["hello there", "and once more"].into_iter().enumerate() {
         let args = ["-c", "-p", prompt, "--model", "echo"];
-        let (stdout, why) = claude_in(&bin, &gw, &scene, &args[usize::from(round == 0)..]).await;
+        let (stdout, why) =
+            claude_in(&bin, &gw, &scene, &args[usize::from(round == 0)..], None).await;
         assert!(stdout.contains(prompt), "{why}");
         assert!(stdout.contains("You said:"), "{why}");
     }
@@ -513,6 +524,26 @@ async fn harness_claude_code_on_a_chat_upstream() {
     let first = &bodies[0];
     assert_eq!(first["messages"][0]["role"], "system", "{first}");
     assert_eq!(first["tools"].as_array().map(Vec::len), Some(12), "{first}");
+    // The 2026 body, translated: no cache breakpoints (nor their `ttl`), thinking or context
+    // management reach a Chat upstream; the client's cache identity does, hashed.
+    let text = first.to_string();
+    for absent in [
+        "cache_control",
+        "\"ttl\"",
+        "context_management",
+        "\"thinking\"",
+    ] {
+        assert!(
+            !text.contains(absent),
+            "{absent} reached the upstream: {first}"
+        );
+    }
+    let key = first["prompt_cache_key"].as_str().unwrap_or_default();
+    assert!(
+        key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{first}"
+    );
+    assert!(first["reasoning_effort"].is_string(), "{first}");
     let sent = bodies[1]["messages"].as_array().unwrap();
     let n = sent.len();
     assert_eq!(sent[n - 2]["tool_calls"][0]["id"], "call_up_1", "{sent:?}");
