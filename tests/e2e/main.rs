@@ -13,6 +13,7 @@ mod codex_cli;
 mod codex_messages;
 mod codex_threads;
 mod coding_harnesses;
+mod compaction;
 mod connections;
 mod console;
 mod continuation;

@@ -93,3 +93,17 @@ async fn openai_python_sdk_responses_over_websocket() {
     assert!(opened >= 3, "{opened} sockets opened\n{log}");
     assert!(log.contains(r#"transport="websocket""#), "{log}");
 }
+
+/// A socket holds a place among its principal's streams, and an idle one is closed.
+#[tokio::test]
+async fn responses_websocket_bounds_streams_and_idle_sockets() {
+    let gw = Gateway::start_with(Opts {
+        server: "websocket_idle_timeout_seconds = 1\nmax_streams_per_client = 1",
+        ..Opts::default()
+    })
+    .await;
+    if run_script_on(&gw, "openai_ws_bounds.py", "/v1").await {
+        let log = gw.log();
+        assert!(log.contains(r#"reason="idle""#), "{log}");
+    }
+}
