@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::support::fake_upstream::FakeUpstream;
 use crate::support::postgres;
-use crate::support::*;
+use crate::support::{responses, *};
 
 /// Short, so the lapse of a killed replica's lease is quick to reach.
 const LEASE_SECONDS: u64 = 2;
@@ -537,4 +537,26 @@ async fn a_replica_that_loses_the_database_refuses_fresh_turns_and_finishes_what
     let (status, v) = gw.chat(ALICE, &answer(&req, &resp, "notes: 42")).await;
     assert_eq!(status, 200, "{v}");
     assert!(content(&v).contains("notes: 42"), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_made_on_a_is_read_on_b_and_only_by_its_principal() {
+    let db = postgres::database();
+    let a = replica("a", &db, None).await;
+    let b = replica("b", &db, None).await;
+    let trigger = json!({"model": "echo", "input": [
+        {"role": "user", "content": "a long story"}, {"type": "compaction_trigger"}]});
+    let (s, r) = responses::create(&a, ALICE, &trigger).await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["output"][0]["type"], "compaction", "{r}");
+    let next = json!({"model": "echo", "input": [
+        r["output"][0].clone(), {"role": "user", "content": "go on"}]});
+    let (s, r) = responses::create(&b, ALICE, &next).await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(responses::response_text(&r), "You said: go on");
+    let (s, r) = responses::create(&b, BOB, &next).await;
+    assert_eq!(
+        (s, r["error"]["code"].as_str()),
+        (404, Some("continuation_not_found"))
+    );
 }

@@ -49,6 +49,13 @@ fn client_home() -> tempfile::TempDir {
         .expect("codex home")
 }
 
+/// The demo backend received a tool result holding `secret`.
+fn demo_saw(gw: &Gateway, secret: &str) -> bool {
+    gw.spy_events("tool_result")
+        .iter()
+        .any(|e| e["text"].as_str().is_some_and(|t| t.contains(secret)))
+}
+
 #[tokio::test]
 async fn codex_cli_reads_secret_through_a_held_demo_turn() {
     let Some(bin) = codex_bin() else {
@@ -56,11 +63,7 @@ async fn codex_cli_reads_secret_through_a_held_demo_turn() {
     };
     let gw = Gateway::start_raw(Opts::default(), harness_config).await;
     let home = client_home();
-    let spy_saw = |secret: &str| {
-        gw.spy_events("tool_result")
-            .iter()
-            .any(|e| e["text"].as_str().is_some_and(|t| t.contains(secret)))
-    };
+    let spy_saw = |secret: &str| demo_saw(&gw, secret);
     reads_secret(&gw, "codex-cli", VERSION, &bin, spy_saw, |s, cmd| {
         configure("fake-model", home.path(), s, cmd)
     })
@@ -195,11 +198,7 @@ async fn codex_cli_builtin_provider_holds_a_turn_over_websocket() {
     };
     let gw = Gateway::start_raw(Opts::default(), harness_config).await;
     let home = client_home();
-    let spy_saw = |secret: &str| {
-        gw.spy_events("tool_result")
-            .iter()
-            .any(|e| e["text"].as_str().is_some_and(|t| t.contains(secret)))
-    };
+    let spy_saw = |secret: &str| demo_saw(&gw, secret);
     let (stderr, elapsed) = reads_secret(&gw, "codex-cli", VERSION, &bin, spy_saw, |s, cmd| {
         builtin_home(home.path(), &s.base_url, "");
         exec("fake-model", home.path(), cmd, &[&s.prompt]);

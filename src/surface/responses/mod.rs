@@ -425,6 +425,49 @@ mod tests {
     }
 
     #[test]
+    fn unknown_members_of_items_are_ignored_and_kept_out_of_the_fingerprint() {
+        let item = |extra: Option<Value>| {
+            let mut m = json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]});
+            if let Some(x) = extra {
+                m["internal_chat_message_metadata_passthrough"] = x;
+            }
+            json!({"model": "m", "input": [m]})
+        };
+        let plain = parsed(item(None)).0;
+        let codex = parsed(item(Some(
+            json!({"turn_id": "t", "content_item_kinds": ["user.text"]}),
+        )))
+        .0;
+        assert_eq!(plain.fingerprint, codex.fingerprint);
+        assert_eq!(plain.messages, codex.messages);
+    }
+
+    #[test]
+    fn a_trigger_compacts_a_prewarm_generates_nothing_and_a_handle_reads_as_its_summary() {
+        let body = json!({"model": "m", "generate": false, "input": [
+            {"role": "user", "content": "a"},
+            {"type": "compaction", "encrypted_content": "cmp-1"},
+            {"role": "user", "content": "b"},
+            {"type": "compaction_trigger"}]});
+        let req = read(body.to_string().as_bytes()).unwrap();
+        assert_eq!(req.compactions(), ["cmp-1"]);
+        assert_eq!(req.user_messages().len(), 2);
+        let summaries = [("cmp-1".to_string(), "it went well".to_string())];
+        let (t, _, kind) = translate(req, &summaries, Instant::now()).unwrap();
+        assert_eq!(kind, Kind::Compact);
+        assert_eq!(t.messages.len(), 3);
+        assert_eq!(t.messages[1].text, format!("{SUMMARY_PREFIX}it went well"));
+        let mut prewarm = body.clone();
+        prewarm["input"].as_array_mut().unwrap().pop();
+        let req = read(prewarm.to_string().as_bytes()).unwrap();
+        let (_, _, kind) = translate(req, &summaries, Instant::now()).unwrap();
+        assert_eq!(kind, Kind::Prewarm);
+        let req = read(prewarm.to_string().as_bytes()).unwrap();
+        let e = translate(req, &[], Instant::now()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::ContinuationNotFound);
+    }
+
+    #[test]
     fn tools_of_an_additional_tools_item_are_the_clients_too() {
         let (t, _) = parsed(json!({"model": "m", "input": [
             {"type": "additional_tools", "role": "developer", "tools": [
