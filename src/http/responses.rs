@@ -14,12 +14,12 @@ use crate::auth::Principal;
 use crate::engine::{ContinuationError, EngineError};
 use crate::error::ApiError;
 use crate::surface::responses::{self, framing, Framing, Kind};
-use crate::turn::Usage;
+use crate::turn::{TurnInput, Usage};
 
-/// What a Responses request came to.
-pub(super) enum Answer {
-    Ran(Ran),
-    /// A response that ran no leg: a prewarm (no output) or a compaction (one item).
+/// What a Responses request comes to once read: a turn to run, or a response that needs no
+/// leg (a prewarm: no output; a compaction: one item, its summary turn already run).
+pub(super) enum Plan {
+    Turn(TurnInput),
     Finished {
         id: String,
         output: Vec<Value>,
@@ -27,17 +27,17 @@ pub(super) enum Answer {
     },
 }
 
-/// Reads, resolves and runs one Responses request for `principal`. `compact`: the request
-/// came to `/v1/responses/compact` (a compaction whatever its input ends with).
-pub(super) async fn answer(
+/// Resolves a request's compaction handles for `principal` and decides what it comes to.
+/// `compact`: the request came to `/v1/responses/compact` (a compaction whatever its input
+/// ends with). The turn itself is run by the caller: this future stays small, so the request
+/// path does not copy a turn's state through one more frame.
+pub(super) async fn plan(
     gw: &Gateway,
     principal: &Principal,
     req: responses::Request,
     arrived: tokio::time::Instant,
     compact: bool,
-    hop: Option<Extension<cluster::Hop>>,
-    replay: (&Uri, &HeaderMap, Option<Bytes>),
-) -> Result<(Answer, Framing), ApiError> {
+) -> Result<(Plan, Framing), ApiError> {
     let mut summaries = Vec::new();
     for handle in req.compactions() {
         match gw.compacted(principal, &handle) {
@@ -48,28 +48,26 @@ pub(super) async fn answer(
     }
     let (input, framing, kind) = responses::translate(req, &summaries, arrived)?;
     let id = || responses::response_id(&crate::ids::new_id("exe-"));
-    let answer = match (kind, compact) {
+    let plan = match (kind, compact) {
         (Kind::Compact, _) | (_, true) => {
-            let (handle, usage) = gw.compact(principal, input).await?;
+            // Boxed: a rare path whose future would otherwise size every request's.
+            let (handle, usage) = Box::pin(gw.compact(principal, input)).await?;
             let item = json!({"id": crate::ids::new_id("cmp_"), "type": "compaction",
                               "encrypted_content": handle});
-            Answer::Finished {
+            Plan::Finished {
                 id: id(),
                 output: vec![item],
                 usage,
             }
         }
-        (Kind::Prewarm, false) => Answer::Finished {
+        (Kind::Prewarm, false) => Plan::Finished {
             id: id(),
             output: Vec::new(),
             usage: Usage::default(),
         },
-        (Kind::Turn, false) => {
-            let ran = run(gw, principal, input, hop, replay).await;
-            Answer::Ran(ran.map_err(|e| responses::on_input(e.into()))?)
-        }
+        (Kind::Turn, false) => Plan::Turn(input),
     };
-    Ok((answer, framing))
+    Ok((plan, framing))
 }
 
 /// `POST /v1/responses`.
@@ -84,17 +82,20 @@ pub(super) async fn create(
     let raw = keep_raw(&gw, &a);
     let req = responses::read(&std::mem::take(&mut a.bytes))?;
     let slot = stream_place(&gw, &a, req.streams())?;
-    let replay = (&uri, &headers, raw);
-    let (answer, framing) = answer(&gw, &a.principal, req, a.arrived, false, hop, replay)
+    let (plan, framing) = plan(&gw, &a.principal, req, a.arrived, false)
         .await
         .map_err(responses::on_input)?;
-    let leg = match answer {
-        Answer::Ran(Ran::Here(leg)) => leg,
-        Answer::Ran(Ran::Relayed(resp)) => return Ok(holding(resp, slot)),
-        Answer::Finished { id, output, usage } => {
+    let input = match plan {
+        Plan::Turn(input) => input,
+        Plan::Finished { id, output, usage } => {
             let resp = finished(framing, &id, output, usage);
             return Ok(answered(&gw, &a, String::new(), holding(resp, slot)));
         }
+    };
+    let ran = run(&gw, &a.principal, input, hop, (&uri, &headers, raw)).await;
+    let leg = match ran.map_err(|e| responses::on_input(e.into()))? {
+        Ran::Here(leg) => leg,
+        Ran::Relayed(resp) => return Ok(holding(resp, slot)),
     };
     let execution = leg.execution_id.clone();
     let resp = if framing.stream {
@@ -122,18 +123,16 @@ fn finished(framing: Framing, id: &str, output: Vec<Value>, usage: Usage) -> Res
 /// the answer keeps its user messages and adds one `compaction` item.
 pub(super) async fn compact(
     State(gw): State<Gateway>,
-    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let a = admitted(&gw, &headers, body).await?;
     let req = responses::read(&a.bytes)?;
     let kept = req.user_messages();
-    let replay = (&uri, &headers, None);
-    let (answer, _) = answer(&gw, &a.principal, req, a.arrived, true, None, replay)
+    let (plan, _) = plan(&gw, &a.principal, req, a.arrived, true)
         .await
         .map_err(responses::on_input)?;
-    let Answer::Finished { id, output, usage } = answer else {
+    let Plan::Finished { id, output, usage } = plan else {
         return Err(ApiError::upstream());
     };
     let mut all = kept;

@@ -29,8 +29,8 @@ use futures::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
-use super::responses::{answer, Answer};
-use super::{Gateway, Ran};
+use super::responses::{plan, Plan};
+use super::{run, Gateway, Ran};
 use crate::auth::Principal;
 use crate::engine::Slot;
 use crate::error::{ApiError, ErrorCode};
@@ -252,19 +252,23 @@ impl Socket {
                 &headers,
                 gw.replica_id().map(|_| Bytes::from(bytes.clone())),
             );
-            let answered = match responses::read(&bytes) {
-                Ok(req) => answer(&gw, &principal, req, arrived, false, None, replay).await,
+            let planned = match responses::read(&bytes) {
+                Ok(req) => plan(&gw, &principal, req, arrived, false).await,
                 Err(e) => Err(e),
             };
-            match answered {
-                Ok((Answer::Ran(Ran::Here(leg)), framing)) => {
-                    leg_events(leg, framing, keepalive).await
+            let fail =
+                |e: ApiError| futures::stream::iter([error_event(responses::on_input(e))]).boxed();
+            let (input, framing) = match planned {
+                Ok((Plan::Turn(input), framing)) => (input, framing),
+                Ok((Plan::Finished { id, output, usage }, framing)) => {
+                    return futures::stream::iter(finished(framing, &id, output, usage)).boxed()
                 }
-                Ok((Answer::Ran(Ran::Relayed(resp)), _)) => relayed_events(resp).await,
-                Ok((Answer::Finished { id, output, usage }, framing)) => {
-                    futures::stream::iter(finished(framing, &id, output, usage)).boxed()
-                }
-                Err(e) => futures::stream::iter([error_event(responses::on_input(e))]).boxed(),
+                Err(e) => return fail(e),
+            };
+            match run(&gw, &principal, input, None, replay).await {
+                Ok(Ran::Here(leg)) => leg_events(leg, framing, keepalive).await,
+                Ok(Ran::Relayed(resp)) => relayed_events(resp).await,
+                Err(e) => fail(e.into()),
             }
         };
         Ok(InFlight {
