@@ -24,6 +24,10 @@ struct Seen {
     /// Its continuation was sent before a kill cut the answer off: a durable record whose
     /// outcome is unknown is settled lost at the restart (fail closed), so 410 is allowed.
     in_flight: bool,
+    /// A check answered it 410: it stays lost.
+    lost: bool,
+    /// What happened to it, for a failure's message.
+    history: Vec<String>,
 }
 
 const PER_REQUEST: Duration = Duration::from_secs(10);
@@ -239,14 +243,20 @@ async fn kill_9_at_random_moments_loses_nothing_and_answers_nothing_twice() {
                     durable,
                     spent: false,
                     in_flight: false,
+                    lost: false,
+                    history: vec![format!("issued {round}")],
                 },
             );
         }
         for t in sent {
-            tokens.get_mut(&t).expect("known token").in_flight = true;
+            let s = tokens.get_mut(&t).expect("known token");
+            s.in_flight = true;
+            s.history.push(format!("sent {round}"));
         }
         for t in answered {
-            tokens.get_mut(&t).expect("known token").spent = true;
+            let s = tokens.get_mut(&t).expect("known token");
+            s.spent = true;
+            s.history.push(format!("answered {round}"));
         }
         integrity(&gw);
         gw.spawn().await;
@@ -255,6 +265,7 @@ async fn kill_9_at_random_moments_loses_nothing_and_answers_nothing_twice() {
         for (t, s) in tokens.iter_mut() {
             let (status, v) = gw.chat(ALICE, &s.body).await;
             let code = error_code(&v);
+            s.history.push(format!("check {round}: {status}"));
             match status.as_u16() {
                 200 => {
                     assert!(
@@ -263,13 +274,21 @@ async fn kill_9_at_random_moments_loses_nothing_and_answers_nothing_twice() {
                     );
                     resumed_after_restart += 1;
                 }
-                409 => assert_eq!(code, "continuation_already_resolved", "round {round}"),
+                // A lost token stays lost.
+                409 => assert!(
+                    code == "continuation_already_resolved" && !s.lost,
+                    "round {round}: {:?}: {v}",
+                    s.history
+                ),
                 410 => assert!(
-                    (!s.durable || s.in_flight && !s.spent) && code == "continuation_lost",
-                    "round {round}: {v}"
+                    (!s.durable || s.lost || s.in_flight && !s.spent)
+                        && code == "continuation_lost",
+                    "round {round}: {:?}: {v}",
+                    s.history
                 ),
                 other => panic!("round {round}: {t} answered {other}: {v}"),
             }
+            s.lost |= status.as_u16() == 410;
             s.spent = true;
             s.in_flight = false;
         }
