@@ -560,3 +560,68 @@ async fn a_compaction_made_on_a_is_read_on_b_and_only_by_its_principal() {
         (404, Some("continuation_not_found"))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_turn_continued_over_a_websocket_on_b_is_relayed_from_its_owner_a() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+    let db = postgres::database();
+    let a = replica("a", &db, None).await;
+    let b = replica("b", &db, None).await;
+    let tools = json!([responses::read_file_tool()]);
+    let req = json!({"model": "tool", "input": "read /tmp/relay.txt", "tools": tools});
+    let (s, held) = responses::create(&a, ALICE, &req).await;
+    assert_eq!(s, 200, "{held}");
+    let call = responses::response_calls(&held)[0].clone();
+    let mut upgrade = format!("{}/v1/responses", b.url.replace("http://", "ws://"))
+        .into_client_request()
+        .unwrap();
+    let bearer = format!("Bearer {ALICE}").parse().unwrap();
+    upgrade.headers_mut().insert("authorization", bearer);
+    let (mut ws, _) = tokio_tungstenite::connect_async(upgrade)
+        .await
+        .expect("upgrade");
+    let create = json!({"type": "response.create", "model": "tool", "tools": tools,
+        "previous_response_id": held["id"],
+        "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "RELAYED"}]});
+    ws.send(Message::Text(create.to_string().into()))
+        .await
+        .unwrap();
+    let mut events = Vec::new();
+    let done = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(Ok(m)) = ws.next().await {
+            let Message::Text(t) = m else { continue };
+            let v: Value = serde_json::from_str(&t).unwrap();
+            let end = matches!(v["type"].as_str(), Some("response.completed" | "error"));
+            events.push(v);
+            if end {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "{events:?}");
+    let last = events.last().cloned().unwrap_or_default();
+    assert_eq!(last["type"], "response.completed", "{events:?}");
+    assert_eq!(last["response"]["id"], held["id"]);
+    assert_eq!(
+        responses::response_text(&last["response"]),
+        "Tool result: RELAYED"
+    );
+    let seq: Vec<u64> = events
+        .iter()
+        .filter_map(|e| e["sequence_number"].as_u64())
+        .collect();
+    assert_eq!(seq, (0..events.len() as u64).collect::<Vec<_>>());
+    let metrics = b
+        .http
+        .get(format!("{}/metrics", b.url))
+        .send()
+        .await
+        .unwrap();
+    let metrics = metrics.text().await.unwrap();
+    assert!(
+        metrics.contains("turnstile_forwarded_total{kind=\"continuation\",status=\"200\"} 1"),
+        "{metrics}"
+    );
+}
