@@ -32,6 +32,7 @@ use tokio::time::Instant;
 use super::responses::{plan, Plan};
 use super::{run, Gateway, Ran};
 use crate::auth::Principal;
+use crate::backend::upstream::client::{SseEvent, SseSplitter};
 use crate::engine::Slot;
 use crate::error::{ApiError, ErrorCode};
 use crate::surface::responses;
@@ -235,12 +236,17 @@ impl Socket {
                 )
             }
         }
-        let input = expand(&mut body, self.last.as_ref());
+        expand(&mut body, self.last.as_ref());
         body.insert("stream".into(), Value::Bool(true));
-        let bytes = serde_json::to_vec(&Value::Object(body)).unwrap_or_default();
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
         if bytes.len() > limit {
             return Err(ApiError::too_large(limit));
         }
+        // What the socket remembers if this response completes.
+        let input = match body.remove("input") {
+            Some(Value::Array(items)) => items,
+            _ => Vec::new(),
+        };
         let gw = self.gw.clone();
         let principal = self.principal.clone();
         let headers = self.headers.clone();
@@ -286,17 +292,17 @@ async fn next_event(flight: &mut Option<InFlight>) -> Option<Value> {
     }
 }
 
-/// The request's input items, with the socket's last response (its input, then its output)
-/// in front when `previous_response_id` names it; that id is then dropped, so the request
-/// runs as a whole conversation.
-fn expand(body: &mut Map<String, Value>, last: Option<&Previous>) -> Vec<Value> {
+/// The request's input as items, with the socket's last response (its input, then its
+/// output) in front when `previous_response_id` names it; that id is then dropped, so the
+/// request runs as a whole conversation.
+fn expand(body: &mut Map<String, Value>, last: Option<&Previous>) {
     let mut items = match body.remove("input") {
         Some(Value::Array(items)) => items,
         Some(Value::String(s)) => vec![json!({"type": "message", "role": "user", "content": s})],
         Some(other) => {
             // Not an input: put back for the parser to refuse.
             body.insert("input".into(), other);
-            return Vec::new();
+            return;
         }
         None => Vec::new(),
     };
@@ -309,8 +315,7 @@ fn expand(body: &mut Map<String, Value>, last: Option<&Previous>) -> Vec<Value> 
         all.append(&mut items);
         items = all;
     }
-    body.insert("input".into(), Value::Array(items.clone()));
-    items
+    body.insert("input".into(), Value::Array(items));
 }
 
 /// A leg's events: its first event is awaited (up to one keep-alive interval) so that an
@@ -321,13 +326,9 @@ async fn leg_events(
     keepalive: Duration,
 ) -> BoxStream<'static, Value> {
     use crate::engine::{EngineError, LegEvent};
-    let first = match tokio::time::timeout(keepalive, leg.events.recv()).await {
-        Ok(Some(LegEvent::Error(e))) => {
-            return futures::stream::iter([error_event(responses::on_input(e.into()))]).boxed()
-        }
-        Ok(None) => return futures::stream::iter([error_event(ApiError::upstream())]).boxed(),
-        Ok(Some(ev)) => Some(ev),
-        Err(_) => None,
+    let first = match crate::surface::sse::first_event(&mut leg, keepalive).await {
+        Ok(first) => first,
+        Err(e) => return futures::stream::iter([error_event(responses::on_input(e))]).boxed(),
     };
     let mut framer = Framer::new(&leg, framing);
     let mut head = framer.opening();
@@ -370,21 +371,21 @@ async fn relayed_events(resp: Response) -> BoxStream<'static, Value> {
         v["status"] = json!(status.as_u16());
         return futures::stream::iter([v]).boxed();
     }
-    let chunks = body.into_data_stream();
+    // The upstream client's bounded splitter: an owner's stream is read like any other.
     let events = futures::stream::unfold(
-        (chunks, String::new()),
-        |(mut chunks, mut buf)| async move {
+        (body.into_data_stream(), SseSplitter::default()),
+        |(mut chunks, mut sse)| async move {
             loop {
-                if let Some(at) = buf.find("\n\n") {
-                    let event: String = buf.drain(..at + 2).collect();
-                    let data = event.lines().find_map(|l| l.strip_prefix("data: "));
-                    match data.and_then(|d| serde_json::from_str::<Value>(d).ok()) {
-                        Some(v) => return Some((v, (chunks, buf))),
-                        None => continue,
-                    }
+                match sse.next_event() {
+                    Some(SseEvent::Data(d)) => match serde_json::from_str::<Value>(&d) {
+                        Ok(v) => return Some((v, (chunks, sse))),
+                        Err(_) => continue,
+                    },
+                    Some(SseEvent::Done) => return None,
+                    None => {}
                 }
                 match chunks.next().await {
-                    Some(Ok(b)) => buf.push_str(&String::from_utf8_lossy(&b)),
+                    Some(Ok(b)) if sse.push(&b).is_ok() => {}
                     _ => return None,
                 }
             }
@@ -426,10 +427,10 @@ mod tests {
         let mut body = json!({"previous_response_id": "resp_1", "input": [
             {"type": "function_call_output", "call_id": "srct-x", "output": "ok"}]});
         let body = body.as_object_mut().unwrap();
-        let items = expand(body, Some(&previous()));
+        expand(body, Some(&previous()));
+        let items = body["input"].as_array().unwrap();
         assert_eq!(items.len(), 3);
         assert_eq!(items[1]["type"], "function_call");
-        assert_eq!(body["input"], Value::Array(items));
         assert!(!body.contains_key("previous_response_id"));
     }
 
@@ -437,14 +438,14 @@ mod tests {
     fn another_reference_goes_through_and_a_string_input_is_one_user_message() {
         let mut body = json!({"previous_response_id": "resp_2", "input": "hi"});
         let body = body.as_object_mut().unwrap();
-        let items = expand(body, Some(&previous()));
+        expand(body, Some(&previous()));
         assert_eq!(
-            items,
-            vec![json!({"type": "message", "role": "user", "content": "hi"})]
+            body["input"],
+            json!([{"type": "message", "role": "user", "content": "hi"}])
         );
         assert_eq!(body["previous_response_id"], "resp_2");
         let mut bad = json!({"input": 7});
-        assert!(expand(bad.as_object_mut().unwrap(), None).is_empty());
+        expand(bad.as_object_mut().unwrap(), None);
         assert_eq!(bad["input"], 7);
     }
 

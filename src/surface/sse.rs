@@ -31,17 +31,24 @@ pub fn notice_comment(n: &str) -> String {
     format!(": {}\n\n", n.replace(['\n', '\r'], " "))
 }
 
+/// A leg's first event, awaited up to one keep-alive interval so that an early failure can
+/// still be answered as a real status (the Responses WebSocket: an `error` event with it);
+/// `None` when the leg is still silent.
+pub async fn first_event(leg: &mut Leg, keepalive: Duration) -> Result<Option<LegEvent>, ApiError> {
+    match tokio::time::timeout(keepalive, leg.events.recv()).await {
+        Ok(Some(LegEvent::Error(e))) => Err(e.into()),
+        Ok(None) => Err(ApiError::upstream()),
+        Ok(Some(ev)) => Ok(Some(ev)),
+        Err(_) => Ok(None),
+    }
+}
+
 pub async fn stream<F: Frame>(
     mut leg: Leg,
     mut framer: F,
     keepalive: Duration,
 ) -> Result<Body, ApiError> {
-    let first = match tokio::time::timeout(keepalive, leg.events.recv()).await {
-        Ok(Some(LegEvent::Error(e))) => return Err(e.into()),
-        Ok(None) => return Err(ApiError::upstream()),
-        Ok(Some(ev)) => Some(ev),
-        Err(_) => None,
-    };
+    let first = first_event(&mut leg, keepalive).await?;
     let mut opening = framer.opening();
     let mut done = false;
     if let Some(ev) = first {
