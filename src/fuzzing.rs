@@ -17,6 +17,7 @@
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
+use crate::backend::agent::lines::Lines;
 use crate::backend::app_server::rpc;
 use crate::backend::upstream::client::{SseEvent, SseSplitter};
 use crate::turn::TurnInput;
@@ -152,7 +153,7 @@ fn chunks(data: &[u8]) -> Vec<&[u8]> {
 pub fn ndjson(data: &[u8]) {
     const MAX: usize = 64;
     let split = |parts: &[&[u8]]| {
-        let mut lines = rpc::Lines::new(MAX);
+        let mut lines = Lines::new(MAX);
         let mut out: Vec<Vec<u8>> = Vec::new();
         for p in parts {
             lines.push(p, |l| {

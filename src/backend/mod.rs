@@ -1,13 +1,16 @@
-//! Backends: what runs turns. One [`Backend`] trait covers both kinds: a stateful agent
+//! Backends: what runs turns. One [`Backend`] trait covers every kind: a stateful agent
 //! (`app_server/`: `codex app-server` over JSON-RPC, which holds the turn open while the client
-//! runs its tools) and a stateless upstream (`upstream/`: an OpenAI-compatible HTTP endpoint,
-//! where nothing is held and a continuation is a new request with the upstream's ids restored).
+//! runs its tools, on the substrate every agent kind shares in `agent/`) and a stateless
+//! upstream (`upstream/`: an OpenAI-compatible HTTP endpoint, where nothing is held and a
+//! continuation is a new request with the upstream's ids restored). [`build`] is the one
+//! place that turns a config's kind into a running backend.
 //! Only this module speaks a backend's protocol; the engine sees a [`Turn`]: a stream of
 //! [`TurnEvent`]s plus a [`TurnControl`]. Backend-side ids (process, thread, turn, `callId`,
 //! upstream `tool_call.id`) never leave this module except as the opaque [`Hold::Ids`] the
 //! store keeps for a stateless continuation: a held call is known outside only by its
 //! gateway-issued `invocation` number.
 
+pub mod agent;
 pub mod app_server;
 pub mod upstream;
 
@@ -17,27 +20,38 @@ use futures::channel::mpsc;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
-use crate::config::ModelConfig;
+use crate::config::{BackendSpec, ModelConfig};
 use crate::turn::{Continuation, TurnInput, Usage};
 
 pub use self::upstream::native::Native;
 
-/// What a backend is, as far as the engine's lifecycle cares.
+/// What a backend says of itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    /// Holds the turn open across a suspension (lost if its process dies).
-    Agent,
-    /// Holds nothing: a suspension is a durable record, and it survives a restart.
-    Upstream,
+pub struct BackendInfo {
+    /// Its config `kind` (`app-server`, `openai`).
+    pub kind: &'static str,
+    pub holds: Holds,
 }
 
-impl BackendKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendKind::Agent => "app-server",
-            BackendKind::Upstream => "openai",
+/// What a suspended turn of a backend holds, as far as the engine's lifecycle cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holds {
+    /// The live turn, open across the suspension (lost if its process dies); a completed
+    /// turn's session may be kept for the conversation's next turn.
+    Turn,
+    /// Nothing: a suspension is a durable record, and it survives a restart.
+    Nothing,
+}
+
+/// Starts the backend a `[backends.NAME]` section describes: the one place that reads its
+/// kind. An agent backend is refused here, at startup, if it cannot start.
+pub async fn build(name: &str, spec: &BackendSpec) -> Result<Arc<dyn Backend>, BackendError> {
+    Ok(match spec {
+        BackendSpec::AppServer(cfg) => app_server::AppServer::start(name, cfg.clone()).await?,
+        BackendSpec::OpenAi(cfg) => {
+            Arc::new(upstream::Upstream::new(name, cfg).map_err(BackendError::Unavailable)?)
         }
-    }
+    })
 }
 
 /// Everything a backend needs to run one leg.
@@ -393,7 +407,11 @@ pub struct SessionStats {
 }
 
 pub trait Backend: Send + Sync {
-    fn kind(&self) -> BackendKind;
+    fn describe(&self) -> BackendInfo;
+    /// What the backend reported of itself at startup (an agent's version), for the log.
+    fn version(&self) -> Option<String> {
+        None
+    }
     /// Refuses what this backend cannot run, before anything is journaled or started.
     fn validate(&self, input: &TurnInput) -> Result<(), BackendError>;
     /// Starts a fresh leg; resolves once the backend has accepted it (a stateless upstream:

@@ -35,7 +35,9 @@ use serde::Deserialize;
 
 pub use crate::auth::grant::{ClientLimits, Rate, Role};
 pub use crate::auth::jwt::JwtIssuer;
-pub use backends::DEFAULT_ENV_PASSTHROUGH;
+pub use backends::{
+    AppServerConfig, BackendSpec, ChildConfig, CodexThread, UpstreamConfig, DEFAULT_ENV_PASSTHROUGH,
+};
 pub use cluster::{ClusterConfig, StoreConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -81,10 +83,8 @@ pub struct Config {
     pub jwt: Vec<Arc<JwtIssuer>>,
     pub clients: Vec<ClientConfig>,
     pub models: Vec<ModelConfig>,
-    /// `kind = "app-server"` backends.
-    pub backends: BTreeMap<String, BackendConfig>,
-    /// `kind = "openai"` backends.
-    pub upstreams: BTreeMap<String, UpstreamConfig>,
+    /// `[backends.NAME]`, each of its kind.
+    pub backends: BTreeMap<String, BackendSpec>,
     pub approval_ttl: Duration,
     pub continuations: ContinuationLimits,
     pub continuity: ContinuityConfig,
@@ -156,50 +156,9 @@ pub struct ModelConfig {
     pub backend: String,
     pub backend_model: Option<String>,
     pub approvals: ApprovalPolicy,
-    /// Codex `approvalPolicy` for threads of this model (`untrusted`, `on-request`, `never`).
-    pub approval_policy: Option<String>,
-    /// Codex `sandbox` for threads of this model.
-    pub sandbox: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BackendConfig {
-    pub command: Vec<String>,
-    /// Variables set for the child, besides what `env_passthrough` lets through.
-    pub env: BTreeMap<String, String>,
-    /// The names of the gateway's environment variables the child also gets (the default
-    /// list, the config's `env_passthrough`, and any `env_key` its command names); the child's
-    /// environment is built from these and `env` alone.
-    pub env_passthrough: Vec<String>,
-    pub cwd: Option<PathBuf>,
-    pub max_sessions: usize,
-    pub processes: usize,
-    pub acquire_timeout: Duration,
-    /// Client tool names the backend would shadow with a built-in of its own (Codex runs its
-    /// `view_image` or `request_user_input` instead of calling the client's tool of that
-    /// name). Such a tool is declared under another name and its calls renamed back.
-    pub reserved_tool_names: Vec<String>,
-    /// A process that has started this many threads is replaced by a fresh one; it takes
-    /// no new work, drains its live and held turns, then exits.
-    pub recycle_after_threads: u64,
-}
-
-/// `kind = "openai"`: a stateless OpenAI-compatible HTTP upstream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamConfig {
-    /// Base URL ending before `/chat/completions` (e.g. `http://127.0.0.1:8080/v1`).
-    pub base_url: String,
-    /// Environment variable holding the upstream key (never the key itself).
-    pub api_key_env: Option<String>,
-    /// PEM certificates trusted for this upstream besides the platform's roots (a private CA).
-    pub ca_file: Option<std::path::PathBuf>,
-    pub connect_timeout: Duration,
-    pub first_byte_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub total_timeout: Duration,
-    pub max_idle_connections: usize,
-    /// The bound of a non-streamed answer and of an error body (over it: `upstream_error`).
-    pub max_response_bytes: usize,
+    /// `approval_policy` and `sandbox`: set only on a model of a `kind = "app-server"`
+    /// backend, which validates them and passes them to its threads.
+    pub codex: CodexThread,
 }
 
 /// `[continuity]`: keeping an agent's thread idle for the conversation's next turn.

@@ -41,8 +41,11 @@ fn valid_config_resolves_paths_and_defaults() {
             path: PathBuf::from("/etc/turnstile/data/t.db")
         }
     );
-    assert_eq!(cfg.backends["demo"].command[0], "/etc/turnstile/./bin/demo");
-    assert_eq!(cfg.backends["demo"].max_sessions, 16);
+    let BackendSpec::AppServer(demo) = &cfg.backends["demo"] else {
+        panic!("demo is an app-server backend");
+    };
+    assert_eq!(demo.child.command[0], "/etc/turnstile/./bin/demo");
+    assert_eq!(demo.max_sessions, 16);
     assert_eq!(cfg.continuations.max_rounds, 32);
     assert_eq!(cfg.models[0].approvals.command, Decision::Ask);
     assert_eq!(cfg.models[0].approvals.file_change, Decision::Deny);
@@ -114,7 +117,9 @@ fn openai_backend_and_kind_specific_keys() {
         "[backends.up]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1/\"\napi_key_env = \"UP_KEY\"\nidle_timeout_ms = 50\n[backends.demo]",
     );
     let cfg = parse(&text).unwrap();
-    let up = &cfg.upstreams["up"];
+    let BackendSpec::OpenAi(up) = &cfg.backends["up"] else {
+        panic!("up is an openai backend");
+    };
     assert_eq!(up.base_url, "http://127.0.0.1:9/v1");
     assert_eq!(up.idle_timeout, Duration::from_millis(50));
     assert_eq!(up.api_key_env.as_deref(), Some("UP_KEY"));
@@ -494,7 +499,7 @@ fn a_postgres_store_and_a_cluster_are_read_exactly_and_secrets_stay_out_of_the_f
 #[test]
 fn a_backend_child_gets_the_pass_list_and_never_the_gateways_secrets() {
     let cfg = parse(&base_toml()).unwrap();
-    let demo = &cfg.backends["demo"];
+    let demo = cfg.backends["demo"].child().unwrap();
     assert!(demo.env_passthrough.contains(&"PATH".to_string()));
     assert!(!demo.env_passthrough.iter().any(|v| v.contains("KEY")));
     let text = base_toml().replace(
@@ -502,7 +507,7 @@ fn a_backend_child_gets_the_pass_list_and_never_the_gateways_secrets() {
         "command = [\"./bin/demo\", \"-c\", 'model_providers.u={name=\"u\",env_key=\"UP_KEY\"}']\nenv_passthrough = [\"CODEX_API_KEY\"]",
     );
     let cfg = parse(&text).unwrap();
-    let pass = &cfg.backends["demo"].env_passthrough;
+    let pass = &cfg.backends["demo"].child().unwrap().env_passthrough;
     assert!(pass.contains(&"UP_KEY".to_string()), "{pass:?}");
     assert!(pass.contains(&"CODEX_API_KEY".to_string()), "{pass:?}");
     let pg = text
@@ -559,5 +564,48 @@ fn stream_and_kept_bytes_bounds() {
         ),
     ] {
         assert_eq!(parse(&text).unwrap_err().path, path);
+    }
+}
+
+#[test]
+fn every_kind_is_one_backend_and_codex_settings_belong_to_the_app_server_kind() {
+    let text = base_toml().replace(
+        "[backends.demo]",
+        "[[models]]\nid = \"up\"\nbackend = \"up\"\n[backends.up]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n[backends.demo]",
+    );
+    let cfg = parse(&text).unwrap();
+    let kinds: Vec<_> = cfg
+        .backends
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.kind()))
+        .collect();
+    assert_eq!(kinds, [("demo", "app-server"), ("up", "openai")]);
+    assert!(cfg.backends["up"].child().is_none());
+
+    let codex = base_toml().replace(
+        "approvals = {{ command = \"ask\" }}",
+        "approval_policy = \"never\"\nsandbox = \"read-only\"",
+    );
+    let codex = codex.replace(
+        "approvals = { command = \"ask\" }",
+        "approval_policy = \"never\"\nsandbox = \"read-only\"",
+    );
+    let cfg = parse(&codex).unwrap();
+    assert_eq!(
+        cfg.models[0].codex.approval_policy.as_deref(),
+        Some("never")
+    );
+    assert_eq!(cfg.models[0].codex.sandbox.as_deref(), Some("read-only"));
+
+    for (key, value) in [("approval_policy", "never"), ("sandbox", "read-only")] {
+        let text = text.replace(
+            "id = \"up\"\nbackend = \"up\"",
+            &format!("id = \"up\"\nbackend = \"up\"\n{key} = \"{value}\""),
+        );
+        let e = parse(&text).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!("config models[1].{key}: only for a model of a `kind = \"app-server\"` backend (`up` is `openai`)")
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! `validate()`: the raw file -> the frozen [`Config`], checking what serde cannot (ranges,
 //! references between sections, duplicates) and naming the key path of the first failure.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::Path;
@@ -85,9 +85,9 @@ pub(super) fn validate(
         },
         cluster.as_ref().map(|c| c.key_env.clone()),
     ];
-    for (name, b) in &backends.app_servers {
+    for (name, child) in backends.iter().filter_map(|(n, b)| Some((n, b.child()?))) {
         for secret in secrets.iter().flatten() {
-            if b.env_passthrough.contains(secret) {
+            if child.env_passthrough.contains(secret) {
                 return Err(err(
                     format!("backends.{name}.env_passthrough"),
                     format!("must not pass `{secret}` (the gateway's own secret) to a backend"),
@@ -95,7 +95,7 @@ pub(super) fn validate(
             }
         }
     }
-    let models = models(raw.models, |name| backends.contains(name))?;
+    let models = models(raw.models, &backends)?;
     let jwt_issuers = jwt::jwt_issuers(raw.auth.jwt, base, read)?;
     let clients = clients(raw.clients, &jwt_issuers)?;
     let continuations = continuations(raw.continuations)?;
@@ -122,8 +122,7 @@ pub(super) fn validate(
         jwt: jwt_issuers,
         clients,
         models,
-        backends: backends.app_servers,
-        upstreams: backends.upstreams,
+        backends,
         approval_ttl: Duration::from_secs(raw.approvals.ttl_seconds),
         continuations,
         continuity,
@@ -143,10 +142,10 @@ fn continuity(c: RawContinuity) -> Result<ContinuityConfig, ConfigError> {
     })
 }
 
-/// `[[models]]`; `has_backend` says whether a `[backends]` section has that name.
+/// `[[models]]`, each on one of `backends`, which validates the settings only it reads.
 fn models(
     raw: Vec<RawModel>,
-    has_backend: impl Fn(&str) -> bool,
+    backends: &BTreeMap<String, super::BackendSpec>,
 ) -> Result<Vec<ModelConfig>, ConfigError> {
     let mut seen = HashSet::new();
     let mut models = Vec::new();
@@ -158,28 +157,13 @@ fn models(
         if !seen.insert(m.id.clone()) {
             return Err(err(at("id"), format!("duplicate model id `{}`", m.id)));
         }
-        if !has_backend(&m.backend) {
+        let Some(backend) = backends.get(&m.backend) else {
             return Err(err(
                 at("backend"),
                 format!("no backend named `{}` in [backends]", m.backend),
             ));
-        }
-        if let Some(p) = &m.approval_policy {
-            if !["untrusted", "on-request", "never"].contains(&p.as_str()) {
-                return Err(err(
-                    at("approval_policy"),
-                    format!("`{p}` is not one of untrusted, on-request, never"),
-                ));
-            }
-        }
-        if let Some(s) = &m.sandbox {
-            if !["read-only", "workspace-write", "danger-full-access"].contains(&s.as_str()) {
-                return Err(err(
-                    at("sandbox"),
-                    format!("`{s}` is not one of read-only, workspace-write, danger-full-access"),
-                ));
-            }
-        }
+        };
+        let codex = backend.codex_thread(&at, &m)?;
         let a = m.approvals;
         models.push(ModelConfig {
             id: m.id,
@@ -191,8 +175,7 @@ fn models(
                 permissions: a.permissions.unwrap_or(DEFAULT_DECISION),
                 elicitation: a.elicitation.unwrap_or(DEFAULT_DECISION),
             },
-            approval_policy: m.approval_policy,
-            sandbox: m.sandbox,
+            codex,
         });
     }
     Ok(models)

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::Engine;
 use crate::auth::Principal;
-use crate::backend::BackendKind;
+use crate::backend::Holds;
 use crate::continuation::registry::principal_eq;
 use crate::store::now_unix;
 
@@ -140,10 +140,11 @@ impl Engine {
                     return None;
                 }
                 let s = b.stats();
-                let status = match b.kind() {
-                    BackendKind::Agent if s.processes_alive > 0 => "ok",
-                    BackendKind::Agent => "down",
-                    BackendKind::Upstream => match (s.last_answer, s.last_failure) {
+                let info = b.describe();
+                let status = match info.holds {
+                    Holds::Turn if s.processes_alive > 0 => "ok",
+                    Holds::Turn => "down",
+                    Holds::Nothing => match (s.last_answer, s.last_failure) {
                         (None, None) => "unused",
                         (a, Some(f)) if a.is_none_or(|a| f > a) => "failing",
                         _ => "ok",
@@ -151,7 +152,7 @@ impl Engine {
                 };
                 Some(BackendView {
                     name: name.clone(),
-                    kind: b.kind().as_str(),
+                    kind: info.kind,
                     status,
                     models,
                     busy: s.busy,

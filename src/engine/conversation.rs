@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use super::continuity::{Binding, Entry, Miss, RefMiss};
 use super::execution::{ExecutionMeta, LegContext};
 use super::{ContinuationError, Engine, EngineError};
-use crate::backend::{BackendError, BackendKind, Kept, Turn};
+use crate::backend::{BackendError, Holds, Kept, Turn};
 use crate::continuation::canonical::digest_of_digests;
 use crate::turn::{Message, Role, TurnInput};
 
@@ -21,11 +21,10 @@ impl Engine {
         &self,
         principal: &str,
         model: &str,
-        kind: BackendKind,
+        holds: Holds,
         input: &mut TurnInput,
     ) -> Result<Option<Kept>, EngineError> {
-        let enabled =
-            self.config().continuity.enabled && kind == BackendKind::Agent && !input.ephemeral;
+        let enabled = self.config().continuity.enabled && holds == Holds::Turn && !input.ephemeral;
         let metrics = &self.inner.metrics;
         let binding = Binding::new(principal, model, input.surface, &input.fingerprint);
         if let Some(execution) = input.follows.take() {
@@ -104,13 +103,13 @@ impl Engine {
     pub(super) fn keep_thread(
         &self,
         meta: &ExecutionMeta,
-        kind: BackendKind,
+        holds: Holds,
         ctx: LegContext,
         text: &str,
         turn: Turn,
     ) {
         let cfg = self.config();
-        if !cfg.continuity.enabled || kind != BackendKind::Agent || !ctx.keep {
+        if !cfg.continuity.enabled || holds != Holds::Turn || !ctx.keep {
             return;
         }
         let Some(idle) = turn.keep() else { return };

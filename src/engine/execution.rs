@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use tokio::time::Instant;
 
 use super::admission::Slot;
-use crate::backend::{BackendKind, HeldCall, Hold, Turn};
+use crate::backend::{HeldCall, Hold, Holds, Turn};
 use crate::continuation::Parked;
 use crate::turn::{DigestFn, EchoFn, Fingerprint, Message, Surface, TurnInput};
 
@@ -24,7 +24,7 @@ pub struct ExecutionMeta {
 /// running) and frees the backend session and the principal's slot.
 pub struct Execution {
     pub meta: ExecutionMeta,
-    pub kind: BackendKind,
+    pub holds: Holds,
     pub deadline: Instant,
     pub rounds: u32,
     /// The execution has a journal row (an agent's from the start; a stateless upstream's
@@ -39,7 +39,7 @@ pub struct Execution {
 /// A suspended execution: what the registry keeps behind a batch of tokens.
 pub struct Suspended {
     pub meta: ExecutionMeta,
-    pub kind: BackendKind,
+    pub holds: Holds,
     pub deadline: Instant,
     pub rounds: u32,
     pub hold: Hold,
@@ -105,9 +105,9 @@ pub struct LegContext {
 
 impl LegContext {
     /// Takes what the leg's ending needs out of a request whose backend leg has started.
-    pub fn of(input: &mut TurnInput, kind: BackendKind) -> LegContext {
+    pub fn of(input: &mut TurnInput, holds: Holds) -> LegContext {
         let keeps_history = input.surface.keeps_history();
-        let digests = match keeps_history || kind == BackendKind::Agent {
+        let digests = match keeps_history || holds == Holds::Turn {
             true => std::mem::take(&mut input.message_digests),
             false => Vec::new(),
         };
@@ -118,7 +118,7 @@ impl LegContext {
             digest: input.digest,
             keeps_history,
             digests,
-            messages: (keeps_history && kind == BackendKind::Upstream)
+            messages: (keeps_history && holds == Holds::Nothing)
                 .then(|| std::mem::take(&mut input.messages)),
             keep: !input.ephemeral,
         }

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::ending::EndReason;
 use super::execution::{Execution, LegContext};
 use super::{Engine, EngineError};
-use crate::backend::{BackendKind, HeldCall, TurnEvent};
+use crate::backend::{HeldCall, Holds, TurnEvent};
 use crate::turn::{ExposedCall, Usage};
 
 /// What a leg sends to its surface, in order: deltas, then exactly one `End` or `Error`.
@@ -120,7 +120,7 @@ impl Engine {
                 }
                 Some(TurnEvent::ToolCall(call)) => {
                     calls.push(call);
-                    if exec.kind == BackendKind::Agent {
+                    if exec.holds == Holds::Turn {
                         flush_at.get_or_insert_with(|| Instant::now() + debounce);
                     }
                 }
@@ -137,13 +137,13 @@ impl Engine {
                     // so its next request finds it.
                     let Execution {
                         meta,
-                        kind,
+                        holds,
                         journaled,
                         turn,
                         slot,
                         ..
                     } = exec;
-                    self.keep_thread(&meta, kind, ctx, &text, turn);
+                    self.keep_thread(&meta, holds, ctx, &text, turn);
                     let _ = tx
                         .send(LegEvent::End {
                             calls: Vec::new(),

@@ -50,9 +50,7 @@ use tokio_util::task::TaskTracker;
 use self::execution::{Execution, ExecutionMeta, LegContext, Suspended};
 use crate::approvals::Approvals;
 use crate::auth::{self, Principal};
-use crate::backend::app_server::AppServer;
-use crate::backend::upstream::Upstream;
-use crate::backend::{Backend, BackendKind, LegRequest};
+use crate::backend::{self, Backend, Holds, LegRequest};
 use crate::config::{self, Config, ConfigError};
 use crate::continuation::{Limits, Reason, Registry};
 use crate::error::ApiError;
@@ -64,7 +62,7 @@ use crate::turn::TurnInput;
 struct Inner {
     config: RwLock<Arc<Config>>,
     config_path: Option<PathBuf>,
-    /// Every backend by name, both kinds, started once (a reload does not restart them).
+    /// Every backend by name, whatever its kind, started once (a reload does not restart them).
     backends: BTreeMap<String, Arc<dyn Backend>>,
     registry: Registry<Suspended>,
     approvals: Approvals,
@@ -96,15 +94,14 @@ impl Engine {
     /// Starts every backend the config names, then the engine.
     pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Engine, String> {
         let mut backends: BTreeMap<String, Arc<dyn Backend>> = BTreeMap::new();
-        for (name, b) in &cfg.backends {
-            let server = AppServer::start(name, b.clone())
+        for (name, spec) in &cfg.backends {
+            let backend = backend::build(name, spec)
                 .await
                 .map_err(|e| format!("backend `{name}` failed to start: {e}"))?;
-            tracing::info!(backend = %name, user_agent = ?server.user_agent(), "backend ready");
-            backends.insert(name.clone(), server);
-        }
-        for (name, u) in &cfg.upstreams {
-            backends.insert(name.clone(), Arc::new(Upstream::new(name, u)?));
+            if let Some(version) = backend.version() {
+                tracing::info!(backend = %name, kind = spec.kind(), version = %version, "backend ready");
+            }
+            backends.insert(name.clone(), backend);
         }
         Self::with_backends(cfg, config_path, backends)
     }
@@ -184,7 +181,7 @@ impl Engine {
     }
 
     /// Re-reads the config file. Clients, keys, allowlists, limits and models take effect at
-    /// once; backends of both kinds keep running as started. A file that fails validation
+    /// once; backends keep running as started. A file that fails validation
     /// changes nothing.
     pub fn reload(&self) -> Result<(), ConfigError> {
         let Some(path) = &self.inner.config_path else {
@@ -192,7 +189,7 @@ impl Engine {
         };
         let new = config::load(path)?;
         let old = self.config();
-        if new.backends != old.backends || new.upstreams != old.upstreams {
+        if new.backends != old.backends {
             tracing::warn!(
                 "backend settings changed in the config file; they apply after a restart"
             );
@@ -244,7 +241,7 @@ impl Engine {
         self.inner
             .backends
             .values()
-            .filter(|b| b.kind() == BackendKind::Agent)
+            .filter(|b| b.describe().holds == Holds::Turn)
             .all(|b| b.stats().processes_alive > 0)
     }
 
@@ -263,7 +260,7 @@ impl Engine {
                 .inner
                 .backends
                 .iter()
-                .filter(|(_, b)| b.kind() == BackendKind::Agent)
+                .filter(|(_, b)| b.describe().holds == Holds::Turn)
                 .map(|(n, b)| {
                     let s = b.stats();
                     (n.clone(), s.busy, s.capacity)
@@ -408,8 +405,8 @@ impl Engine {
             .backend(&model.backend)
             .ok_or(EngineError::TurnFailed)?;
         backend.validate(&*input)?;
-        let kind = backend.kind();
-        let kept = self.kept_thread(&principal.id, &model.id, backend.kind(), input)?;
+        let holds = backend.describe().holds;
+        let kept = self.kept_thread(&principal.id, &model.id, holds, input)?;
         let meta = ExecutionMeta {
             id: new_id("exe-"),
             principal: principal.id.clone(),
@@ -420,7 +417,7 @@ impl Engine {
         // An agent's execution is journaled before it starts (a crash leaves it `lost`); a
         // stateless leg only if it suspends: one that just answers leaves nothing to recover,
         // and two store transactions per relayed request would cap the plain path.
-        let journaled = kind == BackendKind::Agent;
+        let journaled = holds == Holds::Turn;
         if journaled {
             if let Err(e) = self
                 .inner
@@ -443,9 +440,9 @@ impl Engine {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!(execution = %meta.id, error = %e, "backend leg did not start");
-                let reason = match kind {
-                    BackendKind::Agent => EndReason::FailedToStart,
-                    BackendKind::Upstream => EndReason::Failed,
+                let reason = match holds {
+                    Holds::Turn => EndReason::FailedToStart,
+                    Holds::Nothing => EndReason::Failed,
                 };
                 self.end(&meta, journaled, reason, ());
                 return Err(e.into());
@@ -453,7 +450,7 @@ impl Engine {
         };
         let exec = Execution {
             meta,
-            kind,
+            holds,
             deadline: Instant::now() + cfg.continuations.execution_ttl,
             rounds: 0,
             journaled,
@@ -461,7 +458,7 @@ impl Engine {
             backlog: Default::default(),
             slot: Some(slot),
         };
-        let ctx = LegContext::of(input, kind);
+        let ctx = LegContext::of(input, holds);
         Ok(self.drive(exec, ctx))
     }
 

@@ -22,7 +22,7 @@ use super::execution::{Execution, History, LegContext, Suspended};
 use super::leg::Leg;
 use super::{ContinuationError, Engine, EngineError};
 use crate::auth::Principal;
-use crate::backend::{Answer, BackendKind, Hold, LegRequest, Resume};
+use crate::backend::{Answer, Hold, Holds, LegRequest, Resume};
 use crate::continuation::canonical::digest_of_digests;
 use crate::continuation::{Batch, Digests, PendingView, Reason};
 use crate::turn::{Continuation, Surface, TurnInput};
@@ -345,7 +345,7 @@ impl Engine {
             .collect();
         let Suspended {
             meta,
-            kind,
+            holds,
             deadline,
             rounds,
             hold,
@@ -361,7 +361,7 @@ impl Engine {
             batch: kept.map(|(ids, history)| {
                 taken.into_batch(Suspended {
                     meta: meta.clone(),
-                    kind,
+                    holds,
                     deadline,
                     rounds,
                     hold: Hold::Ids(ids),
@@ -399,9 +399,9 @@ impl Engine {
             }
             Err(e) => {
                 tracing::warn!(execution = %meta.id, error = %e, "resume failed");
-                let reason = match kind {
-                    BackendKind::Agent => EndReason::Lost,
-                    BackendKind::Upstream => EndReason::Failed,
+                let reason = match holds {
+                    Holds::Turn => EndReason::Lost,
+                    Holds::Nothing => EndReason::Failed,
                 };
                 self.end(&meta, true, reason, ());
                 return Err(e.into());
@@ -418,13 +418,13 @@ impl Engine {
             },
             slot: slot.or_else(|| Some(self.inner.limiter.hold(&meta.principal))),
             meta,
-            kind,
+            holds,
             rounds,
             journaled: true,
             turn,
             backlog,
         };
-        let ctx = LegContext::of(input, kind);
+        let ctx = LegContext::of(input, holds);
         Ok(self.drive(exec, ctx))
     }
 }

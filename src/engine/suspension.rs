@@ -113,7 +113,7 @@ impl Engine {
         });
         let Execution {
             meta,
-            kind,
+            holds,
             deadline,
             rounds,
             turn,
@@ -129,7 +129,7 @@ impl Engine {
         };
         let parked = Suspended {
             meta: meta.clone(),
-            kind,
+            holds,
             deadline,
             rounds: rounds + 1,
             // A durable record holds no live-execution slot while suspended.
@@ -219,7 +219,7 @@ pub(super) fn durable_batch(s: crate::store::StoredSuspension) -> Batch<Suspende
         digests: s.digests,
         parked: Suspended {
             meta,
-            kind: crate::backend::BackendKind::Upstream,
+            holds: crate::backend::Holds::Nothing,
             deadline,
             rounds: s.rounds,
             hold: Hold::Ids(s.ids),

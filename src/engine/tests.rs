@@ -74,8 +74,11 @@ impl Drop for Control {
 }
 
 impl Backend for Scripted {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Agent
+    fn describe(&self) -> crate::backend::BackendInfo {
+        crate::backend::BackendInfo {
+            kind: "app-server",
+            holds: Holds::Turn,
+        }
     }
     fn validate(&self, _input: &TurnInput) -> Result<(), BackendError> {
         Ok(())

@@ -10,9 +10,7 @@
 //! replaced by a fresh one started in the background, and drains (`thread.rs`, `process.rs`).
 
 mod approval;
-mod child;
 mod process;
-mod render;
 pub mod rpc;
 mod thread;
 
@@ -21,25 +19,28 @@ use std::sync::{Arc, Mutex, Weak};
 
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::process::{Proc, Route};
 use self::thread::{AppServerTurn, KeptThread};
-use super::{Backend, BackendError, BackendKind, Hold, LegRequest, Resume, SessionStats, Turn};
-use crate::config::BackendConfig;
+use super::agent::pool::Permits;
+use super::agent::render;
+use super::{
+    Backend, BackendError, BackendInfo, Hold, Holds, LegRequest, Resume, SessionStats, Turn,
+};
+use crate::config::AppServerConfig;
 use crate::turn::{ToolChoice, ToolDef, TurnInput};
 
 pub struct AppServer {
     name: String,
     /// The backend itself, for the task that starts a replacement process in the background.
     me: Weak<AppServer>,
-    cfg: BackendConfig,
+    cfg: AppServerConfig,
     procs: Mutex<Vec<Option<Arc<Proc>>>>,
     /// Serialises spawning so that a burst of requests starts one replacement, not many.
     spawn_lock: tokio::sync::Mutex<()>,
-    permits: Arc<Semaphore>,
+    permits: Permits,
     next_proc: AtomicU64,
     next_invocation: Arc<AtomicU64>,
     shutdown: CancellationToken,
@@ -51,12 +52,12 @@ pub struct AppServer {
 impl AppServer {
     /// Starts every process of the pool and completes their handshakes, so a backend that
     /// cannot start is refused at gateway startup rather than mid-request.
-    pub async fn start(name: &str, cfg: BackendConfig) -> Result<Arc<AppServer>, BackendError> {
+    pub async fn start(name: &str, cfg: AppServerConfig) -> Result<Arc<AppServer>, BackendError> {
         let server = Arc::new_cyclic(|me| AppServer {
             name: name.to_string(),
             me: me.clone(),
             procs: Mutex::new(vec![None; cfg.processes]),
-            permits: Arc::new(Semaphore::new(cfg.max_sessions)),
+            permits: Permits::new(cfg.max_sessions, cfg.acquire_timeout),
             cfg,
             spawn_lock: tokio::sync::Mutex::new(()),
             next_proc: AtomicU64::new(1),
@@ -92,7 +93,7 @@ impl AppServer {
     }
 
     /// The backend's `userAgent` as reported by `initialize` (carries its version).
-    pub fn user_agent(&self) -> Option<String> {
+    fn user_agent(&self) -> Option<String> {
         let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         procs
             .iter()
@@ -212,13 +213,7 @@ impl AppServer {
             },
             None => render::render(&input.messages)?,
         };
-        let permit = tokio::time::timeout(
-            self.cfg.acquire_timeout,
-            self.permits.clone().acquire_owned(),
-        )
-        .await
-        .map_err(|_| BackendError::Capacity)?
-        .map_err(|_| BackendError::Unavailable("shutting down".into()))?;
+        let permit = self.permits.acquire().await?;
         // From here on the guard gives the slot back and releases the thread on every path.
         let (mut turn, thread, renames) = match kept {
             Some((kept, _)) => {
@@ -286,13 +281,13 @@ impl AppServer {
         if let Some(m) = &model.backend_model {
             params.insert("model".into(), json!(m));
         }
-        if let Some(cwd) = &self.cfg.cwd {
+        if let Some(cwd) = &self.cfg.child.cwd {
             params.insert("cwd".into(), json!(cwd.display().to_string()));
         }
-        if let Some(p) = &model.approval_policy {
+        if let Some(p) = &model.codex.approval_policy {
             params.insert("approvalPolicy".into(), json!(p));
         }
-        if let Some(s) = &model.sandbox {
+        if let Some(s) = &model.codex.sandbox {
             params.insert("sandbox".into(), json!(s));
         }
         if let Some(i) = &rendered.instructions {
@@ -318,8 +313,15 @@ impl AppServer {
 }
 
 impl Backend for AppServer {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Agent
+    fn describe(&self) -> BackendInfo {
+        BackendInfo {
+            kind: "app-server",
+            holds: Holds::Turn,
+        }
+    }
+
+    fn version(&self) -> Option<String> {
+        self.user_agent()
     }
 
     /// An agent cannot be forced to call a tool, takes only well-formed function tools, and
@@ -398,8 +400,8 @@ impl Backend for AppServer {
     fn stats(&self) -> SessionStats {
         let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         SessionStats {
-            busy: self.cfg.max_sessions - self.permits.available_permits(),
-            capacity: self.cfg.max_sessions,
+            busy: self.permits.busy(),
+            capacity: self.permits.capacity(),
             processes_alive: procs.iter().flatten().filter(|p| p.is_alive()).count(),
             ..SessionStats::default()
         }

@@ -1,7 +1,7 @@
-//! One `codex app-server` child process: spawn, handshake, a writer task that owns stdin, a
-//! reader task that classifies stdout lines and routes them to the thread they belong to, and a
-//! supervisor task that reaps the child. When the child dies, every pending request fails and
-//! every routed thread receives `TurnEvent::Lost`.
+//! One `codex app-server` process: its child (`agent::child`: spawn, stdin, stdout lines,
+//! supervision), the `initialize` handshake, and the JSON-RPC state: pending requests and the
+//! route of each thread its stdout lines are dispatched to. When the child dies, every pending
+//! request fails and every routed thread receives `TurnEvent::Lost`.
 //!
 //! Threads are released with `thread/delete`, the one call of Codex 0.169.0 that unloads a
 //! thread (it refuses ephemeral threads, so threads are started persisted; it also removes
@@ -19,20 +19,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::rpc::{self, Incoming, RpcError};
+use crate::backend::agent::child::{Child, Output, EXIT_GRACE};
 use crate::backend::{BackendError, HeldCall, Meter, TurnEvent};
-use crate::config::BackendConfig;
+use crate::config::AppServerConfig;
 use crate::turn::Usage;
 
 /// How long a request to the backend (handshake, thread/start, turn/start) may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a child gets to exit after stdin closes before it is killed.
-const EXIT_GRACE: Duration = Duration::from_secs(5);
 /// How long an interrupted turn gets to end before its thread is deleted anyway.
 const RELEASE_GRACE: Duration = Duration::from_secs(10);
 
@@ -87,14 +85,11 @@ impl Route {
 
 pub(super) struct Proc {
     pub id: u64,
-    out: mpsc::UnboundedSender<String>,
+    child: Arc<Child>,
     pending: Mutex<Pending>,
     routes: Mutex<HashMap<String, Arc<Route>>>,
     next_id: AtomicI64,
     next_invocation: Arc<AtomicU64>,
-    pub dead: CancellationToken,
-    /// Cancelled when the reader has seen the end of stdout (every line dispatched).
-    reader_done: CancellationToken,
     pub active: AtomicUsize,
     pub user_agent: Mutex<String>,
     /// Threads started on this process (the recycle count).
@@ -103,10 +98,6 @@ pub(super) struct Proc {
     pub recycling: AtomicBool,
     /// Replaced: takes no new work and exits once its last turn is gone.
     retiring: AtomicBool,
-    /// Cancelled to close stdin (the child then exits on its own).
-    close: CancellationToken,
-    stop: CancellationToken,
-    tracker: TaskTracker,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -119,135 +110,32 @@ impl Proc {
     /// Spawns the child, starts its tasks and completes the `initialize` handshake.
     pub async fn spawn(
         id: u64,
-        cfg: &BackendConfig,
+        cfg: &AppServerConfig,
         tracker: &TaskTracker,
         shutdown: &CancellationToken,
         next_invocation: Arc<AtomicU64>,
         deaths: Arc<tokio::sync::watch::Sender<u64>>,
     ) -> Result<Arc<Proc>, BackendError> {
-        let mut cmd = super::child::command(cfg)?;
-        let mut child = cmd.spawn().map_err(|e| {
-            BackendError::Unavailable(format!("cannot start {}: {e}", cfg.command[0]))
-        })?;
-        let pid = child.id();
-        let (Some(mut stdin), Some(stdout), Some(stderr)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            return Err(BackendError::Unavailable("child stdio not piped".into()));
-        };
-        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<String>();
+        // CODEX_HOME must exist before the child starts.
+        if let Some(home) = cfg.child.env.get("CODEX_HOME") {
+            std::fs::create_dir_all(home)
+                .map_err(|e| BackendError::Unavailable(format!("cannot create CODEX_HOME: {e}")))?;
+        }
+        let (child, io) = Child::spawn(id, &cfg.child, tracker, shutdown)?;
         let proc = Arc::new(Proc {
             id,
-            out: out_tx,
+            child: child.clone(),
             pending: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
             next_id: AtomicI64::new(1),
             next_invocation,
-            dead: CancellationToken::new(),
-            reader_done: CancellationToken::new(),
             active: AtomicUsize::new(0),
             user_agent: Mutex::new(String::new()),
             threads: AtomicU64::new(0),
             recycling: AtomicBool::new(false),
             retiring: AtomicBool::new(false),
-            close: CancellationToken::new(),
-            stop: shutdown.clone(),
-            tracker: tracker.clone(),
         });
-        tracing::info!(backend_process = id, pid, "backend process started");
-
-        // Writer: the only owner of stdin. Closing stdin (on shutdown or death) asks the child
-        // to exit.
-        let (dead, stop, close) = (proc.dead.clone(), shutdown.clone(), proc.close.clone());
-        tracker.spawn(async move {
-            loop {
-                tokio::select! {
-                    line = out_rx.recv() => {
-                        let Some(line) = line else { break };
-                        if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
-                            break;
-                        }
-                    }
-                    _ = dead.cancelled() => break,
-                    _ = stop.cancelled() => break,
-                    _ = close.cancelled() => break,
-                }
-            }
-            drop(stdin);
-        });
-
-        let initialized = super::child::forward_stderr(tracker, id, stderr);
-
-        // Reader: classifies and routes every stdout line.
-        let reader_proc = proc.clone();
-        tracker.spawn(async move {
-            let mut reader = BufReader::with_capacity(64 * 1024, stdout);
-            let mut lines = rpc::Lines::new(rpc::MAX_LINE_BYTES);
-            loop {
-                let chunk = match reader.fill_buf().await {
-                    Ok([]) | Err(_) => break,
-                    Ok(chunk) => chunk,
-                };
-                let (n, dropped) = (chunk.len(), lines.dropped);
-                lines.push(chunk, |line| {
-                    let msg = std::str::from_utf8(line).ok().and_then(rpc::parse_line);
-                    match msg {
-                        Some(msg) => reader_proc.dispatch(msg),
-                        None if !line.trim_ascii().is_empty() => {
-                            tracing::debug!(
-                                backend_process = id,
-                                bytes = line.len(),
-                                "skipped a backend line that is not a JSON-RPC message"
-                            );
-                        }
-                        None => {}
-                    }
-                });
-                reader.consume(n);
-                if lines.dropped > dropped {
-                    tracing::warn!(
-                        backend_process = id,
-                        max_bytes = rpc::MAX_LINE_BYTES,
-                        "dropped a backend line over the line bound"
-                    );
-                }
-            }
-            reader_proc.die("backend closed its output");
-            reader_proc.reader_done.cancel();
-        });
-
-        // Supervisor: reaps the child, killing it if it outlives the shutdown grace period.
-        let (sup_proc, stop, close) = (proc.clone(), shutdown.clone(), proc.close.clone());
-        tracker.spawn(async move {
-            let status = tokio::select! {
-                status = child.wait() => status.ok(),
-                // A drained, retiring process holds nothing: it is killed at once (Codex takes
-                // 1 to 4 s to exit on stdin EOF, and meanwhile the fresh process warms up
-                // beside it, two processes' memory at once).
-                _ = close.cancelled() => {
-                    let _ = child.start_kill();
-                    child.wait().await.ok()
-                }
-                _ = stop.cancelled() => {
-                    match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
-                        Ok(status) => status.ok(),
-                        Err(_) => {
-                            let _ = child.start_kill();
-                            child.wait().await.ok()
-                        }
-                    }
-                }
-            };
-            tracing::info!(backend_process = id, pid, status = ?status, "backend process exited");
-            // Dead for new work at once, but the lines it wrote before exiting are delivered
-            // before its turns learn they are lost: the reader settles them at end of output.
-            // A grandchild holding stdout open must not delay that forever.
-            sup_proc.dead.cancel();
-            let _ = tokio::time::timeout(EXIT_GRACE, sup_proc.reader_done.cancelled()).await;
-            sup_proc.die("backend process exited");
-            deaths.send_modify(|n| *n += 1);
-        });
-
+        child.attach(io, proc.clone(), deaths);
         let init = proc
             .call(
                 "initialize",
@@ -264,14 +152,14 @@ impl Proc {
             .unwrap_or("unknown")
             .to_string();
         tracing::info!(backend_process = id, user_agent = %ua, "backend initialized");
-        initialized.store(true, std::sync::atomic::Ordering::Relaxed);
+        proc.child.handshake_done();
         *lock(&proc.user_agent) = ua;
         proc.send(rpc::notification("initialized"));
         Ok(proc)
     }
 
     pub fn is_alive(&self) -> bool {
-        !self.dead.is_cancelled()
+        self.child.is_alive()
     }
 
     /// Alive and not replaced: may take new work (a kept thread may continue on it).
@@ -291,20 +179,20 @@ impl Proc {
         if self.retiring.load(Ordering::SeqCst)
             && self.active.load(Ordering::SeqCst) == 0
             && lock(&self.routes).is_empty()
-            && !self.close.is_cancelled()
+            && !self.child.is_closed()
         {
             tracing::info!(
                 backend_process = self.id,
                 "recycled backend process drained; closing it"
             );
-            self.close.cancel();
+            self.child.close();
         }
     }
 
     /// Unloads a thread and forgets its route.
     pub fn delete_thread(&self, thread: &str) {
         self.remove_route(thread);
-        if self.is_alive() && !self.close.is_cancelled() {
+        if self.is_alive() && !self.child.is_closed() {
             self.cast("thread/delete", json!({"threadId": thread}));
         }
         self.exit_if_drained();
@@ -322,18 +210,17 @@ impl Proc {
             return self.delete_thread(thread);
         }
         let (proc, thread) = (self.clone(), thread.to_string());
-        self.tracker.spawn(async move {
+        self.child.spawn_task(async move {
             tokio::select! {
                 _ = tokio::time::sleep(RELEASE_GRACE) => proc.delete_thread(&thread),
-                _ = proc.dead.cancelled() => {}
-                _ = proc.stop.cancelled() => {}
+                _ = proc.child.dead().cancelled() => {}
+                _ = proc.child.stopping().cancelled() => {}
             }
         });
     }
 
     pub fn send(&self, line: String) {
-        // If the writer is gone the process is dead and the reader reports it.
-        let _ = self.out.send(line);
+        self.child.send(line);
     }
 
     /// Sends a request and waits for its answer.
@@ -347,7 +234,7 @@ impl Proc {
         self.send(rpc::request(id, method, params));
         let answer = tokio::select! {
             r = tokio::time::timeout(REQUEST_TIMEOUT, &mut rx) => r,
-            _ = self.dead.cancelled() => {
+            _ = self.child.dead().cancelled() => {
                 // The lines a dying child wrote are still dispatched (its answer may be one
                 // of them); the pending entry goes when the reader has seen them all.
                 let r = tokio::time::timeout(EXIT_GRACE, &mut rx).await;
@@ -397,7 +284,7 @@ impl Proc {
 
     /// Marks the process dead: pending calls fail, routed turns are lost.
     fn die(&self, why: &str) {
-        self.dead.cancel();
+        self.child.mark_dead();
         lock(&self.pending).clear();
         let routes: Vec<_> = lock(&self.routes).drain().map(|(_, r)| r).collect();
         for r in routes {
@@ -406,7 +293,30 @@ impl Proc {
             }
         }
     }
+}
 
+impl Output for Proc {
+    /// One stdout line: a JSON-RPC message, or skipped.
+    fn line(self: &Arc<Self>, line: &[u8]) {
+        match std::str::from_utf8(line).ok().and_then(rpc::parse_line) {
+            Some(msg) => self.dispatch(msg),
+            None if !line.trim_ascii().is_empty() => {
+                tracing::debug!(
+                    backend_process = self.id,
+                    bytes = line.len(),
+                    "skipped a backend line that is not a JSON-RPC message"
+                );
+            }
+            None => {}
+        }
+    }
+
+    fn ended(&self, why: &str) {
+        self.die(why);
+    }
+}
+
+impl Proc {
     fn dispatch(self: &Arc<Self>, msg: Incoming) {
         match msg {
             Incoming::Response { id, result } => {

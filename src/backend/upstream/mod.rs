@@ -23,8 +23,8 @@ use serde_json::{json, Value};
 
 use self::client::Client;
 use super::{
-    Backend, BackendError, BackendKind, Hold, LegRequest, Resume, SessionStats, Turn, TurnControl,
-    TurnEvent,
+    Backend, BackendError, BackendInfo, Hold, Holds, LegRequest, Resume, SessionStats, Turn,
+    TurnControl, TurnEvent,
 };
 use crate::config::UpstreamConfig;
 use crate::turn::TurnInput;
@@ -141,8 +141,11 @@ impl TurnControl for Ids {
 }
 
 impl Backend for Upstream {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Upstream
+    fn describe(&self) -> BackendInfo {
+        BackendInfo {
+            kind: "openai",
+            holds: Holds::Nothing,
+        }
     }
 
     /// The upstream enforces (or refuses) whatever the client asked for itself.
