@@ -12,6 +12,8 @@
 mod agent;
 mod app_server;
 mod openai;
+#[cfg(test)]
+mod tests;
 
 use std::cell::Cell;
 use std::collections::BTreeMap;

@@ -1,0 +1,158 @@
+//! Unit tests of the `[backends.NAME]` sections: each kind's keys, defaults and errors.
+
+use std::time::Duration;
+
+use super::super::tests::{base_toml, parse};
+use super::*;
+
+#[test]
+fn openai_backend_and_kind_specific_keys() {
+    let text = base_toml().replace(
+        "[backends.demo]",
+        "[backends.up]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1/\"\napi_key_env = \"UP_KEY\"\nidle_timeout_ms = 50\n[backends.demo]",
+    );
+    let cfg = parse(&text).unwrap();
+    let BackendSpec::OpenAi(up) = &cfg.backends["up"] else {
+        panic!("up is an openai backend");
+    };
+    assert_eq!(up.base_url, "http://127.0.0.1:9/v1");
+    assert_eq!(up.idle_timeout, Duration::from_millis(50));
+    assert_eq!(up.api_key_env.as_deref(), Some("UP_KEY"));
+    let bad = text.replace("idle_timeout_ms = 50", "command = [\"x\"]");
+    assert_eq!(parse(&bad).unwrap_err().path, "backends.up.command");
+    let bad = base_toml().replace(
+        "command = [\"./bin/demo\"]",
+        "command = [\"./bin/demo\"]\nbase_url = \"http://x\"",
+    );
+    assert_eq!(parse(&bad).unwrap_err().path, "backends.demo.base_url");
+    let bad = text.replace("http://127.0.0.1:9/v1/", "ftp://x");
+    assert_eq!(parse(&bad).unwrap_err().path, "backends.up.base_url");
+}
+
+#[test]
+fn backend_errors_name_their_key() {
+    // Each case: a `[backends.b]` section, and the whole error it must produce.
+    let cases: &[(&str, &str)] = &[
+        (
+            "kind = \"nope\"\ncommand = [\"x\"]",
+            "config backends.b.kind: unknown backend kind `nope` (expected `app-server` or `openai`)",
+        ),
+        (
+            "kind = 3",
+            "config backends.b.kind: invalid type: integer `3`, expected a string",
+        ),
+        ("command = [\"x\"]", "config backends.b: missing field `kind`"),
+        (
+            "command = [\"x\"]\nkind = \"openai\"\nbase_url = \"http://x\"",
+            "config backends.b.command: not valid for kind `openai`",
+        ),
+        (
+            "kind = \"app-server\"\ncommand = [\"x\"]\nbase_url = \"http://x\"",
+            "config backends.b.base_url: not valid for kind `app-server`",
+        ),
+        (
+            "kind = \"app-server\"\ncommand = [\"x\"]\nmax_sessions = \"x\"",
+            "config backends.b.max_sessions: invalid type: string \"x\", expected usize",
+        ),
+        (
+            "kind = \"app-server\"\ncommand = [1]",
+            "config backends.b.command[0]: invalid type: integer `1`, expected a string",
+        ),
+        (
+            "kind = \"app-server\"\ncommand = [\"x\"]\nenv = { A = 1 }",
+            "config backends.b.env.A: invalid type: integer `1`, expected a string",
+        ),
+        (
+            "kind = \"openai\"\nbase_url = \"http://x\"\nidle_timeout_ms = -3",
+            "config backends.b.idle_timeout_ms: invalid value: integer `-3`, expected u64",
+        ),
+        (
+            "kind = \"app-server\"",
+            "config backends.b.command: missing: the program to run",
+        ),
+        (
+            "kind = \"openai\"",
+            "config backends.b.base_url: missing: e.g. http://127.0.0.1:8080/v1",
+        ),
+    ];
+    for (section, want) in cases {
+        let e = parse(&format!("[backends.b]\n{section}\n")).expect_err(section);
+        assert_eq!(e.to_string(), *want, "{section}");
+    }
+    let e = parse("[backends.b]\nkind = \"openai\"\nbase_url = \"http://x\"\nproceses = 2\n")
+        .unwrap_err();
+    assert_eq!(e.path, "backends.b.proceses");
+    assert!(e.message.starts_with("unknown field `proceses`"), "{e}");
+}
+
+#[test]
+fn a_backend_child_gets_the_pass_list_and_never_the_gateways_secrets() {
+    let cfg = parse(&base_toml()).unwrap();
+    let demo = cfg.backends["demo"].child().unwrap();
+    assert!(demo.env_passthrough.contains(&"PATH".to_string()));
+    assert!(!demo.env_passthrough.iter().any(|v| v.contains("KEY")));
+    let text = base_toml().replace(
+        "command = [\"./bin/demo\"]",
+        "command = [\"./bin/demo\", \"-c\", 'model_providers.u={name=\"u\",env_key=\"UP_KEY\"}']\nenv_passthrough = [\"CODEX_API_KEY\"]",
+    );
+    let cfg = parse(&text).unwrap();
+    let pass = &cfg.backends["demo"].child().unwrap().env_passthrough;
+    assert!(pass.contains(&"UP_KEY".to_string()), "{pass:?}");
+    assert!(pass.contains(&"CODEX_API_KEY".to_string()), "{pass:?}");
+    let pg = text
+        .replace(
+            "path = \"data/t.db\"",
+            "url = \"postgres://u@127.0.0.1/db\"\npassword_env = \"PG_PASS\"",
+        )
+        .replace("[\"CODEX_API_KEY\"]", "[\"PG_PASS\"]");
+    let e = parse(&pg).unwrap_err();
+    assert_eq!(e.path, "backends.demo.env_passthrough", "{e}");
+    let bad = text.replace("[\"CODEX_API_KEY\"]", "[\"A=B\"]");
+    assert_eq!(
+        parse(&bad).unwrap_err().path,
+        "backends.demo.env_passthrough[0]"
+    );
+}
+
+#[test]
+fn every_kind_is_one_backend_and_codex_settings_belong_to_the_app_server_kind() {
+    let text = base_toml().replace(
+        "[backends.demo]",
+        "[[models]]\nid = \"up\"\nbackend = \"up\"\n[backends.up]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n[backends.demo]",
+    );
+    let cfg = parse(&text).unwrap();
+    let kinds: Vec<_> = cfg
+        .backends
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.kind()))
+        .collect();
+    assert_eq!(kinds, [("demo", "app-server"), ("up", "openai")]);
+    assert!(cfg.backends["up"].child().is_none());
+
+    let codex = base_toml().replace(
+        "approvals = {{ command = \"ask\" }}",
+        "approval_policy = \"never\"\nsandbox = \"read-only\"",
+    );
+    let codex = codex.replace(
+        "approvals = { command = \"ask\" }",
+        "approval_policy = \"never\"\nsandbox = \"read-only\"",
+    );
+    let cfg = parse(&codex).unwrap();
+    assert_eq!(
+        cfg.models[0].codex.approval_policy.as_deref(),
+        Some("never")
+    );
+    assert_eq!(cfg.models[0].codex.sandbox.as_deref(), Some("read-only"));
+
+    for (key, value) in [("approval_policy", "never"), ("sandbox", "read-only")] {
+        let text = text.replace(
+            "id = \"up\"\nbackend = \"up\"",
+            &format!("id = \"up\"\nbackend = \"up\"\n{key} = \"{value}\""),
+        );
+        let e = parse(&text).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!("config models[1].{key}: only for a model of a `kind = \"app-server\"` backend (`up` is `openai`)")
+        );
+    }
+}
