@@ -12,6 +12,7 @@
 
 pub mod agent;
 pub mod app_server;
+pub mod claude_code;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -28,7 +29,7 @@ pub use self::upstream::native::Native;
 /// What a backend says of itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BackendInfo {
-    /// Its config `kind` (`app-server`, `openai`).
+    /// Its config `kind` (`app-server`, `openai`, `claude-code`).
     pub kind: &'static str,
     pub holds: Holds,
 }
@@ -51,6 +52,7 @@ pub async fn build(name: &str, spec: &BackendSpec) -> Result<Arc<dyn Backend>, B
         BackendSpec::OpenAi(cfg) => {
             Arc::new(upstream::Upstream::new(name, cfg).map_err(BackendError::Unavailable)?)
         }
+        BackendSpec::ClaudeCode(cfg) => claude_code::ClaudeCode::start(name, cfg.clone()).await?,
     })
 }
 
@@ -411,6 +413,10 @@ pub trait Backend: Send + Sync {
     /// What the backend reported of itself at startup (an agent's version), for the log.
     fn version(&self) -> Option<String> {
         None
+    }
+    /// Whether it can take a turn now (readiness; an agent's processes are up).
+    fn ready(&self) -> bool {
+        true
     }
     /// Refuses what this backend cannot run, before anything is journaled or started.
     fn validate(&self, input: &TurnInput) -> Result<(), BackendError>;

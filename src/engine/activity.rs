@@ -142,7 +142,7 @@ impl Engine {
                 let s = b.stats();
                 let info = b.describe();
                 let status = match info.holds {
-                    Holds::Turn if s.processes_alive > 0 => "ok",
+                    Holds::Turn if b.ready() => "ok",
                     Holds::Turn => "down",
                     Holds::Nothing => match (s.last_answer, s.last_failure) {
                         (None, None) => "unused",

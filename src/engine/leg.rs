@@ -1,8 +1,8 @@
 //! Legs: one task per leg turns the backend's [`TurnEvent`]s into [`LegEvent`]s on a bounded
 //! channel that the surface frames. A leg ends with the answer, an error, or a suspension
 //! (`suspension.rs`), whatever the backend kind. Tool calls of an agent are collected for
-//! `batch_debounce_ms` before the flush; a stateless upstream says when its calls are complete
-//! (`TurnEvent::Yield`).
+//! `batch_debounce_ms` before the flush, unless the agent says its batch is complete
+//! (`TurnEvent::Yield`, as a stateless upstream always does).
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -132,6 +132,8 @@ impl Engine {
                 Some(TurnEvent::Yield) if !calls.is_empty() => {
                     return self.suspend(exec, ctx, calls, text, usage, tx).await;
                 }
+                // An agent's batch already went out with the debounce: its turn goes on.
+                Some(TurnEvent::Yield) if exec.holds == Holds::Turn => {}
                 Some(TurnEvent::Completed | TurnEvent::Yield) => {
                     // The thread is kept before the client learns the answer is complete,
                     // so its next request finds it.

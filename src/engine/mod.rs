@@ -236,13 +236,9 @@ impl Engine {
         self.inner.store.engine_name()
     }
 
-    /// Every agent backend has a live process.
+    /// Every backend can take a turn (an agent's processes are up).
     pub fn backends_ready(&self) -> bool {
-        self.inner
-            .backends
-            .values()
-            .filter(|b| b.describe().holds == Holds::Turn)
-            .all(|b| b.stats().processes_alive > 0)
+        self.inner.backends.values().all(|b| b.ready())
     }
 
     pub fn metrics(&self) -> &Metrics {

@@ -33,6 +33,11 @@ impl Permits {
             .map_err(|_| BackendError::Unavailable("shutting down".into()))
     }
 
+    /// A permit if one is free now.
+    pub fn try_acquire(&self) -> Option<OwnedSemaphorePermit> {
+        self.sem.clone().try_acquire_owned().ok()
+    }
+
     /// Permits held now.
     pub fn busy(&self) -> usize {
         self.capacity - self.sem.available_permits()

@@ -69,26 +69,8 @@ pub(super) fn ask(proc: &Arc<Proc>, id: Value, method: &str, params: &Value) -> 
     });
     ApprovalAsk {
         kind,
-        summary: redact(summary),
+        summary: crate::backend::agent::redact(summary),
         action_digest,
         responder,
-    }
-}
-
-/// Caps every string in an approval summary so that a huge command or message cannot flood
-/// the approvals API; the action digest still covers the whole request.
-fn redact(v: Value) -> Value {
-    const MAX: usize = 1000;
-    match v {
-        Value::String(s) if s.len() > MAX => {
-            let mut end = MAX;
-            while !s.is_char_boundary(end) {
-                end -= 1;
-            }
-            Value::String(format!("{}…", &s[..end]))
-        }
-        Value::Array(a) => Value::Array(a.into_iter().map(redact).collect()),
-        Value::Object(o) => Value::Object(o.into_iter().map(|(k, v)| (k, redact(v))).collect()),
-        other => other,
     }
 }

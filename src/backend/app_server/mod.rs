@@ -30,7 +30,7 @@ use super::{
     Backend, BackendError, BackendInfo, Hold, Holds, LegRequest, Resume, SessionStats, Turn,
 };
 use crate::config::AppServerConfig;
-use crate::turn::{ToolChoice, ToolDef, TurnInput};
+use crate::turn::{ToolDef, TurnInput};
 
 pub struct AppServer {
     name: String,
@@ -324,73 +324,24 @@ impl Backend for AppServer {
         self.user_agent()
     }
 
-    /// An agent cannot be forced to call a tool, takes only well-formed function tools, and
-    /// needs a user message as the turn's input.
+    fn ready(&self) -> bool {
+        self.stats().processes_alive > 0
+    }
+
     fn validate(&self, input: &TurnInput) -> Result<(), BackendError> {
-        match input.tool_choice {
-            ToolChoice::Auto | ToolChoice::None => {}
-            ToolChoice::Required | ToolChoice::Named(_) => {
-                return Err(BackendError::UnsupportedToolChoice)
-            }
-            ToolChoice::Invalid => {
-                return Err(BackendError::Invalid {
-                    message: "`tool_choice` must be \"auto\", \"none\", \"required\" or a function"
-                        .into(),
-                    param: "tool_choice",
-                })
-            }
-        }
-        input.tools.as_ref().map_err(|why| BackendError::Invalid {
-            message: why.clone(),
-            param: "tools",
-        })?;
-        if input.client_tool_history {
-            // The agent ran those calls itself or never: results for ids it did not issue
-            // cannot enter its turn.
-            return Err(BackendError::Invalid {
-                message: "trailing tool results must answer Turnstile continuation ids (`srct-`) on this model; results for the client's own call ids are accepted only by stateless upstream models".into(),
-                param: match input.surface {
-                    crate::turn::Surface::Responses => "input",
-                    _ => "messages",
-                },
-            });
-        }
-        render::input_index(&input.messages).map(|_| ())
+        super::agent::validate(input)
     }
 
     fn start<'a>(&'a self, leg: LegRequest<'a>) -> BoxFuture<'a, Result<Turn, BackendError>> {
         Box::pin(self.open_turn(leg))
     }
 
-    /// Answers each held call with the client's result, verbatim, on the same turn, after
-    /// steering in the text the client sent beside the results.
     fn resume<'a>(
         &'a self,
         hold: Hold,
         r: Resume<'a>,
     ) -> BoxFuture<'a, Result<Turn, BackendError>> {
-        Box::pin(async move {
-            let Hold::Live { turn, invocations } = hold else {
-                return Err(BackendError::Lost);
-            };
-            let last = r.answers.iter().map(|a| a.message).max().unwrap_or(0);
-            let beside: Vec<String> = r.leg.input.messages[last + 1..]
-                .iter()
-                .filter(|m| m.role == crate::turn::Role::User && !m.text.is_empty())
-                .map(|m| m.text.clone())
-                .collect();
-            // Best effort: the claim is made, so a refused steer must not lose the answers.
-            if !beside.is_empty() {
-                if let Err(e) = turn.control.steer(beside).await {
-                    tracing::warn!(backend = %self.name, execution = %r.leg.execution_id, error = %e, "text beside the tool results not delivered");
-                }
-            }
-            for a in &r.answers {
-                turn.control
-                    .answer_tool(invocations[a.call], a.text, !a.failed)?;
-            }
-            Ok(turn)
-        })
+        Box::pin(super::agent::answer(&self.name, hold, r))
     }
 
     fn deaths(&self) -> Option<tokio::sync::watch::Receiver<u64>> {

@@ -11,6 +11,7 @@
 
 mod agent;
 mod app_server;
+mod claude_code;
 mod openai;
 #[cfg(test)]
 mod tests;
@@ -28,6 +29,7 @@ use super::{err, ConfigError};
 
 pub use agent::{ChildConfig, DEFAULT_ENV_PASSTHROUGH};
 pub use app_server::{AppServerConfig, CodexThread};
+pub use claude_code::ClaudeCodeConfig;
 pub use openai::UpstreamConfig;
 
 #[derive(Debug, Deserialize)]
@@ -37,6 +39,8 @@ pub(super) enum RawBackend {
     AppServer(app_server::RawAppServer),
     #[serde(rename = "openai")]
     OpenAi(openai::RawOpenAi),
+    #[serde(rename = "claude-code")]
+    ClaudeCode(claude_code::RawClaudeCode),
 }
 
 /// One validated `[backends.NAME]` section.
@@ -46,6 +50,8 @@ pub enum BackendSpec {
     AppServer(AppServerConfig),
     /// `kind = "openai"`: a stateless OpenAI-compatible HTTP upstream.
     OpenAi(UpstreamConfig),
+    /// `kind = "claude-code"`: Claude Code processes holding turns, one per session.
+    ClaudeCode(ClaudeCodeConfig),
 }
 
 /// A kind as [`section_error`] reads it: its `kind` value, the keys its section takes, and
@@ -67,6 +73,11 @@ const KINDS: &[Kind] = &[
         keys: keys_of::<openai::RawOpenAi>,
         read: read_as::<openai::RawOpenAi>,
     },
+    Kind {
+        name: "claude-code",
+        keys: keys_of::<claude_code::RawClaudeCode>,
+        read: read_as::<claude_code::RawClaudeCode>,
+    },
 ];
 
 /// The error of reading `section` as a `T`, with its key path.
@@ -82,6 +93,7 @@ impl BackendSpec {
         match self {
             BackendSpec::AppServer(_) => "app-server",
             BackendSpec::OpenAi(_) => "openai",
+            BackendSpec::ClaudeCode(_) => "claude-code",
         }
     }
 
@@ -89,6 +101,7 @@ impl BackendSpec {
     pub fn child(&self) -> Option<&ChildConfig> {
         match self {
             BackendSpec::AppServer(c) => Some(&c.child),
+            BackendSpec::ClaudeCode(c) => Some(&c.child),
             BackendSpec::OpenAi(_) => None,
         }
     }
@@ -135,6 +148,9 @@ pub(super) fn backends(
                     BackendSpec::AppServer(app_server::validate(&name, b, base)?)
                 }
                 RawBackend::OpenAi(b) => BackendSpec::OpenAi(openai::validate(&name, b, base)?),
+                RawBackend::ClaudeCode(b) => {
+                    BackendSpec::ClaudeCode(claude_code::validate(&name, b, base)?)
+                }
             };
             Ok((name, spec))
         })

@@ -35,7 +35,7 @@ fn backend_errors_name_their_key() {
     let cases: &[(&str, &str)] = &[
         (
             "kind = \"nope\"\ncommand = [\"x\"]",
-            "config backends.b.kind: unknown backend kind `nope` (expected `app-server` or `openai`)",
+            "config backends.b.kind: unknown backend kind `nope` (expected `app-server`, `openai` or `claude-code`)",
         ),
         (
             "kind = 3",

@@ -1,0 +1,397 @@
+//! `kind = "claude-code"`: Claude Code (`claude -p` speaking stream-json with the host's
+//! control protocol), one process per session, on the agent substrate (`agent/`).
+//!
+//! Each execution gets a session of its own: a `claude` process started for it with the
+//! client's tools served by an in-process ("sdk") MCP server the gateway answers
+//! (`session.rs`), the model's instructions appended to Claude Code's system prompt, and a
+//! scratch `HOME` (and working folder, unless `cwd` is set) removed with it. A session holds
+//! one of `max_sessions` places while its process lives: running, suspended or kept idle for
+//! the conversation's next turn, which then sends only the new messages. When every place is
+//! taken, the longest idle session is ended to make room; otherwise a turn waits up to the
+//! acquire timeout, then fails with `BackendError::Capacity`.
+
+mod control;
+mod names;
+mod session;
+mod turn;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use self::names::Names;
+use self::session::{Session, Settings};
+use self::turn::{ClaudeTurn, IdleList, KeptSession};
+use super::agent::child::Child;
+use super::agent::pool::Permits;
+use super::agent::render;
+use super::{
+    Backend, BackendError, BackendInfo, Hold, Holds, LegRequest, Resume, SessionStats, Turn,
+};
+use crate::config::{ApprovalPolicy, ClaudeCodeConfig, Decision, ModelConfig};
+use crate::turn::{Effort, TurnInput};
+
+pub struct ClaudeCode {
+    name: String,
+    cfg: ClaudeCodeConfig,
+    version: String,
+    permits: Permits,
+    /// Sessions kept idle, oldest first: the first to end when a place is needed.
+    idle: IdleList,
+    alive: Arc<AtomicU64>,
+    next_session: AtomicU64,
+    next_invocation: Arc<AtomicU64>,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+    deaths: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `command --version`, run with the child's environment: the version the CLI reports.
+pub async fn version(cfg: &ClaudeCodeConfig) -> Result<String, BackendError> {
+    let mut cmd = tokio::process::Command::new(&cfg.child.command[0]);
+    let passed = cfg
+        .child
+        .env_passthrough
+        .iter()
+        .filter_map(|k| Some((k, std::env::var_os(k)?)));
+    cmd.args(&cfg.child.command[1..])
+        .arg("--version")
+        .env_clear()
+        .envs(passed)
+        .envs(&cfg.child.env)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(std::time::Duration::from_secs(30), cmd.output())
+        .await
+        .map_err(|_| BackendError::Unavailable("`--version` did not answer in 30 s".into()))?
+        .map_err(|e| {
+            BackendError::Unavailable(format!("cannot start {}: {e}", cfg.child.command[0]))
+        })?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || text.is_empty() {
+        return Err(BackendError::Unavailable(format!(
+            "`{} --version` failed ({})",
+            cfg.child.command[0], out.status
+        )));
+    }
+    Ok(text)
+}
+
+impl ClaudeCode {
+    /// Checks that the CLI runs (its version) so that a backend that cannot start is refused
+    /// at gateway startup; sessions start on demand.
+    pub async fn start(name: &str, cfg: ClaudeCodeConfig) -> Result<Arc<ClaudeCode>, BackendError> {
+        let version = version(&cfg).await?;
+        Ok(Arc::new(ClaudeCode {
+            name: name.to_string(),
+            permits: Permits::new(cfg.max_sessions, cfg.acquire_timeout),
+            cfg,
+            version,
+            idle: Arc::new(Mutex::new(Vec::new())),
+            alive: Arc::new(AtomicU64::new(0)),
+            next_session: AtomicU64::new(1),
+            next_invocation: Arc::new(AtomicU64::new(1)),
+            shutdown: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            deaths: Arc::new(tokio::sync::watch::Sender::new(0)),
+        }))
+    }
+
+    /// A place for a new session: a free one, else the longest idle session's.
+    async fn place(&self) -> Result<tokio::sync::OwnedSemaphorePermit, BackendError> {
+        if let Some(p) = self.permits.try_acquire() {
+            return Ok(p);
+        }
+        let oldest = {
+            let mut idle = lock(&self.idle);
+            idle.retain(|s| s.upgrade().is_some_and(|s| s.usable()));
+            (!idle.is_empty()).then(|| idle.remove(0))
+        };
+        if let Some(s) = oldest.and_then(|s| s.upgrade()) {
+            tracing::info!(backend = %self.name, session = s.id, "idle session ended to make room");
+            s.release();
+        }
+        self.permits.acquire().await
+    }
+
+    /// The flags the gateway needs, after the configured command.
+    fn argv(&self, model: &ModelConfig, input: &TurnInput, names: &Names) -> Vec<String> {
+        let mut argv = self.cfg.child.command.clone();
+        let mcp = json!({"mcpServers": {names::SERVER: {"type": "sdk", "name": names::SERVER}}});
+        let (enabled, denied) = builtins(&self.cfg.builtin_tools, &model.approvals);
+        for flag in [
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--include-partial-messages",
+            "--strict-mcp-config",
+            "--no-session-persistence",
+            "--permission-prompt-tool",
+            "stdio",
+            "--setting-sources",
+            "",
+        ] {
+            argv.push(flag.into());
+        }
+        argv.extend(["--mcp-config".into(), mcp.to_string()]);
+        argv.extend(["--tools".into(), enabled.join(",")]);
+        let allowed: Vec<String> = names.allowed().collect();
+        if !allowed.is_empty() {
+            argv.extend(["--allowedTools".into(), allowed.join(",")]);
+        }
+        if !denied.is_empty() {
+            argv.extend(["--disallowedTools".into(), denied.join(",")]);
+        }
+        if let Some(m) = &model.backend_model {
+            argv.extend(["--model".into(), m.clone()]);
+        }
+        if let Some(e) = input.effort {
+            argv.extend(["--effort".into(), effort(e).into()]);
+        }
+        argv
+    }
+
+    /// Starts a session's process for this turn and completes its handshake.
+    async fn spawn(
+        &self,
+        model: &ModelConfig,
+        input: &TurnInput,
+        instructions: Option<&str>,
+    ) -> Result<Arc<Session>, BackendError> {
+        if self.shutdown.is_cancelled() {
+            return Err(BackendError::Unavailable("shutting down".into()));
+        }
+        let permit = self.place().await?;
+        let tools = input.tools.as_deref().unwrap_or_default();
+        let names = Names::new(
+            tools.iter().map(|t| t.name.as_str()),
+            &self.cfg.builtin_tools,
+        );
+        let declared: Vec<Value> = tools
+            .iter()
+            .map(|t| {
+                let schema = match &t.parameters {
+                    Value::Object(o) if !o.is_empty() => t.parameters.clone(),
+                    _ => json!({"type": "object", "properties": {}}),
+                };
+                json!({"name": names.declared(&t.name), "description": t.description,
+                       "inputSchema": schema, "annotations": {"readOnlyHint": true}})
+            })
+            .collect();
+        let id = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let scratch = scratch_dir(id)?;
+        let cwd = match &self.cfg.child.cwd {
+            Some(cwd) => cwd.clone(),
+            None => {
+                let work = scratch.join("work");
+                std::fs::create_dir_all(&work).map_err(|e| {
+                    BackendError::Unavailable(format!("cannot create a session folder: {e}"))
+                })?;
+                work
+            }
+        };
+        let mut child_cfg = self.cfg.child.clone();
+        child_cfg.command = self.argv(model, input, &names);
+        child_cfg.cwd = Some(cwd.clone());
+        for (k, v) in [
+            ("HOME", scratch.display().to_string()),
+            ("CLAUDE_CONFIG_DIR", scratch.join(".claude").display().to_string()),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
+            ("DISABLE_AUTOUPDATER", "1".into()),
+        ] {
+            child_cfg.env.entry(k.into()).or_insert(v);
+        }
+        let (child, io) = match Child::spawn(id, &child_cfg, &self.tracker, &self.shutdown) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&scratch);
+                return Err(e);
+            }
+        };
+        let settings = Settings {
+            model: model.backend_model.clone(),
+            effort: input.effort,
+            names,
+            tools: declared,
+        };
+        let session = Session::new(
+            id,
+            child.clone(),
+            settings,
+            cwd.display().to_string(),
+            Some(scratch),
+            permit,
+            self.next_invocation.clone(),
+            &self.alive,
+        );
+        child.attach(io, session.clone(), self.deaths.clone());
+        let mut init = json!({"subtype": "initialize"});
+        if !self.cfg.builtin_tools.is_empty() {
+            // Every use of a built-in reaches the policy, even one Claude Code would let run.
+            init["hooks"] = json!({"PreToolUse": [{"matcher": null, "hookCallbackIds": ["policy"]}]});
+        }
+        if let Some(i) = instructions {
+            init["appendSystemPrompt"] = json!(i);
+        }
+        if let Err(e) = session.call(init).await {
+            session.release();
+            return Err(BackendError::Unavailable(format!(
+                "claude did not start: {e}"
+            )));
+        }
+        child.handshake_done();
+        tracing::debug!(backend = %self.name, session = id, "claude session started");
+        Ok(session)
+    }
+
+    async fn open_turn(&self, leg: LegRequest<'_>) -> Result<Turn, BackendError> {
+        let LegRequest {
+            execution_id,
+            model,
+            input,
+            meter,
+            kept,
+        } = leg;
+        let kept = kept.and_then(|k| {
+            let any: Box<dyn std::any::Any + Send + Sync> = k.thread.0;
+            let kept = any.downcast::<KeptSession>().ok()?;
+            Some((kept.take()?, k.from))
+        });
+        // A kept session continues only a turn that asks what it was started with.
+        let kept = kept.filter(|(s, _)| {
+            s.usable()
+                && s.settings.model == model.backend_model
+                && s.settings.effort == input.effort
+                && s.settings.names
+                    == Names::new(
+                        input.tools.as_deref().unwrap_or_default().iter().map(|t| t.name.as_str()),
+                        &self.cfg.builtin_tools,
+                    )
+        });
+        let (session, text) = match kept {
+            Some((session, from)) => {
+                lock(&self.idle).retain(|s| !s.ptr_eq(&Arc::downgrade(&session)));
+                let text = render::continued(&input.messages[from..])?.join("\n\n");
+                (session, text)
+            }
+            None => {
+                let rendered = render::render(&input.messages)?;
+                let session = self
+                    .spawn(model, input, rendered.instructions.as_deref())
+                    .await?;
+                let mut parts: Vec<String> = rendered.history.into_iter().collect();
+                parts.extend(rendered.input);
+                (session, parts.join("\n\n"))
+            }
+        };
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        session.open(&text, tx, meter);
+        tracing::debug!(backend = %self.name, execution = %execution_id, session = session.id, "claude turn started");
+        let turn = ClaudeTurn::new(session, self.idle.clone());
+        Ok(Turn::new(rx, Box::new(turn)))
+    }
+}
+
+/// The enabled built-ins the policy does not deny, and those it denies outright.
+fn builtins(tools: &[String], policy: &ApprovalPolicy) -> (Vec<String>, Vec<String>) {
+    tools.iter().cloned().partition(|t| {
+        let decision = match t.as_str() {
+            "Bash" => policy.command,
+            "Edit" | "Write" | "MultiEdit" | "NotebookEdit" => policy.file_change,
+            _ => policy.permissions,
+        };
+        decision != Decision::Deny
+    })
+}
+
+/// Claude Code's `--effort` for a request's effort: its levels are low to max, so `none`
+/// and `minimal` ask for `low`.
+fn effort(e: Effort) -> &'static str {
+    match e {
+        Effort::None | Effort::Minimal | Effort::Low => "low",
+        Effort::Medium => "medium",
+        Effort::High => "high",
+        Effort::XHigh => "xhigh",
+    }
+}
+
+/// A fresh folder of the session's own under the system's temporary folder.
+fn scratch_dir(id: u64) -> Result<PathBuf, BackendError> {
+    let dir = std::env::temp_dir().join(format!(
+        "turnstile-claude-{}-{id}-{}",
+        std::process::id(),
+        crate::ids::new_id("")
+    ));
+    std::fs::create_dir_all(dir.join(".claude"))
+        .map_err(|e| BackendError::Unavailable(format!("cannot create a session folder: {e}")))?;
+    Ok(dir)
+}
+
+impl Backend for ClaudeCode {
+    fn describe(&self) -> BackendInfo {
+        BackendInfo {
+            kind: "claude-code",
+            holds: Holds::Turn,
+        }
+    }
+
+    fn version(&self) -> Option<String> {
+        Some(self.version.clone())
+    }
+
+    fn ready(&self) -> bool {
+        !self.shutdown.is_cancelled()
+    }
+
+    fn validate(&self, input: &TurnInput) -> Result<(), BackendError> {
+        super::agent::validate(input)
+    }
+
+    fn start<'a>(&'a self, leg: LegRequest<'a>) -> BoxFuture<'a, Result<Turn, BackendError>> {
+        Box::pin(self.open_turn(leg))
+    }
+
+    /// Answers each held call with the client's result, verbatim, on the same turn; text the
+    /// client sent beside its results goes with the first answer.
+    fn resume<'a>(
+        &'a self,
+        hold: Hold,
+        r: Resume<'a>,
+    ) -> BoxFuture<'a, Result<Turn, BackendError>> {
+        Box::pin(super::agent::answer(&self.name, hold, r))
+    }
+
+    fn deaths(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.deaths.subscribe())
+    }
+
+    fn stats(&self) -> SessionStats {
+        SessionStats {
+            busy: self.permits.busy(),
+            capacity: self.permits.capacity(),
+            processes_alive: self.alive.load(Ordering::SeqCst) as usize,
+            ..SessionStats::default()
+        }
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.permits.close();
+            self.shutdown.cancel();
+            self.tracker.close();
+            self.tracker.wait().await;
+        })
+    }
+}
