@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::disallowed_types)]
 
 mod approvals;
+mod claude_backend;
 mod claude_code;
 mod cluster;
 mod codex;
