@@ -1,7 +1,8 @@
 //! A scripted Anthropic Messages API for Claude Code as a backend (`ANTHROPIC_BASE_URL`), on
 //! 127.0.0.1:0 in the test process. The scenario is the request's `model` (the gateway's
 //! `backend_model`, passed as `--model`); the client's tools are the request's tools named
-//! `mcp__t__…` (the one called is the first whose name has `read` in it, else the first). Every request body is recorded; `hold_next` keeps the next answer back until
+//! `mcp__t__…` (the one called is `Read` or `read_file`, else the first whose name has
+//! `read` in it, else the first). Every request body is recorded; `hold_next` keeps the next answer back until
 //! the test calls `release`.
 //!
 //! Scenarios (a "round" is a model message that calls tools; the answer after the rounds is
@@ -9,6 +10,8 @@
 //! - `one`: one call of the first client tool, `{"path": "a.txt"}`.
 //! - `parallel`: two calls of the first client tool in one message (`a.txt`, `b.txt`).
 //! - `rounds3`: three rounds of one call each.
+//! - `readfile`: one call with `{"file_path": <the last path to a `.txt` file the user
+//!   named>}` (Claude Code's own `Read`, as a client tool).
 //! - `bash`: one `Bash` call (`echo gateway > bash-ran.txt`).
 //! - `text`: no tools; the answer says `You said: <the last user text>`.
 //! - `think`: a thinking block, then the `text` answer.
@@ -104,11 +107,16 @@ fn results(body: &Value) -> Vec<String> {
     out
 }
 
+/// The last user message.
+fn last_message(body: &Value) -> Value {
+    let messages = body["messages"].as_array();
+    let last = messages.and_then(|m| m.iter().rev().find(|m| m["role"] == "user"));
+    last.cloned().unwrap_or(Value::Null)
+}
+
 /// The text of the last user message (its text blocks without Claude Code's reminders).
 fn last_user_text(body: &Value) -> String {
-    let Some(last) = body["messages"].as_array().and_then(|m| m.last()) else {
-        return String::new();
-    };
+    let last = last_message(body);
     let text = match &last["content"] {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts
@@ -158,9 +166,21 @@ async fn messages(State(seen): State<Arc<Seen>>, Json(body): Json<Value>) -> Res
         .collect();
     let tool = client
         .iter()
-        .find(|n| n.contains("read"))
+        .find(|n| n.ends_with("__Read") || n.ends_with("__read_file"))
+        .or(client.iter().find(|n| n.to_lowercase().contains("read")))
         .or(client.first())
         .unwrap_or(&"mcp__t__missing")
+        .to_string();
+    // A path the user named (`/…`), for `readfile`.
+    let named = last_message(&body)
+        .to_string()
+        .replace("\\n", " ")
+        .split_whitespace()
+        .map(|w| w.trim_matches(|c: char| c == '"' || c == '\\'))
+        .map(|w| w.trim_end_matches(['.', ',']))
+        .filter(|w| w.starts_with('/') && w.ends_with(".txt"))
+        .last()
+        .unwrap_or_default()
         .to_string();
     let done = rounds(&body);
     let calls: Vec<(String, Value)> = match (model.as_str(), done) {
@@ -170,6 +190,7 @@ async fn messages(State(seen): State<Arc<Seen>>, Json(body): Json<Value>) -> Res
             (tool, json!({"path": "b.txt"})),
         ],
         ("rounds3", n) if n < 3 => vec![(tool, json!({"path": format!("r{n}.txt")}))],
+        ("readfile", 0) => vec![(tool, json!({"file_path": named}))],
         ("bash", 0) => vec![(
             "Bash".to_string(),
             json!({"command": "echo gateway > bash-ran.txt", "description": "write a marker"}),
