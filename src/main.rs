@@ -179,6 +179,43 @@ fn call_cli(target: &str, key: &str, body: Option<serde_json::Value>) -> ExitCod
     }
 }
 
+/// Runs each `claude-code` backend's `command --version` and reports what it found.
+fn check_agents(cfg: &turnstile::config::Config) -> ExitCode {
+    use turnstile::config::BackendSpec;
+    let claude: Vec<_> = cfg
+        .backends
+        .iter()
+        .filter_map(|(name, b)| match b {
+            BackendSpec::ClaudeCode(c) => Some((name, c)),
+            _ => None,
+        })
+        .collect();
+    if claude.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut status = ExitCode::SUCCESS;
+    for (name, c) in claude {
+        match runtime.block_on(turnstile::backend::claude_code::version(c)) {
+            Ok(v) => println!("backend {name} (claude-code): {v}"),
+            Err(e) => {
+                eprintln!("error: backend {name} (claude-code): {e}");
+                status = ExitCode::from(2);
+            }
+        }
+    }
+    status
+}
+
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -226,7 +263,7 @@ fn main() -> ExitCode {
                     cfg.models.len(),
                     cfg.backends.len()
                 );
-                ExitCode::SUCCESS
+                check_agents(&cfg)
             }
             Err(e) => {
                 eprintln!("error: {e}");

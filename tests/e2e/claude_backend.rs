@@ -19,8 +19,18 @@ const MODELS: &[(&str, &str, &str, &str)] = &[
     ("cc-text", "claude", "text", "{}"),
     ("cc-think", "claude", "think", "{}"),
     ("cc-harness", "claude", "readfile", "{}"),
-    ("cc-bash-ask", "claude-work", "bash", r#"{ command = "ask" }"#),
-    ("cc-bash-deny", "claude-work", "bash", r#"{ command = "deny" }"#),
+    (
+        "cc-bash-ask",
+        "claude-work",
+        "bash",
+        r#"{ command = "ask" }"#,
+    ),
+    (
+        "cc-bash-deny",
+        "claude-work",
+        "bash",
+        r#"{ command = "deny" }"#,
+    ),
 ];
 
 /// A gateway with two Claude Code backends on `fake` (`claude-work` has `Bash` and a fixed
@@ -42,8 +52,9 @@ pub(crate) async fn gateway(fake: &FakeMessages, opts: Opts) -> Option<Gateway> 
             s.push_str(&format!(
                 "\n[backends.{name}]\nkind = \"claude-code\"\ncommand = [\"{}\"]\n\
                  env = {{ ANTHROPIC_BASE_URL = \"{url}\", ANTHROPIC_API_KEY = \"sk-fake-upstream\" }}\n\
-                 max_sessions = 4\n{extra}",
-                bin.display()
+                 max_sessions = {}\n{extra}",
+                bin.display(),
+                o.max_sessions.min(4)
             ));
         }
         for (id, backend, scenario, approvals) in MODELS {
@@ -70,7 +81,8 @@ async fn a_held_round_trip_on_chat_completions() {
     assert_eq!(calls.len(), 1, "{resp}");
     assert!(calls[0]["id"].as_str().unwrap().starts_with("srct-"));
     assert_eq!(calls[0]["function"]["name"], "read_file");
-    let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    let args: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
     assert_eq!(args, json!({"path": "a.txt"}));
     let next = continuation(&req, &resp, |_, _| json!("contents of a"));
     let (status, resp) = gw.chat(ALICE, &next).await;
@@ -101,13 +113,26 @@ fn conversation(body: &Value) -> Vec<Value> {
     all.filter(|m| m["role"] != "system").cloned().collect()
 }
 
-/// Waits (bounded) until no `claude` process is left under the gateway.
+/// The sessions' scratch folders (`HOME`, and the working folder when none is set) left.
+fn scratch_folders(gw: &Gateway) -> Vec<String> {
+    let prefix = format!("turnstile-claude-{}-", gw.pid());
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+/// Waits (bounded) until no `claude` process and no session folder is left.
 async fn no_claude_left(gw: &Gateway) {
     wait_for_within(
-        "every claude process gone",
+        "every claude process and session folder gone",
         Duration::from_secs(20),
-        || format!("{:?}", claude_processes(gw)),
-        async || claude_processes(gw).is_empty().then_some(()),
+        || format!("{:?} {:?}", claude_processes(gw), scratch_folders(gw)),
+        async || {
+            let gone = claude_processes(gw).is_empty() && scratch_folders(gw).is_empty();
+            gone.then_some(())
+        },
     )
     .await;
 }
@@ -161,7 +186,10 @@ async fn a_held_round_trip_on_messages_with_text_beside_and_an_error_result() {
     let (s, ev, done) = messages::stream(&gw, ALICE, &next).await;
     assert_eq!(s, 200, "{ev:?}");
     // The failed result reached the model as an error, with the text beside it.
-    assert_eq!(messages::text(&done), "results: !no such file\nalso look at b.txt");
+    assert_eq!(
+        messages::text(&done),
+        "results: !no such file\nalso look at b.txt"
+    );
     assert_eq!(done["stop_reason"], "end_turn");
 }
 
@@ -180,19 +208,25 @@ async fn two_parallel_calls_answered_in_swapped_order() {
     let paths: Vec<String> = c
         .iter()
         .map(|c| {
-            let a: Value = serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+            let a: Value =
+                serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
             a["path"].as_str().unwrap().to_string()
         })
         .collect();
     assert_eq!(paths, ["a.txt", "b.txt"]);
     // Answered in the other order: each result still reaches its own call.
-    let mut next = continuation(&req, &resp, |i, _| json!(format!("content of {}", paths[i])));
+    let mut next = continuation(&req, &resp, |i, _| {
+        json!(format!("content of {}", paths[i]))
+    });
     let messages = next["messages"].as_array_mut().unwrap();
     let n = messages.len();
     messages.swap(n - 1, n - 2);
     let (s, done) = gw.chat(ALICE, &next).await;
     assert_eq!(s, 200, "{done}");
-    assert_eq!(content(&done), "results: content of a.txt | content of b.txt");
+    assert_eq!(
+        content(&done),
+        "results: content of a.txt | content of b.txt"
+    );
 }
 
 #[tokio::test]
@@ -265,7 +299,10 @@ async fn a_follow_up_continues_the_kept_session() {
     let history = conversation(&last);
     assert_eq!(history.len(), 3, "{last}");
     assert_eq!(history[1]["role"], "assistant");
-    assert!(!last.to_string().contains("The conversation so far"), "{last}");
+    assert!(
+        !last.to_string().contains("The conversation so far"),
+        "{last}"
+    );
 }
 
 #[tokio::test]
@@ -275,15 +312,24 @@ async fn thinking_streams_as_reasoning() {
         return;
     };
     let (s, _, body) = gw
-        .chat_stream(ALICE, &json!({"model": "cc-think", "messages": [user("why")]}))
+        .chat_stream(
+            ALICE,
+            &json!({"model": "cc-think", "messages": [user("why")]}),
+        )
         .await;
     assert_eq!(s, 200, "{body}");
     let (events, _) = sse_events(&body);
     let delta = |k: &str| -> String {
-        let parts = events.iter().filter_map(|e| e["choices"][0]["delta"][k].as_str());
+        let parts = events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"][k].as_str());
         parts.collect()
     };
-    assert_eq!(delta("reasoning_content"), "pondering the question", "{body}");
+    assert_eq!(
+        delta("reasoning_content"),
+        "pondering the question",
+        "{body}"
+    );
     assert_eq!(delta("content"), "You said: why", "{body}");
 }
 
@@ -291,12 +337,22 @@ async fn thinking_streams_as_reasoning() {
 async fn decide(gw: &Gateway, approve: bool) -> Value {
     let ask = pending(gw, ROOT).await;
     assert_eq!(ask["kind"], "command", "{ask}");
-    assert!(ask["summary"]["command"].as_str().unwrap().contains("bash-ran.txt"), "{ask}");
+    assert!(
+        ask["summary"]["command"]
+            .as_str()
+            .unwrap()
+            .contains("bash-ran.txt"),
+        "{ask}"
+    );
     assert_eq!(ask["summary"]["backend_reason"], "write a marker", "{ask}");
     let decision = if approve { "approve" } else { "deny" };
     let r = gw
         .http
-        .post(format!("{}/v1/approvals/{}/decision", gw.url, ask["id"].as_str().unwrap()))
+        .post(format!(
+            "{}/v1/approvals/{}/decision",
+            gw.url,
+            ask["id"].as_str().unwrap()
+        ))
         .bearer_auth(ROOT)
         .json(&json!({"decision": decision}))
         .send()
@@ -318,7 +374,10 @@ async fn an_enabled_builtin_goes_through_the_approval_policy() {
     let call = gw.chat(ALICE, &req);
     let (answer, ask) = tokio::join!(call, decide(&gw, true));
     assert_eq!(answer.0, 200, "{}\n{}", answer.1, gw.log());
-    assert!(ask["summary"]["cwd"].as_str().unwrap().ends_with("/work"), "{ask}");
+    assert!(
+        ask["summary"]["cwd"].as_str().unwrap().ends_with("/work"),
+        "{ask}"
+    );
     assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "gateway");
     std::fs::remove_file(&marker).unwrap();
     // `ask`, denied: it does not run, and the model hears so.
@@ -380,7 +439,9 @@ async fn a_client_gone_mid_leg_ends_the_session() {
     let Some(gw) = gateway(&fake, Opts::default()).await else {
         return;
     };
-    fake.seen.hold_next.store(1, std::sync::atomic::Ordering::SeqCst);
+    fake.seen
+        .hold_next
+        .store(1, std::sync::atomic::Ordering::SeqCst);
     let mut req = tool_request("cc-one", "read a.txt");
     req["stream"] = json!(true);
     let resp = gw.post(ALICE, &req).send().await.unwrap();
@@ -409,7 +470,9 @@ async fn a_killed_claude_loses_its_held_turn() {
     let pids = claude_processes(&gw);
     assert!(!pids.is_empty());
     for pid in &pids {
-        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
     }
     // Once the gateway has seen the death, the held turn is settled as lost.
     wait_until("the death settled", || gw.log().contains("reason=\"lost\"")).await;
@@ -437,8 +500,129 @@ async fn claude_code_as_the_client_reads_a_file_through_a_held_turn() {
     };
     let scene = Scene::new(&gw);
     let prompt = scene.prompt.clone();
-    let args = ["-p", &prompt, "--model", "cc-harness", "--allowedTools", "Read"];
+    let args = [
+        "-p",
+        &prompt,
+        "--model",
+        "cc-harness",
+        "--allowedTools",
+        "Read",
+    ];
     let (stdout, why) = claude_in(&bin, &gw, &scene, &args, None).await;
     assert!(stdout.contains(&scene.secret), "{why}");
     assert!(stdout.contains("results:"), "{why}");
+}
+
+#[tokio::test]
+async fn sessions_are_bounded_and_an_idle_one_makes_room() {
+    let fake = FakeMessages::start().await;
+    let opts = Opts {
+        max_sessions: 1,
+        ..Opts::default()
+    };
+    let Some(gw) = gateway(&fake, opts).await else {
+        return;
+    };
+    let (s, resp) = gw
+        .chat(
+            ALICE,
+            &json!({"model": "cc-text", "messages": [user("first")]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{resp}");
+    let kept = claude_processes(&gw);
+    assert_eq!(scratch_folders(&gw).len(), 1);
+    // Another conversation: the idle session makes room.
+    let (s, resp) = gw
+        .chat(
+            ALICE,
+            &json!({"model": "cc-text", "messages": [user("second")]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{resp}");
+    assert_eq!(content(&resp), "You said: second");
+    wait_until("the idle session ended", || {
+        !claude_processes(&gw).iter().any(|p| kept.contains(p))
+    })
+    .await;
+    // A held turn keeps its place: the next turn waits, then is refused.
+    let req = tool_request("cc-one", "read a.txt");
+    let (s, held) = gw.chat(ALICE, &req).await;
+    assert_eq!(s, 200, "{held}");
+    let (s, v) = gw.chat(BOB, &tool_request("cc-one", "read b.txt")).await;
+    assert_eq!(
+        (s.as_u16(), error_code(&v)),
+        (429, "capacity_exhausted".into()),
+        "{v}"
+    );
+    let (s, done) = gw
+        .chat(ALICE, &continuation(&req, &held, |_, _| json!("a")))
+        .await;
+    assert_eq!(s, 200, "{done}");
+    assert_eq!(scratch_folders(&gw).len(), 1, "one session, one folder");
+}
+
+#[tokio::test]
+async fn shutdown_leaves_no_claude_behind() {
+    let fake = FakeMessages::start().await;
+    let Some(mut gw) = gateway(&fake, Opts::default()).await else {
+        return;
+    };
+    let (s, resp) = gw.chat(ALICE, &tool_request("cc-one", "read a.txt")).await;
+    assert_eq!(s, 200, "{resp}");
+    let pids = claude_processes(&gw);
+    let folders = scratch_folders(&gw);
+    assert!(!pids.is_empty() && !folders.is_empty());
+    assert_eq!(gw.stop().await, Some(0));
+    for pid in pids {
+        assert!(!pid_alive(pid.into()), "claude {pid} outlived the gateway");
+    }
+    for f in folders {
+        assert!(
+            !std::env::temp_dir().join(&f).exists(),
+            "{f} outlived the gateway"
+        );
+    }
+}
+
+#[tokio::test]
+async fn check_reports_the_cli_version() {
+    let fake = FakeMessages::start().await;
+    let Some(gw) = gateway(&fake, Opts::default()).await else {
+        return;
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["check", "--config"])
+        .arg(gw.config_path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("3 backends"), "{stdout}");
+    assert!(
+        stdout.contains("backend claude (claude-code): 2.1.332"),
+        "{stdout}"
+    );
+    // A command that does not run is reported, and the check fails.
+    let text = std::fs::read_to_string(gw.config_path()).unwrap();
+    let broken = gw.dir.path().join("broken.toml");
+    let bin = CLAUDE.locate().unwrap().display().to_string();
+    std::fs::write(&broken, text.replacen(&bin, "/nonexistent/claude", 1)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["check", "--config"])
+        .arg(&broken)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "backend claude (claude-code): backend unavailable: cannot start /nonexistent/claude"
+        ),
+        "{stderr}"
+    );
 }

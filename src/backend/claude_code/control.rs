@@ -14,18 +14,29 @@ use serde_json::{json, Value};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Frame {
     /// A Messages API streaming event of a model call. `parent` is set for a subagent's.
-    Stream { event: Value, parent: bool },
+    Stream {
+        event: Value,
+        parent: bool,
+    },
     /// The CLI asks the host something (`mcp_message`, `can_use_tool`, `hook_callback`).
-    Request { id: String, request: Value },
+    Request {
+        id: String,
+        request: Value,
+    },
     /// The answer to one of the host's requests.
     Response {
         id: String,
         result: Result<Value, String>,
     },
     /// The CLI withdraws one of its requests (its turn was interrupted).
-    Cancel { id: String },
+    Cancel {
+        id: String,
+    },
     /// The turn ended: `subtype` `success` or an `error_*`.
-    Result { subtype: String, is_error: bool },
+    Result {
+        subtype: String,
+        is_error: bool,
+    },
     Other,
 }
 
@@ -195,7 +206,12 @@ mod tests {
             b"[1]",
             br#"{"type":"control_response","response":{"subtype":"success"}}"#,
         ] {
-            assert_eq!(parse(other), Frame::Other, "{}", String::from_utf8_lossy(other));
+            assert_eq!(
+                parse(other),
+                Frame::Other,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
         }
     }
 
@@ -206,7 +222,8 @@ mod tests {
         assert_eq!(u.matches('\n').count(), 1);
         let v: Value = serde_json::from_str(&u).unwrap();
         assert_eq!(v["message"]["content"][0]["text"], "a\nb");
-        let r: Value = serde_json::from_str(&request("req_1", json!({"subtype": "interrupt"}))).unwrap();
+        let r: Value =
+            serde_json::from_str(&request("req_1", json!({"subtype": "interrupt"}))).unwrap();
         assert_eq!(r["request"]["subtype"], "interrupt");
         let m: Value =
             serde_json::from_str(&mcp("r2", &json!(4), Ok(json!({"content": []})))).unwrap();
@@ -217,7 +234,10 @@ mod tests {
         );
         let e: Value =
             serde_json::from_str(&mcp("r3", &json!(5), Err((-32601, "no such method")))).unwrap();
-        assert_eq!(e["response"]["response"]["mcp_response"]["error"]["code"], -32601);
+        assert_eq!(
+            e["response"]["response"]["mcp_response"]["error"]["code"],
+            -32601
+        );
         let e: Value = serde_json::from_str(&error("r4", "unsupported")).unwrap();
         assert_eq!(e["response"]["subtype"], "error");
     }

@@ -207,7 +207,10 @@ impl ClaudeCode {
         child_cfg.cwd = Some(cwd.clone());
         for (k, v) in [
             ("HOME", scratch.display().to_string()),
-            ("CLAUDE_CONFIG_DIR", scratch.join(".claude").display().to_string()),
+            (
+                "CLAUDE_CONFIG_DIR",
+                scratch.join(".claude").display().to_string(),
+            ),
             ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
             ("DISABLE_AUTOUPDATER", "1".into()),
         ] {
@@ -240,7 +243,8 @@ impl ClaudeCode {
         let mut init = json!({"subtype": "initialize"});
         if !self.cfg.builtin_tools.is_empty() {
             // Every use of a built-in reaches the policy, even one Claude Code would let run.
-            init["hooks"] = json!({"PreToolUse": [{"matcher": null, "hookCallbackIds": ["policy"]}]});
+            init["hooks"] =
+                json!({"PreToolUse": [{"matcher": null, "hookCallbackIds": ["policy"]}]});
         }
         if let Some(i) = instructions {
             init["appendSystemPrompt"] = json!(i);
@@ -276,7 +280,12 @@ impl ClaudeCode {
                 && s.settings.effort == input.effort
                 && s.settings.names
                     == Names::new(
-                        input.tools.as_deref().unwrap_or_default().iter().map(|t| t.name.as_str()),
+                        input
+                            .tools
+                            .as_deref()
+                            .unwrap_or_default()
+                            .iter()
+                            .map(|t| t.name.as_str()),
                         &self.cfg.builtin_tools,
                     )
         });

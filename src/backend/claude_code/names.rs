@@ -150,7 +150,10 @@ mod tests {
         // 56 characters fit exactly once prefixed.
         assert_eq!(n.declared(&"a".repeat(56)), "a".repeat(56));
         // Two long names that share their first characters stay distinct.
-        let (a, b) = (format!("{}a", "y".repeat(70)), format!("{}b", "y".repeat(70)));
+        let (a, b) = (
+            format!("{}a", "y".repeat(70)),
+            format!("{}b", "y".repeat(70)),
+        );
         let n = Names::new([a.as_str(), b.as_str()], &[]);
         assert_ne!(n.declared(&a), n.declared(&b));
         assert_eq!(n.client(n.declared(&b)), Some(b.as_str()));

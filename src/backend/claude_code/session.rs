@@ -387,7 +387,11 @@ impl Session {
                 self.decide(id, tool, &request["input"], use_id, Answer::CanUse);
             }
             other => {
-                tracing::debug!(backend_process = self.child.id, subtype = other, "unknown claude request refused");
+                tracing::debug!(
+                    backend_process = self.child.id,
+                    subtype = other,
+                    "unknown claude request refused"
+                );
                 self.child
                     .send(control::error(id, &format!("unsupported request: {other}")));
             }
@@ -463,7 +467,14 @@ impl Session {
         }
     }
 
-    fn ask(&self, id: &str, tool: &str, input: &Value, use_id: &str, answer: Answer) -> ApprovalAsk {
+    fn ask(
+        &self,
+        id: &str,
+        tool: &str,
+        input: &Value,
+        use_id: &str,
+        answer: Answer,
+    ) -> ApprovalAsk {
         let kind = match tool {
             "Bash" => ApprovalKind::Command,
             "Edit" | "Write" | "MultiEdit" | "NotebookEdit" => ApprovalKind::FileChange,

@@ -1,5 +1,6 @@
 //! Unit tests of the `[backends.NAME]` sections: each kind's keys, defaults and errors.
 
+use std::path::Path;
 use std::time::Duration;
 
 use super::super::tests::{base_toml, parse};
@@ -154,5 +155,60 @@ fn every_kind_is_one_backend_and_codex_settings_belong_to_the_app_server_kind() 
             e,
             format!("config models[1].{key}: only for a model of a `kind = \"app-server\"` backend (`up` is `openai`)")
         );
+    }
+}
+
+#[test]
+fn a_claude_code_backend_takes_exactly_its_keys() {
+    let section = "[backends.cc]\nkind = \"claude-code\"\ncommand = [\"claude\"]\n\
+                   env = { ANTHROPIC_BASE_URL = \"https://api.anthropic.com\" }\n\
+                   env_passthrough = [\"ANTHROPIC_API_KEY\"]\nmax_sessions = 8\n\
+                   builtin_tools = [\"Bash\", \"Edit\"]\ncwd = \"work\"\n";
+    let text = base_toml().replace("[backends.demo]", &format!("{section}[backends.demo]"));
+    let cfg = parse(&text).unwrap();
+    let BackendSpec::ClaudeCode(cc) = &cfg.backends["cc"] else {
+        panic!("cc is a claude-code backend");
+    };
+    assert_eq!(cc.child.command, ["claude"]);
+    assert_eq!(
+        cc.child.env["ANTHROPIC_BASE_URL"],
+        "https://api.anthropic.com"
+    );
+    assert!(cc
+        .child
+        .env_passthrough
+        .contains(&"ANTHROPIC_API_KEY".to_string()));
+    assert_eq!(
+        cc.child.cwd.as_deref(),
+        Some(Path::new("/etc/turnstile/work"))
+    );
+    assert_eq!((cc.max_sessions, cc.builtin_tools.len()), (8, 2));
+    // Defaults: no built-in, a scratch folder per session.
+    let minimal = "[backends.cc]\nkind = \"claude-code\"\ncommand = [\"claude\"]\n";
+    let cfg = parse(&base_toml().replace("[backends.demo]", &format!("{minimal}[backends.demo]")))
+        .unwrap();
+    let BackendSpec::ClaudeCode(cc) = &cfg.backends["cc"] else {
+        panic!("cc is a claude-code backend");
+    };
+    assert!(cc.builtin_tools.is_empty() && cc.child.cwd.is_none());
+    assert_eq!(cc.max_sessions, 16);
+
+    for (extra, want) in [
+        ("processes = 2", "config backends.cc.processes: not valid for kind `claude-code`"),
+        ("base_url = \"http://x\"", "config backends.cc.base_url: not valid for kind `claude-code`"),
+        ("nope = 1", "config backends.cc.nope: unknown field `nope`"),
+        ("max_sessions = 0", "config backends.cc.max_sessions: must be greater than 0"),
+        (
+            "builtin_tools = [\"Bash\", \"Rm -rf\"]",
+            "config backends.cc.builtin_tools[1]: must name one of Claude Code's tools (e.g. \"Bash\", \"Edit\")",
+        ),
+        (
+            "builtin_tools = [\"mcp__x__y\"]",
+            "config backends.cc.builtin_tools[0]: must name a built-in tool, not an MCP one",
+        ),
+    ] {
+        let text = base_toml().replace("[backends.demo]", &format!("{minimal}{extra}\n[backends.demo]"));
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(e.starts_with(want), "{extra}: {e}");
     }
 }

@@ -247,8 +247,10 @@ async fn messages(State(seen): State<Arc<Seen>>, Json(body): Json<Value>) -> Res
         }
         "tool_use"
     };
-    events.push(json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
-                       "usage": {"output_tokens": 20}}));
+    events.push(
+        json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
+                       "usage": {"output_tokens": 20}}),
+    );
     events.push(json!({"type": "message_stop"}));
     let sse: String = events
         .iter()
