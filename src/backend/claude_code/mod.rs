@@ -10,6 +10,7 @@
 //! taken, the longest idle session is ended to make room; otherwise a turn waits up to the
 //! acquire timeout, then fails with `BackendError::Capacity`.
 
+mod approval;
 mod control;
 mod names;
 mod session;

@@ -20,12 +20,11 @@ use futures::channel::mpsc::UnboundedSender;
 use serde_json::{json, Value};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
+use super::approval::Answer;
 use super::control::{self, Frame};
 use super::names::Names;
 use crate::backend::agent::child::{Child, Output};
-use crate::backend::{
-    ApprovalAsk, ApprovalKind, ApprovalResponder, BackendError, HeldCall, Meter, TurnEvent,
-};
+use crate::backend::{BackendError, HeldCall, Meter, TurnEvent};
 use crate::turn::{Effort, Usage};
 
 /// How long a request to the CLI (its `initialize`) may take.
@@ -35,6 +34,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A poisoned lock only means another thread panicked mid-update of plain data.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// Where the answer to one of the host's control requests goes.
+type Answered = oneshot::Sender<Result<Value, String>>;
 
 /// What a session was started with; a kept session continues only a turn that asks the same.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +95,7 @@ pub(super) struct Session {
     permit: Mutex<Option<OwnedSemaphorePermit>>,
     state: Mutex<State>,
     /// Our own control requests waiting for their answer.
-    pending: Mutex<Vec<(String, oneshot::Sender<Result<Value, String>>)>>,
+    pending: Mutex<Vec<(String, Answered)>>,
     next_request: AtomicU64,
     next_invocation: Arc<AtomicU64>,
     /// Counted out of the backend's live processes once.
@@ -458,7 +460,7 @@ impl Session {
         {
             return self.child.send(answer.write(id, true, input));
         }
-        let ask = self.ask(id, tool, input, use_id, answer);
+        let ask = super::approval::ask(self.me.clone(), &self.cwd, id, tool, input, use_id, answer);
         let mut state = lock(&self.state);
         match state.route.as_ref().filter(|r| !r.finished) {
             Some(_) => self.emit(&mut state, TurnEvent::Approval(Box::new(ask))),
@@ -467,48 +469,9 @@ impl Session {
         }
     }
 
-    fn ask(
-        &self,
-        id: &str,
-        tool: &str,
-        input: &Value,
-        use_id: &str,
-        answer: Answer,
-    ) -> ApprovalAsk {
-        let kind = match tool {
-            "Bash" => ApprovalKind::Command,
-            "Edit" | "Write" | "MultiEdit" | "NotebookEdit" => ApprovalKind::FileChange,
-            _ => ApprovalKind::Permissions,
-        };
-        let summary = match kind {
-            ApprovalKind::Command => json!({"command": input["command"], "cwd": self.cwd,
-                                           "backend_reason": input["description"]}),
-            ApprovalKind::FileChange => json!({"tool": tool,
-                "path": input.get("file_path").or(input.get("notebook_path")),
-                "backend_reason": Value::Null}),
-            _ => json!({"tool": tool, "input": input, "backend_reason": Value::Null}),
-        };
-        let action_digest =
-            crate::continuation::canonical::digest(&json!({"tool": tool, "input": input}));
-        let (session, id, input, use_id) = (
-            self.me.clone(),
-            id.to_string(),
-            input.clone(),
-            use_id.to_string(),
-        );
-        let responder = ApprovalResponder::new(move |approve| {
-            let Some(s) = session.upgrade() else { return };
-            if approve {
-                lock(&s.state).allowed.insert(use_id);
-            }
-            s.child.send(answer.write(&id, approve, &input));
-        });
-        ApprovalAsk {
-            kind,
-            summary: crate::backend::agent::redact(summary),
-            action_digest,
-            responder,
-        }
+    /// The policy allowed a built-in's use (a `can_use_tool` for it is then answered at once).
+    pub fn allowed(&self, use_id: String) {
+        lock(&self.state).allowed.insert(use_id);
     }
 
     fn on_result(&self, subtype: &str, is_error: bool) {
@@ -523,30 +486,6 @@ impl Session {
             _ => TurnEvent::Failed(format!("claude turn ended: {subtype}")),
         };
         self.end(&mut state, ev);
-    }
-}
-
-/// Which request a policy decision answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Answer {
-    Hook,
-    CanUse,
-}
-
-impl Answer {
-    fn write(self, id: &str, allow: bool, input: &Value) -> String {
-        let response = match (self, allow) {
-            (Answer::Hook, _) => json!({"hookSpecificOutput": {
-                "hookEventName": "PreToolUse",
-                "permissionDecision": if allow { "allow" } else { "deny" },
-                "permissionDecisionReason": if allow { "allowed by the gateway's policy" } else { "declined by the gateway's policy" },
-            }}),
-            (Answer::CanUse, true) => json!({"behavior": "allow", "updatedInput": input}),
-            (Answer::CanUse, false) => {
-                json!({"behavior": "deny", "message": "declined by the gateway's policy"})
-            }
-        };
-        control::success(id, response)
     }
 }
 

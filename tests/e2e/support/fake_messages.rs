@@ -178,8 +178,7 @@ async fn messages(State(seen): State<Arc<Seen>>, Json(body): Json<Value>) -> Res
         .split_whitespace()
         .map(|w| w.trim_matches(|c: char| c == '"' || c == '\\'))
         .map(|w| w.trim_end_matches(['.', ',']))
-        .filter(|w| w.starts_with('/') && w.ends_with(".txt"))
-        .last()
+        .rfind(|w| w.starts_with('/') && w.ends_with(".txt"))
         .unwrap_or_default()
         .to_string();
     let done = rounds(&body);

@@ -1,0 +1,78 @@
+//! A built-in about to run, as an approval ask: Claude Code asks through the PreToolUse hook
+//! (every use of an enabled built-in, even one it would let run) or `can_use_tool`, and the
+//! model's approval policy answers in the shape of the request.
+
+use std::sync::Weak;
+
+use serde_json::{json, Value};
+
+use super::control;
+use super::session::Session;
+use crate::backend::{ApprovalAsk, ApprovalKind, ApprovalResponder};
+
+/// The approval ask for a built-in about to run: a redacted summary for the approver (`Bash`
+/// is a command, the file tools a file change, anything else permissions), the digest of the
+/// tool and its input, and a responder that answers the request the CLI sent.
+pub(super) fn ask(
+    session: Weak<Session>,
+    cwd: &str,
+    id: &str,
+    tool: &str,
+    input: &Value,
+    use_id: &str,
+    answer: Answer,
+) -> ApprovalAsk {
+    let kind = match tool {
+        "Bash" => ApprovalKind::Command,
+        "Edit" | "Write" | "MultiEdit" | "NotebookEdit" => ApprovalKind::FileChange,
+        _ => ApprovalKind::Permissions,
+    };
+    let summary = match kind {
+        ApprovalKind::Command => json!({"command": input["command"], "cwd": cwd,
+                                       "backend_reason": input["description"]}),
+        ApprovalKind::FileChange => json!({"tool": tool,
+            "path": input.get("file_path").or(input.get("notebook_path")),
+            "backend_reason": Value::Null}),
+        _ => json!({"tool": tool, "input": input, "backend_reason": Value::Null}),
+    };
+    let action_digest =
+        crate::continuation::canonical::digest(&json!({"tool": tool, "input": input}));
+    let (id, input, use_id) = (id.to_string(), input.clone(), use_id.to_string());
+    let responder = ApprovalResponder::new(move |approve| {
+        let Some(s) = session.upgrade() else { return };
+        if approve {
+            s.allowed(use_id);
+        }
+        s.child.send(answer.write(&id, approve, &input));
+    });
+    ApprovalAsk {
+        kind,
+        summary: crate::backend::agent::redact(summary),
+        action_digest,
+        responder,
+    }
+}
+
+/// Which request a policy decision answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Answer {
+    Hook,
+    CanUse,
+}
+
+impl Answer {
+    pub fn write(self, id: &str, allow: bool, input: &Value) -> String {
+        let response = match (self, allow) {
+            (Answer::Hook, _) => json!({"hookSpecificOutput": {
+                "hookEventName": "PreToolUse",
+                "permissionDecision": if allow { "allow" } else { "deny" },
+                "permissionDecisionReason": if allow { "allowed by the gateway's policy" } else { "declined by the gateway's policy" },
+            }}),
+            (Answer::CanUse, true) => json!({"behavior": "allow", "updatedInput": input}),
+            (Answer::CanUse, false) => {
+                json!({"behavior": "deny", "message": "declined by the gateway's policy"})
+            }
+        };
+        control::success(id, response)
+    }
+}
