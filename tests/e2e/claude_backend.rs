@@ -626,3 +626,74 @@ async fn check_reports_the_cli_version() {
         "{stderr}"
     );
 }
+
+/// The per-turn cost of a Claude Code backend against Codex's, measured in the same run
+/// against instant fakes of their model APIs (figures printed, not asserted: the machines are
+/// shared): a plain turn, a follow-up on the session it kept, and a held round trip (the
+/// call, then the answered continuation).
+/// `cargo test --test e2e -- claude_backend::per_turn --nocapture`.
+#[tokio::test]
+async fn per_turn_cost_against_codex_in_the_same_run() {
+    use crate::codex::{codex_bin, Rig, Setup};
+    use crate::support::fake_responses::{output_for, FakeResponses, Reply};
+    const N: usize = 6;
+    let Some(codex) = codex_bin() else { return };
+    let fake = FakeMessages::start().await;
+    let Some(cc) = gateway(&fake, Opts::default()).await else {
+        return;
+    };
+    let model = FakeResponses::start(|_, body| {
+        let plain = body.to_string().contains("plain turn");
+        match (plain, output_for(body, "call_1")) {
+            (true, _) => Reply::text("ok", 1),
+            (false, None) => Reply::call("call_1", "read_file", json!({"path": "a.txt"})),
+            (false, Some(_)) => Reply::text("done", 1),
+        }
+    })
+    .await;
+    let rig = Rig::start(&codex, &model, Setup::default()).await;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut lines = Vec::new();
+    for (name, gw, plain_model, tool_model) in [
+        ("claude-code", &cc, "cc-text", "cc-one"),
+        ("app-server (Codex)", &rig.gw, "codex", "codex"),
+    ] {
+        let (mut plain, mut trip, mut follow) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..N {
+            let first = user(&format!("plain turn {i}"));
+            let req = json!({"model": plain_model, "messages": [first]});
+            let t = std::time::Instant::now();
+            let (s, v) = gw.chat(ALICE, &req).await;
+            plain.push(t.elapsed().as_secs_f64() * 1e3);
+            assert_eq!(s, 200, "{name}: {v}");
+            let answer = json!({"role": "assistant", "content": content(&v)});
+            let req = json!({"model": plain_model,
+                             "messages": [first, answer, user("plain turn, once more")]});
+            let t = std::time::Instant::now();
+            let (s, v) = gw.chat(ALICE, &req).await;
+            follow.push(t.elapsed().as_secs_f64() * 1e3);
+            assert_eq!(s, 200, "{name}: {v}");
+            let req = tool_request(tool_model, &format!("read a.txt, try {i}"));
+            let t = std::time::Instant::now();
+            let (s, resp) = gw.chat(ALICE, &req).await;
+            assert_eq!(s, 200, "{name}: {resp}");
+            let (s, v) = gw
+                .chat(ALICE, &continuation(&req, &resp, |_, _| json!("a")))
+                .await;
+            trip.push(t.elapsed().as_secs_f64() * 1e3);
+            assert_eq!(s, 200, "{name}: {v}");
+        }
+        lines.push(format!(
+            "{name:>20}: plain turn p50 {:6.1} ms, follow-up on the kept session {:6.1} ms, \
+             held round trip {:6.1} ms (n={N})",
+            median(plain),
+            median(follow),
+            median(trip)
+        ));
+    }
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "\nper-turn cost, same run:\n{}", lines.join("\n"));
+}
