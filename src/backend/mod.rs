@@ -1,8 +1,9 @@
-//! Backends: what runs turns. One [`Backend`] trait covers every kind: a stateful agent
-//! (`app_server/`: `codex app-server` over JSON-RPC, which holds the turn open while the client
-//! runs its tools, on the substrate every agent kind shares in `agent/`) and a stateless
-//! upstream (`upstream/`: an OpenAI-compatible HTTP endpoint, where nothing is held and a
-//! continuation is a new request with the upstream's ids restored). [`build`] is the one
+//! Backends: what runs turns. One [`Backend`] trait covers every kind: stateful agents, which
+//! hold the turn open while the client runs its tools, on the substrate every agent kind
+//! shares in `agent/` (`app_server/`: `codex app-server` over JSON-RPC; `claude_code/`: Claude
+//! Code over stream-json), and a stateless upstream (`upstream/`: an OpenAI-compatible HTTP
+//! endpoint, where nothing is held and a continuation is a new request with the upstream's
+//! ids restored). [`build`] is the one
 //! place that turns a config's kind into a running backend.
 //! Only this module speaks a backend's protocol; the engine sees a [`Turn`]: a stream of
 //! [`TurnEvent`]s plus a [`TurnControl`]. Backend-side ids (process, thread, turn, `callId`,

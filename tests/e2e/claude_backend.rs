@@ -434,6 +434,35 @@ async fn an_expired_turn_ends_its_session() {
 }
 
 #[tokio::test]
+async fn a_revoked_grant_ends_the_held_session() {
+    let fake = FakeMessages::start().await;
+    let Some(gw) = gateway(&fake, Opts::default()).await else {
+        return;
+    };
+    let req = tool_request("cc-one", "read a.txt");
+    let (s, resp) = gw.chat(ALICE, &req).await;
+    assert_eq!(s, 200, "{resp}");
+    assert!(!claude_processes(&gw).is_empty());
+    // Narrow alice to `echo` only: the held turn is revoked on resume.
+    let text = std::fs::read_to_string(gw.config_path()).unwrap();
+    let narrowed = text.replacen("models = [\"*\"]", "models = [\"echo\"]", 1);
+    assert_ne!(text, narrowed);
+    std::fs::write(gw.config_path(), narrowed).unwrap();
+    gw.signal("HUP");
+    wait_until("reload logged", || gw.log().contains("config reloaded")).await;
+    let next = continuation(&req, &resp, |_, _| json!("a"));
+    let (s, v) = gw.chat(ALICE, &next).await;
+    assert_eq!(
+        (s.as_u16(), error_code(&v)),
+        (403, "unauthorized_target".into()),
+        "{v}"
+    );
+    no_claude_left(&gw).await;
+    // The model never got the result.
+    assert_eq!(fake.bodies("one").len(), 1);
+}
+
+#[tokio::test]
 async fn a_client_gone_mid_leg_ends_the_session() {
     let fake = FakeMessages::start().await;
     let Some(gw) = gateway(&fake, Opts::default()).await else {
@@ -695,5 +724,9 @@ async fn per_turn_cost_against_codex_in_the_same_run() {
         ));
     }
     use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "\nper-turn cost, same run:\n{}", lines.join("\n"));
+    let _ = writeln!(
+        std::io::stderr(),
+        "\nper-turn cost, same run:\n{}",
+        lines.join("\n")
+    );
 }
