@@ -560,7 +560,13 @@ async fn sessions_are_bounded_and_an_idle_one_makes_room() {
         .await;
     assert_eq!(s, 200, "{resp}");
     let kept = claude_processes(&gw);
-    assert_eq!(scratch_folders(&gw).len(), 1);
+    let folders = scratch_folders(&gw);
+    assert_eq!(folders.len(), 1);
+    let mode = std::fs::metadata(std::env::temp_dir().join(&folders[0])).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+        0o700
+    );
     // Another conversation: the idle session makes room.
     let (s, resp) = gw
         .chat(

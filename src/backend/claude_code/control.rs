@@ -13,10 +13,11 @@ use serde_json::{json, Value};
 /// One line from the CLI, classified.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Frame {
-    /// A Messages API streaming event of a model call. `parent` is set for a subagent's.
+    /// A Messages API streaming event of a model call: the session's own (`parent` None) or
+    /// a subagent's (the `tool_use` id of the call that started it).
     Stream {
         event: Value,
-        parent: bool,
+        parent: Option<String>,
     },
     /// The CLI asks the host something (`mcp_message`, `can_use_tool`, `hook_callback`).
     Request {
@@ -46,8 +47,8 @@ struct Envelope<'a> {
     kind: &'a str,
     #[serde(default, borrow)]
     event: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    parent_tool_use_id: Option<&'a RawValue>,
+    #[serde(default)]
+    parent_tool_use_id: Option<String>,
     #[serde(default)]
     request_id: Option<String>,
     #[serde(default, borrow)]
@@ -82,7 +83,7 @@ pub fn parse(line: &[u8]) -> Frame {
     let parsed = match e.kind {
         "stream_event" => tree(e.event).map(|event| Frame::Stream {
             event,
-            parent: e.parent_tool_use_id.is_some_and(|p| p.get() != "null"),
+            parent: e.parent_tool_use_id,
         }),
         "control_request" => Some(Frame::Request {
             id: e.request_id.unwrap_or_default(),
@@ -162,11 +163,11 @@ mod tests {
             f,
             Frame::Stream {
                 event: json!({"type": "message_stop"}),
-                parent: false
+                parent: None
             }
         );
         let f = parse(br#"{"type":"stream_event","event":{"type":"message_stop"},"parent_tool_use_id":"toolu_1"}"#);
-        assert!(matches!(f, Frame::Stream { parent: true, .. }));
+        assert!(matches!(f, Frame::Stream { parent: Some(p), .. } if p == "toolu_1"));
         let f = parse(br#"{"type":"control_request","request_id":"r1","request":{"subtype":"mcp_message","server_name":"t","message":{"method":"tools/list","jsonrpc":"2.0","id":1}}}"#);
         let Frame::Request { id, request } = f else {
             panic!("{f:?}")

@@ -16,6 +16,7 @@ mod names;
 mod session;
 mod turn;
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -337,14 +338,19 @@ fn effort(e: Effort) -> &'static str {
     }
 }
 
-/// A fresh folder of the session's own under the system's temporary folder.
+/// A fresh folder of the session's own under the system's temporary folder, private to the
+/// gateway's user.
 fn scratch_dir(id: u64) -> Result<PathBuf, BackendError> {
     let dir = std::env::temp_dir().join(format!(
         "turnstile-claude-{}-{id}-{}",
         std::process::id(),
         crate::ids::new_id("")
     ));
-    std::fs::create_dir_all(dir.join(".claude"))
+    // Only the gateway's user may read what a session keeps there (its transcript, memory).
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .and_then(|()| std::fs::create_dir(dir.join(".claude")))
         .map_err(|e| BackendError::Unavailable(format!("cannot create a session folder: {e}")))?;
     Ok(dir)
 }

@@ -36,17 +36,18 @@ impl Names {
                     || (d != *name && tools.contains(&d))
                     || builtins.iter().any(|b| b.eq_ignore_ascii_case(d))
             };
-            let mut declared = match (fits, shadows) {
+            let base = match (fits, shadows) {
                 (true, false) => name.to_string(),
                 (true, true) if name.len() + "client_".len() <= room => format!("client_{name}"),
-                _ => shortened(name, room),
+                (_, true) => shortened(&format!("client_{name}"), room),
+                (false, false) => shortened(name, room),
             };
+            let mut declared = base.clone();
             let mut n = 1;
             while taken(&declared, &pairs) {
                 n += 1;
                 let suffix = format!("_{n}");
-                let base = shortened(name, room - suffix.len());
-                declared = format!("{base}{suffix}");
+                declared = format!("{}{suffix}", shortened(&base, room - suffix.len()));
             }
             pairs.push((declared, name.to_string()));
         }

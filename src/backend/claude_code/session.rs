@@ -75,8 +75,9 @@ struct State {
     arrived: Vec<String>,
     /// The current model message is still streaming.
     streaming: bool,
-    /// The usage `message_start` reported for the current model call.
-    call_usage: Usage,
+    /// The usage `message_start` reported for each model call under way: the session's own
+    /// (None) and its subagents' (by the call that started them), which may interleave.
+    calls: Vec<(Option<String>, Usage)>,
     /// Built-in uses the policy allowed (a `can_use_tool` after the hook is answered at once).
     allowed: HashSet<String>,
     /// Text the client sent beside its results, for the next answer.
@@ -268,64 +269,34 @@ impl Session {
         let _ = r.events.unbounded_send(ev);
     }
 
-    fn on_stream(&self, event: &Value, parent: bool) {
+    fn on_stream(&self, event: &Value, parent: Option<String>) {
         let mut state = lock(&self.state);
-        let n = |u: &Value, k: &str| u.get(k).and_then(Value::as_u64);
         match event["type"].as_str().unwrap_or_default() {
             "message_start" => {
-                let u = &event["message"]["usage"];
-                state.call_usage = Usage {
-                    prompt_tokens: 0,
-                    completion_tokens: n(u, "output_tokens").unwrap_or(0),
-                    total_tokens: 0,
-                    cached_tokens: n(u, "cache_read_input_tokens").unwrap_or(0),
-                    cache_write_tokens: n(u, "cache_creation_input_tokens").unwrap_or(0),
-                    reasoning_tokens: 0,
-                };
-                state.call_usage.prompt_tokens = n(u, "input_tokens").unwrap_or(0)
-                    + state.call_usage.cached_tokens
-                    + state.call_usage.cache_write_tokens;
-                if !parent {
+                let started = usage_started(&event["message"]["usage"]);
+                state.calls.retain(|(p, _)| *p != parent);
+                if parent.is_none() {
                     state.streaming = true;
                     state.batch.clear();
                     state.arrived.clear();
                 }
+                state.calls.push((parent, started));
             }
             // The call's final usage: metered now, whatever the turn does next.
             "message_delta" => {
-                let u = &event["usage"];
-                let mut usage = state.call_usage;
-                if let Some(out) = n(u, "output_tokens") {
-                    usage.completion_tokens = out;
-                }
-                let (input, read, write) = (
-                    n(u, "input_tokens"),
-                    n(u, "cache_read_input_tokens"),
-                    n(u, "cache_creation_input_tokens"),
-                );
-                if input.is_some() || read.is_some() || write.is_some() {
-                    usage.cached_tokens = read.unwrap_or(usage.cached_tokens);
-                    usage.cache_write_tokens = write.unwrap_or(usage.cache_write_tokens);
-                    let uncached = input.unwrap_or(
-                        usage
-                            .prompt_tokens
-                            .saturating_sub(state.call_usage.cached_tokens)
-                            .saturating_sub(state.call_usage.cache_write_tokens),
-                    );
-                    usage.prompt_tokens = uncached + usage.cached_tokens + usage.cache_write_tokens;
-                }
-                usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
-                state.call_usage = Usage::default();
+                let pos = state.calls.iter().position(|(p, _)| *p == parent);
+                let started = pos.map(|i| state.calls.swap_remove(i).1);
+                let usage = usage_ended(started.unwrap_or_default(), &event["usage"]);
                 if let Some(r) = state.route.as_ref() {
                     (r.meter)(usage);
                 }
                 self.emit(&mut state, TurnEvent::Usage(usage));
             }
-            "message_stop" if !parent => {
+            "message_stop" if parent.is_none() => {
                 state.streaming = false;
                 self.flush(&mut state);
             }
-            _ if parent => {}
+            _ if parent.is_some() => {}
             "content_block_start" => {
                 let block = &event["content_block"];
                 if block["type"] == "tool_use" {
@@ -489,6 +460,42 @@ impl Session {
     }
 }
 
+fn count(u: &Value, k: &str) -> Option<u64> {
+    u.get(k).and_then(Value::as_u64)
+}
+
+/// A model call's usage as `message_start` reports it (prompt tokens are the uncached input
+/// plus the cache reads and writes, as everywhere in the gateway).
+fn usage_started(u: &Value) -> Usage {
+    let read = count(u, "cache_read_input_tokens").unwrap_or(0);
+    let write = count(u, "cache_creation_input_tokens").unwrap_or(0);
+    Usage {
+        prompt_tokens: count(u, "input_tokens").unwrap_or(0) + read + write,
+        completion_tokens: count(u, "output_tokens").unwrap_or(0),
+        cached_tokens: read,
+        cache_write_tokens: write,
+        ..Usage::default()
+    }
+}
+
+/// The call's final usage: `message_delta` gives the output count and may restate the input.
+fn usage_ended(started: Usage, u: &Value) -> Usage {
+    let mut usage = started;
+    if let Some(out) = count(u, "output_tokens") {
+        usage.completion_tokens = out;
+    }
+    let uncached = started
+        .prompt_tokens
+        .saturating_sub(started.cached_tokens + started.cache_write_tokens);
+    let input = count(u, "input_tokens").unwrap_or(uncached);
+    usage.cached_tokens = count(u, "cache_read_input_tokens").unwrap_or(started.cached_tokens);
+    usage.cache_write_tokens =
+        count(u, "cache_creation_input_tokens").unwrap_or(started.cache_write_tokens);
+    usage.prompt_tokens = input + usage.cached_tokens + usage.cache_write_tokens;
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+    usage
+}
+
 impl Output for Session {
     fn line(self: &Arc<Self>, line: &[u8]) {
         match control::parse(line) {
@@ -523,5 +530,42 @@ impl Output for Session {
                 alive.fetch_sub(1, Ordering::SeqCst);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_calls_usage_is_its_start_with_the_final_counts() {
+        let start = usage_started(
+            &json!({"input_tokens": 100, "cache_creation_input_tokens": 7,
+                                          "cache_read_input_tokens": 50, "output_tokens": 1}),
+        );
+        assert_eq!(
+            (
+                start.prompt_tokens,
+                start.cached_tokens,
+                start.cache_write_tokens
+            ),
+            (157, 50, 7)
+        );
+        let end = usage_ended(start, &json!({"output_tokens": 20}));
+        assert_eq!(
+            (end.prompt_tokens, end.completion_tokens, end.total_tokens),
+            (157, 20, 177)
+        );
+        assert_eq!((end.cached_tokens, end.cache_write_tokens), (50, 7));
+        // A delta that restates the input wins.
+        let end = usage_ended(
+            start,
+            &json!({"output_tokens": 5, "input_tokens": 3,
+                                             "cache_read_input_tokens": 0}),
+        );
+        assert_eq!(
+            (end.prompt_tokens, end.cached_tokens, end.completion_tokens),
+            (10, 0, 5)
+        );
     }
 }
