@@ -84,10 +84,34 @@ async fn a_held_round_trip_on_chat_completions() {
     let args: Value =
         serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
     assert_eq!(args, json!({"path": "a.txt"}));
+    // Drift (an edited history) is refused and consumes nothing.
+    let mut drifted = continuation(&req, &resp, |_, _| json!("contents of a"));
+    drifted["messages"][0]["content"] = json!("read b.txt");
+    let (status, v) = gw.chat(ALICE, &drifted).await;
+    assert_eq!((status.as_u16(), error_code(&v)), (400, "continuation_mismatch".into()), "{v}");
     let next = continuation(&req, &resp, |_, _| json!("contents of a"));
     let (status, resp) = gw.chat(ALICE, &next).await;
     assert_eq!(status, 200, "{resp}\n{}", gw.log());
     assert_eq!(content(&resp), "results: contents of a");
+    assert_eq!(fake.bodies("one").len(), 2, "the model was asked twice");
+}
+
+#[tokio::test]
+async fn effort_reaches_claude_code() {
+    let fake = FakeMessages::start().await;
+    let Some(gw) = gateway(&fake, Opts::default()).await else {
+        return;
+    };
+    for (asked, sent) in [("minimal", "low"), ("medium", "medium"), ("xhigh", "xhigh")] {
+        let req = json!({"model": "cc-text", "messages": [user(asked)], "reasoning_effort": asked});
+        let (s, v) = gw.chat(ALICE, &req).await;
+        assert_eq!(s, 200, "{v}");
+        let body = fake.bodies("text").pop().unwrap();
+        assert_eq!(body["output_config"]["effort"], sent, "{asked}");
+    }
+    let req = json!({"model": "cc-text", "messages": [user("x")], "reasoning_effort": "extreme"});
+    let (s, v) = gw.chat(ALICE, &req).await;
+    assert_eq!(s, 400, "{v}");
 }
 
 /// The `claude` processes under the gateway (its children and theirs).
