@@ -88,7 +88,11 @@ async fn a_held_round_trip_on_chat_completions() {
     let mut drifted = continuation(&req, &resp, |_, _| json!("contents of a"));
     drifted["messages"][0]["content"] = json!("read b.txt");
     let (status, v) = gw.chat(ALICE, &drifted).await;
-    assert_eq!((status.as_u16(), error_code(&v)), (400, "continuation_mismatch".into()), "{v}");
+    assert_eq!(
+        (status.as_u16(), error_code(&v)),
+        (400, "continuation_mismatch".into()),
+        "{v}"
+    );
     let next = continuation(&req, &resp, |_, _| json!("contents of a"));
     let (status, resp) = gw.chat(ALICE, &next).await;
     assert_eq!(status, 200, "{resp}\n{}", gw.log());

@@ -43,6 +43,8 @@ pub struct Child {
     dead: CancellationToken,
     /// Cancelled when the reader has seen the end of stdout (every line handed on).
     reader_done: CancellationToken,
+    /// Cancelled once the child is reaped and its process group killed.
+    reaped: CancellationToken,
     /// Cancelled to kill the child now.
     close: CancellationToken,
     /// The gateway's shutdown.
@@ -89,6 +91,7 @@ impl Child {
             out,
             dead: CancellationToken::new(),
             reader_done: CancellationToken::new(),
+            reaped: CancellationToken::new(),
             close: CancellationToken::new(),
             stop: shutdown.clone(),
             started: Arc::new(AtomicBool::new(false)),
@@ -162,20 +165,30 @@ impl Child {
         // then whatever it left running in its process group.
         let (stop, close) = (self.stop.clone(), self.close.clone());
         let (dead, reader_done) = (self.dead.clone(), self.reader_done.clone());
+        let reaped = self.reaped.clone();
+        // The group is signalled while its leader is not yet reaped where possible, so its id
+        // cannot have been reused; after a leader exited on its own, what it left is killed
+        // right after the reap.
+        let kill = move |process: &mut tokio::process::Child| {
+            if let Some(pid) = pid {
+                kill_group(pid);
+            }
+            let _ = process.start_kill();
+        };
         self.tracker.spawn(async move {
             let status = tokio::select! {
                 status = process.wait() => status.ok(),
                 // A child that holds nothing is killed at once (Codex takes 1 to 4 s to exit
                 // on stdin EOF, and meanwhile a fresh process warms up beside it).
                 _ = close.cancelled() => {
-                    let _ = process.start_kill();
+                    kill(&mut process);
                     process.wait().await.ok()
                 }
                 _ = stop.cancelled() => {
                     match tokio::time::timeout(EXIT_GRACE, process.wait()).await {
                         Ok(status) => status.ok(),
                         Err(_) => {
-                            let _ = process.start_kill();
+                            kill(&mut process);
                             process.wait().await.ok()
                         }
                     }
@@ -184,6 +197,7 @@ impl Child {
             if let Some(pid) = pid {
                 kill_group(pid);
             }
+            reaped.cancel();
             tracing::info!(backend_process = id, pid, status = ?status, "backend process exited");
             // Dead for new work at once, but the lines it wrote before exiting are handed on
             // before its turns learn they are lost: the reader ends them at end of output. A
@@ -213,6 +227,11 @@ impl Child {
     /// The kind gives up on the child (its output ended): no new work reaches it.
     pub fn mark_dead(&self) {
         self.dead.cancel();
+    }
+
+    /// Cancelled once the child is reaped and what it left in its group is killed.
+    pub fn reaped(&self) -> &CancellationToken {
+        &self.reaped
     }
 
     /// The gateway is shutting down.

@@ -63,10 +63,13 @@ pub(super) enum Answer {
 impl Answer {
     pub fn write(self, id: &str, allow: bool, input: &Value) -> String {
         let response = match (self, allow) {
-            (Answer::Hook, _) => json!({"hookSpecificOutput": {
+            // Allowed: no decision, so Claude Code's own checks still run (a `can_use_tool`
+            // they raise for this use is then answered at once, nobody is asked twice).
+            (Answer::Hook, true) => json!({}),
+            (Answer::Hook, false) => json!({"hookSpecificOutput": {
                 "hookEventName": "PreToolUse",
-                "permissionDecision": if allow { "allow" } else { "deny" },
-                "permissionDecisionReason": if allow { "allowed by the gateway's policy" } else { "declined by the gateway's policy" },
+                "permissionDecision": "deny",
+                "permissionDecisionReason": "declined by the gateway's policy",
             }}),
             (Answer::CanUse, true) => json!({"behavior": "allow", "updatedInput": input}),
             (Answer::CanUse, false) => {

@@ -113,16 +113,27 @@ impl ClaudeCode {
         if let Some(p) = self.permits.try_acquire() {
             return Ok(p);
         }
-        let oldest = {
+        {
+            // Released under the list's lock: a turn claims a kept session under it too.
             let mut idle = lock(&self.idle);
             idle.retain(|s| s.upgrade().is_some_and(|s| s.usable()));
-            (!idle.is_empty()).then(|| idle.remove(0))
-        };
-        if let Some(s) = oldest.and_then(|s| s.upgrade()) {
-            tracing::info!(backend = %self.name, session = s.id, "idle session ended to make room");
-            s.release();
+            if let Some(s) = (!idle.is_empty()).then(|| idle.remove(0)) {
+                if let Some(s) = s.upgrade() {
+                    tracing::info!(backend = %self.name, session = s.id, "idle session ended to make room");
+                    s.release();
+                }
+            }
         }
         self.permits.acquire().await
+    }
+
+    /// Takes a kept session off the idle list for a turn: false if it was ended meanwhile
+    /// (to make room) or is no longer usable.
+    fn claim(&self, session: &Arc<Session>) -> bool {
+        let mut idle = lock(&self.idle);
+        let before = idle.len();
+        idle.retain(|s| !std::ptr::eq(s.as_ptr(), Arc::as_ptr(session)));
+        idle.len() < before && session.usable()
     }
 
     /// The flags the gateway needs, after the configured command.
@@ -170,6 +181,7 @@ impl ClaudeCode {
         &self,
         model: &ModelConfig,
         input: &TurnInput,
+        names: Names,
         instructions: Option<&str>,
     ) -> Result<Arc<Session>, BackendError> {
         if self.shutdown.is_cancelled() {
@@ -177,10 +189,6 @@ impl ClaudeCode {
         }
         let permit = self.place().await?;
         let tools = input.tools.as_deref().unwrap_or_default();
-        let names = Names::new(
-            tools.iter().map(|t| t.name.as_str()),
-            &self.cfg.builtin_tools,
-        );
         let declared: Vec<Value> = tools
             .iter()
             .map(|t| {
@@ -196,13 +204,7 @@ impl ClaudeCode {
         let scratch = scratch_dir(id)?;
         let cwd = match &self.cfg.child.cwd {
             Some(cwd) => cwd.clone(),
-            None => {
-                let work = scratch.join("work");
-                std::fs::create_dir_all(&work).map_err(|e| {
-                    BackendError::Unavailable(format!("cannot create a session folder: {e}"))
-                })?;
-                work
-            }
+            None => scratch.join("work"),
         };
         let mut child_cfg = self.cfg.child.clone();
         child_cfg.command = self.argv(model, input, &names);
@@ -242,6 +244,8 @@ impl ClaudeCode {
             &self.alive,
         );
         child.attach(io, session.clone(), self.deaths.clone());
+        // Until the handshake is done, a dropped start (the client went away) ends it.
+        let starting = Starting(Some(session));
         let mut init = json!({"subtype": "initialize"});
         if !self.cfg.builtin_tools.is_empty() {
             // Every use of a built-in reaches the policy, even one Claude Code would let run.
@@ -251,15 +255,18 @@ impl ClaudeCode {
         if let Some(i) = instructions {
             init["appendSystemPrompt"] = json!(i);
         }
-        if let Err(e) = session.call(init).await {
-            session.release();
+        let started = match &starting.0 {
+            Some(session) => session.call(init).await,
+            None => Err(BackendError::Lost),
+        };
+        if let Err(e) = started {
             return Err(BackendError::Unavailable(format!(
                 "claude did not start: {e}"
             )));
         }
         child.handshake_done();
         tracing::debug!(backend = %self.name, session = id, "claude session started");
-        Ok(session)
+        starting.done()
     }
 
     async fn open_turn(&self, leg: LegRequest<'_>) -> Result<Turn, BackendError> {
@@ -270,37 +277,43 @@ impl ClaudeCode {
             meter,
             kept,
         } = leg;
+        let tools = input.tools.as_deref().unwrap_or_default();
+        let names = Names::new(
+            tools.iter().map(|t| t.name.as_str()),
+            &self.cfg.builtin_tools,
+        );
+        // A kept session continues only a turn that asks what it was started with; one that
+        // does not is released when its handle drops.
         let kept = kept.and_then(|k| {
             let any: Box<dyn std::any::Any + Send + Sync> = k.thread.0;
             let kept = any.downcast::<KeptSession>().ok()?;
-            Some((kept.take()?, k.from))
+            let fits = kept.session().is_some_and(|s| {
+                s.settings.model == model.backend_model
+                    && s.settings.effort == input.effort
+                    && s.settings.names == names
+            });
+            fits.then_some((kept, k.from))
         });
-        // A kept session continues only a turn that asks what it was started with.
-        let kept = kept.filter(|(s, _)| {
-            s.usable()
-                && s.settings.model == model.backend_model
-                && s.settings.effort == input.effort
-                && s.settings.names
-                    == Names::new(
-                        input
-                            .tools
-                            .as_deref()
-                            .unwrap_or_default()
-                            .iter()
-                            .map(|t| t.name.as_str()),
-                        &self.cfg.builtin_tools,
-                    )
-        });
-        let (session, text) = match kept {
-            Some((session, from)) => {
-                lock(&self.idle).retain(|s| !s.ptr_eq(&Arc::downgrade(&session)));
+        let continued = match kept {
+            Some((kept, from)) => {
                 let text = render::continued(&input.messages[from..])?.join("\n\n");
-                (session, text)
+                let session = kept.take().filter(|s| {
+                    let claimed = self.claim(s);
+                    if !claimed {
+                        s.release();
+                    }
+                    claimed
+                });
+                session.map(|s| (s, text))
             }
+            None => None,
+        };
+        let (session, text) = match continued {
+            Some(continued) => continued,
             None => {
                 let rendered = render::render(&input.messages)?;
                 let session = self
-                    .spawn(model, input, rendered.instructions.as_deref())
+                    .spawn(model, input, names, rendered.instructions.as_deref())
                     .await?;
                 let mut parts: Vec<String> = rendered.history.into_iter().collect();
                 parts.extend(rendered.input);
@@ -351,7 +364,11 @@ fn scratch_dir(id: u64) -> Result<PathBuf, BackendError> {
         .mode(0o700)
         .create(&dir)
         .and_then(|()| std::fs::create_dir(dir.join(".claude")))
-        .map_err(|e| BackendError::Unavailable(format!("cannot create a session folder: {e}")))?;
+        .and_then(|()| std::fs::create_dir(dir.join("work")))
+        .map_err(|e| {
+            let _ = std::fs::remove_dir_all(&dir);
+            BackendError::Unavailable(format!("cannot create a session folder: {e}"))
+        })?;
     Ok(dir)
 }
 
@@ -409,5 +426,23 @@ impl Backend for ClaudeCode {
             self.tracker.close();
             self.tracker.wait().await;
         })
+    }
+}
+
+/// A session whose handshake is not done: dropped (the start was abandoned or failed), it
+/// ends the session.
+struct Starting(Option<Arc<Session>>);
+
+impl Starting {
+    fn done(mut self) -> Result<Arc<Session>, BackendError> {
+        self.0.take().ok_or(BackendError::Lost)
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            s.release();
+        }
     }
 }

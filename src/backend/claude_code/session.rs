@@ -139,7 +139,9 @@ impl Session {
 
     /// Alive and still holding its place (not evicted).
     pub fn usable(&self) -> bool {
-        self.child.is_alive() && lock(&self.permit).is_some()
+        self.child.is_alive()
+            && !self.released.load(Ordering::SeqCst)
+            && lock(&self.permit).is_some()
     }
 
     /// Sends a control request and waits for its answer.
@@ -239,18 +241,25 @@ impl Session {
             return;
         }
         self.child.close();
-        lock(&self.permit).take();
-        if let Some(dir) = self.scratch.clone() {
-            let dead = self.child.dead().clone();
-            self.child.spawn_task(async move {
-                dead.cancelled().await;
+        let (me, dir, reaped) = (
+            self.me.clone(),
+            self.scratch.clone(),
+            self.child.reaped().clone(),
+        );
+        // Once nothing of the process group runs any more (nothing writes there).
+        self.child.spawn_task(async move {
+            reaped.cancelled().await;
+            if let Some(s) = me.upgrade() {
+                lock(&s.permit).take();
+            }
+            if let Some(dir) = dir {
                 if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
                     if e.kind() != std::io::ErrorKind::NotFound {
                         tracing::warn!(error = %e, "a session's scratch folder was not removed");
                     }
                 }
-            });
-        }
+            }
+        });
     }
 
     fn emit(&self, state: &mut State, ev: TurnEvent) {
@@ -407,19 +416,26 @@ impl Session {
             Value::Null => "{}".to_string(),
             v => v.to_string(),
         };
-        if let Some(use_id) = params["_meta"]["claudecode/toolUseId"].as_str() {
-            state.arrived.push(use_id.to_string());
-        }
+        let use_id = params["_meta"]["claudecode/toolUseId"].as_str();
+        let call = HeldCall {
+            invocation,
+            name: name.to_string(),
+            arguments,
+        };
         state.held.push(Held {
             invocation,
             request: id.to_string(),
             rpc_id,
         });
-        state.kept_back.push(HeldCall {
-            invocation,
-            name: name.to_string(),
-            arguments,
-        });
+        match use_id.filter(|u| state.batch.iter().any(|b| b == u)) {
+            // A call of the session's own model message: part of its batch.
+            Some(use_id) => {
+                state.arrived.push(use_id.to_string());
+                state.kept_back.push(call);
+            }
+            // A subagent's: handed on at once, and the engine's debounce batches it.
+            None => self.emit(&mut state, TurnEvent::ToolCall(call)),
+        }
         self.flush(&mut state);
     }
 
@@ -427,7 +443,9 @@ impl Session {
     /// approval policy, whose answer is written in the shape the request expects.
     fn decide(&self, id: &str, tool: &str, input: &Value, use_id: &str, answer: Answer) {
         if self.settings.names.is_client_tool(tool)
-            || (answer == Answer::CanUse && lock(&self.state).allowed.contains(use_id))
+            || (answer == Answer::CanUse
+                && !use_id.is_empty()
+                && lock(&self.state).allowed.contains(use_id))
         {
             return self.child.send(answer.write(id, true, input));
         }
@@ -442,7 +460,9 @@ impl Session {
 
     /// The policy allowed a built-in's use (a `can_use_tool` for it is then answered at once).
     pub fn allowed(&self, use_id: String) {
-        lock(&self.state).allowed.insert(use_id);
+        if !use_id.is_empty() {
+            lock(&self.state).allowed.insert(use_id);
+        }
     }
 
     fn on_result(&self, subtype: &str, is_error: bool) {
@@ -520,7 +540,9 @@ impl Output for Session {
     fn ended(&self, why: &str) {
         self.child.mark_dead();
         lock(&self.pending).clear();
-        lock(&self.permit).take();
+        if self.child.reaped().is_cancelled() {
+            lock(&self.permit).take();
+        }
         let mut state = lock(&self.state);
         state.held.clear();
         self.end(&mut state, TurnEvent::Lost(why.to_string()));

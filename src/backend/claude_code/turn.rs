@@ -89,6 +89,14 @@ pub(super) struct KeptSession {
 }
 
 impl KeptSession {
+    /// The session, still held by this handle.
+    pub fn session(&self) -> Option<Arc<Session>> {
+        self.session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// The session, for the conversation's next turn (this handle then releases nothing).
     pub fn take(&self) -> Option<Arc<Session>> {
         self.session
