@@ -19,6 +19,7 @@ const MODELS: &[(&str, &str, &str, &str)] = &[
     ("cc-text", "claude", "text", "{}"),
     ("cc-think", "claude", "think", "{}"),
     ("cc-harness", "claude", "readfile", "{}"),
+    ("cc-shell", "claude", "shell", "{}"),
     (
         "cc-bash-ask",
         "claude-work",
@@ -763,4 +764,38 @@ async fn per_turn_cost_against_codex_in_the_same_run() {
         "\nper-turn cost, same run:\n{}",
         lines.join("\n")
     );
+}
+
+#[tokio::test]
+async fn codex_cli_runs_its_own_tool_through_a_held_turn_over_the_websocket() {
+    use crate::codex_cli::{builtin_home, client_home, exec, VERSION};
+    let Some(codex) = crate::codex::codex_bin() else {
+        return;
+    };
+    let fake = FakeMessages::start().await;
+    let Some(gw) = gateway(&fake, Opts::default()).await else {
+        return;
+    };
+    let home = client_home();
+    let saw = |secret: &str| {
+        let bodies = fake.bodies("shell");
+        bodies.iter().any(|b| results_hold(b, secret))
+    };
+    crate::coding_harnesses::reads_secret(&gw, "codex-cli", VERSION, &codex, saw, |s, cmd| {
+        builtin_home(home.path(), &s.base_url, "");
+        exec("cc-shell", home.path(), cmd, &[&s.prompt]);
+    })
+    .await;
+    assert!(gw.log().contains("socket opened"), "{}", gw.log());
+}
+
+/// A tool result of the model request holds `needle`.
+fn results_hold(body: &Value, needle: &str) -> bool {
+    body["messages"].as_array().into_iter().flatten().any(|m| {
+        m["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|b| b["type"] == "tool_result" && b["content"].to_string().contains(needle))
+    })
 }

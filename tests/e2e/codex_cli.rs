@@ -21,7 +21,7 @@ use crate::coding_harnesses::{
 use crate::support::fake_responses::{self as fake, FakeResponses, Reply};
 use crate::support::*;
 
-const VERSION: &str = "0.171.0";
+pub(crate) const VERSION: &str = "0.171.0";
 
 /// `codex exec` against the gateway as model `model`, with its home in `codex_home`.
 fn configure(model: &str, codex_home: &Path, s: &Scene, cmd: &mut Command) {
@@ -40,7 +40,7 @@ fn configure(model: &str, codex_home: &Path, s: &Scene, cmd: &mut Command) {
 }
 
 /// A fresh, empty `CODEX_HOME` for the client (Codex refuses its helper aliases under /tmp).
-fn client_home() -> tempfile::TempDir {
+pub(crate) fn client_home() -> tempfile::TempDir {
     let homes = root().join(".cache/codex-homes");
     std::fs::create_dir_all(&homes).expect("create .cache/codex-homes");
     tempfile::Builder::new()
@@ -165,7 +165,7 @@ async fn codex_cli_reads_secret_through_a_held_codex_app_server_turn() {
 /// Codex CLI's built-in `openai` provider at the gateway, as most people set it up:
 /// `openai_base_url` in `config.toml` and the key saved as `codex login --with-api-key`
 /// saves it. It speaks the Responses API over a WebSocket first and compacts remotely.
-fn builtin_home(codex_home: &Path, base_url: &str, extra: &str) {
+pub(crate) fn builtin_home(codex_home: &Path, base_url: &str, extra: &str) {
     let config = format!(
         "openai_base_url = \"{base_url}\"\n{extra}\n[analytics]\nenabled = false\n\
          [features]\nplugins = false\napps = false\n"
@@ -176,7 +176,7 @@ fn builtin_home(codex_home: &Path, base_url: &str, extra: &str) {
 }
 
 /// `codex exec` on `model` with its home in `codex_home` (its config written there).
-fn exec(model: &str, codex_home: &Path, cmd: &mut Command, args: &[&str]) {
+pub(crate) fn exec(model: &str, codex_home: &Path, cmd: &mut Command, args: &[&str]) {
     cmd.env("CODEX_HOME", codex_home)
         .env("RUST_LOG", "codex_api=info,codex_core=warn")
         .args(["exec", "--skip-git-repo-check", "--sandbox", "read-only"])

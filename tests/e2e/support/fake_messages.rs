@@ -12,6 +12,8 @@
 //! - `rounds3`: three rounds of one call each.
 //! - `readfile`: one call with `{"file_path": <the last path to a `.txt` file the user
 //!   named>}` (Claude Code's own `Read`, as a client tool).
+//! - `shell`: `cat` of that path through Codex CLI's own `exec_command`, as a client tool;
+//!   the answer starts `Tool result:`.
 //! - `bash`: one `Bash` call (`echo gateway > bash-ran.txt`).
 //! - `text`: no tools; the answer says `You said: <the last user text>`.
 //! - `think`: a thinking block, then the `text` answer.
@@ -190,6 +192,13 @@ async fn messages(State(seen): State<Arc<Seen>>, Json(body): Json<Value>) -> Res
         ],
         ("rounds3", n) if n < 3 => vec![(tool, json!({"path": format!("r{n}.txt")}))],
         ("readfile", 0) => vec![(tool, json!({"file_path": named}))],
+        ("shell", 0) => {
+            let shell = client
+                .iter()
+                .find(|n| n.ends_with("__exec_command") || n.ends_with("__shell"))
+                .unwrap_or(&"mcp__t__exec_command");
+            vec![(shell.to_string(), json!({"cmd": format!("cat {named}")}))]
+        }
         ("bash", 0) => vec![(
             "Bash".to_string(),
             json!({"command": "echo gateway > bash-ran.txt", "description": "write a marker"}),
@@ -198,6 +207,7 @@ async fn messages(State(seen): State<Arc<Seen>>, Json(body): Json<Value>) -> Res
     };
     let text = match model.as_str() {
         "text" | "think" => format!("You said: {}", last_user_text(&body)),
+        "shell" => format!("Tool result: {}", results(&body).join(" | ")),
         _ => format!("results: {}", results(&body).join(" | ")),
     };
     let n = body["messages"].as_array().map_or(0, Vec::len);
