@@ -263,7 +263,7 @@ impl Child {
 /// The child's command: the config's argv, cwd and `env`, plus only the variables of the
 /// gateway's environment that `env_passthrough` names (the config's resolved pass list). It
 /// leads a process group of its own, so that what it starts can be killed with it.
-fn command(cfg: &ChildConfig) -> Command {
+pub fn command(cfg: &ChildConfig) -> Command {
     let passed = cfg
         .env_passthrough
         .iter()

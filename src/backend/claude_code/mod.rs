@@ -59,19 +59,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// `command --version`, run with the child's environment: the version the CLI reports.
 pub async fn version(cfg: &ClaudeCodeConfig) -> Result<String, BackendError> {
-    let mut cmd = tokio::process::Command::new(&cfg.child.command[0]);
-    let passed = cfg
-        .child
-        .env_passthrough
-        .iter()
-        .filter_map(|k| Some((k, std::env::var_os(k)?)));
-    cmd.args(&cfg.child.command[1..])
-        .arg("--version")
-        .env_clear()
-        .envs(passed)
-        .envs(&cfg.child.env)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
+    // The child's own command and environment, with `--version` and nothing to read.
+    let mut cmd = super::agent::child::command(&cfg.child);
+    cmd.arg("--version").stdin(std::process::Stdio::null());
     let out = tokio::time::timeout(std::time::Duration::from_secs(30), cmd.output())
         .await
         .map_err(|_| BackendError::Unavailable("`--version` did not answer in 30 s".into()))?
