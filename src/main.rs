@@ -102,15 +102,12 @@ enum ApprovalAction {
 
 /// `turnstile usage`: prints the gateway's JSON answer.
 fn usage_cli(url: &str, key: &str, filters: [(&str, Option<String>); 3]) -> ExitCode {
-    let query: Vec<String> = filters
-        .iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}")))
+    let query: Vec<(&str, String)> = filters
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v?)))
         .collect();
-    let mut target = format!("{}/v1/usage", url.trim_end_matches('/'));
-    if !query.is_empty() {
-        target = format!("{target}?{}", query.join("&"));
-    }
-    call_cli(&target, key, None)
+    let target = format!("{}/v1/usage", url.trim_end_matches('/'));
+    call_cli(&target, &query, key, None)
 }
 
 /// Runs one approvals command; prints the JSON answer. Non-2xx answers exit 1.
@@ -123,21 +120,27 @@ fn approvals_cli(url: &str, key: &str, action: ApprovalAction) -> ExitCode {
         }
         (format!("{base}/{id}/decision"), Some(body))
     };
+    let mut query = Vec::new();
     let (target, body) = match action {
-        ApprovalAction::List { state } => match state {
-            Some(s) => (format!("{base}?state={s}"), None),
-            None => (base.clone(), None),
-        },
+        ApprovalAction::List { state } => {
+            query.extend(state.map(|s| ("state", s)));
+            (base.clone(), None)
+        }
         ApprovalAction::Show { id } => (format!("{base}/{id}"), None),
         ApprovalAction::Approve { id, reason } => decision(&id, "approve", reason),
         ApprovalAction::Deny { id, reason } => decision(&id, "deny", reason),
     };
-    call_cli(&target, key, body)
+    call_cli(&target, &query, key, body)
 }
 
-/// One request to a running gateway (GET, or POST with a JSON body); prints the answer,
-/// pretty. Non-2xx answers exit 1.
-fn call_cli(target: &str, key: &str, body: Option<serde_json::Value>) -> ExitCode {
+/// One request to a running gateway (GET with `query`, or POST with a JSON body); prints the
+/// answer, pretty. Non-2xx answers exit 1.
+fn call_cli(
+    target: &str,
+    query: &[(&str, String)],
+    key: &str,
+    body: Option<serde_json::Value>,
+) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -152,7 +155,7 @@ fn call_cli(target: &str, key: &str, body: Option<serde_json::Value>) -> ExitCod
         let client = reqwest::Client::new();
         let req = match body {
             Some(b) => client.post(target).json(&b),
-            None => client.get(target),
+            None => client.get(target).query(query),
         };
         let resp = req.bearer_auth(key).send().await?;
         let status = resp.status();

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
@@ -26,41 +27,36 @@ fn not_found() -> ApiError {
     ApiError::new(ErrorCode::ApprovalNotFound, "No approval with this id.")
 }
 
+/// `GET /v1/approvals?state=…&reason=…`.
+#[derive(Deserialize)]
+pub struct ListQuery {
+    state: Option<String>,
+    reason: Option<String>,
+}
+
 pub async fn list(
     State(gw): State<Gateway>,
     headers: HeaderMap,
-    RawQuery(query): RawQuery,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let who = principal(&gw, &headers)?;
-    let (mut state, mut reason) = (None, None);
-    for pair in query
-        .as_deref()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        match pair.split_once('=') {
-            Some(("state", v)) if ApprovalState::parse(v).is_some() => {
-                state = ApprovalState::parse(v)
-            }
-            Some(("state", _)) => {
-                return Err(
-                    ApiError::invalid("`state` must be pending, approved or denied")
-                        .with_param("state"),
-                )
-            }
-            Some(("reason", v)) if SettleReason::parse(v).is_some() => {
-                reason = SettleReason::parse(v)
-            }
-            Some(("reason", _)) => {
-                return Err(ApiError::invalid(
-                    "`reason` must be human, expired, cancelled, orphaned or store_unavailable",
-                )
-                .with_param("reason"))
-            }
-            _ => {}
-        }
-    }
+    let Query(q) =
+        query.map_err(|e| ApiError::invalid(format!("bad query string: {}", e.body_text())))?;
+    let state = match q.state.as_deref() {
+        None => None,
+        Some(v) => Some(ApprovalState::parse(v).ok_or_else(|| {
+            ApiError::invalid("`state` must be pending, approved or denied").with_param("state")
+        })?),
+    };
+    let reason = match q.reason.as_deref() {
+        None => None,
+        Some(v) => Some(SettleReason::parse(v).ok_or_else(|| {
+            ApiError::invalid(
+                "`reason` must be human, expired, cancelled, orphaned or store_unavailable",
+            )
+            .with_param("reason")
+        })?),
+    };
     let records = gw.approvals().list(state, reason, &who).map_err(|e| {
         tracing::error!(error = %e, "approvals list failed");
         ApiError::new(

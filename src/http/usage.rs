@@ -2,10 +2,12 @@
 //! A client sees its own; an approver sees everyone's and may filter by `client`. Query:
 //! `from` / `to` (inclusive `YYYY-MM-DD`, UTC) and `client`.
 
-use axum::extract::{RawQuery, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{principal, Gateway};
@@ -37,33 +39,37 @@ fn row_json(r: &UsageRow) -> Value {
     Value::Object(o)
 }
 
+/// `GET /v1/usage?from=…&to=…&client=…`.
+#[derive(Deserialize)]
+pub struct Params {
+    from: Option<String>,
+    to: Option<String>,
+    client: Option<String>,
+}
+
 pub async fn usage(
     State(gw): State<Gateway>,
     headers: HeaderMap,
-    RawQuery(query): RawQuery,
+    query: Result<Query<Params>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let who = principal(&gw, &headers)?;
-    let mut q = UsageQuery::default();
-    for pair in query
-        .as_deref()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let day = |param: &'static str| {
-            day_from_date(value).ok_or_else(|| {
-                ApiError::invalid(format!("`{param}` must be a date (YYYY-MM-DD)"))
-                    .with_param(param)
+    let Query(p) =
+        query.map_err(|e| ApiError::invalid(format!("bad query string: {}", e.body_text())))?;
+    let day = |value: Option<&str>, param: &'static str| {
+        value
+            .map(|v| {
+                day_from_date(v).ok_or_else(|| {
+                    ApiError::invalid(format!("`{param}` must be a date (YYYY-MM-DD)"))
+                        .with_param(param)
+                })
             })
-        };
-        match key {
-            "from" => q.from_day = Some(day("from")?),
-            "to" => q.to_day = Some(day("to")?),
-            "client" => q.principal = Some(value.to_string()),
-            _ => {}
-        }
-    }
+            .transpose()
+    };
+    let q = UsageQuery {
+        from_day: day(p.from.as_deref(), "from")?,
+        to_day: day(p.to.as_deref(), "to")?,
+        principal: p.client,
+    };
     // A client asking for another client's usage sees nothing (the engine scopes it to its
     // own, and that filter then matches no row).
     let foreign = !who.approver && q.principal.as_ref().is_some_and(|p| *p != who.id);

@@ -517,3 +517,49 @@ async fn sighup_reload_changes_limits_at_once() {
     })
     .await;
 }
+
+/// An approver reads one JWT principal's usage through the CLI: its id (`jwt:<iss>#<sub>`)
+/// travels percent-encoded in the query string and is decoded as such.
+#[tokio::test]
+async fn the_usage_cli_selects_a_jwt_principal() {
+    let gw = start("").await;
+    let req = json!({"model": "echo", "messages": [user("count me")]});
+    for (token, n) in [(token_a("usage-sub"), 2), (token_a("other-sub"), 1)] {
+        for _ in 0..n {
+            let (s, _, body) = send(gw.post(&token, &req)).await;
+            assert_eq!(s, 200, "{body}");
+        }
+    }
+    let id = format!("jwt:{ISS_A}#usage-sub");
+    let run = |client: String| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args([
+                "usage", "--url", &gw.url, "--key", ROOT, "--client", &client,
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str::<Value>(&stdout).unwrap()
+    };
+    let v = wait_for("the usage flushed", async || {
+        let v = run(id.clone());
+        (v["total"]["requests"].as_u64() >= Some(2)).then_some(v)
+    })
+    .await;
+    let clients: Vec<&Value> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["client"])
+        .collect();
+    assert!(
+        !clients.is_empty() && clients.iter().all(|c| **c == json!(id)),
+        "{v}"
+    );
+    assert_eq!(v["total"]["requests"], 2, "{v}");
+}
