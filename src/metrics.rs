@@ -4,10 +4,10 @@
 //! registry or extra dependency tree; everything here is lock-free atomics except the label
 //! maps (request and rejection counters), which take a short std lock and never await.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::turn::Usage;
@@ -100,32 +100,17 @@ pub struct ClusterMetrics {
 
 impl ClusterMetrics {
     pub fn forwarded(&self, what: &'static str, status: u16, took: Duration) {
-        *self
-            .forwarded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry((what, status))
-            .or_default() += 1;
+        *self.forwarded.lock().entry((what, status)).or_default() += 1;
         self.forwarding.observe(took);
     }
 
     pub fn renewal(&self, outcome: &'static str) {
-        *self
-            .renewals
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(outcome)
-            .or_default() += 1;
+        *self.renewals.lock().entry(outcome).or_default() += 1;
     }
 
     fn render(&self, out: &mut String) {
         out.push_str("# HELP turnstile_forwarded_total Requests forwarded to the replica that owns their held turn or approval, by kind and the owner's status (0: unreachable).\n# TYPE turnstile_forwarded_total counter\n");
-        for ((what, status), n) in self
-            .forwarded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        for ((what, status), n) in self.forwarded.lock().iter() {
             let _ = writeln!(
                 out,
                 "turnstile_forwarded_total{{kind=\"{what}\",status=\"{status}\"}} {n}"
@@ -137,12 +122,7 @@ impl ClusterMetrics {
             out,
         );
         out.push_str("# HELP turnstile_lease_renewals_total Lease renewals of this replica, by outcome.\n# TYPE turnstile_lease_renewals_total counter\n");
-        for (outcome, n) in self
-            .renewals
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        for (outcome, n) in self.renewals.lock().iter() {
             let _ = writeln!(
                 out,
                 "turnstile_lease_renewals_total{{outcome=\"{outcome}\"}} {n}"
@@ -193,30 +173,30 @@ pub(crate) fn slot<'m, V: Default>(m: &'m mut BTreeMap<String, V>, key: &str) ->
 
 impl Metrics {
     pub fn request(&self, route: &str, status: u16) {
-        let mut m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.requests.lock();
         *slot(&mut m, route).entry(status).or_default() += 1;
     }
 
     pub fn rejection(&self, code: &'static str) {
-        let mut m = self.rejections.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.rejections.lock();
         *m.entry(code).or_default() += 1;
     }
 
     /// An execution ended, by reason.
     pub fn ended(&self, reason: &'static str) {
-        let mut m = self.endings.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.endings.lock();
         *m.entry(reason).or_default() += 1;
     }
 
     /// A backend reported usage for one model request of this client and model.
     pub fn tokens(&self, client: &str, model: &str, u: Usage) {
-        let mut m = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.tokens.lock();
         slot(slot(&mut m, client), model).add(u);
     }
 
     /// A continuity outcome: `hit`, `miss` (with its reason) or `released` (with why).
     pub fn continuity(&self, result: &'static str, reason: &'static str) {
-        let mut m = self.continuity.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.continuity.lock();
         *m.entry((result, reason)).or_default() += 1;
     }
 
@@ -225,7 +205,7 @@ impl Metrics {
     pub fn render(&self, g: &Gauges, clients: bool) -> String {
         let mut out = String::new();
         out.push_str("# HELP turnstile_requests_total HTTP requests by route and status.\n# TYPE turnstile_requests_total counter\n");
-        let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        let requests = self.requests.lock();
         let requests = requests
             .iter()
             .flat_map(|(route, m)| m.iter().map(move |(status, n)| (route, status, n)));
@@ -236,31 +216,21 @@ impl Metrics {
             );
         }
         out.push_str("# HELP turnstile_continuation_rejections_total Rejected continuations by error code.\n# TYPE turnstile_continuation_rejections_total counter\n");
-        for (code, n) in self
-            .rejections
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        for (code, n) in self.rejections.lock().iter() {
             let _ = writeln!(
                 out,
                 "turnstile_continuation_rejections_total{{code=\"{code}\"}} {n}"
             );
         }
         out.push_str("# HELP turnstile_executions_ended_total Executions ended, by reason.\n# TYPE turnstile_executions_ended_total counter\n");
-        for (reason, n) in self
-            .endings
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        for (reason, n) in self.endings.lock().iter() {
             let _ = writeln!(
                 out,
                 "turnstile_executions_ended_total{{reason=\"{reason}\"}} {n}"
             );
         }
         out.push_str("# HELP turnstile_tokens_total Tokens the backends reported, by client (an approver's scrape only), model and kind (input includes cached_input; output includes reasoning).\n# TYPE turnstile_tokens_total counter\n");
-        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        let tokens = self.tokens.lock();
         let mut summed: BTreeMap<&str, BTreeMap<&str, Usage>> = BTreeMap::new();
         for (client, m) in tokens.iter() {
             let client = if clients { client.as_str() } else { "" };
@@ -292,7 +262,7 @@ impl Metrics {
                 );
             }
         }
-        let continuity = self.continuity.lock().unwrap_or_else(|e| e.into_inner());
+        let continuity = self.continuity.lock();
         out.push_str("# HELP turnstile_continuity_hits_total Fresh requests that continued a kept backend thread.\n# TYPE turnstile_continuity_hits_total counter\n");
         let hits = continuity.get(&("hit", "")).copied().unwrap_or(0);
         let _ = writeln!(out, "turnstile_continuity_hits_total {hits}");

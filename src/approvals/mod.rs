@@ -9,8 +9,9 @@
 //! store cannot record an approval, the backend is answered deny. This module never imports
 //! axum.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -180,17 +181,12 @@ impl Approvals {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Waiter>> {
-        // A poisoned map is still a valid map; refusing decisions would be worse.
-        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     pub fn subscribe(&self) -> broadcast::Receiver<ApprovalEvent> {
         self.events.subscribe()
     }
 
     pub fn pending_count(&self) -> usize {
-        self.lock().len()
+        self.waiters.lock().len()
     }
 
     pub fn changed(&self) -> &Notify {
@@ -199,7 +195,7 @@ impl Approvals {
 
     /// The earliest expiry of a pending approval (a scan: pending approvals are few).
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.lock().values().map(|w| w.deadline).min()
+        self.waiters.lock().values().map(|w| w.deadline).min()
     }
 
     fn publish(&self, kind: EventKind, record: ApprovalRecord) {
@@ -253,7 +249,7 @@ impl Approvals {
         };
         // Store, park and publish under one lock: no decision can slip in between, and
         // `created` always precedes any other event of the approval.
-        let mut waiters = self.lock();
+        let mut waiters = self.waiters.lock();
         if let Err(e) = self.store.approval_insert(&record) {
             drop(waiters);
             tracing::error!(execution = %execution_id, error = %e, "approval not recorded; backend denied (store_unavailable)");
@@ -305,7 +301,7 @@ impl Approvals {
         who: &Principal,
     ) -> Result<ApprovalRecord, DecideError> {
         let record = self.get(id, who).ok_or(DecideError::NotFound)?;
-        let mut waiters = self.lock();
+        let mut waiters = self.waiters.lock();
         let Some(waiter) = waiters.remove(id) else {
             drop(waiters);
             let settled = self.store.approval_get(id).ok().flatten().unwrap_or(record);
@@ -358,7 +354,7 @@ impl Approvals {
         event: EventKind,
         pick: impl Fn(&Waiter) -> bool,
     ) -> usize {
-        let mut waiters = self.lock();
+        let mut waiters = self.waiters.lock();
         let ids: Vec<String> = waiters
             .iter()
             .filter(|(_, w)| pick(w))
@@ -419,7 +415,7 @@ mod tests {
             kind: ApprovalKind::Command,
             summary: json!({"command": "rm -rf build"}),
             action_digest: [7; 32],
-            responder: ApprovalResponder::new(move |a| answers.lock().unwrap().push(a)),
+            responder: ApprovalResponder::new(move |a| answers.lock().push(a)),
         }
     }
 
@@ -463,7 +459,7 @@ mod tests {
             Err(DecideError::AlreadyDecided(r)) => assert_eq!(r.state, "approved"),
             other => panic!("{other:?}"),
         }
-        assert_eq!(*answers.lock().unwrap(), [true]);
+        assert_eq!(*answers.lock(), [true]);
     }
 
     #[test]
@@ -499,7 +495,7 @@ mod tests {
             .unwrap();
         assert_eq!(a.cancel_execution("exe-1"), 2);
         assert_eq!(a.expire_due(Instant::now()), 1);
-        assert_eq!(*answers.lock().unwrap(), [false, false, false]);
+        assert_eq!(*answers.lock(), [false, false, false]);
         let me = who("alice", false);
         assert_eq!(
             a.get(&r1.id, &me).unwrap().reason.as_deref(),

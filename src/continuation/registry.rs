@@ -9,8 +9,8 @@
 //! may have moved. Durability is the caller's: the store is written by the engine (before
 //! exposure, and after each settlement), never from here.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::Mutex;
 
 use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
@@ -203,11 +203,6 @@ impl<P: Parked> Registry<P> {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<P>> {
-        // Poisoning means a panic elsewhere mid-update; the maps stay structurally valid.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Notified whenever a batch is added (the earliest deadline may be earlier).
     pub fn changed(&self) -> &Notify {
         &self.changed
@@ -215,21 +210,21 @@ impl<P: Parked> Registry<P> {
 
     /// The earliest deadline of any pending batch.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.lock().deadlines.first().map(|(at, _)| *at)
+        self.inner.lock().deadlines.first().map(|(at, _)| *at)
     }
 
     pub fn pending_count(&self) -> usize {
-        self.lock().pending
+        self.inner.lock().pending
     }
 
     pub fn batch_count(&self) -> usize {
-        self.lock().batches.len()
+        self.inner.lock().batches.len()
     }
 
     /// Suspended batches (one per suspended execution) of one principal: all of them, and
     /// the durable ones. A scan, made only for admission limits.
     pub fn suspended_of(&self, principal: &str) -> (usize, usize) {
-        let inner = self.lock();
+        let inner = self.inner.lock();
         let mut all = 0;
         let mut durable = 0;
         for b in inner.batches.values().filter(|b| b.principal == principal) {
@@ -242,13 +237,13 @@ impl<P: Parked> Registry<P> {
     }
 
     pub fn tombstone_count(&self) -> usize {
-        self.lock().tombs.len()
+        self.inner.lock().tombs.len()
     }
 
     /// What `view` makes of each pending batch it selects, earliest deadline first (the
     /// activity view: a scan under the lock, which `view` must keep short).
     pub fn snapshot<T>(&self, mut view: impl FnMut(&Batch<P>) -> Option<T>) -> Vec<T> {
-        let inner = self.lock();
+        let inner = self.inner.lock();
         inner
             .deadlines
             .iter()
@@ -262,7 +257,7 @@ impl<P: Parked> Registry<P> {
     pub fn register(&self, b: Batch<P>) -> Result<u64, Box<Batch<P>>> {
         let n = b.tokens.len();
         let id = {
-            let mut g = self.lock();
+            let mut g = self.inner.lock();
             let mine = g.per_principal.get(&b.principal).copied().unwrap_or(0);
             let kept = g.kept.get(&b.principal).copied().unwrap_or(0);
             if g.pending + n > self.limits.max_pending
@@ -280,14 +275,14 @@ impl<P: Parked> Registry<P> {
 
     /// Puts back a batch recovered from the store at startup (no bounds).
     pub fn restore(&self, b: Batch<P>) {
-        Self::insert(&mut self.lock(), b);
+        Self::insert(&mut self.inner.lock(), b);
         self.changed.notify_one();
     }
 
     /// Puts in a durable batch another replica recorded, unless one of its tokens is known
     /// here already (a racing request put it in first). Returns whether it went in.
     pub fn restore_absent(&self, b: Batch<P>) -> bool {
-        let mut g = self.lock();
+        let mut g = self.inner.lock();
         let known = b.tokens.iter().any(|t| {
             g.token_batch.contains_key(t) || g.tombs.contains_key(t) || g.in_flight.contains_key(t)
         });
@@ -303,7 +298,7 @@ impl<P: Parked> Registry<P> {
     /// Drops the tokens of a taken batch without a tombstone: another replica claimed them,
     /// and the store answers for them from now on.
     pub fn forget(&self, tokens: &[[u8; 32]]) {
-        let mut g = self.lock();
+        let mut g = self.inner.lock();
         for t in tokens {
             g.in_flight.remove(t);
         }
@@ -311,7 +306,7 @@ impl<P: Parked> Registry<P> {
 
     /// Takes back a batch whose tokens were never exposed (its durable record failed).
     pub fn withdraw(&self, id: u64) -> Option<Batch<P>> {
-        Self::remove(&mut self.lock(), id)
+        Self::remove(&mut self.inner.lock(), id)
     }
 
     fn insert(g: &mut Inner<P>, b: Batch<P>) -> u64 {
@@ -357,7 +352,7 @@ impl<P: Parked> Registry<P> {
     /// Principal-scoped lookup of the tokens of one assistant message. Another principal's
     /// token, live or settled, reads exactly as an unknown one.
     pub fn lookup(&self, principal: &str, tokens: &[[u8; 32]]) -> Lookup {
-        let g = self.lock();
+        let g = self.inner.lock();
         let mut batch = None;
         let mut settled = None;
         let mut partial = false;
@@ -414,7 +409,7 @@ impl<P: Parked> Registry<P> {
     /// `reason`. Exactly one caller gets `Some` for a batch; everyone after sees the tombstones.
     pub fn settle(&self, batch: u64, reason: Reason) -> Option<Settled<P>> {
         let mut evicted = Vec::new();
-        let mut g = self.lock();
+        let mut g = self.inner.lock();
         let b = Self::remove(&mut g, batch)?;
         for t in &b.tokens {
             push_tomb(
@@ -442,7 +437,7 @@ impl<P: Parked> Registry<P> {
     /// [`Registry::reinstate`], its tokens read as resolved to their owner (a concurrent
     /// claim loses with 409). Exactly one caller gets `Some` for a batch.
     pub fn take(&self, batch: u64) -> Option<Batch<P>> {
-        let mut g = self.lock();
+        let mut g = self.inner.lock();
         let b = Self::remove(&mut g, batch)?;
         for t in &b.tokens {
             g.in_flight.insert(*t, b.principal.clone());
@@ -454,7 +449,7 @@ impl<P: Parked> Registry<P> {
     /// principal's ring pushed out (the store deletes them too).
     pub fn commit(&self, principal: &str, tokens: &[[u8; 32]], reason: Reason) -> Vec<[u8; 32]> {
         let mut evicted = Vec::new();
-        let mut g = self.lock();
+        let mut g = self.inner.lock();
         for t in tokens {
             g.in_flight.remove(t);
             let ring = self.limits.tombstones_per_client;
@@ -466,7 +461,7 @@ impl<P: Parked> Registry<P> {
     /// Puts a taken batch back as it was (same tokens, same deadline), without bounds: its
     /// place was never given up.
     pub fn reinstate(&self, b: Batch<P>) {
-        let mut g = self.lock();
+        let mut g = self.inner.lock();
         for t in &b.tokens {
             g.in_flight.remove(t);
         }
@@ -478,7 +473,7 @@ impl<P: Parked> Registry<P> {
     /// Settles every batch whose deadline is at or before `now`, earliest first.
     pub fn take_expired(&self, now: Instant) -> Vec<Settled<P>> {
         let ids: Vec<u64> = {
-            let g = self.lock();
+            let g = self.inner.lock();
             g.deadlines
                 .iter()
                 .take_while(|(at, _)| *at <= now)
@@ -492,7 +487,8 @@ impl<P: Parked> Registry<P> {
 
     /// Batches that hold a live backend turn (not durable records).
     pub fn held_batches(&self) -> Vec<u64> {
-        self.lock()
+        self.inner
+            .lock()
             .batches
             .iter()
             .filter(|(_, b)| !b.parked.is_durable())
@@ -504,7 +500,7 @@ impl<P: Parked> Registry<P> {
     /// process died, not on a timer.
     pub fn take_dead(&self) -> Vec<Settled<P>> {
         let ids: Vec<u64> = {
-            let g = self.lock();
+            let g = self.inner.lock();
             g.batches
                 .iter()
                 .filter(|(_, b)| !b.parked.is_alive())

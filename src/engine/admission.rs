@@ -11,8 +11,9 @@
 //! Lock order: the registry is read *before* the slot map is locked, and a `Slot` is never
 //! dropped while the slot map is locked, so the two locks are never nested the other way.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
@@ -39,10 +40,6 @@ pub struct SuspendedCounts {
 /// Live executions by principal; shared with every [`Slot`].
 type Live = Arc<Mutex<HashMap<String, usize>>>;
 
-fn lock(live: &Live) -> MutexGuard<'_, HashMap<String, usize>> {
-    live.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// One live execution of a principal; dropping it frees the place.
 pub struct Slot {
     live: Live,
@@ -51,7 +48,7 @@ pub struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut map = lock(&self.live);
+        let mut map = self.live.lock();
         if let Some(n) = map.get_mut(&self.principal) {
             *n -= 1;
             if *n == 0 {
@@ -99,7 +96,7 @@ impl Limiter {
         limits: &ClientLimits,
         suspended: SuspendedCounts,
     ) -> Result<Slot, Refusal> {
-        let mut live = lock(&self.live);
+        let mut live = self.live.lock();
         let running = live.get(principal).copied().unwrap_or(0);
         if let Some(max) = limits.concurrent_executions {
             if running + suspended.durable >= max {
@@ -135,7 +132,7 @@ impl Limiter {
 
     /// A slot taken without any check: continuations and restored executions.
     pub fn hold(&self, principal: &str) -> Slot {
-        *lock(&self.live).entry(principal.to_string()).or_insert(0) += 1;
+        *self.live.lock().entry(principal.to_string()).or_insert(0) += 1;
         Slot {
             live: self.live.clone(),
             principal: principal.to_string(),
@@ -145,7 +142,7 @@ impl Limiter {
     /// A place for one more long-lived response of `principal`, if it holds fewer than
     /// `max`; dropping the slot (with the response body) frees it.
     pub fn stream(&self, principal: &str, max: usize) -> Option<Slot> {
-        let mut open = lock(&self.streams);
+        let mut open = self.streams.lock();
         if open.get(principal).copied().unwrap_or(0) >= max {
             return None;
         }
@@ -159,11 +156,11 @@ impl Limiter {
     /// Live executions of `principal` that hold a slot.
     #[cfg(test)]
     pub fn live(&self, principal: &str) -> usize {
-        lock(&self.live).get(principal).copied().unwrap_or(0)
+        self.live.lock().get(principal).copied().unwrap_or(0)
     }
 
     fn rate_limiter(&self, rate: Rate) -> Arc<DefaultKeyedRateLimiter<String>> {
-        let mut rates = self.rates.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rates = self.rates.lock();
         rates
             .entry(rate)
             .or_insert_with(|| {
@@ -176,7 +173,7 @@ impl Limiter {
     /// Forgets rate state that equals a fresh start (and limiters left with none), so the
     /// maps stay as small as the set of recently active principals.
     pub fn forget_idle(&self) {
-        let mut rates = self.rates.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rates = self.rates.lock();
         rates.retain(|_, l| {
             l.retain_recent();
             !l.is_empty()
@@ -282,7 +279,7 @@ mod tests {
             .stream("alice", 2)
             .expect("a dropped stream frees its place");
         drop((b, c));
-        assert!(lock(&l.streams).is_empty(), "no entry left behind");
+        assert!(l.streams.lock().is_empty(), "no entry left behind");
     }
 
     #[test]

@@ -14,9 +14,9 @@
 //!   then forwarded (the HTTP layer relays the owner's answer); a stateless upstream's record
 //!   is taken into this replica's registry and claimed here with a conditional write.
 
+use parking_lot::Mutex;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use subtle::ConstantTimeEq;
@@ -96,12 +96,11 @@ impl Membership {
         })
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, LeaseState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn lease_valid(&self) -> bool {
-        self.state().valid_until.is_some_and(|v| Instant::now() < v)
+        self.state
+            .lock()
+            .valid_until
+            .is_some_and(|v| Instant::now() < v)
     }
 
     fn lease_ms(&self) -> u64 {
@@ -161,7 +160,7 @@ impl Engine {
             .store
             .lease_acquire(&url, now_unix_ms() + m.lease_ms())
             .map_err(|e| format!("cannot take the replica's lease: {e}"))?;
-        *m.state() = LeaseState {
+        *m.state.lock() = LeaseState {
             epoch,
             url: url.clone(),
             valid_until: Some(started + m.lease),
@@ -186,7 +185,7 @@ impl Engine {
                 _ = tokio::time::sleep(every) => self.renew(m),
             }
         }
-        let epoch = m.state().epoch;
+        let epoch = m.state.lock().epoch;
         if let Err(e) = self.inner.store.lease_release(epoch) {
             tracing::warn!(error = %e, "could not release the replica's lease; it lapses by itself");
         }
@@ -196,10 +195,10 @@ impl Engine {
         let store = &self.inner.store;
         let metrics = &self.inner.metrics.cluster;
         let started = Instant::now();
-        let epoch = m.state().epoch;
+        let epoch = m.state.lock().epoch;
         match store.lease_renew(epoch, now_unix_ms() + m.lease_ms()) {
             Ok(true) => {
-                m.state().valid_until = Some(started + m.lease);
+                m.state.lock().valid_until = Some(started + m.lease);
                 if !m.store_ok.swap(true, Ordering::Relaxed) {
                     tracing::info!("store reachable again; admitting fresh turns");
                 }
@@ -213,10 +212,10 @@ impl Engine {
                         self.settled(s);
                     }
                 }
-                let url = m.state().url.clone();
+                let url = m.state.lock().url.clone();
                 match store.lease_acquire(&url, now_unix_ms() + m.lease_ms()) {
                     Ok(epoch) => {
-                        let mut s = m.state();
+                        let mut s = m.state.lock();
                         s.epoch = epoch;
                         s.valid_until = Some(started + m.lease);
                     }

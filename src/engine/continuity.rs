@@ -10,7 +10,7 @@
 //! first). Idle threads hold no backend session permit, so they never starve new work. A
 //! handful of hundred entries at most: linear scans under one short lock.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -147,23 +147,19 @@ pub(super) struct Continuity {
 }
 
 impl Continuity {
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     pub fn changed(&self) -> &Notify {
         &self.changed
     }
 
     pub fn len(&self) -> usize {
-        self.state().entries.len()
+        self.state.lock().entries.len()
     }
 
     /// Keeps a thread; returns what had to be released to stay within the bounds, with the
     /// reason (`client_bound`, `bound`). The caller drops them outside the lock.
     pub fn keep(&self, mut e: Entry, limits: &ContinuityConfig) -> Vec<(Entry, &'static str)> {
         let mut released = Vec::new();
-        let mut st = self.state();
+        let mut st = self.state.lock();
         st.seq += 1;
         e.seq = st.seq;
         let principal = e.binding.principal.clone();
@@ -194,7 +190,7 @@ impl Continuity {
 
     /// Takes the newest thread kept for this conversation under this binding.
     pub fn take(&self, conversation: &[u8; 32], binding: &Binding) -> Result<Entry, Miss> {
-        let mut st = self.state();
+        let mut st = self.state.lock();
         let same = |e: &Entry| e.conversation == *conversation;
         let found = st
             .entries
@@ -220,7 +216,7 @@ impl Continuity {
     /// Takes the thread an execution of this principal completed on, if the request matches
     /// its binding (a mismatch takes nothing).
     pub fn take_execution(&self, execution_id: &str, binding: &Binding) -> Result<Entry, RefMiss> {
-        let mut st = self.state();
+        let mut st = self.state.lock();
         let i = st
             .entries
             .iter()
@@ -241,7 +237,7 @@ impl Continuity {
 
     /// Removes every thread idle past its deadline.
     pub fn expire(&self, now: Instant) -> Vec<Entry> {
-        let mut st = self.state();
+        let mut st = self.state.lock();
         let (due, keep): (Vec<Entry>, Vec<Entry>) = std::mem::take(&mut st.entries)
             .into_iter()
             .partition(|e| e.expires <= now);
@@ -251,19 +247,19 @@ impl Continuity {
 
     /// What `view` makes of each kept thread it selects, most recently kept first.
     pub fn snapshot<T>(&self, view: impl FnMut(&Entry) -> Option<T>) -> Vec<T> {
-        let st = self.state();
+        let st = self.state.lock();
         let mut entries: Vec<&Entry> = st.entries.iter().collect();
         entries.sort_by_key(|e| std::cmp::Reverse(e.seq));
         entries.into_iter().filter_map(view).collect()
     }
 
     pub fn next_expiry(&self) -> Option<Instant> {
-        self.state().entries.iter().map(|e| e.expires).min()
+        self.state.lock().entries.iter().map(|e| e.expires).min()
     }
 
     /// Removes everything (shutdown).
     pub fn clear(&self) -> Vec<Entry> {
-        std::mem::take(&mut self.state().entries)
+        std::mem::take(&mut self.state.lock().entries)
     }
 }
 

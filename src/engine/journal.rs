@@ -19,9 +19,10 @@
 //! are refused with `store_unavailable` when that fails too, as before; the first success
 //! makes it healthy again.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::store::{Lifecycle, Store, StoreError};
@@ -66,10 +67,6 @@ pub(super) struct Journal {
     behind: bool,
 }
 
-fn lock(q: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
-    q.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Journal {
     pub fn start(store: Arc<Store>, behind: bool) -> Result<Journal, String> {
         let queue = Arc::new(Mutex::new(Queue::default()));
@@ -101,7 +98,7 @@ impl Journal {
 
     /// Queues `q` (the writer is not woken), or hands it back once the journal is closed.
     fn try_send(&self, q: Queued) -> Result<(), Queued> {
-        let mut queue = lock(&self.queue);
+        let mut queue = self.queue.lock();
         if queue.closed {
             return Err(q);
         }
@@ -110,7 +107,7 @@ impl Journal {
     }
 
     fn wake_writer(&self) {
-        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let writer = self.writer.lock();
         if let Some(w) = writer.as_ref() {
             w.thread().unpark();
         }
@@ -175,9 +172,9 @@ impl Journal {
     /// Writes what is queued and stops the writer; later rows are written directly.
     /// Blocking: called off the async workers.
     pub fn close(&self) {
-        lock(&self.queue).closed = true;
+        self.queue.lock().closed = true;
         self.wake_writer();
-        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let writer = self.writer.lock().take();
         if let Some(w) = writer {
             let _ = w.join();
         }
@@ -192,7 +189,7 @@ fn write(store: &Store, queue: &Mutex<Queue>, healthy: &AtomicBool) {
     let mut barriers: Vec<mpsc::SyncSender<()>> = Vec::new();
     loop {
         let (items, closed) = {
-            let mut q = lock(queue);
+            let mut q = queue.lock();
             let n = q.items.len().min(MAX_BATCH);
             (q.items.drain(..n).collect::<Vec<_>>(), q.closed)
         };

@@ -7,8 +7,9 @@
 //! The meter a backend gets holds only this ledger and the metrics, never the engine, so a
 //! backend keeping it does not keep the engine alive.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::backend::Meter;
 use crate::metrics::{slot, Metrics};
@@ -46,7 +47,7 @@ impl Ledger {
     pub fn record(&self, principal: &str, model: &str, u: Usage) {
         self.metrics.tokens(principal, model, u);
         fold(
-            &mut self.pending.lock().unwrap_or_else(|e| e.into_inner()),
+            &mut self.pending.lock(),
             (day_of(now_unix()), principal, model),
             u,
             1,
@@ -55,7 +56,7 @@ impl Ledger {
 
     /// Writes the deltas to the store; on failure they are kept for the next flush.
     pub fn flush(&self, store: &Store) -> Result<(), StoreError> {
-        let taken = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let taken = std::mem::take(&mut *self.pending.lock());
         if taken.is_empty() {
             return Ok(());
         }
@@ -75,7 +76,7 @@ impl Ledger {
             }
         }
         store.usage_added(&rows).inspect_err(|_| {
-            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pending = self.pending.lock();
             for r in &rows {
                 fold(
                     &mut pending,

@@ -39,9 +39,10 @@ pub use ending::EndReason;
 pub use error::{ContinuationError, EngineError};
 pub use leg::{Leg, LegEvent};
 
+use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -173,11 +174,7 @@ impl Engine {
     }
 
     pub fn config(&self) -> Arc<Config> {
-        self.inner
-            .config
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.inner.config.read().clone()
     }
 
     /// Re-reads the config file. Clients, keys, allowlists, limits and models take effect at
@@ -194,7 +191,7 @@ impl Engine {
                 "backend settings changed in the config file; they apply after a restart"
             );
         }
-        *self.inner.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
+        *self.inner.config.write() = Arc::new(new);
         Ok(())
     }
 

@@ -3,9 +3,10 @@
 //! returning pending records and sessions to zero, and expiry in paused time. Approval
 //! policy tests are in `tests/approvals.rs`.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -47,11 +48,7 @@ struct Control {
 
 impl TurnControl for Control {
     fn answer_tool(&self, invocation: u64, text: &str, _success: bool) -> Result<(), BackendError> {
-        self.spy
-            .answers
-            .lock()
-            .unwrap()
-            .push(format!("{invocation}={text}"));
+        self.spy.answers.lock().push(format!("{invocation}={text}"));
         Ok(())
     }
     fn interrupt(&self) {
@@ -65,11 +62,11 @@ impl TurnControl for Control {
 impl Drop for Control {
     fn drop(&mut self) {
         // As a real agent turn: dropping an unfinished one interrupts it.
-        if !self.spy.completed.lock().unwrap().contains(&self.id) {
+        if !self.spy.completed.lock().contains(&self.id) {
             self.interrupt();
         }
         self.spy.live.fetch_sub(1, Ordering::SeqCst);
-        self.spy.senders.lock().unwrap().remove(&self.id);
+        self.spy.senders.lock().remove(&self.id);
     }
 }
 
@@ -106,7 +103,6 @@ impl Backend for Scripted {
                     self.spy
                         .completed
                         .lock()
-                        .unwrap()
                         .insert(leg.execution_id.to_string());
                     let text = format!("echo: {}", other.unwrap_or_default());
                     tx.unbounded_send(TurnEvent::Delta(text)).unwrap();
@@ -116,7 +112,6 @@ impl Backend for Scripted {
             self.spy
                 .senders
                 .lock()
-                .unwrap()
                 .insert(leg.execution_id.to_string(), tx);
             self.spy.live.fetch_add(1, Ordering::SeqCst);
             let control = Control {
@@ -142,9 +137,8 @@ impl Backend for Scripted {
             self.spy
                 .completed
                 .lock()
-                .unwrap()
                 .insert(r.leg.execution_id.to_string());
-            if let Some(tx) = self.spy.senders.lock().unwrap().get(r.leg.execution_id) {
+            if let Some(tx) = self.spy.senders.lock().get(r.leg.execution_id) {
                 let _ = tx.unbounded_send(TurnEvent::Delta("done".into()));
                 let _ = tx.unbounded_send(TurnEvent::Completed);
             }
@@ -173,7 +167,7 @@ fn ask(spy: &Arc<Spy>) -> TurnEvent {
         summary: json!({"command": "rm -rf build"}),
         action_digest: [9; 32],
         responder: crate::backend::ApprovalResponder::new(move |ok| {
-            spy.answers.lock().unwrap().push(format!("approval={ok}"));
+            spy.answers.lock().push(format!("approval={ok}"));
         }),
     }))
 }
@@ -337,7 +331,7 @@ async fn a_continuation_answers_the_held_calls_once() {
     let next = input(answering("two", &calls, &results));
     let leg = f.engine.execute(&who("alice"), next.clone()).await.unwrap();
     assert_eq!(finish(leg).await.unwrap().0, "done");
-    assert_eq!(*f.spy.answers.lock().unwrap(), ["2=B", "1=A"]);
+    assert_eq!(*f.spy.answers.lock(), ["2=B", "1=A"]);
     let replay = f.engine.execute(&who("alice"), next).await.err().unwrap();
     assert_eq!(code(replay), ErrorCode::ContinuationAlreadyResolved);
     settle_idle(&f).await;
@@ -396,7 +390,7 @@ async fn validation_order_first_failure_wins() {
         .replace("KEY_A", &crate::auth::hash_key("sk-a"))
         .replace("KEY_B", &crate::auth::hash_key("sk-b"));
     let cfg = crate::config::from_toml_str(&text, f.dir.path()).unwrap();
-    *f.engine.inner.config.write().unwrap() = Arc::new(cfg);
+    *f.engine.inner.config.write() = Arc::new(cfg);
     let e = f
         .engine
         .execute(&who("alice"), input(good.clone()))
@@ -435,7 +429,7 @@ async fn concurrent_claims_have_one_winner() {
         .collect::<Vec<_>>();
     assert_eq!(won, 1);
     assert_eq!(lost, [ErrorCode::ContinuationAlreadyResolved; 3]);
-    assert_eq!(f.spy.answers.lock().unwrap().len(), 1);
+    assert_eq!(f.spy.answers.lock().len(), 1);
     settle_idle(&f).await;
 }
 

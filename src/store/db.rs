@@ -10,8 +10,8 @@
 //! connection is dropped and opened again on the next call, so a database that comes back is
 //! used again without a restart.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use postgres::types::{to_sql_checked, IsNull, ToSql, Type};
@@ -348,11 +348,6 @@ pub(super) enum Db {
     Postgres(Box<Mutex<Pg>>),
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Poisoning means a panic mid-statement; the database rolled the transaction back.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Runs blocking database work from wherever the caller is: off the async workers'
 /// schedule inside the multi-threaded runtime, on a scoped thread inside a single-threaded
 /// one (where `block_in_place` is not allowed), directly outside any runtime.
@@ -401,7 +396,7 @@ impl Db {
     /// A connection of its own for LISTEN, on PostgreSQL.
     pub fn listener(&self) -> Option<super::feed::ApprovalFeed> {
         match self {
-            Db::Postgres(pg) => Some(super::feed::ApprovalFeed::new(lock(pg).config.clone())),
+            Db::Postgres(pg) => Some(super::feed::ApprovalFeed::new(pg.lock().config.clone())),
             Db::Sqlite(_) => None,
         }
     }
@@ -437,14 +432,14 @@ impl Db {
     ) -> Result<T, StoreError> {
         match self {
             Db::Sqlite(conn) => {
-                let mut conn = lock(conn);
+                let mut conn = conn.lock();
                 let mut tx = conn.transaction()?;
                 let out = f(&mut tx)?;
                 tx.commit()?;
                 Ok(out)
             }
             Db::Postgres(pg) => blocking(|| {
-                let mut pg = lock(pg);
+                let mut pg = pg.lock();
                 let out = (|| {
                     let (client, statements) = pg.client()?;
                     if !transaction {

@@ -22,8 +22,9 @@
 //! This module does no IO and does not import `config` (only its tests do): `config::load`
 //! reads the key files, hands their bytes here and builds each [`JwtIssuer`].
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use globset::GlobSet;
 use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet, PublicKeyUse};
@@ -363,15 +364,11 @@ impl Cache {
     }
 
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.entries.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Entry>> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// [`verify`], answered from the cache when this exact token was verified before by an
@@ -384,7 +381,7 @@ impl Cache {
     ) -> Result<Verified, JwtError> {
         let digest = super::sha256(token.as_bytes());
         {
-            let mut map = self.lock();
+            let mut map = self.entries.lock();
             if let Some(e) = map.get(&digest) {
                 let current = issuers
                     .iter()
@@ -407,7 +404,7 @@ impl Cache {
         let valid_until = verified
             .expires
             .saturating_add(verified.issuer.leeway_seconds);
-        let mut map = self.lock();
+        let mut map = self.entries.lock();
         if map.len() >= self.capacity {
             map.retain(|_, e| e.valid_until >= now && e.issuer.strong_count() > 0);
         }

@@ -282,7 +282,7 @@ fn cache_serves_only_live_entries_of_the_current_generation() {
     c["exp"] = json!(now() - 120);
     let expired = rs256(&c);
     let plant = |cache: &Cache| {
-        cache.lock().insert(
+        cache.entries.lock().insert(
             crate::auth::sha256(expired.as_bytes()),
             Entry {
                 issuer: Arc::downgrade(&cfg.jwt[0]),

@@ -318,7 +318,7 @@ fn forward_stderr(tracker: &TaskTracker, id: u64, stderr: ChildStderr, started: 
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use parking_lot::Mutex;
 
     use super::*;
 
@@ -326,10 +326,7 @@ mod tests {
 
     impl Output for Seen {
         fn line(self: &Arc<Self>, line: &[u8]) {
-            self.0
-                .lock()
-                .unwrap()
-                .push(String::from_utf8_lossy(line).into());
+            self.0.lock().push(String::from_utf8_lossy(line).into());
         }
         fn ended(&self, _why: &str) {}
     }
@@ -361,7 +358,7 @@ mod tests {
         child.attach(io, seen.clone(), deaths);
         let grandchild = tokio::time::timeout(Duration::from_secs(10), async {
             loop {
-                if let Some(pid) = seen.0.lock().unwrap().first().cloned() {
+                if let Some(pid) = seen.0.lock().first().cloned() {
                     return pid;
                 }
                 tokio::task::yield_now().await;

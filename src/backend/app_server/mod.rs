@@ -14,8 +14,9 @@ mod process;
 pub mod rpc;
 mod thread;
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
@@ -94,16 +95,11 @@ impl AppServer {
 
     /// The backend's `userAgent` as reported by `initialize` (carries its version).
     fn user_agent(&self) -> Option<String> {
-        let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let procs = self.procs.lock();
         procs
             .iter()
             .flatten()
-            .map(|p| {
-                p.user_agent
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone()
-            })
+            .map(|p| p.user_agent.lock().clone())
             .next()
     }
 
@@ -125,7 +121,7 @@ impl AppServer {
     }
 
     fn slot(&self, i: usize) -> Option<Arc<Proc>> {
-        self.procs.lock().unwrap_or_else(|e| e.into_inner())[i].clone()
+        self.procs.lock()[i].clone()
     }
 
     async fn ensure_slot(&self, i: usize) -> Result<Arc<Proc>, BackendError> {
@@ -133,7 +129,7 @@ impl AppServer {
             return Ok(p);
         }
         let p = self.spawn_proc().await?;
-        self.procs.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(p.clone());
+        self.procs.lock()[i] = Some(p.clone());
         Ok(p)
     }
 
@@ -177,7 +173,7 @@ impl AppServer {
             }
             match me.spawn_proc().await {
                 Ok(new) => {
-                    me.procs.lock().unwrap_or_else(|e| e.into_inner())[slot] = Some(new.clone());
+                    me.procs.lock()[slot] = Some(new.clone());
                     tracing::info!(
                         backend = %me.name, old_process = old.id, new_process = new.id,
                         threads = old.threads.load(Ordering::Relaxed),
@@ -349,7 +345,7 @@ impl Backend for AppServer {
     }
 
     fn stats(&self) -> SessionStats {
-        let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let procs = self.procs.lock();
         SessionStats {
             busy: self.permits.busy(),
             capacity: self.permits.capacity(),

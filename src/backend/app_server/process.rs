@@ -13,9 +13,10 @@
 //! `RELEASE_GRACE`. A retiring process (recycled) takes no new work and is killed once its
 //! last turn is gone (it holds nothing by then).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -72,7 +73,7 @@ impl Route {
     }
 
     pub fn take_held(&self, invocation: u64) -> Option<Value> {
-        let mut held = lock(&self.held);
+        let mut held = self.held.lock();
         let pos = held.iter().position(|(i, _)| *i == invocation)?;
         Some(held.swap_remove(pos).1)
     }
@@ -98,12 +99,6 @@ pub(super) struct Proc {
     pub recycling: AtomicBool,
     /// Replaced: takes no new work and exits once its last turn is gone.
     retiring: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A poisoned lock only means another thread panicked mid-update of a plain map; the map
-    // itself is still usable, and refusing service would be worse.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Proc {
@@ -153,7 +148,7 @@ impl Proc {
             .to_string();
         tracing::info!(backend_process = id, user_agent = %ua, "backend initialized");
         proc.child.handshake_done();
-        *lock(&proc.user_agent) = ua;
+        *proc.user_agent.lock() = ua;
         proc.send(rpc::notification("initialized"));
         Ok(proc)
     }
@@ -178,7 +173,7 @@ impl Proc {
     pub fn exit_if_drained(&self) {
         if self.retiring.load(Ordering::SeqCst)
             && self.active.load(Ordering::SeqCst) == 0
-            && lock(&self.routes).is_empty()
+            && self.routes.lock().is_empty()
             && !self.child.is_closed()
         {
             tracing::info!(
@@ -230,7 +225,7 @@ impl Proc {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, mut rx) = oneshot::channel();
-        lock(&self.pending).insert(id, tx);
+        self.pending.lock().insert(id, tx);
         self.send(rpc::request(id, method, params));
         let answer = tokio::select! {
             r = tokio::time::timeout(REQUEST_TIMEOUT, &mut rx) => r,
@@ -238,7 +233,7 @@ impl Proc {
                 // The lines a dying child wrote are still dispatched (its answer may be one
                 // of them); the pending entry goes when the reader has seen them all.
                 let r = tokio::time::timeout(EXIT_GRACE, &mut rx).await;
-                lock(&self.pending).remove(&id);
+                self.pending.lock().remove(&id);
                 match r {
                     Ok(Ok(answer)) => Ok(Ok(answer)),
                     _ => return Err(BackendError::Lost),
@@ -253,7 +248,7 @@ impl Proc {
             ))),
             Ok(Err(_)) => Err(BackendError::Lost),
             Err(_) => {
-                lock(&self.pending).remove(&id);
+                self.pending.lock().remove(&id);
                 Err(BackendError::Unavailable(format!("{method} timed out")))
             }
         }
@@ -266,7 +261,7 @@ impl Proc {
     }
 
     pub fn add_route(&self, thread: &str, route: Arc<Route>) {
-        lock(&self.routes).insert(thread.to_string(), route);
+        self.routes.lock().insert(thread.to_string(), route);
         if !self.is_alive() {
             // Died between thread/start and here: make sure the turn learns it.
             self.die("backend process exited");
@@ -274,19 +269,19 @@ impl Proc {
     }
 
     pub fn remove_route(&self, thread: &str) {
-        lock(&self.routes).remove(thread);
+        self.routes.lock().remove(thread);
     }
 
     fn route(&self, params: &Value) -> Option<Arc<Route>> {
         let thread = params.get("threadId")?.as_str()?;
-        lock(&self.routes).get(thread).cloned()
+        self.routes.lock().get(thread).cloned()
     }
 
     /// Marks the process dead: pending calls fail, routed turns are lost.
     fn die(&self, why: &str) {
         self.child.mark_dead();
-        lock(&self.pending).clear();
-        let routes: Vec<_> = lock(&self.routes).drain().map(|(_, r)| r).collect();
+        self.pending.lock().clear();
+        let routes: Vec<_> = self.routes.lock().drain().map(|(_, r)| r).collect();
         for r in routes {
             if !r.finished.swap(true, Ordering::SeqCst) {
                 r.emit(TurnEvent::Lost(why.to_string()));
@@ -321,7 +316,7 @@ impl Proc {
         match msg {
             Incoming::Response { id, result } => {
                 let Some(id) = id.as_i64() else { return };
-                if let Some(tx) = lock(&self.pending).remove(&id) {
+                if let Some(tx) = self.pending.lock().remove(&id) {
                     let _ = tx.send(result);
                 }
             }
@@ -345,7 +340,9 @@ impl Proc {
                 if delta.is_empty() {
                     return;
                 }
-                lock(&route.streamed)
+                route
+                    .streamed
+                    .lock()
                     .entry(item.to_string())
                     .or_default()
                     .push_str(delta);
@@ -372,7 +369,7 @@ impl Proc {
                     return;
                 };
                 // The completed item is authoritative: forward whatever the deltas missed.
-                let sent = lock(&route.streamed).remove(id).unwrap_or_default();
+                let sent = route.streamed.lock().remove(id).unwrap_or_default();
                 if let Some(rest) = text.strip_prefix(sent.as_str()) {
                     if !rest.is_empty() {
                         route.emit(TurnEvent::Delta(rest.to_string()));
@@ -446,7 +443,7 @@ impl Proc {
                     Some(Value::String(s)) => s.clone(),
                     Some(v) => v.to_string(),
                 };
-                let mut held = lock(&route.held);
+                let mut held = route.held.lock();
                 // Exact growth: a turn usually holds one call, and thousands may be parked.
                 held.reserve_exact(1);
                 held.push((invocation, id));

@@ -16,10 +16,11 @@ mod names;
 mod session;
 mod turn;
 
+use parking_lot::Mutex;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
@@ -51,10 +52,6 @@ pub struct ClaudeCode {
     shutdown: CancellationToken,
     tracker: TaskTracker,
     deaths: Arc<tokio::sync::watch::Sender<u64>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `command --version`, run with the child's environment: the version the CLI reports.
@@ -105,7 +102,7 @@ impl ClaudeCode {
         }
         {
             // Released under the list's lock: a turn claims a kept session under it too.
-            let mut idle = lock(&self.idle);
+            let mut idle = self.idle.lock();
             idle.retain(|s| s.upgrade().is_some_and(|s| s.usable()));
             if let Some(s) = (!idle.is_empty()).then(|| idle.remove(0)) {
                 if let Some(s) = s.upgrade() {
@@ -120,7 +117,7 @@ impl ClaudeCode {
     /// Takes a kept session off the idle list for a turn: false if it was ended meanwhile
     /// (to make room) or is no longer usable.
     fn claim(&self, session: &Arc<Session>) -> bool {
-        let mut idle = lock(&self.idle);
+        let mut idle = self.idle.lock();
         let before = idle.len();
         idle.retain(|s| !std::ptr::eq(s.as_ptr(), Arc::as_ptr(session)));
         idle.len() < before && session.usable()

@@ -10,10 +10,11 @@
 //! together, and `Yield` follows once every client call the message made has arrived (a call
 //! that waits behind a built-in arrives later, and the engine's debounce sends what came).
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures::channel::mpsc::UnboundedSender;
@@ -29,11 +30,6 @@ use crate::turn::{Effort, Usage};
 
 /// How long a request to the CLI (its `initialize`) may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A poisoned lock only means another thread panicked mid-update of plain data.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Where the answer to one of the host's control requests goes.
 type Answered = oneshot::Sender<Result<Value, String>>;
@@ -141,7 +137,7 @@ impl Session {
     pub fn usable(&self) -> bool {
         self.child.is_alive()
             && !self.released.load(Ordering::SeqCst)
-            && lock(&self.permit).is_some()
+            && self.permit.lock().is_some()
     }
 
     /// Sends a control request and waits for its answer.
@@ -151,7 +147,7 @@ impl Session {
         }
         let id = format!("req_{}", self.next_request.fetch_add(1, Ordering::Relaxed));
         let (tx, rx) = oneshot::channel();
-        lock(&self.pending).push((id.clone(), tx));
+        self.pending.lock().push((id.clone(), tx));
         self.child.send(control::request(&id, request));
         tokio::select! {
             answer = tokio::time::timeout(REQUEST_TIMEOUT, rx) => match answer {
@@ -166,7 +162,7 @@ impl Session {
 
     /// Starts a turn with `text` as the user's message; its events go to `events`.
     pub fn open(&self, text: &str, events: UnboundedSender<TurnEvent>, meter: Meter) {
-        *lock(&self.state) = State {
+        *self.state.lock() = State {
             route: Some(Route {
                 events,
                 meter,
@@ -180,17 +176,17 @@ impl Session {
 
     /// The running turn has ended (or none runs).
     pub fn finished(&self) -> bool {
-        lock(&self.state).route.as_ref().is_none_or(|r| r.finished)
+        self.state.lock().route.as_ref().is_none_or(|r| r.finished)
     }
 
     /// The turn completed: nothing listens until the next one.
     pub fn close_route(&self) {
-        lock(&self.state).route = None;
+        self.state.lock().route = None;
     }
 
     /// Text the client sent beside its results: it goes with the next answer.
     pub fn steer(&self, input: Vec<String>) -> bool {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         let running = state.route.as_ref().is_some_and(|r| !r.finished);
         if running {
             state.beside.extend(input);
@@ -200,7 +196,7 @@ impl Session {
 
     /// Answers a held client call with the client's result (and any text sent beside it).
     pub fn answer(&self, invocation: u64, text: &str, failed: bool) -> bool {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         let running = state.route.as_ref().is_some_and(|r| !r.finished);
         let Some(pos) = state.held.iter().position(|h| h.invocation == invocation) else {
             return false;
@@ -221,7 +217,7 @@ impl Session {
 
     /// Asks the CLI to stop the running turn; its `result` follows.
     pub fn interrupt(&self) {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         let Some(route) = state.route.as_mut().filter(|r| !r.finished) else {
             return;
         };
@@ -250,7 +246,7 @@ impl Session {
         self.child.spawn_task(async move {
             reaped.cancelled().await;
             if let Some(s) = me.upgrade() {
-                lock(&s.permit).take();
+                s.permit.lock().take();
             }
             if let Some(dir) = dir {
                 if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
@@ -279,7 +275,7 @@ impl Session {
     }
 
     fn on_stream(&self, event: &Value, parent: Option<String>) {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         match event["type"].as_str().unwrap_or_default() {
             "message_start" => {
                 let started = usage_started(&event["message"]["usage"]);
@@ -403,7 +399,7 @@ impl Session {
     /// A client call: held, never answered by the gateway itself.
     fn on_call(&self, id: &str, rpc_id: Value, params: &Value) {
         let declared = params["name"].as_str().unwrap_or_default();
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         let running = state.route.as_ref().is_some_and(|r| !r.finished);
         let Some(name) = self.settings.names.client(declared).filter(|_| running) else {
             drop(state);
@@ -445,12 +441,12 @@ impl Session {
         if self.settings.names.is_client_tool(tool)
             || (answer == Answer::CanUse
                 && !use_id.is_empty()
-                && lock(&self.state).allowed.contains(use_id))
+                && self.state.lock().allowed.contains(use_id))
         {
             return self.child.send(answer.write(id, true, input));
         }
         let ask = super::approval::ask(self.me.clone(), &self.cwd, id, tool, input, use_id, answer);
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         match state.route.as_ref().filter(|r| !r.finished) {
             Some(_) => self.emit(&mut state, TurnEvent::Approval(Box::new(ask))),
             // No turn owns the session: the responder's drop declines.
@@ -461,12 +457,12 @@ impl Session {
     /// The policy allowed a built-in's use (a `can_use_tool` for it is then answered at once).
     pub fn allowed(&self, use_id: String) {
         if !use_id.is_empty() {
-            lock(&self.state).allowed.insert(use_id);
+            self.state.lock().allowed.insert(use_id);
         }
     }
 
     fn on_result(&self, subtype: &str, is_error: bool) {
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         let interrupted = state.route.as_ref().is_some_and(|r| r.interrupted);
         // Calls the turn never got to are answered by nobody now.
         state.held.clear();
@@ -522,7 +518,7 @@ impl Output for Session {
             Frame::Stream { event, parent } => self.on_stream(&event, parent),
             Frame::Request { id, request } => self.on_request(&id, &request),
             Frame::Response { id, result } => {
-                let mut pending = lock(&self.pending);
+                let mut pending = self.pending.lock();
                 if let Some(pos) = pending.iter().position(|(p, _)| *p == id) {
                     let (_, tx) = pending.swap_remove(pos);
                     let _ = tx.send(result);
@@ -530,7 +526,7 @@ impl Output for Session {
             }
             Frame::Cancel { id } => {
                 // The CLI gave up on a call (its turn is being interrupted): nothing to answer.
-                lock(&self.state).held.retain(|h| h.request != id);
+                self.state.lock().held.retain(|h| h.request != id);
             }
             Frame::Result { subtype, is_error } => self.on_result(&subtype, is_error),
             Frame::Other => {}
@@ -539,11 +535,11 @@ impl Output for Session {
 
     fn ended(&self, why: &str) {
         self.child.mark_dead();
-        lock(&self.pending).clear();
+        self.pending.lock().clear();
         if self.child.reaped().is_cancelled() {
-            lock(&self.permit).take();
+            self.permit.lock().take();
         }
-        let mut state = lock(&self.state);
+        let mut state = self.state.lock();
         state.held.clear();
         self.end(&mut state, TurnEvent::Lost(why.to_string()));
         drop(state);

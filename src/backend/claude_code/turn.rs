@@ -3,7 +3,8 @@
 //! either without keeping releases the session: an unfinished turn is interrupted, the
 //! process and its group are killed, its place and its scratch folder go.
 
-use std::sync::{Arc, Mutex, Weak};
+use parking_lot::Mutex;
+use std::sync::{Arc, Weak};
 
 use futures::future::BoxFuture;
 
@@ -64,7 +65,7 @@ impl TurnControl for ClaudeTurn {
         }
         self.session.close_route();
         self.kept = true;
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.idle.lock();
         idle.retain(|s| s.strong_count() > 0);
         idle.push(Arc::downgrade(&self.session));
         drop(idle);
@@ -91,24 +92,18 @@ pub(super) struct KeptSession {
 impl KeptSession {
     /// The session, still held by this handle.
     pub fn session(&self) -> Option<Arc<Session>> {
-        self.session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.session.lock().clone()
     }
 
     /// The session, for the conversation's next turn (this handle then releases nothing).
     pub fn take(&self) -> Option<Arc<Session>> {
-        self.session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+        self.session.lock().take()
     }
 }
 
 impl IdleThread for KeptSession {
     fn usable(&self) -> bool {
-        let session = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        let session = self.session.lock();
         session.as_ref().is_some_and(|s| s.usable())
     }
 }

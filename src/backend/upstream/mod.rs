@@ -14,8 +14,9 @@ pub(crate) mod native;
 mod stream;
 mod translate;
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -130,7 +131,7 @@ impl TurnControl for Ids {
     }
 
     fn detach(&self, invocations: &[u64]) -> Option<Vec<String>> {
-        let ids = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let ids = self.0.lock();
         Some(
             invocations
                 .iter()

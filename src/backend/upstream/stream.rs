@@ -4,8 +4,9 @@
 //! `Yield` when it produced calls, else `Completed`. With `native` set, each chunk (or the whole
 //! body) is also passed on as `Native`, tool calls removed, for a Chat Completions client.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -79,7 +80,7 @@ fn failure(e: BackendError) -> TurnEvent {
 
 /// Announces the assembled calls in index order and records their upstream ids.
 fn announce(calls: Vec<PartialCall>, ids: &Ids, out: &mut VecDeque<TurnEvent>) {
-    let mut ids = ids.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ids = ids.lock();
     for c in calls {
         out.push_back(TurnEvent::ToolCall(HeldCall {
             invocation: ids.len() as u64,
@@ -281,11 +282,7 @@ impl Relay {
     fn end(&mut self) {
         let calls = std::mem::take(&mut self.calls);
         announce(calls.into_values().collect(), &self.ids, &mut self.out);
-        let yielded = !self
-            .ids
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty();
+        let yielded = !self.ids.lock().is_empty();
         self.out.push_back(if yielded {
             TurnEvent::Yield
         } else {

@@ -24,7 +24,8 @@ mod tools;
 mod turn;
 mod util;
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};

@@ -1,8 +1,9 @@
 //! JSON-RPC framing and output: the stdout writer task, the `Ctx` output helpers (responses,
 //! errors, notifications honouring the client's opt-outs) and the classification of input lines.
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
@@ -30,9 +31,6 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
     pub(crate) fn send(&self, msg: Value) {
         // The writer task lives until the process exits, so a send error cannot matter.
         let _ = self.out.send(Out::Line(msg.to_string()));
@@ -68,7 +66,7 @@ pub(crate) fn handle_line(ctx: &Ctx, line: &str) {
             if method == "initialize" {
                 return initialize(ctx, id, params);
             }
-            if !ctx.lock().initialized {
+            if !ctx.state.lock().initialized {
                 return ctx.error(id, "Not initialized");
             }
             match method {

@@ -52,7 +52,7 @@ pub(crate) fn parse_tools(value: &Value) -> Result<Vec<ToolSpec>, String> {
 }
 
 pub(crate) fn initialize(ctx: &Ctx, id: &Value, params: &Value) {
-    let mut st = ctx.lock();
+    let mut st = ctx.state.lock();
     if st.initialized {
         return ctx.error(id, "Already initialized");
     }
@@ -82,7 +82,7 @@ pub(crate) fn initialize(ctx: &Ctx, id: &Value, params: &Value) {
 }
 
 pub(crate) fn thread_start(ctx: &Ctx, id: &Value, p: &Value) {
-    let mut st = ctx.lock();
+    let mut st = ctx.state.lock();
     let dynamic = p.get("dynamicTools").filter(|v| !v.is_null());
     if dynamic.is_some() && !st.experimental {
         let message = "thread/start.dynamicTools requires experimentalApi capability";
@@ -138,7 +138,7 @@ pub(crate) fn turn_start(ctx: &Ctx, id: &Value, p: &Value) {
     let Some(input) = p["input"].as_array() else {
         return ctx.error(id, "Invalid request: missing field `input`");
     };
-    let mut st = ctx.lock();
+    let mut st = ctx.state.lock();
     let Some(thread) = st.threads.get_mut(thread_id) else {
         return ctx.error(id, &format!("thread not found: {thread_id}"));
     };
@@ -225,7 +225,7 @@ pub(crate) fn turn_steer(ctx: &Ctx, id: &Value, p: &Value) {
         .filter(|i| i["type"] == "text")
         .filter_map(|i| i["text"].as_str())
         .collect();
-    let st = ctx.lock();
+    let st = ctx.state.lock();
     let active = st.threads.get(thread_id).and_then(|t| t.active.as_ref());
     if active.is_none_or(|a| a.id != expected) {
         return ctx.error(id, "no active turn to steer");
@@ -238,7 +238,7 @@ pub(crate) fn turn_interrupt(ctx: &Ctx, id: &Value, p: &Value) {
     let (Some(thread_id), Some(turn_id)) = (p["threadId"].as_str(), p["turnId"].as_str()) else {
         return ctx.error(id, "Invalid request: missing field `threadId` or `turnId`");
     };
-    let mut st = ctx.lock();
+    let mut st = ctx.state.lock();
     let thread = st.threads.get_mut(thread_id);
     let Some(active) = thread.and_then(|th| th.active.take_if(|a| a.id == turn_id)) else {
         return ctx.error(id, "no active turn to interrupt");
@@ -296,7 +296,7 @@ pub(crate) fn thread_delete(ctx: &Ctx, id: &Value, p: &Value) {
     let Some(thread_id) = p["threadId"].as_str() else {
         return ctx.error(id, "Invalid request: missing field `threadId`");
     };
-    let mut st = ctx.lock();
+    let mut st = ctx.state.lock();
     match st.threads.get(thread_id).map(|t| t.ephemeral) {
         None => return ctx.error(id, &format!("thread not found: {thread_id}")),
         Some(true) => {
@@ -322,7 +322,10 @@ pub(crate) fn thread_delete(ctx: &Ctx, id: &Value, p: &Value) {
 /// Routes the answer to one of our server requests to the waiting scenario.
 pub(crate) fn handle_answer(ctx: &Ctx, msg: Value) {
     let id = msg["id"].clone();
-    let Some(p) = id.as_u64().and_then(|n| ctx.lock().pending.remove(&n)) else {
+    let Some(p) = id
+        .as_u64()
+        .and_then(|n| ctx.state.lock().pending.remove(&n))
+    else {
         return spy(json!({"event": "stale_answer", "id": id}));
     };
     let (thread, method) = (&p.thread, &p.method);

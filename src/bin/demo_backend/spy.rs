@@ -11,9 +11,10 @@
 //! - `approval_decision {thread, method, answer}`, `server_request_answer {thread, id, method,
 //!   answer}`, `stale_answer {id}` (answer to an unknown or abandoned server request).
 
+use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -22,7 +23,7 @@ static SPY: OnceLock<Option<Mutex<File>>> = OnceLock::new();
 pub(crate) fn spy(event: Value) {
     let Some(Some(file)) = SPY.get() else { return };
     let line = format!("{event}\n");
-    let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
+    let mut file = file.lock();
     if let Err(e) = file.write_all(line.as_bytes()).and_then(|()| file.flush()) {
         eprintln!("demo-backend: spy write failed: {e}");
     }

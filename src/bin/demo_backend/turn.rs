@@ -21,7 +21,7 @@ impl Turn {
     /// Runs `f` under the state lock, but only while this turn is still the thread's active
     /// turn: emissions are thereby atomic with respect to `turn/interrupt`.
     pub(crate) fn guarded<R>(&self, f: impl FnOnce(&mut State) -> R) -> Step<R> {
-        let mut st = self.ctx.lock();
+        let mut st = self.ctx.state.lock();
         match st.active_mut(&self.thread) {
             Some(a) if a.id == self.id => Ok(f(&mut st)),
             _ => Err(Stopped),

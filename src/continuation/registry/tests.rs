@@ -90,9 +90,9 @@ fn kept_conversations_are_bounded_per_principal_in_bytes() {
     // counts them again.
     let taken = r.take(first).unwrap();
     assert!(r.register(keeping("alice", 5, 60)).is_ok());
-    assert_eq!(r.lock().kept.get("alice"), Some(&100));
+    assert_eq!(r.inner.lock().kept.get("alice"), Some(&100));
     r.reinstate(taken);
-    assert_eq!(r.lock().kept.get("alice"), Some(&160));
+    assert_eq!(r.inner.lock().kept.get("alice"), Some(&160));
 }
 
 #[test]

@@ -16,7 +16,7 @@ async fn an_approval_past_its_ttl_is_denied_expired_in_paused_time() {
     assert_eq!(f.engine.approvals().pending_count(), 1);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(f.engine.approvals().pending_count(), 0);
-    assert_eq!(*f.spy.answers.lock().unwrap(), ["approval=false"]);
+    assert_eq!(*f.spy.answers.lock(), ["approval=false"]);
     let r = f.engine.approvals().get(&id, &who("alice")).unwrap();
     assert_eq!(
         (r.state.as_str(), r.reason.as_deref()),
@@ -34,8 +34,8 @@ async fn a_side_effect_of_a_revoked_principal_is_denied_without_a_notice() {
         .replace("KEY_B", &crate::auth::hash_key("sk-b"));
     let cfg = crate::config::from_toml_str(&without, f.dir.path()).unwrap();
     assert!(cfg.grant("alice").is_none());
-    *f.engine.inner.config.write().unwrap() = Arc::new(cfg);
-    let tx = f.spy.senders.lock().unwrap()[&leg.execution_id].clone();
+    *f.engine.inner.config.write() = Arc::new(cfg);
+    let tx = f.spy.senders.lock()[&leg.execution_id].clone();
     tx.unbounded_send(ask(&f.spy)).unwrap();
     tx.unbounded_send(TurnEvent::Completed).unwrap();
     while let Some(ev) = leg.events.recv().await {
@@ -44,6 +44,6 @@ async fn a_side_effect_of_a_revoked_principal_is_denied_without_a_notice() {
             "a notice for a revoked principal"
         );
     }
-    assert_eq!(*f.spy.answers.lock().unwrap(), ["approval=false"]);
+    assert_eq!(*f.spy.answers.lock(), ["approval=false"]);
     assert_eq!(f.engine.approvals().pending_count(), 0);
 }
