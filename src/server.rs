@@ -21,23 +21,31 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::Semaphore;
 
 use crate::config::{self, ServerConfig};
-use crate::engine::Engine;
+use crate::engine::{Engine, StartError};
 
 /// How long settling held turns and reaping children may take once serving has stopped.
 const DRAIN: Duration = Duration::from_secs(10);
 
-pub async fn serve(config_path: &Path) -> Result<(), String> {
-    let cfg = config::load(config_path).map_err(|e| e.to_string())?;
+pub async fn serve(config_path: &Path) -> Result<(), StartError> {
+    let cfg = config::load(config_path)?;
     let listen = cfg.server.listen;
     let gw = Engine::start(cfg, Some(config_path.to_path_buf())).await?;
-    let listener = match TcpListener::bind(listen).await {
+    let listen_error = |error| StartError::Listen {
+        addr: listen,
+        role: "",
+        error,
+    };
+    let listener = match TcpListener::bind(listen)
+        .await
+        .and_then(|l| Ok((l.local_addr()?, l)))
+    {
         Ok(l) => l,
         Err(e) => {
             gw.shutdown().await;
-            return Err(format!("cannot listen on {listen}: {e}"));
+            return Err(listen_error(e));
         }
     };
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let (addr, listener) = listener;
     let internal = match internal_listener(&gw).await {
         Ok(l) => l,
         Err(e) => {
@@ -46,9 +54,9 @@ pub async fn serve(config_path: &Path) -> Result<(), String> {
         }
     };
 
-    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
-    let mut hup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
+    let mut term = signal(SignalKind::terminate()).map_err(StartError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(StartError::Signals)?;
+    let mut hup = signal(SignalKind::hangup()).map_err(StartError::Signals)?;
     let reloader = gw.clone();
     let stopping = gw.clone();
     let stop = async move {
@@ -90,17 +98,19 @@ pub async fn serve(config_path: &Path) -> Result<(), String> {
 
 /// With `[cluster]`: binds the internal listener and takes the replica's lease with its
 /// address (before anything is served, so a forwarded request always finds the listener).
-async fn internal_listener(gw: &Engine) -> Result<Option<TcpListener>, String> {
+async fn internal_listener(gw: &Engine) -> Result<Option<TcpListener>, StartError> {
     let Some(c) = gw.config().cluster.clone() else {
         return Ok(None);
     };
-    let l = TcpListener::bind(c.internal_listen).await.map_err(|e| {
-        format!(
-            "cannot listen on {} (cluster.internal_listen): {e}",
-            c.internal_listen
-        )
-    })?;
-    let addr = l.local_addr().map_err(|e| e.to_string())?;
+    let listen_error = |error| StartError::Listen {
+        addr: c.internal_listen,
+        role: " (cluster.internal_listen)",
+        error,
+    };
+    let l = TcpListener::bind(c.internal_listen)
+        .await
+        .map_err(listen_error)?;
+    let addr = l.local_addr().map_err(listen_error)?;
     gw.join_cluster(addr)?;
     tracing::info!(%addr, replica = %c.replica_id, "internal listener for replicas");
     Ok(Some(l))

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use super::resume::check;
 use super::suspension::durable_batch;
+use super::StartError;
 use super::{ContinuationError, Engine};
 use crate::auth::Principal;
 use crate::config::ClusterConfig;
@@ -78,13 +79,14 @@ struct LeaseState {
 
 impl Membership {
     /// Reads the shared key from the environment variable the config names.
-    pub fn new(c: &ClusterConfig) -> Result<Membership, String> {
+    pub fn new(c: &ClusterConfig) -> Result<Membership, StartError> {
         let key = std::env::var(&c.key_env).unwrap_or_default();
         if key.len() < 16 {
-            return Err(format!(
-                "cluster.key_env: the environment variable {} must hold the cluster's shared key (at least 16 bytes)",
-                c.key_env
-            ));
+            return Err(StartError::Environment {
+                key: "cluster.key_env",
+                var: c.key_env.clone(),
+                problem: "must hold the cluster's shared key (at least 16 bytes)",
+            });
         }
         Ok(Membership {
             id: c.replica_id.clone(),
@@ -144,7 +146,7 @@ impl Engine {
 
     /// Takes the lease with the internal listener's address and starts renewing it. Called
     /// once the internal listener is bound, before anything is served.
-    pub fn join_cluster(&self, bound: SocketAddr) -> Result<(), String> {
+    pub fn join_cluster(&self, bound: SocketAddr) -> Result<(), StartError> {
         let Some(m) = self.membership() else {
             return Ok(());
         };
@@ -159,7 +161,7 @@ impl Engine {
             .inner
             .store
             .lease_acquire(&url, now_unix_ms() + m.lease_ms())
-            .map_err(|e| format!("cannot take the replica's lease: {e}"))?;
+            .map_err(StartError::Lease)?;
         *m.state.lock() = LeaseState {
             epoch,
             url: url.clone(),

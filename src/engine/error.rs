@@ -5,8 +5,41 @@
 
 use super::cluster::Owner;
 use crate::backend::BackendError;
+use crate::config::ConfigError;
 use crate::continuation::Reason;
 use crate::error::{ApiError, ErrorCode, UpstreamDetail};
+use crate::store::StoreError;
+
+/// Why the gateway did not start (the process then exits 2 with it).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("backend `{name}` failed to start: {error}")]
+    Backend { name: String, error: BackendError },
+    /// A variable the config names (`key`) is unset or unusable.
+    #[error("{key}: the environment variable {var} {problem}")]
+    Environment {
+        key: &'static str,
+        var: String,
+        problem: &'static str,
+    },
+    #[error("cannot listen on {addr}{role}: {error}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        /// Which listener, when not the main one.
+        role: &'static str,
+        error: std::io::Error,
+    },
+    #[error("cannot take the replica's lease: {0}")]
+    Lease(StoreError),
+    #[error("cannot watch for signals: {0}")]
+    Signals(std::io::Error),
+    #[error("cannot start the journal writer: {0}")]
+    Thread(std::io::Error),
+}
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EngineError {

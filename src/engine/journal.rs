@@ -68,7 +68,7 @@ pub(super) struct Journal {
 }
 
 impl Journal {
-    pub fn start(store: Arc<Store>, behind: bool) -> Result<Journal, String> {
+    pub fn start(store: Arc<Store>, behind: bool) -> Result<Journal, super::StartError> {
         let queue = Arc::new(Mutex::new(Queue::default()));
         let healthy = Arc::new(AtomicBool::new(true));
         let writer = {
@@ -76,7 +76,7 @@ impl Journal {
             std::thread::Builder::new()
                 .name("journal".into())
                 .spawn(move || write(&store, &queue, &healthy))
-                .map_err(|e| format!("cannot start the journal writer: {e}"))?
+                .map_err(super::StartError::Thread)?
         };
         Ok(Journal {
             store,

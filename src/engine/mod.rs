@@ -36,7 +36,7 @@ pub use activity::{BackendView, SuspendedView, ThreadView};
 pub use admission::Slot;
 pub use cluster::{ApprovalRoute, Owner, OwnerFate};
 pub use ending::EndReason;
-pub use error::{ContinuationError, EngineError};
+pub use error::{ContinuationError, EngineError, StartError};
 pub use leg::{Leg, LegEvent};
 
 use parking_lot::RwLock;
@@ -93,12 +93,16 @@ pub struct Engine {
 
 impl Engine {
     /// Starts every backend the config names, then the engine.
-    pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Engine, String> {
+    pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Engine, StartError> {
         let mut backends: BTreeMap<String, Arc<dyn Backend>> = BTreeMap::new();
         for (name, spec) in &cfg.backends {
-            let backend = backend::build(name, spec)
-                .await
-                .map_err(|e| format!("backend `{name}` failed to start: {e}"))?;
+            let backend =
+                backend::build(name, spec)
+                    .await
+                    .map_err(|error| StartError::Backend {
+                        name: name.clone(),
+                        error,
+                    })?;
             if let Some(version) = backend.version() {
                 tracing::info!(backend = %name, kind = spec.kind(), version = %version, "backend ready");
             }
@@ -114,14 +118,14 @@ impl Engine {
         cfg: Config,
         config_path: Option<PathBuf>,
         backends: BTreeMap<String, Arc<dyn Backend>>,
-    ) -> Result<Engine, String> {
+    ) -> Result<Engine, StartError> {
         let membership = cfg
             .cluster
             .as_ref()
             .map(cluster::Membership::new)
             .transpose()?;
         let store = Arc::new(open_store(&cfg)?);
-        let recovered = store.recover().map_err(|e| e.to_string())?;
+        let recovered = store.recover()?;
         if recovered.executions_lost > 0 {
             tracing::warn!(
                 executions = recovered.executions_lost,
@@ -135,14 +139,14 @@ impl Engine {
             max_kept_bytes_per_client: cfg.continuations.max_kept_bytes_per_client,
             tombstones_per_client: cfg.continuations.tombstones_per_client,
         };
-        let tombstones = store.tombstones().map_err(|e| e.to_string())?;
+        let tombstones = store.tombstones()?;
         let registry = Registry::new(
             limits,
             tombstones
                 .into_iter()
                 .map(|t| (t.digest, t.principal, Reason::parse(&t.reason))),
         );
-        let approvals = Approvals::new(store.clone()).map_err(|e| e.to_string())?;
+        let approvals = Approvals::new(store.clone())?;
         let deaths = backends.values().filter_map(|b| b.deaths()).collect();
         let metrics = Arc::new(Metrics::default());
         let engine = Engine {
@@ -164,7 +168,7 @@ impl Engine {
                 jwt_cache: auth::jwt::Cache::default(),
             }),
         };
-        engine.restore_durable().map_err(|e| e.to_string())?;
+        engine.restore_durable()?;
         let timer = engine.clone();
         engine
             .inner
@@ -485,15 +489,17 @@ impl Engine {
 
 /// Opens the store the config names, as this replica's (reading the database password from
 /// the environment variable the config names).
-fn open_store(cfg: &Config) -> Result<Store, String> {
+fn open_store(cfg: &Config) -> Result<Store, StartError> {
     use crate::store::StoreLocation;
     let owner = cfg.cluster.as_ref().map_or("", |c| c.replica_id.as_str());
     let store = match &cfg.store {
         config::StoreConfig::Sqlite { path } => Store::connect(&StoreLocation::Sqlite(path), owner),
         config::StoreConfig::Postgres { url, password_env } => {
             let password = match password_env {
-                Some(var) => Some(std::env::var(var).map_err(|_| {
-                    format!("store.password_env: the environment variable {var} is not set")
+                Some(var) => Some(std::env::var(var).map_err(|_| StartError::Environment {
+                    key: "store.password_env",
+                    var: var.clone(),
+                    problem: "is not set",
                 })?),
                 None => None,
             };
@@ -506,5 +512,5 @@ fn open_store(cfg: &Config) -> Result<Store, String> {
             )
         }
     };
-    store.map_err(|e| e.to_string())
+    Ok(store?)
 }

@@ -82,9 +82,7 @@ impl Store {
                 vals![id, url, expires_at_ms],
             )
         })?;
-        rows.first()
-            .ok_or_else(|| StoreError("no lease row".into()))?
-            .i(0)
+        rows.first().ok_or(StoreError::Missing("lease"))?.i(0)
     }
 
     /// Extends the lease of `epoch`; false when it is no longer this process's (another

@@ -121,8 +121,8 @@ enum Cell {
 #[derive(Debug, Clone)]
 pub(super) struct Row(Vec<Cell>);
 
-fn bad_column(i: usize, want: &str) -> StoreError {
-    StoreError(format!("column {i} is not {want}"))
+fn bad_column(column: usize, want: &'static str) -> StoreError {
+    StoreError::Shape { column, want }
 }
 
 impl Row {
@@ -296,7 +296,7 @@ impl From<postgres::Error> for StoreError {
             s.push_str(&c.to_string());
             src = c.source();
         }
-        StoreError(s)
+        StoreError::Database(s)
     }
 }
 
@@ -370,7 +370,7 @@ impl Db {
     pub fn postgres(url: &str, password: Option<&str>) -> Result<Db, StoreError> {
         let mut config: postgres::Config = url
             .parse()
-            .map_err(|e: postgres::Error| StoreError(format!("store.url: {e}")))?;
+            .map_err(|e: postgres::Error| StoreError::Setup(format!("store.url: {e}")))?;
         if let Some(p) = password {
             config.password(p);
         }

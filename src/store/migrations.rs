@@ -169,9 +169,10 @@ pub(super) fn migrate(t: &mut dyn Tx) -> Result<Vec<i64>, StoreError> {
         .map(|r| r.i(0))
         .collect::<Result<_, _>>()?;
     if let Some(newer) = applied.iter().find(|v| **v > CURRENT) {
-        return Err(StoreError(format!(
-            "the store's schema is version {newer}, newer than this build's {CURRENT}; run the newer build"
-        )));
+        return Err(StoreError::NewerSchema {
+            found: *newer,
+            current: CURRENT,
+        });
     }
     let mut done = Vec::new();
     for (version, sql) in MIGRATIONS {

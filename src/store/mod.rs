@@ -37,13 +37,33 @@ pub use feed::{ApprovalChange, ApprovalFeed};
 pub use suspensions::{StoredSuspension, SuspensionRecord};
 pub use usage::{date_of, day_from_date, day_of, UsageQuery, UsageRow};
 
+/// Why a store call failed.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("store: {0}")]
-pub struct StoreError(String);
+pub enum StoreError {
+    /// The database refused or failed a statement, or cannot be reached (SQLite's or
+    /// PostgreSQL's message with its cause chain; never a statement's parameters).
+    #[error("store: {0}")]
+    Database(String),
+    /// A row read back is not of the shape this build wrote.
+    #[error("store: column {column} is not {want}")]
+    Shape { column: usize, want: &'static str },
+    /// The store was written by a newer build.
+    #[error("store: the store's schema is version {found}, newer than this build's {current}; run the newer build")]
+    NewerSchema { found: i64, current: i64 },
+    /// A row the gateway relies on is missing.
+    #[error("store: no {0} row")]
+    Missing(&'static str),
+    /// The store cannot be opened where the config says (a folder, a URL).
+    #[error("store: {0}")]
+    Setup(String),
+    /// A probe rolled its transaction back on purpose.
+    #[error("store: rolled back")]
+    RolledBack,
+}
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
-        StoreError(e.to_string())
+        StoreError::Database(e.to_string())
     }
 }
 
@@ -258,9 +278,9 @@ impl Store {
                 "UPDATE schema_migrations SET applied_at = applied_at WHERE version = 1",
                 &[],
             )?;
-            Err::<(), _>(StoreError(String::new()))
+            Err::<(), _>(StoreError::RolledBack)
         });
-        matches!(probe, Err(StoreError(e)) if e.is_empty())
+        matches!(probe, Err(StoreError::RolledBack))
     }
 }
 
@@ -380,7 +400,7 @@ fn sqlite_file(path: &Path) -> Result<Db, StoreError> {
     if let Some(dir) = path.parent() {
         if !dir.as_os_str().is_empty() {
             std::fs::create_dir_all(dir)
-                .map_err(|e| StoreError(format!("cannot create {}: {e}", dir.display())))?;
+                .map_err(|e| StoreError::Setup(format!("cannot create {}: {e}", dir.display())))?;
         }
     }
     let conn = rusqlite::Connection::open(path)?;
