@@ -5,27 +5,22 @@
 //! everyone's.
 
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::routing::{get, MethodRouter};
 use axum::Json;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::{principal, Gateway};
+use super::{Caller, Gateway};
 use crate::auth::Principal;
-use crate::error::ApiError;
 
-pub async fn whoami(
-    State(gw): State<Gateway>,
-    headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
-    let who = principal(&gw, &headers)?;
-    Ok(Json(json!({
+pub async fn whoami(State(gw): State<Gateway>, caller: Caller) -> Json<Value> {
+    let who = caller.principal;
+    Json(json!({
         "object": "principal",
         "id": who.id,
         "approver": who.approver,
         "models": gw.models_for(&who),
-    })))
+    }))
 }
 
 /// A `GET` route answering the caller's view of one read model as a list.
@@ -33,9 +28,8 @@ pub fn listing<T: Serialize + 'static>(
     read: fn(&Gateway, &Principal) -> Vec<T>,
 ) -> MethodRouter<Gateway> {
     get(
-        move |State(gw): State<Gateway>, headers: HeaderMap| async move {
-            let who = principal(&gw, &headers)?;
-            Ok::<_, ApiError>(Json(json!({"object": "list", "data": read(&gw, &who)})))
+        move |State(gw): State<Gateway>, caller: Caller| async move {
+            Json(json!({"object": "list", "data": read(&gw, &caller.principal)}))
         },
     )
 }

@@ -15,7 +15,7 @@ use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::cluster::{to_owner, Hop, Replay};
-use super::{declared_within, holding, principal, read_body, Gateway};
+use super::{holding, read_body, Caller, Gateway};
 use crate::approvals::{to_json, visible, ApprovalState, DecideError, SettleReason};
 use crate::engine::ApprovalRoute;
 use crate::error::{ApiError, ErrorCode};
@@ -36,10 +36,9 @@ pub struct ListQuery {
 
 pub async fn list(
     State(gw): State<Gateway>,
-    headers: HeaderMap,
+    Caller { principal: who, .. }: Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let who = principal(&gw, &headers)?;
     let Query(q) =
         query.map_err(|e| ApiError::invalid(format!("bad query string: {}", e.body_text())))?;
     let state = match q.state.as_deref() {
@@ -70,10 +69,9 @@ pub async fn list(
 
 pub async fn show(
     State(gw): State<Gateway>,
-    headers: HeaderMap,
+    Caller { principal: who, .. }: Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let who = principal(&gw, &headers)?;
     let record = gw.approvals().get(&id, &who).ok_or_else(not_found)?;
     Ok(Json(to_json(&record)).into_response())
 }
@@ -93,18 +91,19 @@ enum DecisionValue {
     Deny,
 }
 
+/// The largest decision body.
+const LIMIT: usize = 64 * 1024;
+
 pub async fn decide(
     State(gw): State<Gateway>,
     hop: Option<Extension<Hop>>,
     uri: Uri,
     headers: HeaderMap,
+    // The headers first: no body byte is read for a caller without credentials.
+    Caller { principal: who, .. }: Caller<LIMIT>,
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    const LIMIT: usize = 64 * 1024;
-    // The headers first: no body byte is read for a caller without credentials.
-    declared_within(&headers, LIMIT)?;
-    let who = principal(&gw, &headers)?;
     // Visibility next: a foreign caller learns nothing, not even that its body was bad.
     let record = gw.approvals().get(&id, &who).ok_or_else(not_found)?;
     let timeout = gw.config().server.body_read_timeout;
@@ -177,10 +176,12 @@ impl Authority {
 
 /// `GET /v1/approvals/events`: `created`, `decided`, `expired`, `cancelled` events of the
 /// approvals the caller may see, as SSE, with keep-alive comments.
-pub async fn events(State(gw): State<Gateway>, headers: HeaderMap) -> Result<Response, ApiError> {
-    let opened = principal(&gw, &headers)?;
+pub async fn events(State(gw): State<Gateway>, caller: Caller) -> Result<Response, ApiError> {
+    let Caller {
+        principal: opened,
+        credential,
+    } = caller;
     let slot = gw.open_stream(&opened)?;
-    let credential = super::authorization(&headers).map(|c| c.into_owned());
     let rx = gw.approvals().subscribe();
     let keepalive = gw.config().server.keepalive;
     let stop = gw.stopping();

@@ -6,6 +6,7 @@
 
 mod activity;
 mod approvals;
+mod caller;
 pub mod cluster;
 mod console;
 mod error;
@@ -25,6 +26,7 @@ use futures::StreamExt;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
 
+use self::caller::Caller;
 use crate::auth::Principal;
 use crate::engine::{Engine, EngineError, Leg, Slot};
 use crate::error::{ApiError, ErrorCode};

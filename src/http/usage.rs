@@ -4,13 +4,12 @@
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{principal, Gateway};
+use super::{Caller, Gateway};
 use crate::error::{ApiError, ErrorCode};
 use crate::store::{date_of, day_from_date, UsageQuery, UsageRow};
 use crate::turn::Usage;
@@ -49,10 +48,9 @@ pub struct Params {
 
 pub async fn usage(
     State(gw): State<Gateway>,
-    headers: HeaderMap,
+    Caller { principal: who, .. }: Caller,
     query: Result<Query<Params>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let who = principal(&gw, &headers)?;
     let Query(p) =
         query.map_err(|e| ApiError::invalid(format!("bad query string: {}", e.body_text())))?;
     let day = |value: Option<&str>, param: &'static str| {
