@@ -6,7 +6,7 @@
 //! This module knows no web framework and no wire format: each surface renders an `ApiError`
 //! in its own body shape (`surface::chat` in OpenAI's).
 
-/// Stable snake_case codes (the README's error table).
+/// Stable snake_case codes (the error table in `docs/src/http.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
     InvalidApiKey,

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// mimalloc: fewer instructions and less CPU per relayed request than the system allocator,
-/// measured by `bench/instructions.sh` and `bench/run.sh` (README, Benchmarks).
+/// measured by `bench/instructions.sh` and `bench/run.sh` (`docs/src/benchmarks.md`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -78,7 +78,7 @@ pub enum Thinking {
 }
 
 /// `thinking`: whether and how reasoning is shown, and the effort it stands for when no
-/// `output_config.effort` is given (README, "The Anthropic Messages API"): `disabled` is
+/// `output_config.effort` is given (`docs/src/apis/messages.md`): `disabled` is
 /// `minimal` (the least every reasoning backend takes), `adaptive` leaves the backend its own
 /// default, `enabled` maps `budget_tokens` below 4,096 to `low`, below 16,384 to `medium`,
 /// below 32,768 to `high` (Claude Code's 31,999), and beyond to `xhigh`.
@@ -324,8 +324,8 @@ impl Choice {
     }
 }
 
-/// What a Chat Completions upstream receives of the request's options (README, "The
-/// Anthropic Messages API").
+/// What a Chat Completions upstream receives of the request's options
+/// (`docs/src/apis/messages.md`).
 fn chat_options(req: &Request, effort: Option<Effort>) -> Map<String, Value> {
     let mut o = Map::new();
     let set = |v: &Option<Value>| v.as_ref().filter(|v| !v.is_null()).cloned();

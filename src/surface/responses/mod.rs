@@ -304,8 +304,8 @@ fn all_tools(req: &Request) -> std::borrow::Cow<'_, [Value]> {
     std::borrow::Cow::Owned(all)
 }
 
-/// What a Chat Completions upstream receives of the request's options (see README, "The
-/// Responses API").
+/// What a Chat Completions upstream receives of the request's options
+/// (`docs/src/apis/responses.md`).
 fn chat_options(req: &Request, effort: Option<Effort>) -> Map<String, Value> {
     let mut o = Map::new();
     if let Some(n) = req.max_output_tokens.as_ref().filter(|v| !v.is_null()) {
