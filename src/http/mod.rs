@@ -386,7 +386,7 @@ async fn healthz() -> Response {
 }
 
 /// `GET /readyz`: 200 when the store takes writes, the replica's lease is renewed (with
-/// `[cluster]`) and every agent backend has a live process; else 503. Each check is listed.
+/// `[cluster]`) and every backend can take a turn; else 503. Each check is listed.
 async fn readyz(State(gw): State<Gateway>) -> Response {
     let store = gw.store_ready();
     let lease = gw.lease_ready();
