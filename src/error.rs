@@ -124,13 +124,32 @@ impl ErrorCode {
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
-    pub param: Option<&'static str>,
+    pub param: Option<Param>,
     /// For `UpstreamRejected`: the upstream's status, type, code and param, relayed as is.
     pub upstream: Option<Box<UpstreamDetail>>,
     /// For `RateLimited`: whole seconds for the `Retry-After` header.
     pub retry_after: Option<u64>,
     /// Extra top-level body members (the settled approval of a 409).
     pub extra: Option<Box<(&'static str, serde_json::Value)>>,
+}
+
+/// The request field an error points at. The neutral ones are named by each surface in its
+/// own wire (`Surface::field`): the conversation is Chat's `messages` and Responses' `input`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Param {
+    /// The conversation as sent.
+    Conversation,
+    Tools,
+    ToolChoice,
+    Model,
+    /// A field of one surface's wire, named as that surface names it.
+    Field(&'static str),
+}
+
+impl From<&'static str> for Param {
+    fn from(name: &'static str) -> Param {
+        Param::Field(name)
+    }
 }
 
 /// An upstream's own rejection, relayed to the client as it was.
@@ -161,8 +180,8 @@ impl ApiError {
         }
     }
 
-    pub fn with_param(mut self, param: &'static str) -> Self {
-        self.param = Some(param);
+    pub fn with_param(mut self, param: impl Into<Param>) -> Self {
+        self.param = Some(param.into());
         self
     }
 
@@ -188,7 +207,7 @@ impl ApiError {
             ErrorCode::ModelNotFound,
             format!("The model `{model}` does not exist or you do not have access to it."),
         )
-        .with_param("model")
+        .with_param(Param::Model)
     }
 
     pub fn upstream() -> Self {

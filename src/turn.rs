@@ -6,35 +6,36 @@
 use serde_json::Value;
 use tokio::time::Instant;
 
-/// The client API a turn arrived on. A token is answered only on the surface that issued it,
-/// because each surface computes its fingerprint from its own canonical projection.
+/// The client API a turn arrived on (the tag stored with a suspension). A token is answered
+/// only on the surface that issued it, because each surface computes its fingerprint from its
+/// own canonical projection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Surface {
+pub enum SurfaceId {
     Chat,
     Responses,
     Messages,
 }
 
-impl Surface {
+impl SurfaceId {
     pub fn as_str(self) -> &'static str {
         match self {
-            Surface::Chat => "chat",
-            Surface::Responses => "responses",
-            Surface::Messages => "messages",
+            SurfaceId::Chat => "chat",
+            SurfaceId::Responses => "responses",
+            SurfaceId::Messages => "messages",
         }
     }
 
     /// A surface whose clients may answer by reference (`previous_response_id`): its
     /// suspensions keep the conversation so that the reference can be expanded.
     pub fn keeps_history(self) -> bool {
-        self == Surface::Responses
+        self == SurfaceId::Responses
     }
 
-    pub fn parse(s: &str) -> Option<Surface> {
+    pub fn parse(s: &str) -> Option<SurfaceId> {
         match s {
-            "chat" => Some(Surface::Chat),
-            "responses" => Some(Surface::Responses),
-            "messages" => Some(Surface::Messages),
+            "chat" => Some(SurfaceId::Chat),
+            "responses" => Some(SurfaceId::Responses),
+            "messages" => Some(SurfaceId::Messages),
             _ => None,
         }
     }
@@ -239,7 +240,7 @@ pub type DigestFn = fn(&Message) -> [u8; 32];
 /// One client request, translated by its surface.
 #[derive(Debug, Clone)]
 pub struct TurnInput {
-    pub surface: Surface,
+    pub surface: SurfaceId,
     /// How this surface digests the assistant message a suspension exposes.
     pub echo: EchoFn,
     /// How this surface digests one message (the assistant message a suspension exposes,
@@ -266,18 +267,44 @@ pub struct TurnInput {
     /// The trailing tool results answer the client's own call ids (not `srct-`): ordinary
     /// history that a stateless upstream receives as sent and a stateful backend refuses.
     pub client_tool_history: bool,
-    /// The request body as the client sent it, when the surface's wire is the one stateless
-    /// upstreams speak (Chat Completions): forwarded with only `model` renamed, so fields the
-    /// gateway does not interpret reach the upstream untouched.
-    pub native: Option<bytes::Bytes>,
-    /// Options a translated turn passes to a stateless upstream's Chat Completions body
-    /// (`max_tokens`, `temperature`, `reasoning_effort`, ...); empty for a native body.
-    pub chat_options: serde_json::Map<String, Value>,
+    /// The request body as the client sent it, for a backend that speaks the same wire: it
+    /// is relayed with only `model` renamed, so fields the gateway does not interpret reach
+    /// the upstream untouched.
+    pub passthrough: Option<Passthrough>,
+    /// Sampling options a backend that builds its own request body passes on.
+    pub sampling: Sampling,
     /// A turn of the gateway's own (a compaction's summary): it runs on a fresh thread and
     /// its thread is not kept for the conversation.
     pub ephemeral: bool,
     /// When the request arrived (the time until the backend is engaged is gateway overhead).
     pub arrived: Instant,
+}
+
+/// A wire format a request body can be relayed in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    ChatCompletions,
+}
+
+/// A client's request body as it came, in `wire`.
+#[derive(Debug, Clone)]
+pub struct Passthrough {
+    pub wire: Wire,
+    pub body: bytes::Bytes,
+}
+
+/// Sampling options as the client gave them (values relayed as sent; `None` when absent or
+/// null).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sampling {
+    pub max_tokens: Option<Value>,
+    pub temperature: Option<Value>,
+    pub top_p: Option<Value>,
+    pub stop: Option<Value>,
+    /// A key the provider's prompt cache may group requests by (it names no one).
+    pub cache_key: Option<Value>,
+    /// A structured-output request, in the Chat Completions shape.
+    pub response_format: Option<Value>,
 }
 
 /// Token usage of one leg.

@@ -379,7 +379,7 @@ pub enum BackendError {
     #[error("invalid request: {message}")]
     Invalid {
         message: String,
-        param: &'static str,
+        param: crate::error::Param,
     },
     /// A `tool_choice` this backend cannot enforce.
     #[error("unsupported tool_choice")]

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use super::digests::Digests;
-use crate::turn::Surface;
+use crate::turn::SurfaceId;
 
 /// Why a token stopped being pending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +56,7 @@ pub struct Batch<P> {
     pub principal: String,
     pub execution_id: String,
     pub model: String,
-    pub surface: Surface,
+    pub surface: SurfaceId,
     pub deadline: Instant,
     /// Token digests, in the order the calls were exposed.
     pub tokens: Vec<[u8; 32]>,
@@ -103,7 +103,7 @@ pub struct PendingView {
     pub batch: u64,
     pub execution_id: String,
     pub model: String,
-    pub surface: Surface,
+    pub surface: SurfaceId,
     pub deadline: Instant,
     pub digests: Digests,
     /// Token digests of the batch in exposure order.

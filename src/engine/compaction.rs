@@ -100,8 +100,8 @@ impl Engine {
             continuation: None,
             follows: None,
             client_tool_history: false,
-            native: None,
-            chat_options: Default::default(),
+            passthrough: None,
+            sampling: Default::default(),
             ephemeral: true,
             ..input
         };

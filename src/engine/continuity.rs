@@ -17,21 +17,26 @@ use tokio::time::Instant;
 
 use crate::backend::Idle;
 use crate::config::ContinuityConfig;
-use crate::turn::{Fingerprint, Surface};
+use crate::turn::{Fingerprint, SurfaceId};
 
 /// What a kept thread is bound to besides its conversation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Binding {
     pub principal: String,
     pub model: String,
-    pub surface: Surface,
+    pub surface: SurfaceId,
     pub tools: [u8; 32],
     /// The tool choice with the effort.
     pub tool_choice: [u8; 32],
 }
 
 impl Binding {
-    pub fn new(principal: &str, model: &str, surface: Surface, fingerprint: &Fingerprint) -> Self {
+    pub fn new(
+        principal: &str,
+        model: &str,
+        surface: SurfaceId,
+        fingerprint: &Fingerprint,
+    ) -> Self {
         Binding {
             principal: principal.to_string(),
             model: model.to_string(),
@@ -322,7 +327,7 @@ mod tests {
         Binding {
             principal: principal.into(),
             model: "codex".into(),
-            surface: Surface::Chat,
+            surface: SurfaceId::Chat,
             tools: [1; 32],
             tool_choice: [2; 32],
         }

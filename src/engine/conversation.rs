@@ -52,7 +52,7 @@ impl Engine {
                 return Err(EngineError::Backend(BackendError::Invalid {
                     message: "after a completed response, `input` must hold only new user messages"
                         .into(),
-                    param: "input",
+                    param: crate::error::Param::Conversation,
                 }));
             }
             metrics.continuity("hit", "");

@@ -7,7 +7,7 @@ use super::cluster::Owner;
 use crate::backend::BackendError;
 use crate::config::ConfigError;
 use crate::continuation::Reason;
-use crate::error::{ApiError, ErrorCode, UpstreamDetail};
+use crate::error::{ApiError, ErrorCode, Param, UpstreamDetail};
 use crate::store::StoreError;
 
 /// Why the gateway did not start (the process then exits 2 with it).
@@ -155,7 +155,7 @@ fn continuation(e: ContinuationError) -> ApiError {
             "The suspended turn is gone (backend or gateway restart); start a new turn.",
         ),
     };
-    e.with_param("messages")
+    e.with_param(Param::Conversation)
 }
 
 fn backend(e: BackendError) -> ApiError {
@@ -187,7 +187,7 @@ fn backend(e: BackendError) -> ApiError {
             ErrorCode::UnsupportedToolChoice,
             "This model supports tool_choice \"auto\" and \"none\" only.",
         )
-        .with_param("tool_choice"),
+        .with_param(Param::ToolChoice),
         BackendError::Unavailable(_) | BackendError::Rejected(_) => ApiError::upstream(),
     }
 }
@@ -274,6 +274,6 @@ mod tests {
         assert_eq!(status(ContinuationError::Revoked.into()), 403);
         let a = ApiError::from(EngineError::from(ContinuationError::NotFound));
         assert_eq!(a.code, ErrorCode::ContinuationNotFound);
-        assert_eq!(a.param, Some("messages"));
+        assert_eq!(a.param, Some(Param::Conversation));
     }
 }

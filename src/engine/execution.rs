@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::admission::Slot;
 use crate::backend::{HeldCall, Hold, Holds, Turn};
 use crate::continuation::Parked;
-use crate::turn::{DigestFn, EchoFn, Fingerprint, Message, Surface, TurnInput};
+use crate::turn::{DigestFn, EchoFn, Fingerprint, Message, SurfaceId, TurnInput};
 
 /// The identity of an execution, shared by every state it goes through.
 #[derive(Debug, Clone)]
@@ -16,7 +16,7 @@ pub struct ExecutionMeta {
     pub id: String,
     pub principal: String,
     pub model: String,
-    pub surface: Surface,
+    pub surface: SurfaceId,
     pub created: u64,
 }
 

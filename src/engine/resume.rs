@@ -25,7 +25,7 @@ use crate::auth::Principal;
 use crate::backend::{Answer, Hold, Holds, LegRequest, Resume};
 use crate::continuation::canonical::digest_of_digests;
 use crate::continuation::{Batch, Digests, PendingView, Reason};
-use crate::turn::{Continuation, Surface, TurnInput};
+use crate::turn::{Continuation, SurfaceId, TurnInput};
 
 fn mismatch(why: impl Into<String>) -> ContinuationError {
     ContinuationError::Mismatch(why.into())
@@ -128,7 +128,7 @@ pub(super) struct Taken {
     principal: String,
     execution_id: String,
     model: String,
-    surface: Surface,
+    surface: SurfaceId,
     deadline: Instant,
     tokens: Vec<[u8; 32]>,
     digests: Digests,

@@ -498,7 +498,7 @@ fn check_is_pure_and_ordered() {
         batch: 1,
         execution_id: "exe-1".into(),
         model: "m".into(),
-        surface: crate::turn::Surface::Chat,
+        surface: crate::turn::SurfaceId::Chat,
         deadline: Instant::now(),
         digests: Digests {
             tools: [0; 32],

@@ -10,10 +10,11 @@ use axum::Json;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::{Caller, Gateway};
+use super::Caller;
 use crate::auth::Principal;
+use crate::engine::Engine;
 
-pub async fn whoami(State(gw): State<Gateway>, caller: Caller) -> Json<Value> {
+pub async fn whoami(State(gw): State<Engine>, caller: Caller) -> Json<Value> {
     let who = caller.principal;
     Json(json!({
         "object": "principal",
@@ -25,11 +26,9 @@ pub async fn whoami(State(gw): State<Gateway>, caller: Caller) -> Json<Value> {
 
 /// A `GET` route answering the caller's view of one read model as a list.
 pub fn listing<T: Serialize + 'static>(
-    read: fn(&Gateway, &Principal) -> Vec<T>,
-) -> MethodRouter<Gateway> {
-    get(
-        move |State(gw): State<Gateway>, caller: Caller| async move {
-            Json(json!({"object": "list", "data": read(&gw, &caller.principal)}))
-        },
-    )
+    read: fn(&Engine, &Principal) -> Vec<T>,
+) -> MethodRouter<Engine> {
+    get(move |State(gw): State<Engine>, caller: Caller| async move {
+        Json(json!({"object": "list", "data": read(&gw, &caller.principal)}))
+    })
 }

@@ -15,9 +15,11 @@ use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::cluster::{to_owner, Hop, Replay};
-use super::{holding, read_body, Caller, Gateway};
+use super::turn::holding;
+use super::{read_body, Caller};
 use crate::approvals::{to_json, visible, ApprovalState, DecideError, SettleReason};
 use crate::engine::ApprovalRoute;
+use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
 
 /// The longest reason a decision may carry.
@@ -35,7 +37,7 @@ pub struct ListQuery {
 }
 
 pub async fn list(
-    State(gw): State<Gateway>,
+    State(gw): State<Engine>,
     Caller { principal: who, .. }: Caller,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -68,7 +70,7 @@ pub async fn list(
 }
 
 pub async fn show(
-    State(gw): State<Gateway>,
+    State(gw): State<Engine>,
     Caller { principal: who, .. }: Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -95,7 +97,7 @@ enum DecisionValue {
 const LIMIT: usize = 64 * 1024;
 
 pub async fn decide(
-    State(gw): State<Gateway>,
+    State(gw): State<Engine>,
     hop: Option<Extension<Hop>>,
     uri: Uri,
     headers: HeaderMap,
@@ -162,7 +164,7 @@ pub async fn decide(
 /// grants it. The stream ends when the key or issuer is gone, the token expired, or the
 /// principal's approver role changed.
 struct Authority {
-    gw: Gateway,
+    gw: Engine,
     credential: Option<String>,
     opened: crate::auth::Principal,
 }
@@ -176,7 +178,7 @@ impl Authority {
 
 /// `GET /v1/approvals/events`: `created`, `decided`, `expired`, `cancelled` events of the
 /// approvals the caller may see, as SSE, with keep-alive comments.
-pub async fn events(State(gw): State<Gateway>, caller: Caller) -> Result<Response, ApiError> {
+pub async fn events(State(gw): State<Engine>, caller: Caller) -> Result<Response, ApiError> {
     let Caller {
         principal: opened,
         credential,

@@ -5,8 +5,9 @@
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 
-use super::{authorization, declared_within, Gateway};
+use super::{authorization, declared_within};
 use crate::auth::Principal;
+use crate::engine::Engine;
 use crate::error::ApiError;
 
 /// The authenticated caller of a route whose body is at most `LIMIT` bytes (no limit by
@@ -17,10 +18,10 @@ pub struct Caller<const LIMIT: usize = { usize::MAX }> {
     pub credential: Option<String>,
 }
 
-impl<const LIMIT: usize> FromRequestParts<Gateway> for Caller<LIMIT> {
+impl<const LIMIT: usize> FromRequestParts<Engine> for Caller<LIMIT> {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, gw: &Engine) -> Result<Self, ApiError> {
         declared_within(&parts.headers, LIMIT)?;
         let credential = authorization(&parts.headers);
         let principal = gw.authenticate(credential.as_deref())?;

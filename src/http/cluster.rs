@@ -15,8 +15,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 
-use super::Gateway;
 use crate::continuation::Reason;
+use crate::engine::Engine;
 use crate::engine::{ContinuationError, EngineError, Owner, OwnerFate};
 use crate::error::{ApiError, ErrorCode};
 
@@ -28,11 +28,11 @@ pub const KEY_HEADER: &str = "x-turnstile-cluster-key";
 pub struct Hop;
 
 /// The internal listener's router: every public route, behind the shared key.
-pub fn internal_router(gw: Gateway) -> Router {
+pub fn internal_router(gw: Engine) -> Router {
     super::router(gw.clone()).layer(middleware::from_fn_with_state(gw, require_key))
 }
 
-async fn require_key(State(gw): State<Gateway>, mut req: Request, next: Next) -> Response {
+async fn require_key(State(gw): State<Engine>, mut req: Request, next: Next) -> Response {
     let presented = req.headers().get(KEY_HEADER).map(|v| v.as_bytes());
     if !presented.is_some_and(|k| gw.cluster_key_matches(k)) {
         return ApiError::new(
@@ -87,7 +87,7 @@ fn hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// One attempt: the owner's answer, or None when it could not be reached.
-async fn send(gw: &Gateway, what: &'static str, owner: &Owner, r: &Replay<'_>) -> Option<Response> {
+async fn send(gw: &Engine, what: &'static str, owner: &Owner, r: &Replay<'_>) -> Option<Response> {
     let path = r.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut req = client()
         .post(format!("{}{path}", owner.url))
@@ -123,7 +123,7 @@ async fn send(gw: &Gateway, what: &'static str, owner: &Owner, r: &Replay<'_>) -
 /// Relays the request to the owner. An owner that cannot be reached is waited for (at most a
 /// lease): renewed, it is tried once more; lapsed, its held turn is `continuation_lost`.
 pub(super) async fn to_owner(
-    gw: &Gateway,
+    gw: &Engine,
     what: &'static str,
     owner: Owner,
     r: &Replay<'_>,

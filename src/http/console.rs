@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use super::Gateway;
+use crate::engine::Engine;
 
 /// The policy of every console response.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
@@ -41,7 +41,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-pub fn routes() -> Router<Gateway> {
+pub fn routes() -> Router<Engine> {
     ASSETS
         .iter()
         .fold(Router::new(), |router, &(path, content_type, body)| {

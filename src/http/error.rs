@@ -1,6 +1,6 @@
 //! How an [`ApiError`] becomes a response: the status it decides, the body in the route's
-//! shape (OpenAI's, the chat surface's, which every non-surface route shares; Anthropic's on the
-//! Messages routes, through [`Anthropic`]), the stable code in `x-turnstile-error-code`,
+//! shape (OpenAI's, the chat surface's, which every non-surface route shares; a surface's own on
+//! its routes, through `turn::SurfaceError`), the stable code in `x-turnstile-error-code`,
 //! `WWW-Authenticate` on 401 and `Retry-After` on 429. The code goes into the response's
 //! extensions so the request log line names it once, at the boundary.
 
@@ -9,34 +9,11 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use crate::error::{ApiError, ErrorCode};
-use crate::surface::{chat, messages};
+use crate::surface::chat;
 
 /// The error code of a response, for the request log.
 #[derive(Clone, Copy)]
 pub struct Code(pub &'static str);
-
-/// An error on an Anthropic Messages route: the Anthropic body, and `x-should-retry: false`
-/// where a retry cannot succeed (409, 410), which the Anthropic SDKs would otherwise retry.
-pub struct Anthropic(pub ApiError);
-
-impl From<ApiError> for Anthropic {
-    fn from(e: ApiError) -> Self {
-        Anthropic(e)
-    }
-}
-
-impl IntoResponse for Anthropic {
-    fn into_response(self) -> Response {
-        let body = messages::error_body(&self.0);
-        let futile = matches!(self.0.status(), 409 | 410);
-        let mut resp = render(self.0, body);
-        if futile {
-            resp.headers_mut()
-                .insert("x-should-retry", HeaderValue::from_static("false"));
-        }
-        resp
-    }
-}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -45,7 +22,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn render(e: ApiError, body: Value) -> Response {
+/// The response of `e` with `body` (a surface's shape of it).
+pub(super) fn render(e: ApiError, body: Value) -> Response {
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut resp = (status, axum::Json(body)).into_response();
     resp.headers_mut().insert(

@@ -1,56 +1,28 @@
 //! The Anthropic Messages routes: `POST /v1/messages` (the `?beta=true` query Claude Code sends
 //! is accepted and ignored), `POST /v1/messages/count_tokens` (an estimate, see
 //! `surface::messages::estimate_tokens`) and the Anthropic form of `GET /v1/models` (chosen by
-//! the `anthropic-version` header). Every error here has the Anthropic shape ([`Anthropic`]).
+//! the `anthropic-version` header); `POST /v1/messages` itself is the generic turn handler.
+//! Every error here has the Anthropic shape ([`Anthropic`]).
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::Extension;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::error::Anthropic;
-use super::{
-    admitted, answered, cluster, holding, keep_raw, principal, run, sse, stream_place, Gateway, Ran,
-};
+use super::turn::SurfaceError;
+use super::{admitted, principal};
+use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
-use crate::surface::messages;
+use crate::surface::{messages, Messages};
 
-/// `POST /v1/messages`.
-pub(super) async fn create(
-    State(gw): State<Gateway>,
-    hop: Option<Extension<cluster::Hop>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, Anthropic> {
-    let mut a = admitted(&gw, &headers, body).await?;
-    let raw = keep_raw(&gw, &a);
-    let bytes = std::mem::take(&mut a.bytes);
-    let (input, framing) = messages::parse(&bytes, a.arrived)?;
-    drop(bytes);
-    let slot = stream_place(&gw, &a, framing.stream)?;
-    let leg = match run(&gw, &a.principal, input, hop, (&uri, &headers, raw))
-        .await
-        .map_err(ApiError::from)?
-    {
-        Ran::Here(leg) => leg,
-        Ran::Relayed(resp) => return Ok(holding(resp, slot)),
-    };
-    let execution = leg.execution_id.clone();
-    let resp = if framing.stream {
-        sse(messages::framing::stream(leg, framing, a.cfg.server.keepalive).await?)
-    } else {
-        Json(messages::framing::collect(leg, framing).await?).into_response()
-    };
-    Ok(answered(&gw, &a, execution, holding(resp, slot)))
-}
+/// An error on a Messages route, in the Anthropic shape.
+type Anthropic = SurfaceError<Messages>;
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": n}` for a model the principal may use.
 pub(super) async fn count_tokens(
-    State(gw): State<Gateway>,
+    State(gw): State<Engine>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Anthropic> {
@@ -80,7 +52,7 @@ struct Page {
 /// `?limit=1000`): the caller's models in config order, a page of `limit` (default 20, 1 to
 /// 1000) after `after_id` or before `before_id`. A cursor the caller cannot see gives an
 /// empty page.
-pub(super) fn models(gw: &Gateway, headers: &HeaderMap, uri: &Uri) -> Result<Response, Anthropic> {
+pub(super) fn models(gw: &Engine, headers: &HeaderMap, uri: &Uri) -> Result<Response, Anthropic> {
     let principal = principal(gw, headers)?;
     let page = axum::extract::Query::<Page>::try_from_uri(uri)
         .map_err(|_| {
@@ -119,7 +91,7 @@ pub(super) fn models(gw: &Gateway, headers: &HeaderMap, uri: &Uri) -> Result<Res
 }
 
 /// `GET /v1/models/{id}` for an Anthropic client.
-pub(super) fn model_of(gw: &Gateway, headers: &HeaderMap, id: &str) -> Result<Response, Anthropic> {
+pub(super) fn model_of(gw: &Engine, headers: &HeaderMap, id: &str) -> Result<Response, Anthropic> {
     let principal = principal(gw, headers)?;
     if !gw.models_for(&principal).iter().any(|m| m == id) {
         return Err(ApiError::model_not_found(id).into());
@@ -129,8 +101,9 @@ pub(super) fn model_of(gw: &Gateway, headers: &HeaderMap, id: &str) -> Result<Re
 
 /// Another method on a Messages route.
 pub(super) async fn method_not_allowed() -> Anthropic {
-    Anthropic(ApiError::new(
+    ApiError::new(
         ErrorCode::MethodNotAllowed,
         "Method not allowed on this route.",
-    ))
+    )
+    .into()
 }

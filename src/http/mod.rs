@@ -13,6 +13,7 @@ mod error;
 mod messages;
 mod responses;
 mod responses_ws;
+mod turn;
 mod usage;
 
 use axum::body::{Body, Bytes};
@@ -21,31 +22,28 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
-use futures::StreamExt;
+use axum::{Json, Router};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
 
 use self::caller::Caller;
+use self::turn::{turn, SurfaceError};
 use crate::auth::Principal;
-use crate::engine::{Engine, EngineError, Leg, Slot};
+use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
-use crate::surface::chat;
-use crate::turn::TurnInput;
-
-type Gateway = Engine;
+use crate::surface::{Chat, Messages, Responses};
 
 pub fn router(gw: Engine) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(chat))
+        .route("/v1/chat/completions", post(turn::<Chat>))
         .route(
             "/v1/responses",
-            post(responses::create).get(responses_ws::upgrade),
+            post(turn::<Responses>).get(responses_ws::upgrade),
         )
         .route("/v1/responses/compact", post(responses::compact))
         .route(
             "/v1/messages",
-            post(messages::create).fallback(messages::method_not_allowed),
+            post(turn::<Messages>).fallback(messages::method_not_allowed),
         )
         .route(
             "/v1/messages/count_tokens",
@@ -85,7 +83,7 @@ pub fn router(gw: Engine) -> Router {
 async fn not_found(uri: axum::http::Uri) -> Response {
     let e = ApiError::new(ErrorCode::NotFound, "Unknown route.");
     if uri.path().starts_with("/v1/messages") {
-        return error::Anthropic(e).into_response();
+        return SurfaceError::<Messages>::from(e).into_response();
     }
     e.into_response()
 }
@@ -99,14 +97,14 @@ async fn method_not_allowed() -> ApiError {
 
 /// The execution a response belongs to, for the request log line.
 #[derive(Clone, Default)]
-struct ExecutionId(String);
+pub(super) struct ExecutionId(String);
 
 /// One log line per request: request id, method, route, status, execution id, duration.
 /// Never bodies, headers or credentials. Served requests log at info, gateway failures (5xx)
 /// at error, rejections (4xx: a client's mistake, or forged tokens by the thousand) at debug:
 /// they are counted in `/metrics`, and a flood of them never floods the log. Also counts
 /// requests for `/metrics` and sets `x-request-id`.
-async fn log_request(State(gw): State<Gateway>, req: Request, next: Next) -> Response {
+async fn log_request(State(gw): State<Engine>, req: Request, next: Next) -> Response {
     let started = tokio::time::Instant::now();
     let request_id = crate::ids::request_id();
     let method = req.method().clone();
@@ -145,7 +143,7 @@ async fn log_request(State(gw): State<Gateway>, req: Request, next: Next) -> Res
 
 /// Public (a scraper needs no credential), but only an approver's scrape names principals:
 /// another principal's usage is not for anyone who can reach the listener.
-async fn metrics(State(gw): State<Gateway>, headers: HeaderMap) -> Response {
+async fn metrics(State(gw): State<Engine>, headers: HeaderMap) -> Response {
     let clients = principal(&gw, &headers).is_ok_and(|p| p.approver);
     let text = gw.metrics().render(&gw.gauges(), clients);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
@@ -198,39 +196,26 @@ async fn read_body(
     }
 }
 
-fn principal(gw: &Gateway, headers: &HeaderMap) -> Result<Principal, ApiError> {
+fn principal(gw: &Engine, headers: &HeaderMap) -> Result<Principal, ApiError> {
     gw.authenticate(authorization(headers).as_deref())
 }
 
-fn sse(
-    stream: futures::stream::BoxStream<'static, Result<Bytes, std::convert::Infallible>>,
-) -> Response {
-    let mut resp = Body::from_stream(stream).into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(
-        header::CACHE_CONTROL,
-        header::HeaderValue::from_static("no-cache"),
-    );
-    h.insert("x-accel-buffering", header::HeaderValue::from_static("no"));
-    resp
-}
-
-/// What every surface handler does first, in this order: a declared length over the limit is
+/// What every handler that reads a body does first, in this order: a declared length over the limit is
 /// 413 and a request without valid credentials 401, both from the headers alone (no body
 /// byte is read, so an unauthenticated caller costs no memory, and the connection closes);
 /// only then the body, under the limit (413 before any parsing or digest work).
-struct Admitted {
+pub(super) struct Admitted {
     arrived: tokio::time::Instant,
     cfg: std::sync::Arc<crate::config::Config>,
     bytes: Bytes,
     principal: Principal,
 }
 
-async fn admitted(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Admitted, ApiError> {
+pub(super) async fn admitted(
+    gw: &Engine,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Admitted, ApiError> {
     let arrived = tokio::time::Instant::now();
     let cfg = gw.config();
     let server = &cfg.server;
@@ -245,105 +230,12 @@ async fn admitted(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Admit
     })
 }
 
-/// A streamed answer's place among the principal's open streams: 429 over its bound, before
-/// the turn runs, so a refusal consumes nothing. `None` for an answer that is not streamed.
-fn stream_place(gw: &Gateway, a: &Admitted, stream: bool) -> Result<Option<Slot>, ApiError> {
-    match stream {
-        true => Ok(Some(gw.open_stream(&a.principal)?)),
-        false => Ok(None),
-    }
-}
-
-/// The response, holding `slot` until its body is done (sent, or dropped with the
-/// connection).
-fn holding(resp: Response, slot: Option<Slot>) -> Response {
-    let Some(slot) = slot else {
-        return resp;
-    };
-    resp.map(|body| {
-        Body::from_stream(body.into_data_stream().map(move |chunk| {
-            let _held = &slot;
-            chunk
-        }))
-    })
-}
-
-/// Where a turn ran: here, or on the replica that holds it (its answer relayed as it came).
-enum Ran {
-    Here(Leg),
-    Relayed(Response),
-}
-
-/// Runs the turn, or relays the request to the replica that holds its turn. `raw` is the
-/// body as received (kept only on a replica, which may have to send it on).
-async fn run(
-    gw: &Gateway,
-    principal: &Principal,
-    input: TurnInput,
-    hop: Option<Extension<cluster::Hop>>,
-    replay: (&Uri, &HeaderMap, Option<Bytes>),
-) -> Result<Ran, EngineError> {
-    match gw.execute_hop(principal, input, hop.is_some()).await {
-        Ok(leg) => Ok(Ran::Here(leg)),
-        Err(EngineError::Forward(owner)) => {
-            let (uri, headers, body) = replay;
-            let replay = cluster::Replay {
-                uri,
-                headers,
-                body: body.unwrap_or_default(),
-            };
-            let resp = cluster::to_owner(gw, "continuation", owner, &replay).await?;
-            Ok(Ran::Relayed(resp))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// The body as received, on a replica (a continuation may be relayed to its owner).
-fn keep_raw(gw: &Gateway, a: &Admitted) -> Option<Bytes> {
-    gw.replica_id().map(|_| a.bytes.clone())
-}
-
-/// What every surface handler does last: time to first byte (for streams, when headers and
-/// the first bytes are ready to go) and the execution id for the log line.
-fn answered(gw: &Gateway, a: &Admitted, execution: String, mut resp: Response) -> Response {
-    gw.metrics().ttfb.observe(a.arrived.elapsed());
-    resp.extensions_mut().insert(ExecutionId(execution));
-    resp
-}
-
-/// `POST /v1/chat/completions`.
-async fn chat(
-    State(gw): State<Gateway>,
-    hop: Option<Extension<cluster::Hop>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let mut a = admitted(&gw, &headers, body).await?;
-    let raw = keep_raw(&gw, &a);
-    let (input, framing) = chat::parse(std::mem::take(&mut a.bytes), a.arrived)?;
-    let slot = stream_place(&gw, &a, framing.stream)?;
-    let leg = match run(&gw, &a.principal, input, hop, (&uri, &headers, raw)).await? {
-        Ran::Here(leg) => leg,
-        Ran::Relayed(resp) => return Ok(holding(resp, slot)),
-    };
-    let execution = leg.execution_id.clone();
-    let resp = if framing.stream {
-        let keepalive = a.cfg.server.keepalive;
-        sse(chat::framing::stream(leg, framing.include_usage, keepalive).await?)
-    } else {
-        chat::framing::collect(leg).await?.into_response()
-    };
-    Ok(answered(&gw, &a, execution, holding(resp, slot)))
-}
-
 /// Whether a request comes from an Anthropic client (it names the API version).
 fn anthropic(headers: &HeaderMap) -> bool {
     headers.contains_key("anthropic-version")
 }
 
-async fn models(State(gw): State<Gateway>, headers: HeaderMap, uri: Uri) -> Response {
+async fn models(State(gw): State<Engine>, headers: HeaderMap, uri: Uri) -> Response {
     if anthropic(&headers) {
         return messages::models(&gw, &headers, &uri).into_response();
     }
@@ -351,7 +243,7 @@ async fn models(State(gw): State<Gateway>, headers: HeaderMap, uri: Uri) -> Resp
 }
 
 async fn model(
-    State(gw): State<Gateway>,
+    State(gw): State<Engine>,
     axum::extract::Path(id): axum::extract::Path<String>,
     headers: HeaderMap,
 ) -> Response {
@@ -371,7 +263,7 @@ async fn model(
     }
 }
 
-fn openai_models(gw: &Gateway, headers: &HeaderMap) -> Result<Response, ApiError> {
+fn openai_models(gw: &Engine, headers: &HeaderMap) -> Result<Response, ApiError> {
     let principal = principal(gw, headers)?;
     let data: Vec<_> = gw
         .models_for(&principal)
@@ -387,7 +279,7 @@ async fn healthz() -> Response {
 
 /// `GET /readyz`: 200 when the store takes writes, the replica's lease is renewed (with
 /// `[cluster]`) and every backend can take a turn; else 503. Each check is listed.
-async fn readyz(State(gw): State<Gateway>) -> Response {
+async fn readyz(State(gw): State<Engine>) -> Response {
     let store = gw.store_ready();
     let lease = gw.lease_ready();
     let backends = gw.backends_ready();

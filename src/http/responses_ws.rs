@@ -29,20 +29,20 @@ use futures::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
-use super::responses::{plan, Plan};
-use super::{run, Gateway, Ran};
+use super::turn::{run, Planner, Ran};
 use crate::auth::Principal;
 use crate::backend::upstream::client::{SseEvent, SseSplitter};
+use crate::engine::Engine;
 use crate::engine::Slot;
 use crate::error::{ApiError, ErrorCode};
-use crate::surface::responses;
 use crate::surface::responses::framing::{finished, Framer};
+use crate::surface::responses::{self, Prepared};
 
 /// The upgrade: a plain GET is 405 (the route is POST); credentials are checked from the
 /// headers (401) and a place among the principal's open streams is taken (429) before
 /// upgrading.
 pub(super) async fn upgrade(
-    State(gw): State<Gateway>,
+    State(gw): State<Engine>,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
@@ -80,7 +80,7 @@ struct Previous {
 
 struct Socket {
     id: String,
-    gw: Gateway,
+    gw: Engine,
     principal: Principal,
     /// The upgrade request's headers: the credential, re-checked before every response, and
     /// what a continuation relayed to its owner replica carries.
@@ -258,15 +258,18 @@ impl Socket {
                 &headers,
                 gw.replica_id().map(|_| Bytes::from(bytes.clone())),
             );
+            let host = Planner {
+                gw: &gw,
+                principal: &principal,
+            };
             let planned = match responses::read(&bytes) {
-                Ok(req) => plan(&gw, &principal, req, arrived, false).await,
+                Ok(req) => responses::prepare(req, arrived, &host, false).await,
                 Err(e) => Err(e),
             };
-            let fail =
-                |e: ApiError| futures::stream::iter([error_event(responses::on_input(e))]).boxed();
+            let fail = |e: ApiError| futures::stream::iter([error_event(e)]).boxed();
             let (input, framing) = match planned {
-                Ok((Plan::Turn(input), framing)) => (input, framing),
-                Ok((Plan::Finished { id, output, usage }, framing)) => {
+                Ok((Prepared::Turn(input), framing)) => (input, framing),
+                Ok((Prepared::Finished { id, output, usage }, framing)) => {
                     return futures::stream::iter(finished(framing, &id, output, usage)).boxed()
                 }
                 Err(e) => return fail(e),
@@ -328,7 +331,7 @@ async fn leg_events(
     use crate::engine::{EngineError, LegEvent};
     let first = match crate::surface::sse::first_event(&mut leg, keepalive).await {
         Ok(first) => first,
-        Err(e) => return futures::stream::iter([error_event(responses::on_input(e))]).boxed(),
+        Err(e) => return futures::stream::iter([error_event(e)]).boxed(),
     };
     let mut framer = Framer::new(&leg, framing);
     let mut head = framer.opening();
@@ -398,7 +401,7 @@ async fn relayed_events(resp: Response) -> BoxStream<'static, Value> {
 /// would have answered.
 fn error_event(e: ApiError) -> Value {
     let status = e.status();
-    let mut v = responses::error_body(e);
+    let mut v = responses::error_body(&e);
     v["type"] = json!("error");
     v["status"] = json!(status);
     v
@@ -452,7 +455,8 @@ mod tests {
     #[test]
     fn an_error_event_carries_the_status_and_the_openai_body() {
         let e = error_event(
-            ApiError::new(ErrorCode::ContinuationNotFound, "gone").with_param("messages"),
+            ApiError::new(ErrorCode::ContinuationNotFound, "gone")
+                .with_param(crate::error::Param::Conversation),
         );
         assert_eq!(e["type"], "error");
         assert_eq!(e["status"], 404);

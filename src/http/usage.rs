@@ -9,7 +9,8 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{Caller, Gateway};
+use super::Caller;
+use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
 use crate::store::{date_of, day_from_date, UsageQuery, UsageRow};
 use crate::turn::Usage;
@@ -47,7 +48,7 @@ pub struct Params {
 }
 
 pub async fn usage(
-    State(gw): State<Gateway>,
+    State(gw): State<Engine>,
     Caller { principal: who, .. }: Caller,
     query: Result<Query<Params>, QueryRejection>,
 ) -> Result<Response, ApiError> {

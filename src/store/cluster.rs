@@ -10,7 +10,7 @@ use super::db::{vals, Row};
 use super::suspensions::{durable_rows, unpack, DURABLE_COLUMNS};
 use super::{lose_owner, now_unix, Store, StoreError, StoredSuspension};
 use crate::continuation::Digests;
-use crate::turn::Surface;
+use crate::turn::SurfaceId;
 
 /// A replica's lease as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +39,7 @@ pub enum RemotePending {
         execution_id: String,
         principal: String,
         model: String,
-        surface: Surface,
+        surface: SurfaceId,
         deadline_ms: u64,
         digests: Digests,
         /// The batch's token digests in exposure order.
@@ -187,7 +187,7 @@ impl Store {
                     return Ok(None);
                 };
                 let (Some(surface), Some(digests)) = (
-                    Surface::parse(&first.t(4)?),
+                    SurfaceId::parse(&first.t(4)?),
                     first.ob(6)?.as_deref().and_then(unpack),
                 ) else {
                     return Ok(None);

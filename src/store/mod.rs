@@ -417,7 +417,7 @@ fn sqlite_file(path: &Path) -> Result<Db, StoreError> {
 mod tests {
     use super::*;
     use crate::continuation::Digests;
-    use crate::turn::Surface;
+    use crate::turn::SurfaceId;
 
     /// Records a held turn's pending tokens.
     pub(super) fn held(s: &Store, execution_id: &str, principal: &str, tokens: &[[u8; 32]]) {
@@ -431,7 +431,7 @@ mod tests {
             execution_id,
             principal,
             model: "m",
-            surface: Surface::Chat,
+            surface: SurfaceId::Chat,
             deadline_ms: u64::MAX / 2,
             digests: &digests,
             tokens,

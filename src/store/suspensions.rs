@@ -7,14 +7,14 @@ use super::db::{vals, Row, Tx};
 use super::{now_unix, Store, StoreError};
 use crate::continuation::Digests;
 use crate::digest::log_ref;
-use crate::turn::Surface;
+use crate::turn::SurfaceId;
 
 /// A suspension about to be exposed (register-before-exposure).
 pub struct SuspensionRecord<'a> {
     pub execution_id: &'a str,
     pub principal: &'a str,
     pub model: &'a str,
-    pub surface: Surface,
+    pub surface: SurfaceId,
     /// Unix milliseconds.
     pub deadline_ms: u64,
     pub digests: &'a Digests,
@@ -32,7 +32,7 @@ pub struct StoredSuspension {
     pub execution_id: String,
     pub principal: String,
     pub model: String,
-    pub surface: Surface,
+    pub surface: SurfaceId,
     pub deadline_ms: u64,
     pub digests: Digests,
     pub tokens: Vec<[u8; 32]>,
@@ -70,7 +70,7 @@ pub(super) fn durable_rows(rows: &[Row]) -> Result<Vec<StoredSuspension>, StoreE
     let mut out: Vec<StoredSuspension> = Vec::new();
     for r in rows {
         let (Some(token), Some(digests), Some(surface)) =
-            (r.digest(0)?, unpack(&r.b(5)?), Surface::parse(&r.t(9)?))
+            (r.digest(0)?, unpack(&r.b(5)?), SurfaceId::parse(&r.t(9)?))
         else {
             continue;
         };
@@ -229,7 +229,7 @@ mod tests {
             execution_id: "exe-1",
             principal: "alice",
             model: "m",
-            surface: Surface::Chat,
+            surface: SurfaceId::Chat,
             deadline_ms: 99,
             digests: &digests,
             tokens: &[[7; 32], [8; 32]],
@@ -268,7 +268,7 @@ mod tests {
                 execution_id: exe,
                 principal: "alice",
                 model: "m",
-                surface: Surface::Chat,
+                surface: SurfaceId::Chat,
                 deadline_ms: u64::MAX / 2,
                 digests: &digests,
                 tokens: &[token],

@@ -1,15 +1,117 @@
-//! Client surfaces: one module per client API. A surface owns its wire types, its tolerant
-//! parsing into a neutral [`crate::turn::TurnInput`], its canonical projection for the
-//! continuation digests, its continuation detection, its response and stream framing and its
-//! error body shape. Nothing else knows a client wire format.
+//! Client surfaces: one module per client API, each an implementation of [`Surface`]. A surface
+//! owns its wire types, its tolerant parsing into a neutral [`TurnInput`] (through the shared
+//! steps in `turn.rs`), its response and stream framing, its error body shape and its own names
+//! for the neutral error parameters. `canonical.rs` holds the projections every surface digests
+//! with. Nothing else knows a client wire format; the HTTP layer serves every turn route with
+//! one generic handler over this trait.
 
+pub mod canonical;
 pub mod chat;
 pub mod messages;
 pub mod responses;
 pub mod sse;
+pub mod turn;
 
-use crate::continuation::token::{classify, Run, RunError};
-use crate::error::{ApiError, ErrorCode};
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use serde_json::Value;
+use tokio::time::Instant;
+
+pub use self::chat::Chat;
+pub use self::messages::Messages;
+pub use self::responses::Responses;
+use crate::engine::Leg;
+use crate::error::{ApiError, Param};
+use crate::turn::{SurfaceId, TurnInput, Usage};
+
+/// One client API.
+pub trait Surface: Send + Sync + 'static {
+    const ID: SurfaceId;
+    /// Whether a refusal that a retry cannot change (409, 410) says so to the client's SDK
+    /// (`x-should-retry: false`), which would otherwise retry it.
+    const SAYS_FUTILE: bool = false;
+    /// A request read from its body: shapes checked, nothing looked up yet.
+    type Request: Send;
+    /// What framing the answer needs besides the leg.
+    type Framing: Send + 'static;
+
+    /// Reads a request body (400 on a bad shape).
+    fn read(body: Bytes, arrived: Instant) -> Result<Self::Request, ApiError>;
+
+    /// Whether the answer is streamed (its place among the principal's streams is taken
+    /// before anything runs).
+    fn streams(req: &Self::Request) -> bool;
+
+    /// What the request comes to: a turn to run, or an answer that needs none.
+    fn plan<H: Host>(
+        req: Self::Request,
+        host: &H,
+    ) -> impl Future<Output = Result<(Plan, Self::Framing), ApiError>> + Send;
+
+    /// The streamed answer of a leg.
+    fn stream(
+        leg: Leg,
+        framing: Self::Framing,
+        keepalive: Duration,
+    ) -> impl Future<Output = Result<sse::Body, ApiError>> + Send;
+
+    /// The whole answer of a leg, once it ends.
+    fn collect(
+        leg: Leg,
+        framing: Self::Framing,
+    ) -> impl Future<Output = Result<Answer, ApiError>> + Send;
+
+    /// This surface's name for a neutral error parameter.
+    fn field(p: Param) -> &'static str;
+
+    /// The error body in this surface's shape.
+    fn error_body(e: &ApiError) -> Value;
+}
+
+/// What a request comes to.
+// Built once per request and taken apart at once: boxing the turn would cost every request an
+// allocation to save a few hundred bytes of stack.
+#[allow(clippy::large_enum_variant)]
+pub enum Plan {
+    Turn(TurnInput),
+    /// An answer that runs no leg (a Responses prewarm or compaction).
+    Done(Reply),
+}
+
+/// An answer, streamed or whole.
+pub enum Reply {
+    Stream(sse::Body),
+    Whole(Answer),
+}
+
+/// A whole answer: built here, or an upstream's own JSON body relayed as it came.
+pub enum Answer {
+    Json(Value),
+    Raw(Bytes),
+}
+
+/// What a surface may ask of the gateway while planning, for the request's principal.
+pub trait Host: Sync {
+    /// The summary a compaction handle stands for; `None` when the principal has no such
+    /// handle.
+    fn compacted(&self, handle: &str) -> Result<Option<String>, ApiError>;
+    /// Runs a summary turn: the handle of the compacted conversation and the turn's usage.
+    fn compact(&self, input: TurnInput) -> BoxFuture<'_, Result<(String, Usage), ApiError>>;
+}
+
+/// Chat's (and every OpenAI surface's) names for the neutral parameters.
+pub fn openai_field(p: Param) -> &'static str {
+    match p {
+        Param::Conversation => "messages",
+        Param::Tools => "tools",
+        Param::ToolChoice => "tool_choice",
+        Param::Model => "model",
+        Param::Field(name) => name,
+    }
+}
 
 /// A request body as `T`: UTF-8 (as JSON must be; serde would skip invalid bytes inside
 /// members it ignores, and the body may be relayed as is) and then JSON.
@@ -17,69 +119,4 @@ pub fn read_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiEr
     let text = std::str::from_utf8(body)
         .map_err(|e| ApiError::invalid(format!("Invalid request body: not UTF-8 ({e})")))?;
     serde_json::from_str(text).map_err(|e| ApiError::invalid(format!("Invalid request body: {e}")))
-}
-
-/// A continuation's ids: the digests of the assistant message's calls and of each result with
-/// its message index.
-pub type RunDigests = (Vec<[u8; 32]>, Vec<([u8; 32], usize)>);
-
-/// Classifies a trailing tool run (the calls of the assistant message, then the ids its
-/// results answer, the first result at message `first_result`): `None` when the ids are the
-/// client's own, the digests when all are tokens, else a 400 on `param` (`field` names the
-/// result id field).
-pub fn trailing_run<'a>(
-    calls: impl IntoIterator<Item = &'a str>,
-    results: impl IntoIterator<Item = &'a str>,
-    first_result: usize,
-    (param, field): (&'static str, &str),
-) -> Result<Option<RunDigests>, ApiError> {
-    match classify(calls, results) {
-        Ok(Run::ClientOwned) => Ok(None),
-        Ok(Run::Tokens(tokens, results)) => Ok(Some((
-            tokens,
-            results.into_iter().zip(first_result..).collect(),
-        ))),
-        Err(e) => Err(refusal(e, param, field)),
-    }
-}
-
-/// The tool results at `messages[first..end]` (neutral messages) and the calls they answer:
-/// the assistant message right before them must carry calls (else 400 `orphan` on `param`),
-/// then the run is classified as [`trailing_run`] does. `None` for the client's own ids, else
-/// the assistant message's index with the digests.
-pub fn answered_run(
-    messages: &[crate::turn::Message],
-    (first, end): (usize, usize),
-    (param, field): (&'static str, &str),
-    orphan: &str,
-) -> Result<Option<(usize, RunDigests)>, ApiError> {
-    let calls = first
-        .checked_sub(1)
-        .map(|i| &messages[i])
-        .filter(|m| m.role == crate::turn::Role::Assistant && !m.tool_calls.is_empty())
-        .map(|m| &m.tool_calls)
-        .ok_or_else(|| ApiError::invalid(orphan).with_param(param))?;
-    let run = trailing_run(
-        calls.iter().map(|c| c.id.as_str()),
-        messages[first..end]
-            .iter()
-            .map(|m| m.tool_call_id.as_deref().unwrap_or_default()),
-        first,
-        (param, field),
-    )?;
-    Ok(run.map(|digests| (first - 1, digests)))
-}
-
-/// The 400 of a refused run, on `param`; `field` names the id field in the message.
-fn refusal(e: RunError, param: &'static str, field: &str) -> ApiError {
-    match e {
-        RunError::Malformed => ApiError::invalid(format!(
-            "{field} values with the `srct-` prefix must be Turnstile continuation ids (`srct-` followed by 32 lowercase hex digits)"
-        )),
-        RunError::Mixed => ApiError::new(
-            ErrorCode::ContinuationMismatch,
-            "the tool calls mix Turnstile continuation ids (`srct-`) with other ids",
-        ),
-    }
-    .with_param(param)
 }

@@ -13,6 +13,7 @@ pub mod render;
 use serde_json::Value;
 
 use crate::backend::{BackendError, Hold, Resume, Turn};
+use crate::error::Param;
 use crate::turn::{ToolChoice, TurnInput};
 
 /// Caps every string in an approval summary so that a huge command or message cannot flood
@@ -45,23 +46,20 @@ pub fn validate(input: &TurnInput) -> Result<(), BackendError> {
             return Err(BackendError::Invalid {
                 message: "`tool_choice` must be \"auto\", \"none\", \"required\" or a function"
                     .into(),
-                param: "tool_choice",
+                param: Param::ToolChoice,
             })
         }
     }
     input.tools.as_ref().map_err(|why| BackendError::Invalid {
         message: why.clone(),
-        param: "tools",
+        param: Param::Tools,
     })?;
     if input.client_tool_history {
         // The agent ran those calls itself or never: results for ids it did not issue
         // cannot enter its turn.
         return Err(BackendError::Invalid {
             message: "trailing tool results must answer Turnstile continuation ids (`srct-`) on this model; results for the client's own call ids are accepted only by stateless upstream models".into(),
-            param: match input.surface {
-                crate::turn::Surface::Responses => "input",
-                _ => "messages",
-            },
+            param: Param::Conversation,
         });
     }
     render::input_index(&input.messages).map(|_| ())

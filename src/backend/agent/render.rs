@@ -17,7 +17,7 @@ pub struct Rendered {
 fn invalid(message: &str) -> BackendError {
     BackendError::Invalid {
         message: message.to_string(),
-        param: "messages",
+        param: crate::error::Param::Conversation,
     }
 }
 

@@ -12,7 +12,7 @@
 pub(crate) mod client;
 pub(crate) mod native;
 mod stream;
-mod translate;
+pub(crate) mod translate;
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,7 +50,7 @@ impl Upstream {
     /// A fresh leg's body: the client's own bytes (native) with only the `model` value
     /// spliced, or a translation.
     fn fresh_body(&self, leg: &LegRequest<'_>) -> Result<Bytes, BackendError> {
-        match (&leg.input.native, &leg.model.backend_model) {
+        match (passthrough(leg.input), &leg.model.backend_model) {
             (Some(raw), None) => Ok(raw.clone()),
             (Some(raw), Some(bm)) => native::with_model(raw, bm).map_err(invalid),
             (None, _) => encode(self.tree(leg)?),
@@ -59,7 +59,7 @@ impl Upstream {
 
     /// The request body as a tree (a continuation's ids are restored in it), `model` renamed.
     fn tree(&self, leg: &LegRequest<'_>) -> Result<Value, BackendError> {
-        let mut body = match &leg.input.native {
+        let mut body = match passthrough(leg.input) {
             Some(raw) => serde_json::from_slice(raw).map_err(invalid)?,
             None => translate::chat_body(leg.input),
         };
@@ -79,13 +79,13 @@ impl Upstream {
         .store(crate::store::now_unix(), Ordering::Relaxed);
         let resp = sent?;
         let ids = Arc::new(Mutex::new(Vec::new()));
-        let native = (leg.input.native.is_some(), leg.model.id.clone());
+        let native = (passthrough(leg.input).is_some(), leg.model.id.clone());
         let events = if leg.input.stream {
             stream::events(&self.client, resp, native, ids.clone())
         } else {
             stream::whole(&self.client, resp, native, ids.clone())
         };
-        let native = leg.input.native.is_some();
+        let native = passthrough(leg.input).is_some();
         // Accounting hears each usage report as it passes.
         let meter = leg.meter.clone();
         let events = futures::StreamExt::boxed(futures::StreamExt::inspect(events, move |ev| {
@@ -97,10 +97,19 @@ impl Upstream {
     }
 }
 
+/// The client's own body, when it is in the wire this upstream speaks.
+fn passthrough(input: &crate::turn::TurnInput) -> Option<&Bytes> {
+    input
+        .passthrough
+        .as_ref()
+        .filter(|p| p.wire == crate::turn::Wire::ChatCompletions)
+        .map(|p| &p.body)
+}
+
 fn invalid(e: serde_json::Error) -> BackendError {
     BackendError::Invalid {
         message: format!("Invalid request body: {e}"),
-        param: "messages",
+        param: crate::error::Param::Conversation,
     }
 }
 

@@ -78,14 +78,31 @@ pub fn chat_body(input: &TurnInput) -> Value {
         body["stream_options"] = json!({"include_usage": true});
     }
     if let Some(o) = body.as_object_mut() {
-        o.extend(
-            input
-                .chat_options
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone())),
-        );
+        o.extend(options(input));
     }
     body
+}
+
+/// The Chat Completions options of a neutral turn: its sampling options and its effort.
+pub fn options(input: &TurnInput) -> Map<String, Value> {
+    let s = &input.sampling;
+    let mut o = Map::new();
+    for (key, v) in [
+        ("max_tokens", &s.max_tokens),
+        ("temperature", &s.temperature),
+        ("top_p", &s.top_p),
+        ("stop", &s.stop),
+        ("prompt_cache_key", &s.cache_key),
+        ("response_format", &s.response_format),
+    ] {
+        if let Some(v) = v {
+            o.insert(key.into(), v.clone());
+        }
+    }
+    if let Some(e) = input.effort {
+        o.insert("reasoning_effort".into(), json!(e.as_str()));
+    }
+    o
 }
 
 /// Puts the upstream's ids back where the answered batch's tokens are: the assistant

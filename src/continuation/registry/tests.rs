@@ -46,7 +46,7 @@ fn batch(principal: &str, tokens: Vec<[u8; 32]>, deadline: Instant) -> Batch<Fak
         principal: principal.into(),
         execution_id: "exe-1".into(),
         model: "m".into(),
-        surface: Surface::Chat,
+        surface: SurfaceId::Chat,
         deadline,
         tokens,
         digests: digests(),

@@ -18,7 +18,7 @@ use super::wire::{chunk, completion, usage_chunk, ResponseMeta};
 use crate::backend::Native;
 use crate::engine::{Leg, LegEvent};
 use crate::error::ApiError;
-use crate::surface::sse;
+use crate::surface::{sse, Answer};
 use crate::turn::ExposedCall;
 
 fn event(v: &Value) -> String {
@@ -169,26 +169,8 @@ pub async fn stream(
     sse::stream(leg, framer, keepalive).await
 }
 
-/// A `chat.completion`: built here, or an upstream's own body relayed as it came.
-pub enum Completion {
-    Built(Value),
-    Relayed(bytes::Bytes),
-}
-
-impl axum::response::IntoResponse for Completion {
-    fn into_response(self) -> axum::response::Response {
-        match self {
-            Completion::Built(v) => axum::Json(v).into_response(),
-            Completion::Relayed(b) => {
-                let json = axum::http::HeaderValue::from_static("application/json");
-                ([(axum::http::header::CONTENT_TYPE, json)], b).into_response()
-            }
-        }
-    }
-}
-
 /// Non-streaming: waits for the leg's end and answers one `chat.completion`.
-pub async fn collect(mut leg: Leg) -> Result<Completion, ApiError> {
+pub async fn collect(mut leg: Leg) -> Result<Answer, ApiError> {
     let meta = meta(&leg);
     let mut text = String::new();
     let mut reasoning = String::new();
@@ -203,7 +185,7 @@ pub async fn collect(mut leg: Leg) -> Result<Completion, ApiError> {
             LegEvent::End { calls, usage } => {
                 if let Some(body) = native {
                     let mut body = match (body, calls.is_empty()) {
-                        (Native::Raw { json, .. }, true) => return Ok(Completion::Relayed(json)),
+                        (Native::Raw { json, .. }, true) => return Ok(Answer::Raw(json)),
                         (body, _) => body.into_value(),
                     };
                     body["model"] = json!(meta.model);
@@ -217,7 +199,7 @@ pub async fn collect(mut leg: Leg) -> Result<Completion, ApiError> {
                             .collect();
                         body["choices"][0]["message"]["tool_calls"] = Value::Array(list);
                     }
-                    return Ok(Completion::Built(body));
+                    return Ok(Answer::Json(body));
                 }
                 let content = if text.is_empty() && !calls.is_empty() {
                     None
@@ -229,7 +211,7 @@ pub async fn collect(mut leg: Leg) -> Result<Completion, ApiError> {
                 if !reasoning.is_empty() {
                     body["choices"][0]["message"]["reasoning_content"] = json!(reasoning);
                 }
-                return Ok(Completion::Built(body));
+                return Ok(Answer::Json(body));
             }
         }
     }

@@ -1,27 +1,33 @@
-//! The Chat Completions surface (`POST /v1/chat/completions`): its wire types (`wire`), its
-//! canonical projection for the continuation digests (`canonical`), continuation detection
-//! (`detect`), response and stream framing (`framing`) and its error body shape (OpenAI's
-//! `{"error":{message,type,code,param}}`, also used by every non-surface route).
+//! The Chat Completions surface (`POST /v1/chat/completions`): its wire types (`wire`),
+//! continuation detection (`detect`), response and stream framing (`framing`) and its error
+//! body shape (OpenAI's `{"error":{message,type,code,param}}`, also used by every non-surface
+//! route).
 //!
 //! [`parse`] turns a request body into a neutral [`TurnInput`]. Messages map one to one, so
 //! message indices in the input are indices in the client's `messages`.
 
-pub mod canonical;
 pub mod detect;
 pub mod framing;
 pub mod wire;
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use self::canonical::{echo_digest_of, message_digest, tool_choice_digest, tools_digest};
-use self::detect::{detect, Detected};
+use self::detect::detect;
 use self::wire::ChatRequest;
-use crate::continuation::canonical::digest_of_digests;
-use crate::error::ApiError;
+use super::canonical::{
+    echo_digest_of, exposed_echo, message_digest, tool_choice_digest, tools_digest,
+};
+use super::turn::{Parts, Projection};
+use super::{openai_field, sse, Answer, Host, Plan, Surface};
+use crate::engine::Leg;
+use crate::error::{ApiError, Param};
 use crate::turn::{
-    Call, Continuation, Effort, Fingerprint, Message, Role, Surface, ToolChoice, ToolDef, TurnInput,
+    Call, Effort, Message, Passthrough, Role, Sampling, SurfaceId, ToolChoice, ToolDef, TurnInput,
+    Wire,
 };
 
 /// What the HTTP layer needs besides the turn: how to frame the answer.
@@ -31,11 +37,50 @@ pub struct Framing {
     pub include_usage: bool,
 }
 
+/// The Chat Completions API.
+pub struct Chat;
+
+impl Surface for Chat {
+    const ID: SurfaceId = SurfaceId::Chat;
+    type Request = (TurnInput, Framing);
+    type Framing = Framing;
+
+    fn read(body: Bytes, arrived: Instant) -> Result<Self::Request, ApiError> {
+        parse(body, arrived)
+    }
+
+    fn streams(req: &Self::Request) -> bool {
+        req.1.stream
+    }
+
+    async fn plan<H: Host>(req: Self::Request, _: &H) -> Result<(Plan, Framing), ApiError> {
+        Ok((Plan::Turn(req.0), req.1))
+    }
+
+    async fn stream(leg: Leg, f: Framing, keepalive: Duration) -> Result<sse::Body, ApiError> {
+        framing::stream(leg, f.include_usage, keepalive).await
+    }
+
+    async fn collect(leg: Leg, _: Framing) -> Result<Answer, ApiError> {
+        framing::collect(leg).await
+    }
+
+    fn field(p: Param) -> &'static str {
+        openai_field(p)
+    }
+
+    fn error_body(e: &ApiError) -> Value {
+        error_body(e)
+    }
+}
+
 /// Parses and translates one request body. Shapes are checked here (400), before any lookup.
 pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiError> {
     let req: ChatRequest = super::read_json(&body)?;
     if req.messages.is_empty() {
-        return Err(ApiError::invalid("`messages` must not be empty").with_param("messages"));
+        return Err(
+            ApiError::invalid("`messages` must not be empty").with_param(Param::Conversation)
+        );
     }
     let framing = Framing {
         stream: req.stream,
@@ -46,51 +91,35 @@ pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiE
             .unwrap_or(false),
     };
     let effort = Effort::read(req.reasoning_effort.as_ref(), "reasoning_effort")?;
-    let detected = detect(&req.messages)?;
     let messages: Vec<Message> = req.messages.iter().map(neutral_message).collect();
-    // Each message is digested once: a continuation's prefix check uses those before the
-    // assistant message, the next suspension's prefix all of them.
-    let digests: Vec<[u8; 32]> = messages.iter().map(message_digest).collect();
-    let client_tool_history = matches!(detected, Detected::ClientOwned);
-    let continuation = match detected {
-        Detected::Fresh | Detected::ClientOwned => None,
-        Detected::Continuation(c) => Some(Continuation {
-            prefix: digest_of_digests(&digests[..c.assistant]),
-            echo: echo_digest_of(&messages[c.assistant]),
-            assistant: c.assistant,
-            tokens: c.tokens,
-            results: c.results,
-            bound: None,
-        }),
-    };
-    let fingerprint = Fingerprint {
-        tools: tools_digest(req.tools.as_deref()),
-        tool_choice: tool_choice_digest(req.tool_choice.as_ref(), effort),
-        prefix: digest_of_digests(&digests),
-    };
+    let detected = detect(&messages)?;
     let tool_choice = tool_choice(req.tool_choice.as_ref());
-    let input = TurnInput {
-        surface: Surface::Chat,
-        echo: canonical::exposed_echo,
-        digest: message_digest,
+    let parts = Parts {
+        surface: SurfaceId::Chat,
+        projection: Projection {
+            digest: message_digest,
+            exposed: exposed_echo,
+            returned: echo_digest_of,
+        },
         model: req.model,
+        messages,
+        detected,
+        reference: None,
         tools: tools(req.tools.as_deref(), &tool_choice),
+        tools_digest: tools_digest(req.tools.as_deref()),
+        tool_choice_digest: tool_choice_digest(req.tool_choice.as_ref(), effort),
         tool_choice,
         effort,
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         stream: req.stream,
-        messages,
-        message_digests: digests,
-        fingerprint,
-        continuation,
-        follows: None,
-        client_tool_history,
-        native: Some(body),
-        chat_options: serde_json::Map::new(),
-        ephemeral: false,
+        passthrough: Some(Passthrough {
+            wire: Wire::ChatCompletions,
+            body,
+        }),
+        sampling: Sampling::default(),
         arrived,
     };
-    Ok((input, framing))
+    Ok((parts.build(), framing))
 }
 
 /// The neutral form of one wire message (the text of its content, its calls' arguments as
@@ -177,6 +206,11 @@ fn tool_def(tool: &Value) -> Option<ToolDef> {
 
 /// The OpenAI error body, also the payload of a mid-stream SSE error event.
 pub fn error_body(e: &ApiError) -> Value {
+    openai_error_body(e, openai_field)
+}
+
+/// The OpenAI error body with the parameter named by `field`.
+pub fn openai_error_body(e: &ApiError, field: fn(Param) -> &'static str) -> Value {
     let mut body = match &e.upstream {
         Some(u) => json!({"error": {
             "message": e.message,
@@ -188,7 +222,7 @@ pub fn error_body(e: &ApiError) -> Value {
             "message": e.message,
             "type": e.code.kind(),
             "code": e.code.as_str(),
-            "param": e.param,
+            "param": e.param.map(field),
         }}),
     };
     if let Some(extra) = &e.extra {

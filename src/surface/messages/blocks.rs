@@ -13,8 +13,8 @@
 use serde_json::Value;
 
 use crate::continuation::token::TOKEN_PREFIX;
-use crate::error::{ApiError, ErrorCode};
-use crate::surface::answered_run;
+use crate::error::{ApiError, ErrorCode, Param};
+use crate::surface::turn::{detect_run, Detected};
 use crate::turn::{Call, Message, Role};
 
 /// How the text blocks of one message are joined.
@@ -182,21 +182,6 @@ pub fn messages(system: Option<&Value>, wire: &[Value]) -> Vec<Message> {
     out
 }
 
-/// Where the answered calls are, before any lookup.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Detected {
-    Fresh,
-    /// Results for the client's own `tool_use` ids: ordinary history for a stateless
-    /// upstream, refused by a stateful backend.
-    ClientOwned,
-    /// The assistant message at `assistant` carries the calls the results answer.
-    Continuation {
-        assistant: usize,
-        tokens: Vec<[u8; 32]>,
-        results: Vec<([u8; 32], usize)>,
-    },
-}
-
 /// Finds the tool results of the last user message (text beside them, and system messages
 /// after them, allowed) and the `tool_use` blocks they answer.
 pub fn detect(messages: &[Message]) -> Result<Detected, ApiError> {
@@ -206,12 +191,8 @@ pub fn detect(messages: &[Message]) -> Result<Detected, ApiError> {
         .take_while(|m| matches!(m.role, Role::User | Role::System))
         .count();
     let end = messages.len() - beside;
-    let trailing = messages[..end]
-        .iter()
-        .rev()
-        .take_while(|m| m.role == Role::Tool)
-        .count();
-    if trailing == 0 {
+    let trailing = messages[..end].last().is_some_and(|m| m.role == Role::Tool);
+    if !trailing {
         // Turnstile's calls followed by a user message without their results: a continuation
         // that is missing them, never a fresh turn.
         let unanswered = end
@@ -224,24 +205,15 @@ pub fn detect(messages: &[Message]) -> Result<Detected, ApiError> {
                 ErrorCode::ContinuationMismatch,
                 "every `tool_use` block of the last assistant message must be answered by a `tool_result` block in the next user message",
             )
-            .with_param("messages"));
+            .with_param(Param::Conversation));
         }
-        return Ok(Detected::Fresh);
     }
-    let run = answered_run(
+    detect_run(
         messages,
-        (end - trailing, end),
-        ("messages", "tool_use_id"),
+        end,
+        "tool_use_id",
         "`tool_result` blocks must be in the user message right after the assistant message with the `tool_use` blocks they answer",
-    )?;
-    Ok(match run {
-        None => Detected::ClientOwned,
-        Some((assistant, (tokens, results))) => Detected::Continuation {
-            assistant,
-            tokens,
-            results,
-        },
-    })
+    )
 }
 
 #[cfg(test)]
@@ -304,7 +276,7 @@ mod tests {
         assert_eq!((m[4].text.as_str(), m[4].is_error), ("one", false));
         assert_eq!((m[5].text.as_str(), m[5].is_error), ("two\n\n!", true));
         assert_eq!(m[6].text, "beside");
-        let Detected::Continuation {
+        let Detected::Answers {
             assistant,
             tokens,
             results,
@@ -342,6 +314,9 @@ mod tests {
             &wire(json!([{"role": "user", "content": [
                 {"type": "tool_result", "tool_use_id": T1, "content": "r"}]}])),
         );
-        assert_eq!(detect(&orphan).unwrap_err().param, Some("messages"));
+        assert_eq!(
+            detect(&orphan).unwrap_err().param,
+            Some(Param::Conversation)
+        );
     }
 }

@@ -10,7 +10,7 @@
 
 use serde_json::{json, Number, Value};
 
-use crate::surface::chat::canonical::echo_digest;
+use crate::surface::canonical::echo_digest;
 use crate::turn::{ExposedCall, Message};
 
 /// Integral doubles below this magnitude are written as integers (JavaScript's safe range).

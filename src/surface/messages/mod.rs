@@ -18,16 +18,21 @@ pub mod blocks;
 pub mod echo;
 pub mod framing;
 
+use std::time::Duration;
+
+use bytes::Bytes;
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use self::blocks::Detected;
 use self::echo::{client_echo, exposed_echo};
-use super::chat::canonical::{message_digest, tools_digest};
-use crate::continuation::canonical::{digest, digest_of_digests};
-use crate::error::{ApiError, ErrorCode};
-use crate::turn::{Continuation, Effort, Fingerprint, Surface, ToolChoice, ToolDef, TurnInput};
+use super::canonical::{message_digest, tools_digest};
+use super::turn::{Parts, Projection};
+use super::{openai_field, sse, Answer, Host, Plan, Surface};
+use crate::continuation::canonical::digest;
+use crate::engine::Leg;
+use crate::error::{ApiError, ErrorCode, Param};
+use crate::turn::{Effort, Sampling, SurfaceId, ToolChoice, ToolDef, TurnInput};
 
 #[derive(Debug, Deserialize)]
 struct Request {
@@ -130,18 +135,58 @@ pub fn message_id(execution_id: &str, round: u32) -> String {
     }
 }
 
+/// The Anthropic Messages API.
+pub struct Messages;
+
+impl Surface for Messages {
+    const ID: SurfaceId = SurfaceId::Messages;
+    const SAYS_FUTILE: bool = true;
+    type Request = (TurnInput, Framing);
+    type Framing = Framing;
+
+    fn read(body: Bytes, arrived: Instant) -> Result<Self::Request, ApiError> {
+        parse(&body, arrived)
+    }
+
+    fn streams(req: &Self::Request) -> bool {
+        req.1.stream
+    }
+
+    async fn plan<H: Host>(req: Self::Request, _: &H) -> Result<(Plan, Framing), ApiError> {
+        Ok((Plan::Turn(req.0), req.1))
+    }
+
+    async fn stream(leg: Leg, f: Framing, keepalive: Duration) -> Result<sse::Body, ApiError> {
+        framing::stream(leg, f, keepalive).await
+    }
+
+    async fn collect(leg: Leg, f: Framing) -> Result<Answer, ApiError> {
+        framing::collect(leg, f).await.map(Answer::Json)
+    }
+
+    fn field(p: Param) -> &'static str {
+        openai_field(p)
+    }
+
+    fn error_body(e: &ApiError) -> Value {
+        error_body(e)
+    }
+}
+
 /// Parses and translates one request body. Shapes are checked here (400), before any lookup.
 pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiError> {
     let req: Request = super::read_json(body)?;
     if req.messages.is_empty() {
-        return Err(ApiError::invalid("`messages` must not be empty").with_param("messages"));
+        return Err(
+            ApiError::invalid("`messages` must not be empty").with_param(Param::Conversation)
+        );
     }
     let known = |m: &Value| matches!(m["role"].as_str(), Some("user" | "assistant" | "system"));
     if req.messages.iter().any(|m| !known(m)) {
         return Err(ApiError::invalid(
             "each message must be an object with `role` \"user\", \"assistant\" or \"system\" and `content`",
         )
-        .with_param("messages"));
+        .with_param(Param::Conversation));
     }
     let raw_effort = req.output_config.as_ref().map(|o| &o["effort"]);
     let (shown, thought) = thinking(req.thinking.as_ref())?;
@@ -149,68 +194,44 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
     let tools_in = req.tools.as_deref().unwrap_or_default();
     let choice = Choice::read(req.tool_choice.as_ref(), tools_in)?;
     let messages = blocks::messages(req.system.as_ref(), &req.messages);
-    let digests: Vec<[u8; 32]> = messages.iter().map(message_digest).collect();
     let detected = blocks::detect(&messages)?;
-    let client_tool_history = detected == Detected::ClientOwned;
-    let continuation = match detected {
-        Detected::Fresh | Detected::ClientOwned => None,
-        Detected::Continuation {
-            assistant,
-            tokens,
-            results,
-        } => Some(Continuation {
-            prefix: digest_of_digests(&digests[..assistant]),
-            echo: client_echo(&messages[assistant]),
-            assistant,
-            tokens,
-            results,
-            bound: None,
-        }),
-    };
     let stripped: Vec<Value> = tools_in.iter().map(without_cache_control).collect();
-    let fingerprint = Fingerprint {
-        tools: tools_digest(Some(&stripped)),
-        tool_choice: digest(&json!({
-            "effort": raw_effort.cloned().unwrap_or(Value::Null),
-            "tool_choice": choice.canonical,
-        })),
-        prefix: digest_of_digests(&digests),
-    };
     let stream = req.stream.unwrap_or(false);
-    let chat_options = chat_options(&req, effort);
     let tools = match choice.neutral {
         ToolChoice::None => Ok(Vec::new()),
         _ => tools(tools_in),
     };
-    let input = TurnInput {
-        surface: Surface::Messages,
-        echo: exposed_echo,
-        digest: message_digest,
+    let parts = Parts {
+        surface: SurfaceId::Messages,
+        projection: Projection {
+            digest: message_digest,
+            exposed: exposed_echo,
+            returned: client_echo,
+        },
         model: req.model.clone(),
         messages,
-        message_digests: digests,
+        detected,
+        reference: None,
         tools,
+        tools_digest: tools_digest(Some(&stripped)),
+        tool_choice_digest: digest(&json!({
+            "effort": raw_effort.cloned().unwrap_or(Value::Null),
+            "tool_choice": choice.canonical,
+        })),
         tool_choice: choice.neutral,
         effort,
         parallel_tool_calls: !choice.disable_parallel,
         stream,
-        fingerprint,
-        continuation,
-        follows: None,
-        client_tool_history,
-        native: None,
-        chat_options,
-        ephemeral: false,
+        passthrough: None,
+        sampling: sampling(&req),
         arrived,
     };
-    Ok((
-        input,
-        Framing {
-            stream,
-            model: req.model,
-            thinking: shown,
-        },
-    ))
+    let framing = Framing {
+        stream,
+        model: req.model,
+        thinking: shown,
+    };
+    Ok((parts.build(), framing))
 }
 
 /// `output_config.effort` in the OpenAI vocabulary (`max` is the strongest there is,
@@ -324,32 +345,23 @@ impl Choice {
     }
 }
 
-/// What a Chat Completions upstream receives of the request's options
-/// (`docs/src/apis/messages.md`).
-fn chat_options(req: &Request, effort: Option<Effort>) -> Map<String, Value> {
-    let mut o = Map::new();
+/// The request's sampling options (`docs/src/apis/messages.md`).
+fn sampling(req: &Request) -> Sampling {
     let set = |v: &Option<Value>| v.as_ref().filter(|v| !v.is_null()).cloned();
-    for (key, v) in [
-        ("max_tokens", set(&req.max_tokens)),
-        ("temperature", set(&req.temperature)),
-        ("top_p", set(&req.top_p)),
-        ("stop", set(&req.stop_sequences)),
-    ] {
-        if let Some(v) = v {
-            o.insert(key.into(), v);
-        }
-    }
-    if let Some(e) = effort {
-        o.insert("reasoning_effort".into(), json!(e.as_str()));
-    }
     // The client's cache identity, as a key that names no one (`cache_control` never
     // reaches a Chat Completions upstream: the body is translated, not forwarded).
     let user = req.metadata.as_ref().and_then(|m| m["user_id"].as_str());
-    if let Some(user) = user.filter(|u| !u.is_empty()) {
-        let key = hex::encode(crate::digest::sha256(user.as_bytes()));
-        o.insert("prompt_cache_key".into(), json!(key));
+    let cache_key = user
+        .filter(|u| !u.is_empty())
+        .map(|u| json!(hex::encode(crate::digest::sha256(u.as_bytes()))));
+    Sampling {
+        max_tokens: set(&req.max_tokens),
+        temperature: set(&req.temperature),
+        top_p: set(&req.top_p),
+        stop: set(&req.stop_sequences),
+        cache_key,
+        response_format: None,
     }
-    o
 }
 
 /// An honest estimate of a request's input tokens without the model's tokenizer: one token
@@ -417,6 +429,11 @@ mod tests {
         parse(v.to_string().as_bytes(), Instant::now()).unwrap()
     }
 
+    /// What a Chat Completions upstream receives of the request's options.
+    fn options(t: &TurnInput) -> serde_json::Map<String, Value> {
+        crate::backend::upstream::translate::options(t)
+    }
+
     fn fixture() -> Value {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -429,15 +446,15 @@ mod tests {
     #[test]
     fn a_claude_code_request_parses() {
         let (t, f) = parsed(fixture());
-        assert_eq!(t.surface, Surface::Messages);
+        assert_eq!(t.surface, SurfaceId::Messages);
         assert!(t.stream && f.stream);
         assert_eq!(t.effort, Some(Effort::High));
         assert_eq!(t.tools.as_ref().unwrap().len(), 12);
         let roles: Vec<_> = t.messages.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(roles, ["system", "user", "system"]);
         assert!(t.continuation.is_none());
-        assert_eq!(t.chat_options["max_tokens"], 32000);
-        assert_eq!(t.chat_options["reasoning_effort"], "high");
+        assert_eq!(options(&t)["max_tokens"], 32000);
+        assert_eq!(options(&t)["reasoning_effort"], "high");
     }
 
     #[test]
@@ -452,12 +469,10 @@ mod tests {
         let (t, f) = parsed(body.clone());
         assert_eq!(t.effort, Some(Effort::High));
         assert_eq!(f.thinking, Thinking::Shown);
-        let key = t.chat_options["prompt_cache_key"].as_str().unwrap();
+        let options = options(&t);
+        let key = options["prompt_cache_key"].as_str().unwrap();
         assert_eq!(key.len(), 64);
-        assert!(!t
-            .chat_options
-            .values()
-            .any(|v| v.to_string().contains("ttl")));
+        assert!(!options.values().any(|v| v.to_string().contains("ttl")));
         for (thinking, effort, shown) in [
             (
                 json!({"type": "enabled", "budget_tokens": 2000}),
@@ -500,7 +515,7 @@ mod tests {
         assert_eq!(parsed(body.clone()).0.effort, Some(Effort::Low));
         body["thinking"] = json!({"type": "sometimes"});
         let e = parse(body.to_string().as_bytes(), Instant::now()).unwrap_err();
-        assert_eq!(e.param, Some("thinking.type"));
+        assert_eq!(e.param, Some("thinking.type".into()));
     }
 
     #[test]
@@ -545,7 +560,7 @@ mod tests {
         assert_ne!(a.tool_choice, c.tool_choice);
         assert_eq!(parsed(body("max", false)).0.effort, Some(Effort::XHigh));
         let bad = parse(body("turbo", false).to_string().as_bytes(), Instant::now());
-        assert_eq!(bad.unwrap_err().param, Some("output_config.effort"));
+        assert_eq!(bad.unwrap_err().param, Some("output_config.effort".into()));
     }
 
     #[test]

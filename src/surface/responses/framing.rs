@@ -333,7 +333,7 @@ impl Framer {
             LegEvent::Error(e) => {
                 self.close_reasoning(&mut out);
                 self.close_message(&mut out);
-                let body = error_body(ApiError::from(e));
+                let body = error_body(&ApiError::from(e));
                 let output = std::mem::take(&mut self.output);
                 let mut r = response(&self.f, &self.leg, "failed", output, None);
                 r["error"] =
@@ -375,9 +375,7 @@ pub async fn stream(
     keepalive: Duration,
 ) -> Result<sse::Body, ApiError> {
     let framer = Framer::new(&leg, framing);
-    sse::stream(leg, framer, keepalive)
-        .await
-        .map_err(super::on_input)
+    sse::stream(leg, framer, keepalive).await
 }
 
 /// Non-streaming: waits for the leg's end and answers one response object.
@@ -390,7 +388,7 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::Reasoning(r) => thought.push_str(&r),
             LegEvent::Native(_) | LegEvent::Notice(_) | LegEvent::Truncated => {}
-            LegEvent::Error(e) => return Err(super::on_input(e.into())),
+            LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
                 let mut output = Vec::new();
                 if !thought.is_empty() {

@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 
 use super::tools::ToolMap;
 use crate::continuation::token::token_digest;
-use crate::error::ApiError;
-use crate::surface::answered_run;
+use crate::error::{ApiError, Param};
+use crate::surface::turn::{detect_run, Detected};
 use crate::turn::{Call, Message, Role};
 
 /// The text and image URLs of a `content` (a string or an array of parts).
@@ -128,34 +128,11 @@ pub fn messages(input: &Value, instructions: Option<&str>, map: &ToolMap) -> Vec
     out
 }
 
-/// Where the answered calls are, before any lookup.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Detected {
-    Fresh,
-    /// Trailing outputs that answer the client's own call ids: ordinary history for a
-    /// stateless upstream, refused by a stateful backend.
-    ClientOwned,
-    /// The full input again: the assistant message at `assistant` carries the calls.
-    Stateless {
-        assistant: usize,
-        tokens: Vec<[u8; 32]>,
-        results: Vec<([u8; 32], usize)>,
-    },
-    /// `previous_response_id` and new input, no outputs: the next turn of a completed
-    /// response's conversation.
-    Follows,
-    /// `previous_response_id` and only the outputs.
-    Stateful {
-        tokens: Vec<[u8; 32]>,
-        results: Vec<([u8; 32], usize)>,
-    },
-}
-
 fn malformed() -> ApiError {
     ApiError::invalid(
         "call_id values must be Turnstile continuation ids (`srct-` followed by 32 lowercase hex digits)",
     )
-    .with_param("input")
+    .with_param(Param::Conversation)
 }
 
 fn results(messages: &[Message], from: usize) -> Result<Vec<([u8; 32], usize)>, ApiError> {
@@ -187,29 +164,18 @@ pub fn detect(messages: &[Message], stateful: bool) -> Result<Detected, ApiError
             return Err(ApiError::invalid(
                 "with `previous_response_id`, `input` must hold either only the `function_call_output` / `custom_tool_call_output` items answering that response's calls, or only new input",
             )
-            .with_param("input"));
+            .with_param(Param::Conversation));
         }
         let results = results(messages, 0)?;
         let tokens = results.iter().map(|r| r.0).collect();
-        return Ok(Detected::Stateful { tokens, results });
+        return Ok(Detected::Bound { tokens, results });
     }
-    if trailing == 0 {
-        return Ok(Detected::Fresh);
-    }
-    let run = answered_run(
+    detect_run(
         messages,
-        (messages.len() - trailing, messages.len()),
-        ("input", "call_id"),
+        messages.len(),
+        "call_id",
         "trailing tool outputs must follow the function_call / custom_tool_call items they answer",
-    )?;
-    Ok(match run {
-        None => Detected::ClientOwned,
-        Some((assistant, (tokens, results))) => Detected::Stateless {
-            assistant,
-            tokens,
-            results,
-        },
-    })
+    )
 }
 
 #[cfg(test)]
@@ -243,7 +209,7 @@ mod tests {
         assert_eq!(m[3].text, "hm");
         assert_eq!(m[3].tool_calls[1].arguments, r#"{"input":"*** Begin"}"#);
         assert_eq!(m[5].text, "r2");
-        let Detected::Stateless {
+        let Detected::Answers {
             assistant,
             tokens,
             results,
@@ -287,7 +253,7 @@ mod tests {
         );
         assert!(matches!(
             detect(&outputs, true).unwrap(),
-            Detected::Stateful { .. }
+            Detected::Bound { .. }
         ));
         let fresh = messages(&json!("more"), None, &map);
         assert_eq!(detect(&fresh, true).unwrap(), Detected::Follows);

@@ -7,24 +7,26 @@
 //! `previous_response_id` plus only the outputs (stateful: the engine expands the reference
 //! from what the suspension kept, bound to its principal and execution).
 //!
-//! Digests use the neutral message projection of the chat surface (`chat::canonical`) over
-//! this surface's messages; a token is still answered only on the surface that issued it. The
+//! Digests use the shared neutral message projection (`surface::canonical`) over this
+//! surface's messages; a token is still answered only on the surface that issued it. The
 //! `tool_choice` digest also covers `reasoning.effort`.
 
 pub mod framing;
 pub mod items;
+mod plan;
 pub mod tools;
 
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
-use self::items::Detected;
+pub use self::plan::{prepare, Prepared, Responses};
 use self::tools::ToolMap;
-use super::chat::canonical::{echo_digest_of, exposed_echo, message_digest, tools_digest};
-use crate::continuation::canonical::{digest, digest_of_digests};
-use crate::error::ApiError;
-use crate::turn::{Continuation, Effort, Fingerprint, Surface, TurnInput};
+use super::canonical::{echo_digest_of, exposed_echo, message_digest, tools_digest};
+use super::turn::{Detected, Parts, Projection};
+use crate::continuation::canonical::digest;
+use crate::error::{ApiError, Param};
+use crate::turn::{Effort, Sampling, SurfaceId, TurnInput};
 
 /// A request body as read: its shape is checked, its compaction handles not yet resolved.
 #[derive(Debug, Deserialize)]
@@ -208,79 +210,46 @@ pub fn translate(
     let instructions = req.instructions.as_deref().filter(|_| !stateful);
     let messages = items::messages(&req.input, instructions, &tools.map);
     if messages.is_empty() {
-        return Err(ApiError::invalid("`input` must not be empty").with_param("input"));
+        return Err(ApiError::invalid("`input` must not be empty").with_param(Param::Conversation));
     }
-    let digests: Vec<[u8; 32]> = messages.iter().map(message_digest).collect();
     let detected = match kind {
         // A summary turn of the conversation as it stands: nothing in it is answered.
         Kind::Compact => Detected::Fresh,
         _ => items::detect(&messages, stateful)?,
     };
-    let follows = match detected {
-        Detected::Follows => req.previous_response_id.as_deref().map(execution_of),
-        _ => None,
-    };
-    let client_tool_history = detected == Detected::ClientOwned;
-    let continuation = match detected {
-        Detected::Fresh | Detected::Follows | Detected::ClientOwned => None,
-        Detected::Stateless {
-            assistant,
-            tokens,
-            results,
-        } => Some(Continuation {
-            prefix: digest_of_digests(&digests[..assistant]),
-            echo: echo_digest_of(&messages[assistant]),
-            assistant,
-            tokens,
-            results,
-            bound: None,
-        }),
-        Detected::Stateful { tokens, results } => Some(Continuation {
-            assistant: 0,
-            tokens,
-            results,
-            prefix: [0; 32],
-            echo: [0; 32],
-            bound: req.previous_response_id.as_deref().map(execution_of),
-        }),
-    };
-    let fingerprint = Fingerprint {
-        tools: tools_digest(tool_values),
-        tool_choice: digest(&json!({
+    let stream = req.stream.unwrap_or(false);
+    let parallel = req.parallel_tool_calls.unwrap_or(true);
+    let parts = Parts {
+        surface: SurfaceId::Responses,
+        projection: Projection {
+            digest: message_digest,
+            exposed: exposed_echo,
+            returned: echo_digest_of,
+        },
+        model: req.model.clone(),
+        messages,
+        detected,
+        reference: req.previous_response_id.as_deref().map(execution_of),
+        tools: tools.defs,
+        tools_digest: tools_digest(tool_values),
+        tool_choice_digest: digest(&json!({
             "effort": effort.map(Effort::as_str),
             "tool_choice": req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
         })),
-        prefix: digest_of_digests(&digests),
+        tool_choice,
+        effort,
+        parallel_tool_calls: parallel,
+        stream,
+        passthrough: None,
+        sampling: sampling(&req),
+        arrived,
     };
-    let stream = req.stream.unwrap_or(false);
-    let parallel = req.parallel_tool_calls.unwrap_or(true);
-    let chat_options = chat_options(&req, effort);
     let framing = Framing {
         stream,
         envelope: envelope(&req, parallel),
         map: tools.map,
     };
-    let input = TurnInput {
-        surface: Surface::Responses,
-        echo: exposed_echo,
-        digest: message_digest,
-        model: req.model,
-        messages,
-        message_digests: digests,
-        tools: tools.defs,
-        tool_choice,
-        effort,
-        parallel_tool_calls: parallel,
-        stream,
-        fingerprint,
-        continuation,
-        follows,
-        client_tool_history,
-        native: None,
-        chat_options,
-        ephemeral: false,
-        arrived,
-    };
+    let input = parts.build();
     Ok((input, framing, kind))
 }
 
@@ -304,40 +273,27 @@ fn all_tools(req: &Request) -> std::borrow::Cow<'_, [Value]> {
     std::borrow::Cow::Owned(all)
 }
 
-/// What a Chat Completions upstream receives of the request's options
-/// (`docs/src/apis/responses.md`).
-fn chat_options(req: &Request, effort: Option<Effort>) -> Map<String, Value> {
-    let mut o = Map::new();
-    if let Some(n) = req.max_output_tokens.as_ref().filter(|v| !v.is_null()) {
-        o.insert("max_tokens".into(), n.clone());
-    }
-    for (key, v) in [("temperature", &req.temperature), ("top_p", &req.top_p)] {
-        if let Some(v) = v.as_ref().filter(|v| !v.is_null()) {
-            o.insert(key.into(), v.clone());
-        }
-    }
-    if let Some(e) = effort {
-        o.insert("reasoning_effort".into(), json!(e.as_str()));
-    }
-    if let Some(key) = req.prompt_cache_key.as_ref().filter(|k| k.is_string()) {
-        o.insert("prompt_cache_key".into(), key.clone());
-    }
+/// The request's sampling options (`docs/src/apis/responses.md`).
+fn sampling(req: &Request) -> Sampling {
+    let set = |v: &Option<Value>| v.as_ref().filter(|v| !v.is_null()).cloned();
     let format = req.text.as_ref().map(|t| &t["format"]);
-    match format.and_then(|f| f["type"].as_str()) {
-        Some("json_object") => {
-            o.insert("response_format".into(), json!({"type": "json_object"}));
-        }
+    let response_format = match format.and_then(|f| f["type"].as_str()) {
+        Some("json_object") => Some(json!({"type": "json_object"})),
         Some("json_schema") => {
             let f = format.cloned().unwrap_or_default();
-            o.insert(
-                "response_format".into(),
-                json!({"type": "json_schema", "json_schema": {
-                    "name": f["name"], "schema": f["schema"], "strict": f["strict"]}}),
-            );
+            Some(json!({"type": "json_schema", "json_schema": {
+                "name": f["name"], "schema": f["schema"], "strict": f["strict"]}}))
         }
-        _ => {}
+        _ => None,
+    };
+    Sampling {
+        max_tokens: set(&req.max_output_tokens),
+        temperature: set(&req.temperature),
+        top_p: set(&req.top_p),
+        stop: None,
+        cache_key: req.prompt_cache_key.clone().filter(Value::is_string),
+        response_format,
     }
-    o
 }
 
 /// The request fields a response object shows.
@@ -377,17 +333,17 @@ fn envelope(req: &Request, parallel: bool) -> Map<String, Value> {
     e
 }
 
-/// An error of this surface: the continuation errors point at `input`.
-pub fn on_input(mut e: ApiError) -> ApiError {
-    if e.param == Some("messages") {
-        e.param = Some("input");
+/// This surface's names for the neutral parameters: the conversation is `input`.
+pub fn field(p: Param) -> &'static str {
+    match p {
+        Param::Conversation => "input",
+        p => super::openai_field(p),
     }
-    e
 }
 
 /// The OpenAI error body of this surface (also the `error` of a failed response).
-pub fn error_body(e: ApiError) -> Value {
-    super::chat::error_body(&on_input(e))
+pub fn error_body(e: &ApiError) -> Value {
+    super::chat::openai_error_body(e, field)
 }
 
 #[cfg(test)]
@@ -413,13 +369,16 @@ mod tests {
                       {"type": "web_search"}],
             "tool_choice": "auto", "parallel_tool_calls": true
         }));
-        assert_eq!(t.surface, Surface::Responses);
+        assert_eq!(t.surface, SurfaceId::Responses);
         assert_eq!(t.messages[0].role, Role::System);
         assert_eq!(t.messages[1].text, "hi");
         assert_eq!(t.tools.as_ref().unwrap().len(), 1);
         assert_eq!(t.tool_choice, ToolChoice::Auto);
         assert!(t.stream && t.continuation.is_none());
-        assert_eq!(t.chat_options["reasoning_effort"], "high");
+        assert_eq!(
+            crate::backend::upstream::translate::options(&t)["reasoning_effort"],
+            "high"
+        );
         assert_eq!(f.envelope["store"], false);
         assert_eq!(f.envelope["tools"].as_array().unwrap().len(), 2);
     }
@@ -488,7 +447,7 @@ mod tests {
         assert_eq!(low.tools, high.tools);
         assert_ne!(low.tool_choice, high.tool_choice);
         let bad = parse(body("turbo").to_string().as_bytes(), Instant::now()).unwrap_err();
-        assert_eq!(bad.param, Some("reasoning.effort"));
+        assert_eq!(bad.param, Some("reasoning.effort".into()));
     }
 
     #[test]
@@ -524,7 +483,7 @@ mod tests {
             let e = parse(body.as_bytes(), Instant::now()).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidRequest, "{body}");
         }
-        let e = ApiError::new(ErrorCode::ContinuationNotFound, "x").with_param("messages");
-        assert_eq!(error_body(e)["error"]["param"], "input");
+        let e = ApiError::new(ErrorCode::ContinuationNotFound, "x").with_param(Param::Conversation);
+        assert_eq!(error_body(&e)["error"]["param"], "input");
     }
 }

@@ -1,5 +1,5 @@
-//! The chat surface's canonical projections for the continuation digests (ARCHITECTURE.md,
-//! "Canonical JSON"): a message is projected to `content`, `name`, `role`, `tool_call_id` and
+//! The canonical projections every surface digests its conversation with (the manual's
+//! "Canonical JSON" page): a message is projected to `content`, `name`, `role`, `tool_call_id` and
 //! `tool_calls` (`arguments`, `id`, `name`); assistant `content` null / absent / `""` are equal;
 //! text-part arrays are joined into one string; tool-call `arguments` compare as canonical JSON
 //! when they parse (else byte-exact); tool sets are order-insensitive and an absent
@@ -138,8 +138,8 @@ mod tests {
     use crate::continuation::canonical::digest_of_digests;
 
     fn msg(v: Value) -> Message {
-        let wire: super::super::wire::Message = serde_json::from_value(v).unwrap();
-        super::super::neutral_message(&wire)
+        let wire: super::super::chat::wire::Message = serde_json::from_value(v).unwrap();
+        super::super::chat::neutral_message(&wire)
     }
 
     fn prefix_digest(messages: &[Message]) -> [u8; 32] {

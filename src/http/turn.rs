@@ -1,0 +1,199 @@
+//! The one handler every turn route runs, whatever its surface: admit (413 and 401 from the
+//! headers, then the body under its limit), read the request, take a stream's place, let the
+//! surface plan it, run the turn here or relay it to the replica that holds it, and frame the
+//! answer. Errors render in the surface's own shape ([`SurfaceError`]).
+
+use std::marker::PhantomData;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use futures::future::BoxFuture;
+use futures::StreamExt;
+
+use super::{admitted, cluster, error, Admitted, ExecutionId};
+use crate::auth::Principal;
+use crate::engine::{Engine, EngineError, Leg, Slot};
+use crate::error::ApiError;
+use crate::surface::{Answer, Host, Plan, Reply, Surface};
+use crate::turn::{TurnInput, Usage};
+
+/// `POST` on a turn route of surface `S`.
+pub(super) async fn turn<S: Surface>(
+    State(gw): State<Engine>,
+    hop: Option<Extension<cluster::Hop>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, SurfaceError<S>> {
+    let mut a = admitted(&gw, &headers, body).await?;
+    let raw = keep_raw(&gw, &a);
+    let req = S::read(std::mem::take(&mut a.bytes), a.arrived)?;
+    let stream = S::streams(&req);
+    let slot = stream_place(&gw, &a, stream)?;
+    let host = Planner {
+        gw: &gw,
+        principal: &a.principal,
+    };
+    let (plan, framing) = S::plan(req, &host).await?;
+    let input = match plan {
+        Plan::Turn(input) => input,
+        Plan::Done(reply) => {
+            let resp = holding(response(reply), slot);
+            return Ok(answered(&gw, &a, String::new(), resp));
+        }
+    };
+    let leg = match run(&gw, &a.principal, input, hop, (&uri, &headers, raw)).await? {
+        Ran::Here(leg) => leg,
+        Ran::Relayed(resp) => return Ok(holding(resp, slot)),
+    };
+    let execution = leg.execution_id.clone();
+    let reply = match stream {
+        true => Reply::Stream(S::stream(leg, framing, a.cfg.server.keepalive).await?),
+        false => Reply::Whole(S::collect(leg, framing).await?),
+    };
+    Ok(answered(&gw, &a, execution, holding(response(reply), slot)))
+}
+
+/// An error on a route of surface `S`: its body in `S`'s shape, and `x-should-retry: false`
+/// where a retry cannot succeed (409, 410) if `S`'s SDKs read it.
+pub struct SurfaceError<S>(pub ApiError, PhantomData<fn() -> S>);
+
+impl<S> From<ApiError> for SurfaceError<S> {
+    fn from(e: ApiError) -> Self {
+        SurfaceError(e, PhantomData)
+    }
+}
+
+impl<S> From<EngineError> for SurfaceError<S> {
+    fn from(e: EngineError) -> Self {
+        SurfaceError(e.into(), PhantomData)
+    }
+}
+
+impl<S: Surface> IntoResponse for SurfaceError<S> {
+    fn into_response(self) -> Response {
+        let body = S::error_body(&self.0);
+        let futile = S::SAYS_FUTILE && matches!(self.0.status(), 409 | 410);
+        let mut resp = error::render(self.0, body);
+        if futile {
+            resp.headers_mut()
+                .insert("x-should-retry", HeaderValue::from_static("false"));
+        }
+        resp
+    }
+}
+
+/// What a surface may ask of the gateway while planning, for the request's principal.
+pub(super) struct Planner<'a> {
+    pub gw: &'a Engine,
+    pub principal: &'a Principal,
+}
+
+impl Host for Planner<'_> {
+    fn compacted(&self, handle: &str) -> Result<Option<String>, ApiError> {
+        Ok(self.gw.compacted(self.principal, handle)?)
+    }
+
+    fn compact(&self, input: TurnInput) -> BoxFuture<'_, Result<(String, Usage), ApiError>> {
+        Box::pin(async move { Ok(self.gw.compact(self.principal, input).await?) })
+    }
+}
+
+/// A surface's answer as a response.
+pub(super) fn response(reply: Reply) -> Response {
+    match reply {
+        Reply::Stream(body) => sse(body),
+        Reply::Whole(Answer::Json(v)) => axum::Json(v).into_response(),
+        Reply::Whole(Answer::Raw(bytes)) => {
+            let json = HeaderValue::from_static("application/json");
+            ([(header::CONTENT_TYPE, json)], bytes).into_response()
+        }
+    }
+}
+
+fn sse(stream: crate::surface::sse::Body) -> Response {
+    let mut resp = Body::from_stream(stream).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+/// A streamed answer's place among the principal's open streams: 429 over its bound, before
+/// the turn runs, so a refusal consumes nothing. `None` for an answer that is not streamed.
+fn stream_place(gw: &Engine, a: &Admitted, stream: bool) -> Result<Option<Slot>, ApiError> {
+    match stream {
+        true => Ok(Some(gw.open_stream(&a.principal)?)),
+        false => Ok(None),
+    }
+}
+
+/// The response, holding `slot` until its body is done (sent, or dropped with the
+/// connection).
+pub(super) fn holding(resp: Response, slot: Option<Slot>) -> Response {
+    let Some(slot) = slot else {
+        return resp;
+    };
+    resp.map(|body| {
+        Body::from_stream(body.into_data_stream().map(move |chunk| {
+            let _held = &slot;
+            chunk
+        }))
+    })
+}
+
+/// Where a turn ran: here, or on the replica that holds it (its answer relayed as it came).
+pub(super) enum Ran {
+    Here(Leg),
+    Relayed(Response),
+}
+
+/// Runs the turn, or relays the request to the replica that holds its turn. `raw` is the
+/// body as received (kept only on a replica, which may have to send it on).
+pub(super) async fn run(
+    gw: &Engine,
+    principal: &Principal,
+    input: TurnInput,
+    hop: Option<Extension<cluster::Hop>>,
+    replay: (&Uri, &HeaderMap, Option<Bytes>),
+) -> Result<Ran, EngineError> {
+    match gw.execute_hop(principal, input, hop.is_some()).await {
+        Ok(leg) => Ok(Ran::Here(leg)),
+        Err(EngineError::Forward(owner)) => {
+            let (uri, headers, body) = replay;
+            let replay = cluster::Replay {
+                uri,
+                headers,
+                body: body.unwrap_or_default(),
+            };
+            let resp = cluster::to_owner(gw, "continuation", owner, &replay).await?;
+            Ok(Ran::Relayed(resp))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The body as received, on a replica (a continuation may be relayed to its owner).
+fn keep_raw(gw: &Engine, a: &Admitted) -> Option<Bytes> {
+    gw.replica_id().map(|_| a.bytes.clone())
+}
+
+/// What every turn answer does last: time to first byte (for streams, when headers and the
+/// first bytes are ready to go) and the execution id for the log line.
+pub(super) fn answered(
+    gw: &Engine,
+    a: &Admitted,
+    execution: String,
+    mut resp: Response,
+) -> Response {
+    gw.metrics().ttfb.observe(a.arrived.elapsed());
+    resp.extensions_mut().insert(ExecutionId(execution));
+    resp
+}
