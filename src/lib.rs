@@ -3,18 +3,22 @@
 //! client posts the matching results.
 //!
 //! # Layout (surfaces -> engine -> backends / store)
-//! - [`http`]: router, thin handlers, how an error becomes a response.
-//! - [`surface`]: one module per client API (`chat`): wire types, tolerant parsing into a
-//!   neutral [`turn::TurnInput`], canonical projection, continuation detection, framing.
+//! - [`http`]: router, one generic turn handler, the other routes, how an error becomes a
+//!   response.
+//! - [`surface`]: the `Surface` trait and one module per client API (`chat`, `responses`,
+//!   `messages`): wire types, tolerant parsing into a neutral [`turn::TurnInput`], framing;
+//!   the shared detection, turn builder and canonical projection.
 //! - [`turn`]: the neutral vocabulary shared by surfaces, the engine and backends.
 //! - [`engine`]: executions and legs: admission, fresh turns, the one suspension path, the
 //!   claim, the one ending path, the deadline timer.
-//! - [`backend`]: the `Backend` trait and its two kinds: `app_server` (a held Codex turn over
-//!   JSON-RPC) and `upstream` (a stateless OpenAI-compatible HTTP endpoint).
+//! - [`backend`]: the `Backend` trait and its kinds: `app_server` (a held Codex turn over
+//!   JSON-RPC), `claude_code` (a held Claude Code turn over stream-json) and `upstream` (a
+//!   stateless OpenAI-compatible HTTP endpoint), over the shared `agent` substrate.
 //! - [`continuation`]: `srct-` tokens, canonical JSON, pending records and tombstones in
 //!   memory, the claim.
 //! - [`approvals`]: durable approval records of backend side effects, decisions, events.
-//! - [`store`]: the durable SQLite journal, suspensions, tombstones and approvals.
+//! - [`store`]: the durable journal, suspensions, tombstones and approvals (SQLite or
+//!   PostgreSQL).
 //! - [`auth`]: principals from API keys (SHA-256 digests, constant-time match) and JWTs.
 //! - [`config`]: TOML config, parsed strictly, validated and frozen.
 //! - [`error`]: stable error codes and their statuses.

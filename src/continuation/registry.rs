@@ -64,6 +64,49 @@ pub struct Batch<P> {
     pub parked: P,
 }
 
+impl<P> Batch<P> {
+    /// The batch without its parked execution, and that execution.
+    pub fn split(self) -> (Batch<()>, P) {
+        let Batch {
+            principal,
+            execution_id,
+            model,
+            surface,
+            deadline,
+            tokens,
+            digests,
+            parked,
+        } = self;
+        let head = Batch {
+            principal,
+            execution_id,
+            model,
+            surface,
+            deadline,
+            tokens,
+            digests,
+            parked: (),
+        };
+        (head, parked)
+    }
+}
+
+impl Batch<()> {
+    /// The batch with `parked` behind it again.
+    pub fn join<P>(self, parked: P) -> Batch<P> {
+        Batch {
+            principal: self.principal,
+            execution_id: self.execution_id,
+            model: self.model,
+            surface: self.surface,
+            deadline: self.deadline,
+            tokens: self.tokens,
+            digests: self.digests,
+            parked,
+        }
+    }
+}
+
 /// What a principal-scoped lookup of a set of tokens found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup {

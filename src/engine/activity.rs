@@ -4,14 +4,14 @@
 //! registry, the continuity set or the backends, scoped to the principal (an approver sees
 //! everyone's). Tokens, backend ids and conversation text never appear.
 
-use serde::Serialize;
-use tokio::time::Instant;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use super::Engine;
+use serde::Serialize;
+
 use crate::auth::Principal;
-use crate::backend::Holds;
-use crate::continuation::registry::principal_eq;
-use crate::store::now_unix;
+use crate::backend::{Backend, Holds};
+use crate::config::Config;
 
 /// A suspended execution: the calls it exposed wait for the client's results.
 #[derive(Debug, Clone, Serialize)]
@@ -69,99 +69,48 @@ pub struct BackendView {
     pub last_failure: Option<u64>,
 }
 
-/// Unix seconds of a monotonic deadline.
-fn unix_at(deadline: Instant, now: Instant, unix: u64) -> u64 {
-    unix + deadline.saturating_duration_since(now).as_secs()
-}
-
-fn sees(who: &Principal, owner: &str) -> bool {
-    who.approver || principal_eq(owner, &who.id)
-}
-
-impl Engine {
-    /// The principal's suspended executions (everyone's for an approver), earliest deadline
-    /// first.
-    pub fn suspended_for(&self, who: &Principal) -> Vec<SuspendedView> {
-        let (now, unix) = (Instant::now(), now_unix());
-        self.inner.registry.snapshot(|b| {
-            sees(who, &b.principal).then(|| SuspendedView {
-                execution_id: b.execution_id.clone(),
-                client: b.principal.clone(),
-                model: b.model.clone(),
-                surface: b.surface.as_str(),
-                hold: match b.parked.hold.is_durable() {
-                    true => "durable",
-                    false => "held",
+/// The backends behind the principal's models (every backend for an approver).
+pub(super) fn backend_views(
+    cfg: &Config,
+    backends: &BTreeMap<String, Arc<dyn Backend>>,
+    who: &Principal,
+) -> Vec<BackendView> {
+    let grant = cfg.grant(&who.id);
+    let may_use = |model: &str| who.approver || grant.as_ref().is_some_and(|g| g.may_use(model));
+    backends
+        .iter()
+        .filter_map(|(name, b)| {
+            let models: Vec<String> = cfg
+                .models
+                .iter()
+                .filter(|m| m.backend == *name && may_use(&m.id))
+                .map(|m| m.id.clone())
+                .collect();
+            if models.is_empty() && !who.approver {
+                return None;
+            }
+            let s = b.stats();
+            let info = b.describe();
+            let status = match info.holds {
+                Holds::Turn if b.ready() => "ok",
+                Holds::Turn => "down",
+                Holds::Nothing => match (s.last_answer, s.last_failure) {
+                    (None, None) => "unused",
+                    (a, Some(f)) if a.is_none_or(|a| f > a) => "failing",
+                    _ => "ok",
                 },
-                calls: b.tokens.len(),
-                tools: b.parked.tools.clone(),
-                round: b.parked.rounds,
-                created_at: b.parked.meta.created,
-                suspended_at: b.parked.suspended_at,
-                deadline_at: unix_at(b.deadline, now, unix),
+            };
+            Some(BackendView {
+                name: name.clone(),
+                kind: info.kind,
+                status,
+                models,
+                busy: s.busy,
+                capacity: s.capacity,
+                processes_alive: s.processes_alive,
+                last_answer: s.last_answer,
+                last_failure: s.last_failure,
             })
         })
-    }
-
-    /// The principal's idle threads (everyone's for an approver), most recently kept first.
-    pub fn threads_for(&self, who: &Principal) -> Vec<ThreadView> {
-        let (now, unix) = (Instant::now(), now_unix());
-        self.inner.continuity.snapshot(|e| {
-            sees(who, &e.binding.principal).then(|| ThreadView {
-                execution_id: e.execution_id.clone(),
-                client: e.binding.principal.clone(),
-                model: e.binding.model.clone(),
-                surface: e.binding.surface.as_str(),
-                messages: e.digests.len(),
-                kept_at: e.kept_at,
-                expires_at: unix_at(e.expires, now, unix),
-                usable: e.idle.usable(),
-            })
-        })
-    }
-
-    /// The backends behind the principal's models (every backend for an approver).
-    pub fn backends_for(&self, who: &Principal) -> Vec<BackendView> {
-        let cfg = self.config();
-        let grant = cfg.grant(&who.id);
-        let may_use =
-            |model: &str| who.approver || grant.as_ref().is_some_and(|g| g.may_use(model));
-        self.inner
-            .backends
-            .iter()
-            .filter_map(|(name, b)| {
-                let models: Vec<String> = cfg
-                    .models
-                    .iter()
-                    .filter(|m| m.backend == *name && may_use(&m.id))
-                    .map(|m| m.id.clone())
-                    .collect();
-                if models.is_empty() && !who.approver {
-                    return None;
-                }
-                let s = b.stats();
-                let info = b.describe();
-                let status = match info.holds {
-                    Holds::Turn if b.ready() => "ok",
-                    Holds::Turn => "down",
-                    Holds::Nothing => match (s.last_answer, s.last_failure) {
-                        (None, None) => "unused",
-                        (a, Some(f)) if a.is_none_or(|a| f > a) => "failing",
-                        _ => "ok",
-                    },
-                };
-                Some(BackendView {
-                    name: name.clone(),
-                    kind: info.kind,
-                    status,
-                    models,
-                    busy: s.busy,
-                    capacity: s.capacity,
-                    processes_alive: s.processes_alive,
-                    last_answer: s.last_answer,
-                    last_failure: s.last_failure,
-                })
-            })
-            .collect()
-    }
+        .collect()
 }

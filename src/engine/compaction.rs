@@ -11,11 +11,10 @@
 use chacha20poly1305::aead::{Aead, KeyInit};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 
-use super::{Engine, EngineError, LegEvent};
-use crate::auth::Principal;
+use super::EngineError;
 use crate::digest::sha256;
-use crate::store::{now_unix, CompactionRecord};
-use crate::turn::{Fingerprint, Message, Role, ToolChoice, TurnInput, Usage};
+use crate::store::{now_unix, CompactionRecord, Store};
+use crate::turn::{Fingerprint, Message, Role, ToolChoice, TurnInput};
 
 /// What the summary turn is asked, before the conversation's transcript.
 const PROMPT: &str = "You are compacting a conversation so that it can continue in a fresh \
@@ -67,91 +66,79 @@ fn transcript(messages: &[Message]) -> String {
     out
 }
 
-impl Engine {
-    /// Runs one summary turn of `input`'s model over its conversation, for `principal`, and
-    /// keeps the summary. Returns the handle and the turn's usage.
-    pub async fn compact(
-        &self,
-        principal: &Principal,
-        input: TurnInput,
-    ) -> Result<(String, Usage), EngineError> {
-        let ask = Message {
-            role: Role::User,
-            text: format!("{PROMPT}{}", transcript(&input.messages)),
-            images: Vec::new(),
-            name: None,
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-            is_error: false,
-        };
-        let digest = (input.digest)(&ask);
-        let turn = TurnInput {
-            messages: vec![ask],
-            message_digests: vec![digest],
-            tools: Ok(Vec::new()),
-            tool_choice: ToolChoice::Auto,
-            parallel_tool_calls: false,
-            stream: false,
-            fingerprint: Fingerprint {
-                tools: [0; 32],
-                tool_choice: [0; 32],
-                prefix: digest,
-            },
-            continuation: None,
-            follows: None,
-            client_tool_history: false,
-            passthrough: None,
-            sampling: Default::default(),
-            ephemeral: true,
-            ..input
-        };
-        let model = turn.model.clone();
-        let mut leg = self.execute(principal, turn).await?;
-        let mut summary = String::new();
-        let usage = loop {
-            match leg.events.recv().await {
-                Some(LegEvent::Delta(d)) => summary.push_str(&d),
-                Some(LegEvent::End { calls, usage }) if calls.is_empty() => break usage,
-                Some(LegEvent::End { .. }) | None => return Err(EngineError::TurnFailed),
-                Some(LegEvent::Error(e)) => return Err(e),
-                Some(_) => {}
-            }
-        };
-        let handle = crate::ids::new_id("cmp-");
-        let sealed = seal(&handle, summary.trim()).ok_or(EngineError::TurnFailed)?;
-        let now = now_unix();
-        let ttl = self.config().continuations.compaction_ttl.as_secs();
-        let record = CompactionRecord {
-            digest: &sha256(handle.as_bytes()),
-            principal: &principal.id,
-            model: &model,
-            sealed: &sealed,
-            created_at: now,
-            expires_at: now.saturating_add(ttl),
-        };
-        if let Err(e) = self.inner.store.compaction_insert(&record) {
-            tracing::error!(error = %e, "could not keep a compaction summary");
-            return Err(EngineError::Store);
-        }
-        Ok((handle, usage))
+/// The summary turn of `input`'s conversation: one user message asking for the summary over
+/// its transcript, no tools, on a fresh thread that is not kept.
+pub(super) fn summary_turn(input: TurnInput) -> TurnInput {
+    let ask = Message {
+        role: Role::User,
+        text: format!("{PROMPT}{}", transcript(&input.messages)),
+        images: Vec::new(),
+        name: None,
+        tool_calls: Vec::new(),
+        tool_call_id: None,
+        is_error: false,
+    };
+    let digest = (input.digest)(&ask);
+    TurnInput {
+        messages: vec![ask],
+        message_digests: vec![digest],
+        tools: Ok(Vec::new()),
+        tool_choice: ToolChoice::Auto,
+        parallel_tool_calls: false,
+        stream: false,
+        fingerprint: Fingerprint {
+            tools: [0; 32],
+            tool_choice: [0; 32],
+            prefix: digest,
+        },
+        continuation: None,
+        follows: None,
+        client_tool_history: false,
+        passthrough: None,
+        sampling: Default::default(),
+        ephemeral: true,
+        ..input
     }
+}
 
-    /// The summary behind a compaction handle, if it is `principal`'s and has not expired.
-    pub fn compacted(
-        &self,
-        principal: &Principal,
-        handle: &str,
-    ) -> Result<Option<String>, EngineError> {
-        let found =
-            self.inner
-                .store
-                .compaction_get(&sha256(handle.as_bytes()), &principal.id, now_unix());
-        match found {
-            Ok(sealed) => Ok(sealed.and_then(|s| open(handle, &s))),
-            Err(e) => {
-                tracing::error!(error = %e, "could not read a compaction summary");
-                Err(EngineError::Store)
-            }
+/// Keeps `summary` sealed behind a fresh handle for `principal` for `ttl_secs`; returns the
+/// handle.
+pub(super) fn keep(
+    store: &Store,
+    principal: &str,
+    model: &str,
+    summary: &str,
+    ttl_secs: u64,
+) -> Result<String, EngineError> {
+    let handle = crate::ids::new_id("cmp-");
+    let sealed = seal(&handle, summary).ok_or(EngineError::TurnFailed)?;
+    let now = now_unix();
+    let record = CompactionRecord {
+        digest: &sha256(handle.as_bytes()),
+        principal,
+        model,
+        sealed: &sealed,
+        created_at: now,
+        expires_at: now.saturating_add(ttl_secs),
+    };
+    if let Err(e) = store.compaction_insert(&record) {
+        tracing::error!(error = %e, "could not keep a compaction summary");
+        return Err(EngineError::Store);
+    }
+    Ok(handle)
+}
+
+/// The summary behind a compaction handle, if it is `principal`'s and has not expired.
+pub(super) fn lookup(
+    store: &Store,
+    principal: &str,
+    handle: &str,
+) -> Result<Option<String>, EngineError> {
+    match store.compaction_get(&sha256(handle.as_bytes()), principal, now_unix()) {
+        Ok(sealed) => Ok(sealed.and_then(|s| open(handle, &s))),
+        Err(e) => {
+            tracing::error!(error = %e, "could not read a compaction summary");
+            Err(EngineError::Store)
         }
     }
 }

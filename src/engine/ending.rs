@@ -1,12 +1,13 @@
-//! The one ending path. Every way an execution ends goes through [`Engine::end`] with a
-//! typed [`EndReason`]: its pending approvals are denied (cancelled), its turn is dropped
-//! (which interrupts an unfinished backend turn and returns its session), the end is
-//! journaled (if the execution has a journal row; queued, `journal.rs`) and counted. A settled batch also goes
-//! through [`Engine::settled`], which makes its tombstones durable first.
+//! How an execution ends. Every way goes through `Engine::end` (`leg.rs`) with a typed
+//! [`EndReason`] and the [`Leftover`] that still holds its turn or record: its pending
+//! approvals are denied (cancelled), then the leftover is dropped (which interrupts an
+//! unfinished backend turn and returns its session), the end is journaled (if the execution
+//! has a journal row; queued, `journal.rs`) and counted. A settled batch also goes through
+//! `Engine::settled`, which makes its tombstones durable first.
 
-use super::execution::{ExecutionMeta, Suspended};
-use super::Engine;
-use crate::continuation::{Reason, Settled};
+use super::admission::Slot;
+use super::execution::{Execution, Suspended};
+use crate::continuation::{Batch, Reason};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndReason {
@@ -52,64 +53,18 @@ impl EndReason {
     }
 }
 
-impl Engine {
-    /// Ends an execution; `state` is whatever still holds its turn or record, dropped here.
-    pub(super) fn end<T>(
-        &self,
-        meta: &ExecutionMeta,
-        journaled: bool,
-        reason: EndReason,
-        state: T,
-    ) {
-        self.inner.approvals.cancel_execution(&meta.id);
-        drop(state);
-        // A stateless leg that simply answered is the request's own log line; every other
-        // ending is worth a line of its own.
-        if journaled || reason != EndReason::Completed {
-            tracing::info!(execution = %meta.id, reason = reason.as_str(), "execution ended");
-        } else {
-            tracing::debug!(execution = %meta.id, reason = reason.as_str(), "execution ended");
-        }
-        self.inner.metrics.ended(reason.as_str());
-        if journaled {
-            self.inner.journal.ended(&meta.id, reason.as_str());
-        }
-    }
-
-    /// Records tombstones (`execution id, principal, token digests`) in the store, and deletes
-    /// the ones a principal's ring pushed out. Returns how many tokens the store still had
-    /// pending, None when it could not be written.
-    pub(super) fn persist_tombstones(
-        &self,
-        (execution_id, principal, tokens): (&str, &str, &[[u8; 32]]),
-        reason: Reason,
-        evicted: &[[u8; 32]],
-    ) -> Option<usize> {
-        let store = &self.inner.store;
-        store
-            .tokens_settled(execution_id, principal, tokens, reason.as_str(), evicted)
-            .inspect_err(|e| {
-                // The in-memory tombstones still answer replays; after a restart, recovery
-                // turns the still-pending rows of a held turn and the still-claimed record of
-                // a stateless one into `lost` tombstones, which never resume. (An expired or
-                // revoked stateless record left pending is refused again after a restart.)
-                tracing::error!(execution = %execution_id, error = %e, "could not persist tombstones");
-            })
-            .ok()
-    }
-
-    /// Persists a settled batch's tombstones and, unless it was claimed, ends its execution.
-    /// Returns the suspension of a claimed batch.
-    pub(super) fn settled(&self, s: Settled<Suspended>) -> Option<Suspended> {
-        let tokens = (s.execution_id.as_str(), s.principal.as_str(), &s.tokens[..]);
-        self.persist_tombstones(tokens, s.reason, &s.evicted);
-        match EndReason::of_settlement(s.reason) {
-            None => Some(s.parked),
-            Some(end) => {
-                let meta = s.parked.meta.clone();
-                self.end(&meta, true, end, s.parked);
-                None
-            }
-        }
-    }
+/// What still holds an ended execution's turn or record; dropped after its approvals are
+/// cancelled.
+// Each variant is held only to be dropped at that point.
+#[allow(dead_code)]
+pub(super) enum Leftover {
+    Nothing,
+    /// A running execution: dropping its turn interrupts it and frees its session.
+    Running(Execution),
+    /// A suspended execution and its hold.
+    Parked(Suspended),
+    /// A batch the registry refused or gave back.
+    Batch(Box<Batch<Suspended>>),
+    /// The principal's place of an execution that completed.
+    Slot(Option<Slot>),
 }

@@ -3,7 +3,7 @@
 //! 400, a refused admission 429, a backend failure 502/504, a store failure 503
 //! `store_unavailable`, a draining gateway 503 `shutting_down`.
 
-use super::cluster::Owner;
+use super::placement::Owner;
 use crate::backend::BackendError;
 use crate::config::ConfigError;
 use crate::continuation::Reason;
@@ -76,10 +76,6 @@ pub enum EngineError {
     /// The store could not record what must be recorded first; nothing was exposed.
     #[error("the store is unavailable")]
     Store,
-    /// The continuation's held turn lives on another replica: the request goes there (the
-    /// HTTP layer relays the owner's answer; never rendered as an error).
-    #[error("held by replica {}", .0.replica_id)]
-    Forward(Owner),
     /// The owner replica of the held turn did not answer, though its lease is live.
     #[error("owner replica unreachable")]
     ReplicaUnavailable,
@@ -120,7 +116,10 @@ impl From<BackendError> for EngineError {
 
 fn continuation(e: ContinuationError) -> ApiError {
     let e = match e {
-        ContinuationError::Elsewhere(owner) => return EngineError::Forward(owner).into(),
+        // The engine answers it as `Outcome::Forward`; rendered only if a caller forgot to.
+        ContinuationError::Elsewhere(_) => {
+            return ApiError::new(ErrorCode::Internal, "internal error")
+        }
         ContinuationError::StoreUnavailable => return EngineError::Store.into(),
         ContinuationError::ResponseNotFound => {
             return ApiError::new(
@@ -241,8 +240,6 @@ impl From<EngineError> for ApiError {
                 ErrorCode::StoreUnavailable,
                 "The gateway could not record the execution; nothing was exposed. Retry later.",
             ),
-            // Relayed by the HTTP layer; rendered only if a route forgot to.
-            EngineError::Forward(_) => ApiError::new(ErrorCode::Internal, "internal error"),
             EngineError::ReplicaUnavailable => {
                 let mut e = ApiError::new(
                     ErrorCode::ReplicaUnavailable,

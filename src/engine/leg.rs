@@ -1,17 +1,27 @@
 //! Legs: one task per leg turns the backend's [`TurnEvent`]s into [`LegEvent`]s on a bounded
-//! channel that the surface frames. A leg ends with the answer, an error, or a suspension
-//! (`suspension.rs`), whatever the backend kind. Tool calls of an agent are collected for
-//! `batch_debounce_ms` before the flush, unless the agent says its batch is complete
-//! (`TurnEvent::Yield`, as a stateless upstream always does).
+//! channel that the surface frames. A leg ends with the answer, an error, or a suspension,
+//! whatever the backend kind, and every ending goes through one function ([`Engine::end`]).
+//! Tool calls of an agent are collected for `batch_debounce_ms` before the flush, unless the
+//! agent says its batch is complete (`TurnEvent::Yield`, as a stateless upstream always does).
+//!
+//! The one suspension path ([`Engine::suspend`]), for both backend kinds: bound the rounds,
+//! mint a token per exposed call, digest the echo with the surface's projection, park the
+//! turn (or keep only a stateless upstream's ids), register the batch in memory within the
+//! bounds, record it durably, and only then send the tokens. Any failure on the way
+//! interrupts the held calls and exposes no token.
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::ending::EndReason;
-use super::execution::{Execution, LegContext};
+use super::approval_policy;
+use super::ending::{EndReason, Leftover};
+use super::execution::{Execution, ExecutionMeta, History, LegContext, Suspended};
+use super::suspensions::Refusal;
 use super::{Engine, EngineError};
 use crate::backend::{HeldCall, Holds, TurnEvent};
-use crate::turn::{ExposedCall, Usage};
+use crate::continuation::{token, Batch, Digests, Settled};
+use crate::store::now_unix;
+use crate::turn::{Call, ExposedCall, Message, Role, Usage};
 
 /// What a leg sends to its surface, in order: deltas, then exactly one `End` or `Error`.
 #[derive(Debug)]
@@ -84,7 +94,12 @@ impl Engine {
             let tx = tx.clone();
             async move {
                 let _ = tx.send(LegEvent::Error(e)).await;
-                self.end(&exec.meta.clone(), exec.journaled, reason, exec);
+                self.end(
+                    &exec.meta.clone(),
+                    exec.journaled,
+                    reason,
+                    Leftover::Running(exec),
+                );
             }
         };
         loop {
@@ -96,7 +111,7 @@ impl Engine {
                 _ = tx.closed() => {
                     tracing::info!(execution = %exec.meta.id, "client went away mid-leg; interrupting the turn");
                     let meta = exec.meta.clone();
-                    return self.end(&meta, exec.journaled, EndReason::Cancelled, exec);
+                    return self.end(&meta, exec.journaled, EndReason::Cancelled, Leftover::Running(exec));
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     return fail(exec, EngineError::Deadline, EndReason::Expired).await;
@@ -128,7 +143,14 @@ impl Engine {
                 Some(TurnEvent::Truncated) => {
                     let _ = tx.send(LegEvent::Truncated).await;
                 }
-                Some(TurnEvent::Approval(ask)) => self.on_approval(&exec.meta, *ask, &tx).await,
+                Some(TurnEvent::Approval(ask)) => {
+                    let (cfg, i) = (self.config(), &self.inner);
+                    let notice =
+                        approval_policy::apply(&cfg, &i.store, &i.approvals, &exec.meta, *ask);
+                    if let Some(n) = notice {
+                        let _ = tx.send(LegEvent::Notice(n)).await;
+                    }
+                }
                 Some(TurnEvent::Yield) if !calls.is_empty() => {
                     return self.suspend(exec, ctx, calls, text, usage, tx).await;
                 }
@@ -145,14 +167,14 @@ impl Engine {
                         slot,
                         ..
                     } = exec;
-                    self.keep_thread(&meta, holds, ctx, &text, turn);
+                    (self.inner.threads).keep(&self.config(), &meta, holds, ctx, &text, turn);
                     let _ = tx
                         .send(LegEvent::End {
                             calls: Vec::new(),
                             usage,
                         })
                         .await;
-                    return self.end(&meta, journaled, EndReason::Completed, slot);
+                    return self.end(&meta, journaled, EndReason::Completed, Leftover::Slot(slot));
                 }
                 Some(TurnEvent::Failed(detail)) => {
                     tracing::warn!(execution = %exec.meta.id, detail_len = detail.len(), "backend turn failed");
@@ -170,6 +192,201 @@ impl Engine {
                     return fail(exec, EngineError::TurnFailed, EndReason::Lost).await;
                 }
                 None => return fail(exec, EngineError::TurnFailed, EndReason::Lost).await,
+            }
+        }
+    }
+
+    /// Parks the execution behind fresh tokens and ends the leg with `tool_calls`.
+    pub(super) async fn suspend(
+        &self,
+        mut exec: Execution,
+        ctx: LegContext,
+        mut calls: Vec<HeldCall>,
+        text: String,
+        usage: Usage,
+        tx: mpsc::Sender<LegEvent>,
+    ) {
+        let cfg = self.config();
+        let max_rounds = cfg.continuations.max_rounds;
+        let refuse = |exec: Execution, e: EngineError, reason: EndReason| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(LegEvent::Error(e)).await;
+                self.end(
+                    &exec.meta.clone(),
+                    exec.journaled,
+                    reason,
+                    Leftover::Running(exec),
+                );
+            }
+        };
+        if exec.rounds >= max_rounds {
+            return refuse(
+                exec,
+                EngineError::MaxRounds(max_rounds),
+                EndReason::MaxRounds,
+            )
+            .await;
+        }
+        if tx.is_closed() {
+            let meta = exec.meta.clone();
+            return self.end(
+                &meta,
+                exec.journaled,
+                EndReason::Cancelled,
+                Leftover::Running(exec),
+            );
+        }
+        if !exec.journaled {
+            let m = &exec.meta;
+            if let Err(e) = self.inner.suspensions.started_now(m) {
+                tracing::error!(execution = %m.id, error = %e, "store unavailable; no token exposed");
+                return refuse(exec, EngineError::Store, EndReason::StoreUnavailable).await;
+            }
+            exec.journaled = true;
+        }
+        if !ctx.parallel && calls.len() > 1 {
+            exec.backlog.extend(calls.drain(1..));
+        }
+
+        let mut exposed = Vec::with_capacity(calls.len());
+        let mut tokens = Vec::with_capacity(calls.len());
+        let mut invocations = Vec::with_capacity(calls.len());
+        for call in calls {
+            let (tok, digest) = token::new_token();
+            tokens.push(digest);
+            invocations.push(call.invocation);
+            exposed.push(ExposedCall {
+                id: tok,
+                name: call.name,
+                arguments: call.arguments,
+            });
+        }
+        let digests = Digests {
+            tools: ctx.fingerprint.tools,
+            tool_choice: ctx.fingerprint.tool_choice,
+            prefix: ctx.fingerprint.prefix,
+            echo: (ctx.echo)(&text, &exposed),
+        };
+        let history = ctx.keeps_history.then(|| {
+            let mut h = History {
+                digests: ctx.digests,
+                messages: ctx.messages,
+            };
+            let assistant = Message {
+                role: Role::Assistant,
+                text: text.clone(),
+                images: Vec::new(),
+                name: None,
+                tool_calls: exposed
+                    .iter()
+                    .map(|c| Call {
+                        id: c.id.clone(),
+                        name: c.name.clone(),
+                        arguments: c.arguments.clone(),
+                    })
+                    .collect(),
+                tool_call_id: None,
+                is_error: false,
+            };
+            h.digests.push((ctx.digest)(&assistant));
+            if let Some(m) = h.messages.as_mut() {
+                m.push(assistant);
+            }
+            h
+        });
+        let Execution {
+            meta,
+            holds,
+            deadline,
+            rounds,
+            turn,
+            backlog,
+            slot,
+            ..
+        } = exec;
+        let hold = turn.suspend(invocations);
+        let tools = exposed.iter().map(|c| c.name.clone()).collect();
+        let parked = Suspended {
+            meta: meta.clone(),
+            holds,
+            deadline,
+            rounds: rounds + 1,
+            // A durable record holds no live-execution slot while suspended.
+            slot: if hold.is_durable() { None } else { slot },
+            hold,
+            backlog,
+            history,
+            suspended_at: Some(now_unix()),
+            tools,
+        };
+        let batch = Batch {
+            principal: meta.principal.clone(),
+            execution_id: meta.id.clone(),
+            model: meta.model.clone(),
+            surface: meta.surface,
+            deadline,
+            tokens,
+            digests,
+            parked,
+        };
+        match self.inner.suspensions.suspend(batch) {
+            Ok(()) => {}
+            Err(Refusal::Capacity(refused)) => {
+                let _ = tx
+                    .send(LegEvent::Error(EngineError::SuspensionCapacity))
+                    .await;
+                return self.end(&meta, true, EndReason::Capacity, Leftover::Batch(refused));
+            }
+            Err(Refusal::Store(withdrawn)) => {
+                let _ = tx.send(LegEvent::Error(EngineError::Store)).await;
+                let left = withdrawn.map_or(Leftover::Nothing, Leftover::Batch);
+                return self.end(&meta, true, EndReason::StoreUnavailable, left);
+            }
+        }
+        tracing::debug!(execution = %meta.id, calls = exposed.len(), "execution suspended");
+        let _ = tx
+            .send(LegEvent::End {
+                calls: exposed,
+                usage,
+            })
+            .await;
+    }
+
+    /// Ends an execution: its approvals are cancelled first, then what still holds its turn
+    /// or record is dropped (which interrupts an unfinished turn and returns its session).
+    pub(super) fn end(
+        &self,
+        meta: &ExecutionMeta,
+        journaled: bool,
+        reason: EndReason,
+        left: Leftover,
+    ) {
+        self.inner.approvals.cancel_execution(&meta.id);
+        drop(left);
+        // A stateless leg that simply answered is the request's own log line; every other
+        // ending is worth a line of its own.
+        if journaled || reason != EndReason::Completed {
+            tracing::info!(execution = %meta.id, reason = reason.as_str(), "execution ended");
+        } else {
+            tracing::debug!(execution = %meta.id, reason = reason.as_str(), "execution ended");
+        }
+        self.inner.metrics.ended(reason.as_str());
+        if journaled {
+            self.inner.suspensions.ended(&meta.id, reason.as_str());
+        }
+    }
+
+    /// Persists a settled batch's tombstones and, unless it was claimed, ends its execution.
+    /// Returns the suspension of a claimed batch.
+    pub(super) fn settled(&self, s: Settled<Suspended>) -> Option<Suspended> {
+        self.inner.suspensions.persist_settled(&s);
+        match EndReason::of_settlement(s.reason) {
+            None => Some(s.parked),
+            Some(end) => {
+                let meta = s.parked.meta.clone();
+                self.end(&meta, true, end, Leftover::Parked(s.parked));
+                None
             }
         }
     }

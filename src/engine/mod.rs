@@ -1,13 +1,19 @@
 //! The execution engine: executions and their legs, whatever the surface and the backend kind.
 //!
-//! An execution is one client-visible assistant turn. It starts on a fresh request, runs a
-//! backend leg, and ends with the answer, an error, or a suspension: the calls the backend
-//! wants from the client's tools are exposed behind fresh tokens, registered before any token
-//! is written (`suspension.rs`). A continuation is validated in a fixed order and, after the
-//! atomic claim, handed back to its backend, which answers the held calls (an agent) or sends
-//! the conversation with its ids restored (a stateless upstream); the next leg of the same
-//! execution follows (`resume.rs`). Every ending goes through one function (`ending.rs`);
-//! deadlines sleep until due (`timer.rs`).
+//! An execution is one client-visible assistant turn. It starts on a fresh request
+//! (`execute.rs`), runs a backend leg, and ends with the answer, an error, or a suspension:
+//! the calls the backend wants from the client's tools are exposed behind fresh tokens,
+//! registered before any token is written (`leg.rs`). A continuation is validated in a fixed
+//! order and, after the atomic claim, handed back to its backend, which answers the held calls
+//! (an agent) or sends the conversation with its ids restored (a stateless upstream); the next
+//! leg of the same execution follows (`resume.rs`). Every ending goes through one function
+//! (`Engine::end`); deadlines sleep until due (the timer, here).
+//!
+//! State has owners: [`suspensions`] (registry, journal, durable records), [`placement`]
+//! (single gateway or replica), [`threads`] (idle threads and conversations), admission
+//! limits, approvals and the usage ledger. `impl Engine` lives in four files: this one
+//! (start, operations, the timer, shutdown), `execute.rs`, `leg.rs` and `resume.rs`; it
+//! orchestrates the owners and never reaches into their state.
 //!
 //! The engine works on the neutral [`TurnInput`] and never imports axum or a wire type;
 //! surfaces translate to and from it.
@@ -15,68 +21,71 @@
 mod activity;
 mod admission;
 mod approval_policy;
-mod cluster;
 mod compaction;
 mod continuity;
-mod conversation;
 mod ending;
 mod error;
+mod execute;
 mod execution;
 mod follow;
 mod journal;
 mod ledger;
 mod leg;
+mod placement;
 mod resume;
-mod suspension;
+mod suspensions;
 #[cfg(test)]
 mod tests;
+mod threads;
 mod timer;
 
 pub use activity::{BackendView, SuspendedView, ThreadView};
 pub use admission::Slot;
-pub use cluster::{ApprovalRoute, Owner, OwnerFate};
 pub use ending::EndReason;
 pub use error::{ContinuationError, EngineError, StartError};
+pub use execute::Outcome;
 pub use leg::{Leg, LegEvent};
+pub use placement::{ApprovalRoute, Owner, OwnerFate};
 
 use parking_lot::RwLock;
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use self::execution::{Execution, ExecutionMeta, LegContext, Suspended};
+use self::placement::Placement;
+use self::suspensions::Suspensions;
+use self::threads::Threads;
 use crate::approvals::Approvals;
 use crate::auth::{self, Principal};
-use crate::backend::{self, Backend, Holds, LegRequest};
+use crate::backend::{self, Backend, Holds};
 use crate::config::{self, Config, ConfigError};
 use crate::continuation::{Limits, Reason, Registry};
 use crate::error::ApiError;
-use crate::ids::new_id;
 use crate::metrics::{Gauges, Metrics};
-use crate::store::{now_unix, Store};
-use crate::turn::TurnInput;
+use crate::store::{ApprovalRecord, Store};
 
 struct Inner {
     config: RwLock<Arc<Config>>,
     config_path: Option<PathBuf>,
     /// Every backend by name, whatever its kind, started once (a reload does not restart them).
     backends: BTreeMap<String, Arc<dyn Backend>>,
-    registry: Registry<Suspended>,
-    approvals: Approvals,
+    /// Suspended executions, in memory and in the store.
+    suspensions: Suspensions,
+    /// A single gateway, or this replica's lease among others.
+    placement: Placement,
+    /// Idle backend threads kept for their conversation's next turn.
+    threads: Threads,
+    approvals: Arc<Approvals>,
     metrics: Arc<Metrics>,
     /// Usage accounting (metrics and daily totals in the store).
     ledger: Arc<ledger::Ledger>,
-    /// Idle backend threads kept for their conversation's next turn.
-    continuity: continuity::Continuity,
     store: Arc<Store>,
-    /// Agent executions' starts and ends, written behind the request path.
-    journal: journal::Journal,
-    /// `[cluster]`: this replica's lease and key; None for a single gateway.
-    cluster: Option<cluster::Membership>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
     /// Per-principal admission limits of fresh turns.
@@ -122,7 +131,7 @@ impl Engine {
         let membership = cfg
             .cluster
             .as_ref()
-            .map(cluster::Membership::new)
+            .map(placement::Membership::new)
             .transpose()?;
         let store = Arc::new(open_store(&cfg)?);
         let recovered = store.recover()?;
@@ -146,29 +155,35 @@ impl Engine {
                 .into_iter()
                 .map(|t| (t.digest, t.principal, Reason::parse(&t.reason))),
         );
-        let approvals = Approvals::new(store.clone())?;
+        let approvals = Arc::new(Approvals::new(store.clone())?);
         let deaths = backends.values().filter_map(|b| b.deaths()).collect();
         let metrics = Arc::new(Metrics::default());
+        let placement = Placement::new(
+            membership,
+            store.clone(),
+            approvals.clone(),
+            metrics.clone(),
+        );
+        let single = placement.replica_id().is_none();
+        let journal = journal::Journal::start(store.clone(), single)?;
         let engine = Engine {
             inner: Arc::new(Inner {
                 config: RwLock::new(Arc::new(cfg)),
                 config_path,
                 backends,
-                registry,
+                suspensions: Suspensions::open(store.clone(), registry, journal)?,
+                placement,
+                threads: Threads::new(metrics.clone()),
                 approvals,
                 ledger: ledger::Ledger::new(metrics.clone()),
                 metrics,
-                continuity: continuity::Continuity::default(),
-                journal: journal::Journal::start(store.clone(), membership.is_none())?,
                 store,
-                cluster: membership,
                 shutdown: CancellationToken::new(),
                 tracker: TaskTracker::new(),
                 limiter: admission::Limiter::default(),
                 jwt_cache: auth::jwt::Cache::default(),
             }),
         };
-        engine.restore_durable()?;
         let timer = engine.clone();
         engine
             .inner
@@ -248,10 +263,12 @@ impl Engine {
 
     /// Live values for the gauges of `/metrics`.
     pub fn gauges(&self) -> Gauges {
+        let (suspended_executions, pending_continuations, tombstones) =
+            self.inner.suspensions.counts();
         Gauges {
-            suspended_executions: self.inner.registry.batch_count(),
-            pending_continuations: self.inner.registry.pending_count(),
-            tombstones: self.inner.registry.tombstone_count(),
+            suspended_executions,
+            pending_continuations,
+            tombstones,
             pending_approvals: self.inner.approvals.pending_count(),
             sessions: self
                 .inner
@@ -263,7 +280,7 @@ impl Engine {
                     (n.clone(), s.busy, s.capacity)
                 })
                 .collect(),
-            idle_threads: self.inner.continuity.len(),
+            idle_threads: self.inner.threads.len(),
         }
     }
 
@@ -297,179 +314,145 @@ impl Engine {
         &self.inner.approvals
     }
 
-    fn backend(&self, name: &str) -> Option<Arc<dyn Backend>> {
+    pub(super) fn backend(&self, name: &str) -> Option<Arc<dyn Backend>> {
         self.inner.backends.get(name).cloned()
     }
 
-    /// Runs one request: a fresh turn or the continuation of a suspended one.
-    pub async fn execute(
-        &self,
-        principal: &Principal,
-        input: TurnInput,
-    ) -> Result<Leg, EngineError> {
-        self.execute_hop(principal, input, false).await
+    /// Every held turn settled `lost` (shutdown; a replica the others gave up).
+    fn settle_held(&self) {
+        for s in self.inner.suspensions.settle_held(Reason::Lost) {
+            self.settled(s);
+        }
     }
 
-    /// [`Engine::execute`]; `forwarded` when another replica sent the request here as the
-    /// turn's owner (it is never forwarded again).
-    pub async fn execute_hop(
-        &self,
-        principal: &Principal,
-        mut input: TurnInput,
-        forwarded: bool,
-    ) -> Result<Leg, EngineError> {
-        if self.inner.shutdown.is_cancelled() {
-            return Err(EngineError::ShuttingDown);
-        }
-        let Some(c) = input.continuation.take() else {
-            // Only fresh turns are limited: a continuation refused here would strand the
-            // held turn it answers.
-            let slot = self.admit(principal)?;
-            return self.fresh(principal, input, slot).await;
+    /// The principal's suspended executions (everyone's for an approver), earliest deadline
+    /// first.
+    pub fn suspended_for(&self, who: &Principal) -> Vec<SuspendedView> {
+        self.inner.suspensions.views(who)
+    }
+
+    /// The principal's idle threads (everyone's for an approver), most recently kept first.
+    pub fn threads_for(&self, who: &Principal) -> Vec<ThreadView> {
+        self.inner.threads.views(who)
+    }
+
+    /// The backends behind the principal's models (every backend for an approver).
+    pub fn backends_for(&self, who: &Principal) -> Vec<BackendView> {
+        activity::backend_views(&self.config(), &self.inner.backends, who)
+    }
+
+    /// This replica's id, when it is one of several.
+    pub fn replica_id(&self) -> Option<&str> {
+        self.inner.placement.replica_id()
+    }
+
+    /// The shared key another replica presents on the internal listener, compared in
+    /// constant time.
+    pub fn cluster_key_matches(&self, presented: &[u8]) -> bool {
+        self.inner.placement.key_matches(presented)
+    }
+
+    /// The shared key, for requests this replica forwards.
+    pub fn cluster_key(&self) -> Option<&str> {
+        self.inner.placement.key()
+    }
+
+    /// The lease part of readiness: None for a single gateway.
+    pub fn lease_ready(&self) -> Option<bool> {
+        self.inner.placement.lease_ready()
+    }
+
+    /// Where a decision on this approval is taken.
+    pub fn approval_route(&self, record: &ApprovalRecord) -> ApprovalRoute {
+        self.inner.placement.approval_route(record)
+    }
+
+    /// After an owner could not be reached: waits (at most one lease) until its lease has
+    /// either been renewed or lapsed.
+    pub async fn await_owner(&self, replica: &str) -> OwnerFate {
+        self.inner.placement.await_owner(replica).await
+    }
+
+    /// Takes the lease with the internal listener's address and starts renewing it every
+    /// third of it until shutdown, then gives it up. Called once the internal listener is
+    /// bound, before anything is served.
+    pub fn join_cluster(&self, bound: SocketAddr) -> Result<(), StartError> {
+        let Placement::Replica(cluster) = &self.inner.placement else {
+            return Ok(());
         };
-        let claimed = self.claim(principal, &input, &c, forwarded);
-        match claimed {
-            Err(ContinuationError::Elsewhere(owner)) => Err(EngineError::Forward(owner)),
-            Err(e) => {
-                let e = EngineError::from(e);
-                self.inner
-                    .metrics
-                    .rejection(ApiError::from(e.clone()).code.as_str());
-                Err(e)
-            }
-            Ok(claimed) => self.answer(claimed, input, c).await,
-        }
-    }
-
-    /// Admission of a fresh turn under the principal's limits in the current config (so a
-    /// reload applies at once): 429 `rate_limited` with `Retry-After` before anything runs.
-    fn admit(&self, principal: &Principal) -> Result<admission::Slot, EngineError> {
-        let cfg = self.config();
-        let none = config::ClientLimits::default();
-        let grant = cfg.grant(&principal.id);
-        let limits = grant.as_ref().map_or(&none, |g| g.limits);
-        let (all, durable) =
-            if limits.max_suspended.is_some() || limits.concurrent_executions.is_some() {
-                self.inner.registry.suspended_of(&principal.id)
-            } else {
-                (0, 0)
+        let url = placement::advertised(self.config().cluster.as_ref(), bound);
+        let (tracker, stop) = (&self.inner.tracker, &self.inner.shutdown);
+        cluster.join(url, tracker, stop)?;
+        let engine = self.clone();
+        tracker.spawn(async move {
+            let Placement::Replica(cluster) = &engine.inner.placement else {
+                return;
             };
-        let counts = admission::SuspendedCounts { all, durable };
-        self.inner
-            .limiter
-            .admit(&principal.id, limits, counts)
-            .map_err(|r| {
-                let secs = admission::retry_after_secs(r.retry_after);
-                tracing::debug!(principal = %principal.id, limit = r.limit, retry_after = secs, "fresh turn refused by a client limit");
-                EngineError::RateLimited {
-                    limit: r.limit,
-                    retry_after_secs: secs,
+            loop {
+                tokio::select! {
+                    _ = engine.inner.shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(cluster.renew_every()) => {
+                        cluster.renew(|| engine.settle_held());
+                    }
                 }
-            })
+            }
+            cluster.release();
+        });
+        Ok(())
     }
 
-    /// A place for one more long-lived response of the principal (an event stream, a
-    /// streamed leg), under its `max_streams` in the current config; the response body holds
-    /// it. Over the bound: 429 `capacity_exhausted`.
-    pub fn open_stream(&self, principal: &Principal) -> Result<admission::Slot, EngineError> {
-        let cfg = self.config();
-        let max = cfg
-            .grant(&principal.id)
-            .and_then(|g| g.limits.max_streams)
-            .unwrap_or(cfg.server.max_streams_per_client);
-        self.inner.limiter.stream(&principal.id, max).ok_or_else(|| {
-            tracing::debug!(principal = %principal.id, max, "stream refused: the client holds its maximum");
-            EngineError::StreamCapacity(max)
-        })
+    async fn run_timer(&self, mut deaths: Vec<watch::Receiver<u64>>) {
+        let mut forget = tokio::time::interval(timer::FORGET_IDLE_EVERY);
+        forget.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut flush = tokio::time::interval(timer::FLUSH_USAGE_EVERY);
+        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (suspensions, threads) = (&self.inner.suspensions, &self.inner.threads);
+        let approvals = &self.inner.approvals;
+        loop {
+            let next = timer::earliest(suspensions.next_deadline(), approvals.next_deadline());
+            let next = timer::earliest(next, threads.next_expiry());
+            let sleep = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = self.inner.shutdown.cancelled() => return,
+                _ = sleep => self.expire_due(Instant::now()),
+                _ = suspensions.changed().notified() => {}
+                _ = approvals.changed().notified() => {}
+                _ = threads.changed().notified() => {}
+                _ = timer::any_death(&mut deaths) => {
+                    for s in suspensions.take_dead() {
+                        tracing::warn!(execution = %s.execution_id, "backend of a suspended execution died");
+                        self.settled(s);
+                    }
+                }
+                _ = forget.tick() => self.inner.limiter.forget_idle(),
+                _ = flush.tick() => self.flush_usage(),
+            }
+        }
     }
 
-    async fn fresh(
-        &self,
-        principal: &Principal,
-        mut input: TurnInput,
-        slot: admission::Slot,
-    ) -> Result<Leg, EngineError> {
-        let input = &mut input;
-        if !self.admits_fresh() {
-            return Err(EngineError::Store);
+    /// Settles every suspension and approval whose deadline is at or before `now`, and
+    /// releases the idle threads past their TTL.
+    fn expire_due(&self, now: Instant) {
+        for s in self.inner.suspensions.take_expired(now) {
+            tracing::info!(execution = %s.execution_id, "suspended execution expired; turn interrupted");
+            self.settled(s);
         }
-        let cfg = self.config();
-        let model = cfg
-            .model(&input.model)
-            .filter(|m| cfg.may_use(&principal.id, &m.id))
-            .ok_or_else(|| EngineError::ModelNotFound(input.model.clone()))?;
-        let backend = self
-            .backend(&model.backend)
-            .ok_or(EngineError::TurnFailed)?;
-        backend.validate(&*input)?;
-        let holds = backend.describe().holds;
-        let kept = self.kept_thread(&principal.id, &model.id, holds, input)?;
-        let meta = ExecutionMeta {
-            id: new_id("exe-"),
-            principal: principal.id.clone(),
-            model: model.id.clone(),
-            surface: input.surface,
-            created: now_unix(),
-        };
-        // An agent's execution is journaled before it starts (a crash leaves it `lost`); a
-        // stateless leg only if it suspends: one that just answers leaves nothing to recover,
-        // and two store transactions per relayed request would cap the plain path.
-        let journaled = holds == Holds::Turn;
-        if journaled {
-            if let Err(e) = self
-                .inner
-                .journal
-                .started(&meta.id, &meta.principal, &meta.model)
-            {
-                tracing::error!(error = %e, "store unavailable");
-                return Err(EngineError::Store);
-            }
-        }
-        self.inner.metrics.overhead.observe(input.arrived.elapsed());
-        let leg = LegRequest {
-            execution_id: &meta.id,
-            model,
-            input: &*input,
-            meter: self.inner.ledger.meter(&meta.principal, &meta.model),
-            kept,
-        };
-        let turn = match backend.start(leg).await {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::warn!(execution = %meta.id, error = %e, "backend leg did not start");
-                let reason = match holds {
-                    Holds::Turn => EndReason::FailedToStart,
-                    Holds::Nothing => EndReason::Failed,
-                };
-                self.end(&meta, journaled, reason, ());
-                return Err(e.into());
-            }
-        };
-        let exec = Execution {
-            meta,
-            holds,
-            deadline: Instant::now() + cfg.continuations.execution_ttl,
-            rounds: 0,
-            journaled,
-            turn,
-            backlog: Default::default(),
-            slot: Some(slot),
-        };
-        let ctx = LegContext::of(input, holds);
-        Ok(self.drive(exec, ctx))
+        self.inner.approvals.expire_due(now);
+        self.inner.threads.release_idle(now);
     }
 
     /// Stops new work: running legs end with an error and every held turn is settled `lost`
     /// (interrupted). Durable records stay in the store for the next start. Idempotent.
     pub fn begin_shutdown(&self) {
         self.inner.shutdown.cancel();
-        for id in self.inner.registry.held_batches() {
-            if let Some(s) = self.inner.registry.settle(id, Reason::Lost) {
-                self.settled(s);
-            }
-        }
+        self.settle_held();
         self.inner.approvals.cancel_all();
-        drop(self.inner.continuity.clear());
+        self.inner.threads.clear();
     }
 
     /// Stops legs, settles every held turn as `lost` (so replays after a restart answer 410),
@@ -480,7 +463,7 @@ impl Engine {
         self.inner.tracker.wait().await;
         self.flush_usage();
         let engine = self.clone();
-        let _ = tokio::task::spawn_blocking(move || engine.inner.journal.close()).await;
+        let _ = tokio::task::spawn_blocking(move || engine.inner.suspensions.close()).await;
         for b in self.inner.backends.values() {
             b.shutdown().await;
         }

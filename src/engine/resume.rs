@@ -17,15 +17,16 @@ use std::collections::HashMap;
 
 use tokio::time::Instant;
 
-use super::ending::EndReason;
+use super::ending::{EndReason, Leftover};
 use super::execution::{Execution, History, LegContext, Suspended};
 use super::leg::Leg;
+use super::suspensions::{Suspensions, Taken};
 use super::{ContinuationError, Engine, EngineError};
 use crate::auth::Principal;
 use crate::backend::{Answer, Hold, Holds, LegRequest, Resume};
 use crate::continuation::canonical::digest_of_digests;
-use crate::continuation::{Batch, Digests, PendingView, Reason};
-use crate::turn::{Continuation, SurfaceId, TurnInput};
+use crate::continuation::{Batch, Digests, Lookup, PendingView, Reason};
+use crate::turn::{Continuation, TurnInput};
 
 fn mismatch(why: impl Into<String>) -> ContinuationError {
     ContinuationError::Mismatch(why.into())
@@ -33,7 +34,7 @@ fn mismatch(why: impl Into<String>) -> ContinuationError {
 
 /// Where a continuation's parts sit in the suspended batch (exposure order).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Placement {
+pub(super) struct Positions {
     /// The batch position each result answers, in the client's order.
     pub results: Vec<usize>,
     /// The batch position of each call of the assistant message.
@@ -47,7 +48,7 @@ pub(super) fn check(
     input: &TurnInput,
     c: &Continuation,
     max_result_bytes: usize,
-) -> Result<Placement, ContinuationError> {
+) -> Result<Positions, ContinuationError> {
     if input.surface != view.surface {
         return Err(mismatch(
             "the tool calls were issued on another API surface",
@@ -116,60 +117,25 @@ pub(super) fn check(
         .iter()
         .map(|t| position.get(t).copied().unwrap_or_default())
         .collect();
-    Ok(Placement {
+    Ok(Positions {
         results: positions,
         calls,
     })
 }
 
-/// A claimed batch without its parked execution: what spending its tokens or putting it back
+/// A claimed continuation: the suspended execution, where the answers sit in its batch, and
+/// the batch itself (without the execution), which spending its tokens or putting it back
 /// takes.
-pub(super) struct Taken {
-    principal: String,
-    execution_id: String,
-    model: String,
-    surface: SurfaceId,
-    deadline: Instant,
-    tokens: Vec<[u8; 32]>,
-    digests: Digests,
-    /// Spent only once the upstream answered (a stateless upstream's batch).
-    durable: bool,
-}
-
-impl Taken {
-    fn of(b: Batch<Suspended>) -> (Taken, Suspended) {
-        use crate::continuation::Parked;
-        let taken = Taken {
-            durable: b.parked.is_durable(),
-            principal: b.principal,
-            execution_id: b.execution_id,
-            model: b.model,
-            surface: b.surface,
-            deadline: b.deadline,
-            tokens: b.tokens,
-            digests: b.digests,
-        };
-        (taken, b.parked)
-    }
-
-    fn into_batch(self, parked: Suspended) -> Batch<Suspended> {
-        Batch {
-            principal: self.principal,
-            execution_id: self.execution_id,
-            model: self.model,
-            surface: self.surface,
-            deadline: self.deadline,
-            tokens: self.tokens,
-            digests: self.digests,
-            parked,
-        }
-    }
+pub(super) struct Claimed {
+    suspended: Suspended,
+    positions: Positions,
+    batch: Batch<()>,
 }
 
 /// A taken stateless batch, put back as it was unless the upstream answered: when the forward
 /// fails, and when the request is dropped (the client left) before the upstream answered.
 struct Reinstate<'a> {
-    engine: &'a Engine,
+    suspensions: &'a Suspensions,
     batch: Option<Batch<Suspended>>,
 }
 
@@ -179,8 +145,7 @@ impl Reinstate<'_> {
     /// restart settles as `lost` and no other replica claims: never answered twice.
     fn spend(mut self) {
         if let Some(b) = self.batch.take() {
-            let t = (&b.execution_id, &b.principal, &b.tokens);
-            if self.engine.spend(t.0, t.1, t.2, Reason::Resolved).is_none() {
+            if self.suspensions.spend(&b, Reason::Resolved).is_none() {
                 tracing::warn!(execution = %b.execution_id, "the spend stays a claim in the store; it settles lost at the next start");
             }
         }
@@ -190,59 +155,54 @@ impl Reinstate<'_> {
 impl Drop for Reinstate<'_> {
     fn drop(&mut self) {
         if let Some(b) = self.batch.take() {
-            self.engine.unclaim_durable(&b.execution_id);
-            self.engine.inner.registry.reinstate(b);
+            self.suspensions.reinstate(b);
         }
     }
 }
 
 impl Engine {
-    /// Tombstones a taken batch's tokens, in memory and durably. Returns whether the store
-    /// still had them pending (false when another replica settled them first), None when the
-    /// store could not be written.
-    fn spend(
+    /// The batch of a continuation: in this process, else (a replica) in the store.
+    fn lookup_anywhere(
         &self,
-        execution_id: &str,
-        principal: &str,
-        tokens: &[[u8; 32]],
-        reason: Reason,
-    ) -> Option<bool> {
-        let evicted = self.inner.registry.commit(principal, tokens, reason);
-        self.persist_tombstones((execution_id, principal, tokens), reason, &evicted)
-            .map(|n| n == tokens.len())
-    }
-
-    /// Tombstones a claimed held batch's tokens: behind the request path where the journal
-    /// writes behind (`journal.rs`), else at once. Never for a stateless batch, whose durable
-    /// record must not be claimable again.
-    fn spend_held(&self, t: &Taken) -> Option<bool> {
-        if !self.inner.journal.behind() {
-            return self.spend(&t.execution_id, &t.principal, &t.tokens, Reason::Resolved);
+        principal: &Principal,
+        input: &TurnInput,
+        c: &Continuation,
+        forwarded: bool,
+    ) -> Result<Box<PendingView>, ContinuationError> {
+        let suspensions = &self.inner.suspensions;
+        for attempt in 0..2 {
+            match suspensions.lookup(&principal.id, &c.tokens) {
+                Lookup::NotFound if attempt == 0 => {
+                    let max = self.config().continuations.max_tool_result_bytes;
+                    let found = self
+                        .inner
+                        .placement
+                        .find(principal, input, c, forwarded, max)?;
+                    // A racing request may have taken it in first; either way, look again.
+                    suspensions.take_in(found);
+                }
+                Lookup::NotFound => return Err(ContinuationError::NotFound),
+                Lookup::Settled(reason) => return Err(ContinuationError::Settled(reason)),
+                Lookup::Partial => {
+                    return Err(ContinuationError::Mismatch(
+                        "the tool calls do not form one pending batch".into(),
+                    ))
+                }
+                Lookup::Pending(v) => return Ok(v),
+            }
         }
-        let evicted = self
-            .inner
-            .registry
-            .commit(&t.principal, &t.tokens, Reason::Resolved);
-        self.inner.journal.tombstones(super::journal::Tombstones {
-            execution_id: t.execution_id.clone(),
-            principal: t.principal.clone(),
-            tokens: t.tokens.clone(),
-            reason: Reason::Resolved.as_str(),
-            evicted,
-        });
-        Some(true)
+        Err(ContinuationError::NotFound)
     }
 
-    /// Validates a continuation and claims its batch. Returns the claimed suspension, the
-    /// batch position of each result and the claimed batch.
+    /// Validates a continuation and claims its batch.
     pub(super) fn claim(
         &self,
         principal: &Principal,
         input: &TurnInput,
         c: &Continuation,
         forwarded: bool,
-    ) -> Result<(Suspended, Placement, Taken), ContinuationError> {
-        let registry = &self.inner.registry;
+    ) -> Result<Claimed, ContinuationError> {
+        let suspensions = &self.inner.suspensions;
         let view = self.lookup_anywhere(principal, input, c, forwarded)?;
         // A reference to another execution (another principal's, unknown or just another
         // response) is answered as an unknown token.
@@ -250,25 +210,25 @@ impl Engine {
             return Err(ContinuationError::NotFound);
         }
         // A replica whose lease lapsed may have been given up by the others.
-        let fenced = !view.durable && !self.may_claim_held();
+        let fenced = !view.durable && !self.inner.placement.may_claim_held();
         for (stale, reason) in [
             (Instant::now() >= view.deadline, Reason::Expired),
             (!view.alive || fenced, Reason::Lost),
         ] {
             if stale {
-                if let Some(s) = registry.settle(view.batch, reason) {
+                if let Some(s) = suspensions.settle(view.batch, reason) {
                     self.settled(s);
                 }
                 return Err(ContinuationError::Settled(reason));
             }
         }
         let cfg = self.config();
-        let placement = check(&view, input, c, cfg.continuations.max_tool_result_bytes)?;
+        let positions = check(&view, input, c, cfg.continuations.max_tool_result_bytes)?;
 
         // Authority under the current config, for the original model.
         let allowed = cfg.model(&view.model).is_some() && cfg.may_use(&principal.id, &view.model);
         if !allowed {
-            if let Some(s) = registry.settle(view.batch, Reason::Revoked) {
+            if let Some(s) = suspensions.settle(view.batch, Reason::Revoked) {
                 tracing::info!(execution = %s.execution_id, "grant revoked while suspended; turn interrupted");
                 self.settled(s);
             }
@@ -276,39 +236,36 @@ impl Engine {
         }
 
         // The claim: exactly one caller gets the execution.
-        let batch = registry
-            .take(view.batch)
-            .ok_or(ContinuationError::Settled(Reason::Resolved))?;
-        let (taken, claimed) = Taken::of(batch);
-        if taken.durable {
-            if let Err(e) = self.claim_durable(&taken.execution_id, &taken.tokens) {
-                if e == ContinuationError::StoreUnavailable {
-                    registry.reinstate(taken.into_batch(claimed));
-                }
-                return Err(e);
-            }
-        } else {
-            let spent = self.spend_held(&taken);
-            if spent == Some(false) && self.replica_id().is_some() {
-                // Another replica settled this held turn (this one's lease had lapsed).
-                let meta = claimed.meta.clone();
-                self.end(&meta, true, EndReason::Lost, claimed);
-                return Err(ContinuationError::Settled(Reason::Lost));
+        match suspensions.take(view.batch)? {
+            Taken::Claimed(batch, suspended) => Ok(Claimed {
+                suspended,
+                positions,
+                batch,
+            }),
+            Taken::Gone(suspended) => {
+                let meta = suspended.meta.clone();
+                self.end(&meta, true, EndReason::Lost, Leftover::Parked(suspended));
+                Err(ContinuationError::Settled(Reason::Lost))
             }
         }
-        Ok((claimed, placement, taken))
     }
 
     /// Hands the claimed suspension and the client's answers to its backend and drives the
     /// next leg of the same execution.
     pub(super) async fn answer(
         &self,
-        (mut s, placement, taken): (Suspended, Placement, Taken),
+        claimed: Claimed,
         mut input: TurnInput,
         mut c: Continuation,
     ) -> Result<Leg, EngineError> {
+        let Claimed {
+            suspended: mut s,
+            positions,
+            batch,
+        } = claimed;
+        let durable = s.hold.is_durable();
         // What reinstating a stateless batch needs back (its ids are all its hold).
-        let kept = taken.durable.then(|| match &s.hold {
+        let kept = durable.then(|| match &s.hold {
             Hold::Ids(ids) => (ids.clone(), s.history.clone()),
             Hold::Live { .. } => (Vec::new(), None),
         });
@@ -321,18 +278,13 @@ impl Engine {
             .model(&s.meta.model)
             .and_then(|m| Some((m, self.backend(&m.backend)?)));
         let Some((model, backend)) = backend else {
-            if taken.durable {
-                self.spend(
-                    &taken.execution_id,
-                    &taken.principal,
-                    &taken.tokens,
-                    Reason::Lost,
-                );
+            if durable {
+                self.inner.suspensions.spend(&batch, Reason::Lost);
             }
-            self.end(&s.meta.clone(), true, EndReason::Lost, s);
+            self.end(&s.meta.clone(), true, EndReason::Lost, Leftover::Parked(s));
             return Err(EngineError::TurnFailed);
         };
-        let answers = placement
+        let answers = positions
             .results
             .iter()
             .zip(&c.results)
@@ -355,11 +307,10 @@ impl Engine {
             suspended_at,
             tools,
         } = s;
-        let durable = hold.is_durable();
         let reinstate = Reinstate {
-            engine: self,
+            suspensions: &self.inner.suspensions,
             batch: kept.map(|(ids, history)| {
-                taken.into_batch(Suspended {
+                batch.join(Suspended {
                     meta: meta.clone(),
                     holds,
                     deadline,
@@ -383,7 +334,7 @@ impl Engine {
             },
             continuation: c,
             answers,
-            echo_calls: placement.calls,
+            echo_calls: positions.calls,
         };
         self.inner.metrics.overhead.observe(input.arrived.elapsed());
         let turn = match backend.resume(hold, resume).await {
@@ -403,7 +354,7 @@ impl Engine {
                     Holds::Turn => EndReason::Lost,
                     Holds::Nothing => EndReason::Failed,
                 };
-                self.end(&meta, true, reason, ());
+                self.end(&meta, true, reason, Leftover::Nothing);
                 return Err(e.into());
             }
         };

@@ -16,10 +16,11 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::backend::{
-    BackendError, HeldCall, Hold, Resume, SessionStats, Turn, TurnControl, TurnEvent,
+    BackendError, HeldCall, Hold, LegRequest, Resume, SessionStats, Turn, TurnControl, TurnEvent,
 };
 use crate::error::ErrorCode;
 use crate::surface::chat;
+use crate::turn::TurnInput;
 
 mod approvals;
 
@@ -282,7 +283,8 @@ fn code(e: EngineError) -> ErrorCode {
 async fn settle_idle(f: &Fixture) {
     // Endings run on the leg task after its last event; wait (bounded) until they are done.
     for _ in 0..200 {
-        if f.spy.live.load(Ordering::SeqCst) == 0 && f.engine.inner.registry.pending_count() == 0 {
+        if f.spy.live.load(Ordering::SeqCst) == 0 && f.engine.inner.suspensions.pending_count() == 0
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -290,7 +292,7 @@ async fn settle_idle(f: &Fixture) {
     panic!(
         "not idle: {} live turns, {} pending",
         f.spy.live.load(Ordering::SeqCst),
-        f.engine.inner.registry.pending_count()
+        f.engine.inner.suspensions.pending_count()
     );
 }
 
@@ -301,7 +303,7 @@ async fn plain_turn_ends_completed_and_frees_the_session() {
     let id = leg.execution_id.clone();
     assert_eq!(finish(leg).await.unwrap().0, "echo: hi");
     settle_idle(&f).await;
-    f.engine.inner.journal.flush();
+    f.engine.inner.suspensions.flush();
     let events = f.engine.inner.store.journal_events(&id).unwrap();
     assert_eq!(events, ["execution_started", "execution_ended"]);
 }
@@ -312,7 +314,7 @@ async fn tokens_are_registered_and_recorded_before_they_are_exposed() {
     let calls = suspended(&f, "two").await;
     assert_eq!(calls.len(), 2);
     // The leg has ended with the calls: by now both are pending in memory and in the store.
-    assert_eq!(f.engine.inner.registry.pending_count(), 2);
+    assert_eq!(f.engine.inner.suspensions.pending_count(), 2);
     let rows: i64 = rusqlite::Connection::open(f.dir.path().join("t.db"))
         .unwrap()
         .query_row("SELECT COUNT(*) FROM pending_tokens", [], |r| r.get(0))
@@ -379,7 +381,7 @@ async fn validation_order_first_failure_wins() {
         .err()
         .unwrap();
     assert_eq!(code(e), ErrorCode::ContinuationMismatch);
-    assert_eq!(f.engine.inner.registry.pending_count(), 1);
+    assert_eq!(f.engine.inner.suspensions.pending_count(), 1);
 
     // Revoked grant beats the claim: 403, the held turn is interrupted.
     let revoked = CONFIG.replace(
@@ -455,9 +457,9 @@ async fn client_disconnect_and_shutdown_end_everything() {
 async fn expiry_settles_in_paused_time() {
     let f = fixture();
     let calls = suspended(&f, "tool").await;
-    assert_eq!(f.engine.inner.registry.pending_count(), 1);
+    assert_eq!(f.engine.inner.suspensions.pending_count(), 1);
     tokio::time::sleep(Duration::from_secs(59)).await;
-    assert_eq!(f.engine.inner.registry.pending_count(), 1);
+    assert_eq!(f.engine.inner.suspensions.pending_count(), 1);
     tokio::time::sleep(Duration::from_secs(2)).await;
     settle_idle(&f).await;
     let next = input(answering("tool", &calls, &[(calls[0].id.as_str(), "R")]));
@@ -486,7 +488,7 @@ async fn the_pending_bound_refuses_without_exposing() {
         finish(leg).await.err(),
         Some(EngineError::SuspensionCapacity)
     );
-    assert_eq!(f.engine.inner.registry.pending_count(), 4);
+    assert_eq!(f.engine.inner.suspensions.pending_count(), 4);
 }
 
 #[test]

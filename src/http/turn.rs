@@ -15,7 +15,7 @@ use futures::StreamExt;
 
 use super::{admitted, cluster, error, Admitted, ExecutionId};
 use crate::auth::Principal;
-use crate::engine::{Engine, EngineError, Leg, Slot};
+use crate::engine::{Engine, EngineError, Leg, Outcome, Slot};
 use crate::error::ApiError;
 use crate::surface::{Answer, Host, Plan, Reply, Surface};
 use crate::turn::{TurnInput, Usage};
@@ -164,9 +164,9 @@ pub(super) async fn run(
     hop: Option<Extension<cluster::Hop>>,
     replay: (&Uri, &HeaderMap, Option<Bytes>),
 ) -> Result<Ran, EngineError> {
-    match gw.execute_hop(principal, input, hop.is_some()).await {
-        Ok(leg) => Ok(Ran::Here(leg)),
-        Err(EngineError::Forward(owner)) => {
+    match gw.execute_hop(principal, input, hop.is_some()).await? {
+        Outcome::Leg(leg) => Ok(Ran::Here(leg)),
+        Outcome::Forward(owner) => {
             let (uri, headers, body) = replay;
             let replay = cluster::Replay {
                 uri,
@@ -176,7 +176,6 @@ pub(super) async fn run(
             let resp = cluster::to_owner(gw, "continuation", owner, &replay).await?;
             Ok(Ran::Relayed(resp))
         }
-        Err(e) => Err(e),
     }
 }
 

@@ -1,35 +1,61 @@
-//! The engine's side of conversation continuity (`continuity.rs` holds the bounded set):
-//! finding the kept thread a fresh request continues, and keeping a completed turn's thread.
+//! The threads: idle backend threads kept for a conversation's next turn (the bounded set
+//! in `continuity.rs`), and the conversation logic around them: finding the kept thread a
+//! fresh request continues (by the conversation it sends, or by reference), and keeping a
+//! completed turn's thread. This component owns the set; nothing else touches it.
 
+use std::sync::Arc;
+
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::continuity::{Binding, Entry, Miss, RefMiss};
+use super::activity::ThreadView;
+use super::continuity::{Binding, Continuity, Entry, Miss, RefMiss};
 use super::execution::{ExecutionMeta, LegContext};
-use super::{ContinuationError, Engine, EngineError};
+use super::{ContinuationError, EngineError};
+use crate::auth::Principal;
 use crate::backend::{BackendError, Holds, Kept, Turn};
+use crate::config::Config;
 use crate::continuation::canonical::digest_of_digests;
+use crate::continuation::registry::principal_eq;
+use crate::metrics::Metrics;
+use crate::store::now_unix;
 use crate::turn::{Message, Role, TurnInput};
 
-impl Engine {
+pub(super) struct Threads {
+    continuity: Continuity,
+    metrics: Arc<Metrics>,
+}
+
+impl Threads {
+    pub fn new(metrics: Arc<Metrics>) -> Threads {
+        Threads {
+            continuity: Continuity::default(),
+            metrics,
+        }
+    }
+}
+
+impl Threads {
     /// The kept thread this fresh request continues, if any. A request naming a completed
     /// response (`follows`) must find it: unknown, released or another principal's is 404,
     /// another model, tool set, tool choice or effort is 400 (nothing is taken); its input
     /// is then spliced after the kept conversation's digests. Otherwise a request that is a
     /// kept conversation plus new user messages continues it, and anything else runs on a
     /// fresh thread (counted as a miss if it had an answer in it).
-    pub(super) fn kept_thread(
+    pub fn kept(
         &self,
+        cfg: &Config,
         principal: &str,
         model: &str,
         holds: Holds,
         input: &mut TurnInput,
     ) -> Result<Option<Kept>, EngineError> {
-        let enabled = self.config().continuity.enabled && holds == Holds::Turn && !input.ephemeral;
-        let metrics = &self.inner.metrics;
+        let enabled = cfg.continuity.enabled && holds == Holds::Turn && !input.ephemeral;
+        let metrics = &self.metrics;
         let binding = Binding::new(principal, model, input.surface, &input.fingerprint);
         if let Some(execution) = input.follows.take() {
             let taken = match enabled {
-                true => self.inner.continuity.take_execution(&execution, &binding),
+                true => self.continuity.take_execution(&execution, &binding),
                 false => Err(RefMiss::NotFound),
             };
             let entry = match taken {
@@ -48,7 +74,7 @@ impl Engine {
             };
             if input.messages.iter().any(|m| m.role != Role::User) {
                 // Put back what a malformed request would otherwise consume.
-                self.keep_entry(entry);
+                self.keep_entry(cfg, entry);
                 return Err(EngineError::Backend(BackendError::Invalid {
                     message: "after a completed response, `input` must hold only new user messages"
                         .into(),
@@ -82,7 +108,7 @@ impl Engine {
             return Ok(None);
         }
         let conversation = digest_of_digests(&input.message_digests[..=answer]);
-        match self.inner.continuity.take(&conversation, &binding) {
+        match self.continuity.take(&conversation, &binding) {
             Ok(entry) => {
                 metrics.continuity("hit", "");
                 tracing::debug!(execution = %entry.execution_id, "continuing a kept backend thread");
@@ -100,15 +126,15 @@ impl Engine {
 
     /// After a completed turn: keeps its thread idle under the conversation as the client
     /// will send it back (the leg's messages and the answer `text`), within the bounds.
-    pub(super) fn keep_thread(
+    pub fn keep(
         &self,
+        cfg: &Config,
         meta: &ExecutionMeta,
         holds: Holds,
         ctx: LegContext,
         text: &str,
         turn: Turn,
     ) {
-        let cfg = self.config();
         if !cfg.continuity.enabled || holds != Holds::Turn || !ctx.keep {
             return;
         }
@@ -132,22 +158,58 @@ impl Engine {
             idle,
             Instant::now() + cfg.continuity.idle_ttl,
         );
-        self.keep_entry(entry);
+        self.keep_entry(cfg, entry);
     }
 
-    fn keep_entry(&self, entry: Entry) {
-        let cfg = self.config();
-        for (released, why) in self.inner.continuity.keep(entry, &cfg.continuity) {
-            self.inner.metrics.continuity("released", why);
+    fn keep_entry(&self, cfg: &Config, entry: Entry) {
+        for (released, why) in self.continuity.keep(entry, &cfg.continuity) {
+            self.metrics.continuity("released", why);
             drop(released);
         }
     }
 
     /// Releases the kept threads past their idle TTL.
-    pub(super) fn release_idle(&self, now: Instant) {
-        for e in self.inner.continuity.expire(now) {
-            self.inner.metrics.continuity("released", "ttl");
+    pub fn release_idle(&self, now: Instant) {
+        for e in self.continuity.expire(now) {
+            self.metrics.continuity("released", "ttl");
             drop(e);
         }
+    }
+
+    /// Idle threads kept.
+    pub fn len(&self) -> usize {
+        self.continuity.len()
+    }
+
+    /// Notified when a thread is kept (the earliest expiry may be earlier).
+    pub fn changed(&self) -> &Notify {
+        self.continuity.changed()
+    }
+
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.continuity.next_expiry()
+    }
+
+    /// Releases every kept thread (shutdown).
+    pub fn clear(&self) {
+        drop(self.continuity.clear());
+    }
+
+    /// The principal's idle threads (everyone's for an approver), most recently kept first.
+    pub fn views(&self, who: &Principal) -> Vec<ThreadView> {
+        let (now, unix) = (Instant::now(), now_unix());
+        self.continuity.snapshot(|e| {
+            let sees = who.approver || principal_eq(&e.binding.principal, &who.id);
+            sees.then(|| ThreadView {
+                execution_id: e.execution_id.clone(),
+                client: e.binding.principal.clone(),
+                model: e.binding.model.clone(),
+                surface: e.binding.surface.as_str(),
+                messages: e.digests.len(),
+                kept_at: e.kept_at,
+                expires_at: unix + e.expires.saturating_duration_since(now).as_secs(),
+                usable: e.idle.usable(),
+            })
+        })
     }
 }

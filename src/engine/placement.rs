@@ -1,4 +1,7 @@
-//! One replica among several on a shared PostgreSQL store (`[cluster]`).
+//! Placement: where the gateway's work lives. A single gateway holds all of it; a replica is
+//! one among several on a shared PostgreSQL store (`[cluster]`). This component owns the
+//! replica's membership (its lease and key) and answers every question about other
+//! replicas from the store; the engine acts on what it answers.
 //!
 //! - **Lease.** At start the replica takes its lease (a new epoch) with the address of its
 //!   internal listener, and renews it every third of `lease_seconds`. A renewal that finds
@@ -9,7 +12,7 @@
 //! - **Lapsed replicas.** Each renewal also reads the others' leases; one that lapsed is
 //!   settled (held turns `lost`, approvals `denied(orphaned)`) by whichever replica gets the
 //!   conditional write first. A request that needs a lapsed owner settles it the same way.
-//! - **A continuation not held here** ([`Engine::elsewhere`]): its tokens are looked up in
+//! - **A continuation not held here** ([`Placement::find`]): its tokens are looked up in
 //!   the store. A held turn of another live replica is validated here up to the claim and
 //!   then forwarded (the HTTP layer relays the owner's answer); a stateless upstream's record
 //!   is taken into this replica's registry and claimed here with a conditional write.
@@ -17,20 +20,23 @@
 use parking_lot::Mutex;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::resume::check;
-use super::suspension::durable_batch;
-use super::StartError;
-use super::{ContinuationError, Engine};
+use super::{ContinuationError, StartError};
+use crate::approvals::Approvals;
 use crate::auth::Principal;
 use crate::config::ClusterConfig;
-use crate::continuation::{principal_eq, Lookup, PendingView, Reason};
+use crate::continuation::{principal_eq, PendingView, Reason};
 use crate::digest::sha256;
-use crate::store::{now_unix_ms, ApprovalRecord, Lease, RemotePending};
+use crate::metrics::Metrics;
+use crate::store::{now_unix_ms, ApprovalRecord, Lease, RemotePending, Store, StoredSuspension};
 use crate::turn::{Continuation, TurnInput};
 
 /// A replica's internal listener, by id.
@@ -56,6 +62,20 @@ pub enum ApprovalRoute {
     Here,
     /// On its owner replica.
     Owner(Owner),
+}
+
+/// Where the gateway's work lives.
+pub(super) enum Placement {
+    Single,
+    Replica(Cluster),
+}
+
+/// A replica: its membership, and what it needs to act on the others.
+pub(super) struct Cluster {
+    m: Membership,
+    store: Arc<Store>,
+    approvals: Arc<Approvals>,
+    metrics: Arc<Metrics>,
 }
 
 /// This replica's membership.
@@ -88,14 +108,18 @@ impl Membership {
                 problem: "must hold the cluster's shared key (at least 16 bytes)",
             });
         }
-        Ok(Membership {
-            id: c.replica_id.clone(),
-            lease: c.lease,
+        Ok(Membership::with_key(&c.replica_id, c.lease, key))
+    }
+
+    fn with_key(id: &str, lease: Duration, key: String) -> Membership {
+        Membership {
+            id: id.to_string(),
+            lease,
             key_digest: sha256(key.as_bytes()),
             key,
             state: Mutex::new(LeaseState::default()),
             store_ok: AtomicBool::new(true),
-        })
+        }
     }
 
     fn lease_valid(&self) -> bool {
@@ -110,55 +134,121 @@ impl Membership {
     }
 }
 
-impl Engine {
-    fn membership(&self) -> Option<&Membership> {
-        self.inner.cluster.as_ref()
+impl Placement {
+    /// A replica over `store` with `membership`, else a single gateway.
+    pub fn new(
+        membership: Option<Membership>,
+        store: Arc<Store>,
+        approvals: Arc<Approvals>,
+        metrics: Arc<Metrics>,
+    ) -> Placement {
+        match membership {
+            None => Placement::Single,
+            Some(m) => Placement::Replica(Cluster {
+                m,
+                store,
+                approvals,
+                metrics,
+            }),
+        }
+    }
+
+    fn cluster(&self) -> Option<&Cluster> {
+        match self {
+            Placement::Single => None,
+            Placement::Replica(c) => Some(c),
+        }
     }
 
     /// This replica's id, when it is one of several.
     pub fn replica_id(&self) -> Option<&str> {
-        self.membership().map(|m| m.id.as_str())
+        self.cluster().map(|c| c.m.id.as_str())
     }
 
     /// The shared key another replica presents on the internal listener, compared in
     /// constant time (over digests, so the length does not show either).
-    pub fn cluster_key_matches(&self, presented: &[u8]) -> bool {
-        self.membership()
-            .is_some_and(|m| bool::from(sha256(presented).ct_eq(&m.key_digest)))
+    pub fn key_matches(&self, presented: &[u8]) -> bool {
+        self.cluster()
+            .is_some_and(|c| bool::from(sha256(presented).ct_eq(&c.m.key_digest)))
     }
 
     /// The shared key, for requests this replica forwards.
-    pub fn cluster_key(&self) -> Option<&str> {
-        self.membership().map(|m| m.key.as_str())
+    pub fn key(&self) -> Option<&str> {
+        self.cluster().map(|c| c.m.key.as_str())
     }
 
     /// Whether this replica may take fresh work: a single gateway always; a replica while its
     /// lease is renewed and the store answers.
-    pub(super) fn admits_fresh(&self) -> bool {
-        self.membership()
-            .is_none_or(|m| m.store_ok.load(Ordering::Relaxed) && m.lease_valid())
+    pub fn admits_fresh(&self) -> bool {
+        self.cluster()
+            .is_none_or(|c| c.m.store_ok.load(Ordering::Relaxed) && c.m.lease_valid())
     }
 
     /// The lease part of readiness: None for a single gateway.
     pub fn lease_ready(&self) -> Option<bool> {
-        self.membership().map(|m| m.lease_valid())
+        self.cluster().map(|c| c.m.lease_valid())
     }
 
-    /// Takes the lease with the internal listener's address and starts renewing it. Called
-    /// once the internal listener is bound, before anything is served.
-    pub fn join_cluster(&self, bound: SocketAddr) -> Result<(), StartError> {
-        let Some(m) = self.membership() else {
-            return Ok(());
+    /// Whether this replica may still claim the held turns it has (its lease vouches for
+    /// them).
+    pub fn may_claim_held(&self) -> bool {
+        self.cluster().is_none_or(|c| c.m.lease_valid())
+    }
+
+    /// Where a decision on this approval is taken.
+    pub fn approval_route(&self, record: &ApprovalRecord) -> ApprovalRoute {
+        let Some(c) = self.cluster() else {
+            return ApprovalRoute::Here;
         };
-        let cfg = self.config();
-        let url = cfg
-            .cluster
-            .as_ref()
-            .and_then(|c| c.advertise_url.clone())
-            .unwrap_or_else(|| format!("http://{bound}"));
+        if record.state != "pending" || record.owner == c.m.id {
+            return ApprovalRoute::Here;
+        }
+        match c.live_owner(&record.owner) {
+            Some(owner) => ApprovalRoute::Owner(owner),
+            None => ApprovalRoute::Here,
+        }
+    }
+
+    /// After an owner could not be reached: waits (at most one lease) until its lease has
+    /// either been renewed or lapsed, and settles it if it lapsed.
+    pub async fn await_owner(&self, replica: &str) -> OwnerFate {
+        match self.cluster() {
+            Some(c) => c.await_owner(replica).await,
+            None => OwnerFate::Gone,
+        }
+    }
+
+    /// A continuation none of whose tokens this process holds: what the store knows of it.
+    /// Only a replica looks; a single gateway's registry is the whole truth. `Ok` is a
+    /// stateless record for this replica to take in and claim.
+    pub fn find(
+        &self,
+        principal: &Principal,
+        input: &TurnInput,
+        c: &Continuation,
+        forwarded: bool,
+        max_result_bytes: usize,
+    ) -> Result<StoredSuspension, ContinuationError> {
+        match self.cluster() {
+            Some(cluster) => cluster.find(principal, input, c, forwarded, max_result_bytes),
+            None => Err(ContinuationError::NotFound),
+        }
+    }
+}
+
+impl Cluster {
+    /// Takes the lease with the internal listener's address (`url`), starts following the
+    /// others' approval writes, and settles lapsed replicas. Called once the internal
+    /// listener is bound, before anything is served.
+    pub fn join(
+        &self,
+        url: String,
+        tracker: &TaskTracker,
+        stop: &CancellationToken,
+    ) -> Result<(), StartError> {
+        let m = &self.m;
         let started = Instant::now();
         let epoch = self
-            .inner
             .store
             .lease_acquire(&url, now_unix_ms() + m.lease_ms())
             .map_err(StartError::Lease)?;
@@ -168,34 +258,22 @@ impl Engine {
             valid_until: Some(started + m.lease),
         };
         tracing::info!(replica = %m.id, epoch, %url, "replica lease taken");
-        self.follow_approvals(&m.id);
-        self.survey(m);
-        let engine = self.clone();
-        self.inner
-            .tracker
-            .spawn(async move { engine.keep_lease().await });
+        super::follow::follow_approvals(&self.store, &self.approvals, &m.id, tracker, stop);
+        self.survey();
         Ok(())
     }
 
-    /// Renews the lease every third of it until shutdown, then gives it up.
-    async fn keep_lease(&self) {
-        let Some(m) = self.membership() else { return };
-        let every = m.lease / 3;
-        loop {
-            tokio::select! {
-                _ = self.inner.shutdown.cancelled() => break,
-                _ = tokio::time::sleep(every) => self.renew(m),
-            }
-        }
-        let epoch = m.state.lock().epoch;
-        if let Err(e) = self.inner.store.lease_release(epoch) {
-            tracing::warn!(error = %e, "could not release the replica's lease; it lapses by itself");
-        }
+    /// How often the lease is renewed: every third of it.
+    pub fn renew_every(&self) -> Duration {
+        self.m.lease / 3
     }
 
-    fn renew(&self, m: &Membership) {
-        let store = &self.inner.store;
-        let metrics = &self.inner.metrics.cluster;
+    /// Renews the lease. A renewal that finds the epoch settled means the others gave this
+    /// replica up: `fenced` settles what it holds, and a new lease is taken. Then the others'
+    /// leases are surveyed.
+    pub fn renew(&self, fenced: impl FnOnce()) {
+        let (m, store) = (&self.m, &self.store);
+        let metrics = &self.metrics.cluster;
         let started = Instant::now();
         let epoch = m.state.lock().epoch;
         match store.lease_renew(epoch, now_unix_ms() + m.lease_ms()) {
@@ -209,11 +287,7 @@ impl Engine {
             Ok(false) => {
                 metrics.renewal("fenced");
                 tracing::error!(replica = %m.id, epoch, "this replica's lease was settled by another replica; its held turns are lost");
-                for id in self.inner.registry.held_batches() {
-                    if let Some(s) = self.inner.registry.settle(id, Reason::Lost) {
-                        self.settled(s);
-                    }
-                }
+                fenced();
                 let url = m.state.lock().url.clone();
                 match store.lease_acquire(&url, now_unix_ms() + m.lease_ms()) {
                     Ok(epoch) => {
@@ -232,20 +306,28 @@ impl Engine {
                 return;
             }
         }
-        self.survey(m);
+        self.survey();
+    }
+
+    /// Gives the lease up (shutdown).
+    pub fn release(&self) {
+        let epoch = self.m.state.lock().epoch;
+        if let Err(e) = self.store.lease_release(epoch) {
+            tracing::warn!(error = %e, "could not release the replica's lease; it lapses by itself");
+        }
     }
 
     /// Reads every lease: counts the live ones and settles the others' lapsed ones.
-    fn survey(&self, m: &Membership) {
-        let metrics = &self.inner.metrics.cluster;
-        let Ok(leases) = self.inner.store.leases() else {
+    fn survey(&self) {
+        let metrics = &self.metrics.cluster;
+        let Ok(leases) = self.store.leases() else {
             return;
         };
         let now = now_unix_ms();
         let live = leases.iter().filter(|l| l.live_at(now)).count();
         metrics.replicas_seen.store(live as u64, Ordering::Relaxed);
         for l in &leases {
-            if l.replica_id != m.id && !l.settled && l.expires_at_ms <= now {
+            if l.replica_id != self.m.id && !l.settled && l.expires_at_ms <= now {
                 self.settle_lapsed(l);
             }
         }
@@ -254,13 +336,11 @@ impl Engine {
     /// Settles a replica whose lease lapsed, unless another replica did first.
     fn settle_lapsed(&self, l: &Lease) {
         match self
-            .inner
             .store
             .settle_replica(&l.replica_id, l.epoch, now_unix_ms())
         {
             Ok(Some(s)) => {
-                self.inner
-                    .metrics
+                self.metrics
                     .cluster
                     .replicas_settled
                     .fetch_add(1, Ordering::Relaxed);
@@ -274,7 +354,7 @@ impl Engine {
                 );
                 // The others hear of it from the feed; this replica tells its own consoles.
                 for id in &s.approvals_orphaned {
-                    self.inner.approvals.republish(id);
+                    self.approvals.republish(id);
                 }
             }
             Ok(None) => {}
@@ -286,7 +366,7 @@ impl Engine {
 
     /// The owner replica of a held record, if its lease is live; a lapsed one is settled.
     fn live_owner(&self, replica: &str) -> Option<Owner> {
-        let lease = self.inner.store.lease_of(replica).ok().flatten()?;
+        let lease = self.store.lease_of(replica).ok().flatten()?;
         if lease.live_at(now_unix_ms()) {
             return Some(Owner {
                 replica_id: lease.replica_id,
@@ -299,22 +379,17 @@ impl Engine {
         None
     }
 
-    /// After an owner could not be reached: waits (at most one lease) until its lease has
-    /// either been renewed or lapsed, and settles it if it lapsed.
-    pub async fn await_owner(&self, replica: &str) -> OwnerFate {
-        let Some(m) = self.membership() else {
-            return OwnerFate::Gone;
-        };
-        let Some(first) = self.inner.store.lease_of(replica).ok().flatten() else {
+    async fn await_owner(&self, replica: &str) -> OwnerFate {
+        let Some(first) = self.store.lease_of(replica).ok().flatten() else {
             return OwnerFate::Gone;
         };
         if first.live_at(now_unix_ms()) {
             let left = first.expires_at_ms.saturating_sub(now_unix_ms());
-            let wait = Duration::from_millis(left + 50).min(m.lease + Duration::from_secs(1));
+            let wait = Duration::from_millis(left + 50).min(self.m.lease + Duration::from_secs(1));
             tokio::time::sleep(wait).await;
         }
         let now = now_unix_ms();
-        match self.inner.store.lease_of(replica).ok().flatten() {
+        match self.store.lease_of(replica).ok().flatten() {
             Some(l) if l.live_at(now) && l.expires_at_ms > first.expires_at_ms => {
                 OwnerFate::Alive(Owner {
                     replica_id: l.replica_id,
@@ -331,34 +406,15 @@ impl Engine {
         }
     }
 
-    /// Where a decision on this approval is taken.
-    pub fn approval_route(&self, record: &ApprovalRecord) -> ApprovalRoute {
-        let Some(m) = self.membership() else {
-            return ApprovalRoute::Here;
-        };
-        if record.state != "pending" || record.owner == m.id {
-            return ApprovalRoute::Here;
-        }
-        match self.live_owner(&record.owner) {
-            Some(owner) => ApprovalRoute::Owner(owner),
-            None => ApprovalRoute::Here,
-        }
-    }
-
-    /// A continuation none of whose tokens this registry knows: what the store knows of it.
-    /// Only a replica looks; a single gateway's registry is the whole truth. `Ok` means a
-    /// stateless record is now in this registry: look again.
-    pub(super) fn elsewhere(
+    fn find(
         &self,
         principal: &Principal,
         input: &TurnInput,
         c: &Continuation,
         forwarded: bool,
-    ) -> Result<(), ContinuationError> {
-        let Some(m) = self.membership() else {
-            return Err(ContinuationError::NotFound);
-        };
-        let store = &self.inner.store;
+        max_result_bytes: usize,
+    ) -> Result<StoredSuspension, ContinuationError> {
+        let store = &self.store;
         let unavailable = |e: crate::store::StoreError| {
             tracing::error!(error = %e, "store unavailable for a continuation lookup");
             ContinuationError::StoreUnavailable
@@ -384,9 +440,7 @@ impl Engine {
                 if !principal_eq(&s.principal, &principal.id) {
                     return Err(ContinuationError::NotFound);
                 }
-                // A racing request may have taken it in first; either way, look again.
-                self.inner.registry.restore_absent(durable_batch(s));
-                Ok(())
+                Ok(s)
             }
             RemotePending::Held {
                 owner,
@@ -406,7 +460,7 @@ impl Engine {
                         "the tool calls do not form one pending batch".into(),
                     ));
                 }
-                if owner == m.id || forwarded {
+                if owner == self.m.id || forwarded {
                     // Held here by the store's account but not in this process: gone.
                     return Err(ContinuationError::Settled(Reason::Lost));
                 }
@@ -429,8 +483,7 @@ impl Engine {
                 };
                 // By reference, the owner holds the conversation: it checks the rest.
                 if c.bound.is_none() {
-                    let max = self.config().continuations.max_tool_result_bytes;
-                    check(&view, input, c, max)?;
+                    check(&view, input, c, max_result_bytes)?;
                 }
                 match self.live_owner(&owner) {
                     Some(o) => Err(ContinuationError::Elsewhere(o)),
@@ -439,69 +492,13 @@ impl Engine {
             }
         }
     }
-
-    /// Claims a stateless record taken from the registry in the store, before its forward,
-    /// on a single gateway as on a replica (where replicas race for it). The claim is what
-    /// makes the answer exactly once when the store fails later: a spend that cannot be
-    /// written leaves the record claimed, and a claimed record settles `lost` at recovery.
-    pub(super) fn claim_durable(
-        &self,
-        execution_id: &str,
-        tokens: &[[u8; 32]],
-    ) -> Result<(), ContinuationError> {
-        match self.inner.store.upstream_claim(execution_id, tokens.len()) {
-            Ok(true) => Ok(()),
-            Ok(false) => {
-                // Claimed or spent by another replica: this copy is stale.
-                self.inner.registry.forget(tokens);
-                Err(ContinuationError::Settled(Reason::Resolved))
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "store unavailable for a claim");
-                Err(ContinuationError::StoreUnavailable)
-            }
-        }
-    }
-
-    /// Releases the claim on a stateless record (its forward failed before the upstream
-    /// answered). If that cannot be written the record stays claimed: this process may take
-    /// it again, and a restart settles it `lost` (fail closed).
-    pub(super) fn unclaim_durable(&self, execution_id: &str) {
-        if let Err(e) = self.inner.store.upstream_unclaim(execution_id) {
-            tracing::error!(error = %e, "could not release a claim; the record settles lost at the next start");
-        }
-    }
-
-    /// Whether this replica may still claim the held turns it has (its lease vouches for
-    /// them).
-    pub(super) fn may_claim_held(&self) -> bool {
-        self.membership().is_none_or(Membership::lease_valid)
-    }
-
-    /// The batch of a continuation: in this registry, else (a replica) in the store.
-    pub(super) fn lookup_anywhere(
-        &self,
-        principal: &Principal,
-        input: &TurnInput,
-        c: &Continuation,
-        forwarded: bool,
-    ) -> Result<Box<PendingView>, ContinuationError> {
-        let registry = &self.inner.registry;
-        for attempt in 0..2 {
-            match registry.lookup(&principal.id, &c.tokens) {
-                Lookup::NotFound if attempt == 0 => {
-                    self.elsewhere(principal, input, c, forwarded)?;
-                }
-                Lookup::NotFound => return Err(ContinuationError::NotFound),
-                Lookup::Settled(reason) => return Err(ContinuationError::Settled(reason)),
-                Lookup::Partial => {
-                    return Err(ContinuationError::Mismatch(
-                        "the tool calls do not form one pending batch".into(),
-                    ))
-                }
-                Lookup::Pending(v) => return Ok(v),
-            }
-        }
-        Err(ContinuationError::NotFound)
-    }
 }
+
+/// The listener address a replica advertises: the configured one, else the bound one.
+pub(super) fn advertised(c: Option<&ClusterConfig>, bound: SocketAddr) -> String {
+    c.and_then(|c| c.advertise_url.clone())
+        .unwrap_or_else(|| format!("http://{bound}"))
+}
+
+#[cfg(test)]
+mod tests;

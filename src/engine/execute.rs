@@ -1,0 +1,227 @@
+//! A request's way into the engine: a fresh turn is admitted under the principal's limits
+//! and started on its model's backend; a continuation is claimed (`resume.rs`) and answered,
+//! or, on a replica, handed back to the HTTP layer to forward to the replica that holds it
+//! ([`Outcome::Forward`]). A compaction's summary turn runs here too.
+
+use tokio::time::Instant;
+
+use super::admission;
+use super::compaction;
+use super::ending::{EndReason, Leftover};
+use super::execution::{Execution, ExecutionMeta, LegContext};
+use super::leg::{Leg, LegEvent};
+use super::placement::Owner;
+use super::{ContinuationError, Engine, EngineError};
+use crate::auth::Principal;
+use crate::backend::{Holds, LegRequest};
+use crate::config;
+use crate::error::ApiError;
+use crate::ids::new_id;
+use crate::store::now_unix;
+use crate::turn::{TurnInput, Usage};
+
+/// Where a request's turn runs.
+#[allow(clippy::large_enum_variant)]
+pub enum Outcome {
+    /// Here: its leg.
+    Leg(Leg),
+    /// On the replica that holds the turn (the HTTP layer relays the request).
+    Forward(Owner),
+}
+
+impl Engine {
+    /// Runs a turn here: a fresh one, or a continuation on a single gateway (the gateway's
+    /// own summary turns, and tests).
+    pub async fn execute(
+        &self,
+        principal: &Principal,
+        input: TurnInput,
+    ) -> Result<Leg, EngineError> {
+        match self.execute_hop(principal, input, true).await? {
+            Outcome::Leg(leg) => Ok(leg),
+            // Not with `forwarded`: a turn held elsewhere answers as lost.
+            Outcome::Forward(_) => Err(EngineError::TurnFailed),
+        }
+    }
+
+    /// Runs one request: a fresh turn or the continuation of a suspended one, here or (a
+    /// replica) on the replica that holds it. `forwarded` when another replica sent the
+    /// request here as the turn's owner (it is never forwarded again).
+    pub async fn execute_hop(
+        &self,
+        principal: &Principal,
+        mut input: TurnInput,
+        forwarded: bool,
+    ) -> Result<Outcome, EngineError> {
+        if self.inner.shutdown.is_cancelled() {
+            return Err(EngineError::ShuttingDown);
+        }
+        let Some(c) = input.continuation.take() else {
+            // Only fresh turns are limited: a continuation refused here would strand the
+            // held turn it answers.
+            let slot = self.admit(principal)?;
+            return self.fresh(principal, input, slot).await.map(Outcome::Leg);
+        };
+        let claimed = self.claim(principal, &input, &c, forwarded);
+        match claimed {
+            Err(ContinuationError::Elsewhere(owner)) => Ok(Outcome::Forward(owner)),
+            Err(e) => {
+                let e = EngineError::from(e);
+                self.inner
+                    .metrics
+                    .rejection(ApiError::from(e.clone()).code.as_str());
+                Err(e)
+            }
+            Ok(claimed) => self.answer(claimed, input, c).await.map(Outcome::Leg),
+        }
+    }
+
+    /// Admission of a fresh turn under the principal's limits in the current config (so a
+    /// reload applies at once): 429 `rate_limited` with `Retry-After` before anything runs.
+    fn admit(&self, principal: &Principal) -> Result<admission::Slot, EngineError> {
+        let cfg = self.config();
+        let none = config::ClientLimits::default();
+        let grant = cfg.grant(&principal.id);
+        let limits = grant.as_ref().map_or(&none, |g| g.limits);
+        let (all, durable) =
+            if limits.max_suspended.is_some() || limits.concurrent_executions.is_some() {
+                self.inner.suspensions.suspended_of(&principal.id)
+            } else {
+                (0, 0)
+            };
+        let counts = admission::SuspendedCounts { all, durable };
+        self.inner
+            .limiter
+            .admit(&principal.id, limits, counts)
+            .map_err(|r| {
+                let secs = admission::retry_after_secs(r.retry_after);
+                tracing::debug!(principal = %principal.id, limit = r.limit, retry_after = secs, "fresh turn refused by a client limit");
+                EngineError::RateLimited {
+                    limit: r.limit,
+                    retry_after_secs: secs,
+                }
+            })
+    }
+
+    /// A place for one more long-lived response of the principal (an event stream, a
+    /// streamed leg), under its `max_streams` in the current config; the response body holds
+    /// it. Over the bound: 429 `capacity_exhausted`.
+    pub fn open_stream(&self, principal: &Principal) -> Result<admission::Slot, EngineError> {
+        let cfg = self.config();
+        let max = cfg
+            .grant(&principal.id)
+            .and_then(|g| g.limits.max_streams)
+            .unwrap_or(cfg.server.max_streams_per_client);
+        self.inner.limiter.stream(&principal.id, max).ok_or_else(|| {
+            tracing::debug!(principal = %principal.id, max, "stream refused: the client holds its maximum");
+            EngineError::StreamCapacity(max)
+        })
+    }
+
+    async fn fresh(
+        &self,
+        principal: &Principal,
+        mut input: TurnInput,
+        slot: admission::Slot,
+    ) -> Result<Leg, EngineError> {
+        let input = &mut input;
+        if !self.inner.placement.admits_fresh() {
+            return Err(EngineError::Store);
+        }
+        let cfg = self.config();
+        let model = cfg
+            .model(&input.model)
+            .filter(|m| cfg.may_use(&principal.id, &m.id))
+            .ok_or_else(|| EngineError::ModelNotFound(input.model.clone()))?;
+        let backend = self
+            .backend(&model.backend)
+            .ok_or(EngineError::TurnFailed)?;
+        backend.validate(&*input)?;
+        let holds = backend.describe().holds;
+        let kept = (self.inner.threads).kept(&cfg, &principal.id, &model.id, holds, input)?;
+        let meta = ExecutionMeta {
+            id: new_id("exe-"),
+            principal: principal.id.clone(),
+            model: model.id.clone(),
+            surface: input.surface,
+            created: now_unix(),
+        };
+        // An agent's execution is journaled before it starts (a crash leaves it `lost`); a
+        // stateless leg only if it suspends: one that just answers leaves nothing to recover,
+        // and two store transactions per relayed request would cap the plain path.
+        let journaled = holds == Holds::Turn;
+        if journaled {
+            if let Err(e) = self.inner.suspensions.started(&meta) {
+                tracing::error!(error = %e, "store unavailable");
+                return Err(EngineError::Store);
+            }
+        }
+        self.inner.metrics.overhead.observe(input.arrived.elapsed());
+        let leg = LegRequest {
+            execution_id: &meta.id,
+            model,
+            input: &*input,
+            meter: self.inner.ledger.meter(&meta.principal, &meta.model),
+            kept,
+        };
+        let turn = match backend.start(leg).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(execution = %meta.id, error = %e, "backend leg did not start");
+                let reason = match holds {
+                    Holds::Turn => EndReason::FailedToStart,
+                    Holds::Nothing => EndReason::Failed,
+                };
+                self.end(&meta, journaled, reason, Leftover::Nothing);
+                return Err(e.into());
+            }
+        };
+        let exec = Execution {
+            meta,
+            holds,
+            deadline: Instant::now() + cfg.continuations.execution_ttl,
+            rounds: 0,
+            journaled,
+            turn,
+            backlog: Default::default(),
+            slot: Some(slot),
+        };
+        let ctx = LegContext::of(input, holds);
+        Ok(self.drive(exec, ctx))
+    }
+
+    /// Runs one summary turn of `input`'s model over its conversation, for `principal`, and
+    /// keeps the summary. Returns the handle and the turn's usage.
+    pub async fn compact(
+        &self,
+        principal: &Principal,
+        input: TurnInput,
+    ) -> Result<(String, Usage), EngineError> {
+        let turn = compaction::summary_turn(input);
+        let model = turn.model.clone();
+        let mut leg = self.execute(principal, turn).await?;
+        let mut summary = String::new();
+        let usage = loop {
+            match leg.events.recv().await {
+                Some(LegEvent::Delta(d)) => summary.push_str(&d),
+                Some(LegEvent::End { calls, usage }) if calls.is_empty() => break usage,
+                Some(LegEvent::End { .. }) | None => return Err(EngineError::TurnFailed),
+                Some(LegEvent::Error(e)) => return Err(e),
+                Some(_) => {}
+            }
+        };
+        let ttl = self.config().continuations.compaction_ttl.as_secs();
+        let store = &self.inner.store;
+        let handle = compaction::keep(store, &principal.id, &model, summary.trim(), ttl)?;
+        Ok((handle, usage))
+    }
+
+    /// The summary behind a compaction handle, if it is `principal`'s and has not expired.
+    pub fn compacted(
+        &self,
+        principal: &Principal,
+        handle: &str,
+    ) -> Result<Option<String>, EngineError> {
+        compaction::lookup(&self.inner.store, &principal.id, handle)
+    }
+}

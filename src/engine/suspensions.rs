@@ -1,0 +1,357 @@
+//! The suspensions: every suspended execution in memory (the registry, behind its tokens),
+//! their durable side (the store's records and tombstones) and the journal that writes
+//! lifecycle rows and tombstones behind the request path. This component owns the three and
+//! is the only part of the engine that touches them; the engine decides when a batch is
+//! registered, claimed, spent, put back or settled, and this part does it consistently in
+//! memory and in the store.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::execution::{ExecutionMeta, Suspended};
+use super::journal::{Journal, Tombstones};
+use super::ContinuationError;
+use crate::auth::Principal;
+use crate::backend::{Hold, Holds};
+use crate::continuation::registry::principal_eq;
+use crate::continuation::{Batch, Lookup, Reason, Registry, Settled};
+use crate::store::{now_unix, now_unix_ms, Store, StoreError, StoredSuspension, SuspensionRecord};
+
+use super::activity::SuspendedView;
+
+pub(super) struct Suspensions {
+    registry: Registry<Suspended>,
+    journal: Journal,
+    store: Arc<Store>,
+}
+
+/// Why a batch could not be suspended; the batch comes back to be ended.
+pub(super) enum Refusal {
+    /// Over the registry's bounds.
+    Capacity(Box<Batch<Suspended>>),
+    /// The store did not record it (no token was exposed).
+    Store(Option<Box<Batch<Suspended>>>),
+}
+
+impl Suspensions {
+    /// Over the store, putting back the durable suspensions a previous process left pending.
+    pub fn open(
+        store: Arc<Store>,
+        registry: Registry<Suspended>,
+        journal: Journal,
+    ) -> Result<Suspensions, StoreError> {
+        for s in store.durable_suspensions()? {
+            registry.restore(durable_batch(s));
+        }
+        Ok(Suspensions {
+            registry,
+            journal,
+            store,
+        })
+    }
+
+    /// Notified when a batch is registered (the earliest deadline may be earlier).
+    pub fn changed(&self) -> &Notify {
+        self.registry.changed()
+    }
+
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.registry.next_deadline()
+    }
+
+    /// Suspended batches, pending tokens and tombstones in memory.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (
+            self.registry.batch_count(),
+            self.registry.pending_count(),
+            self.registry.tombstone_count(),
+        )
+    }
+
+    /// The principal's suspended executions: all, and those with a durable record.
+    pub fn suspended_of(&self, principal: &str) -> (usize, usize) {
+        self.registry.suspended_of(principal)
+    }
+
+    /// An agent execution's start, before it runs (queued while the journal is behind).
+    pub fn started(&self, m: &ExecutionMeta) -> Result<(), StoreError> {
+        self.journal.started(&m.id, &m.principal, &m.model)
+    }
+
+    /// A stateless execution's start, written at once when it first suspends.
+    pub fn started_now(&self, m: &ExecutionMeta) -> Result<(), StoreError> {
+        self.store.execution_started(&m.id, &m.principal, &m.model)
+    }
+
+    pub fn ended(&self, execution_id: &str, reason: &'static str) {
+        self.journal.ended(execution_id, reason);
+    }
+
+    /// Registers a batch within the bounds, then records it durably: only then may its
+    /// tokens be exposed.
+    pub fn suspend(&self, batch: Batch<Suspended>) -> Result<(), Refusal> {
+        let ids = match &batch.parked.hold {
+            Hold::Ids(ids) => Some(ids.clone()),
+            Hold::Live { .. } => None,
+        };
+        let left = batch.deadline.saturating_duration_since(Instant::now());
+        let (execution_id, principal, model, surface) = (
+            batch.execution_id.clone(),
+            batch.principal.clone(),
+            batch.model.clone(),
+            batch.surface,
+        );
+        let (digests, tokens) = (batch.digests, batch.tokens.clone());
+        let (rounds, created_at) = (batch.parked.rounds, batch.parked.meta.created);
+        let id = self.registry.register(batch).map_err(Refusal::Capacity)?;
+        let record = SuspensionRecord {
+            execution_id: &execution_id,
+            principal: &principal,
+            model: &model,
+            surface,
+            deadline_ms: now_unix_ms() + left.as_millis() as u64,
+            digests: &digests,
+            tokens: &tokens,
+            ids: ids.as_deref(),
+            rounds,
+            created_at,
+        };
+        if let Err(e) = self.store.suspension_recorded(&record) {
+            tracing::error!(execution = %execution_id, error = %e, "could not record the suspension; no token exposed");
+            // Nobody can have claimed the batch: its tokens were never exposed.
+            return Err(Refusal::Store(self.registry.withdraw(id).map(Box::new)));
+        }
+        Ok(())
+    }
+
+    /// The batch of a principal's tokens in memory.
+    pub fn lookup(&self, principal: &str, tokens: &[[u8; 32]]) -> Lookup {
+        self.registry.lookup(principal, tokens)
+    }
+
+    /// A durable record found in the store (another replica's), unless one is here already.
+    pub fn take_in(&self, s: StoredSuspension) {
+        self.registry.restore_absent(durable_batch(s));
+    }
+
+    pub fn settle(&self, batch: u64, reason: Reason) -> Option<Settled<Suspended>> {
+        self.registry.settle(batch, reason)
+    }
+
+    /// Every held (agent) batch settled with `reason`.
+    pub fn settle_held(&self, reason: Reason) -> Vec<Settled<Suspended>> {
+        let held = self.registry.held_batches();
+        held.into_iter()
+            .filter_map(|id| self.registry.settle(id, reason))
+            .collect()
+    }
+
+    pub fn take_expired(&self, now: Instant) -> Vec<Settled<Suspended>> {
+        self.registry.take_expired(now)
+    }
+
+    pub fn take_dead(&self) -> Vec<Settled<Suspended>> {
+        self.registry.take_dead()
+    }
+
+    /// The claim: exactly one caller takes the batch. A stateless record is also claimed in
+    /// the store (replicas race for it); a held turn's tokens are spent at once.
+    pub fn take(&self, batch: u64) -> Result<Taken, ContinuationError> {
+        let batch = self
+            .registry
+            .take(batch)
+            .ok_or(ContinuationError::Settled(Reason::Resolved))?;
+        let (head, parked) = batch.split();
+        if parked.hold.is_durable() {
+            if let Err(e) = self.claim_durable(&head.execution_id, &head.tokens) {
+                if e == ContinuationError::StoreUnavailable {
+                    self.registry.reinstate(head.join(parked));
+                }
+                return Err(e);
+            }
+        } else if self.spend_held(&head) == Some(false) {
+            // Another replica settled this held turn (this one's lease had lapsed).
+            return Ok(Taken::Gone(parked));
+        }
+        Ok(Taken::Claimed(head, parked))
+    }
+
+    /// Claims a stateless record in the store before its forward, on a single gateway as on
+    /// a replica (where replicas race for it). The claim is what makes the answer exactly
+    /// once when the store fails later: a spend that cannot be written leaves the record
+    /// claimed, and a claimed record settles `lost` at recovery.
+    fn claim_durable(
+        &self,
+        execution_id: &str,
+        tokens: &[[u8; 32]],
+    ) -> Result<(), ContinuationError> {
+        match self.store.upstream_claim(execution_id, tokens.len()) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                // Claimed or spent by another replica: this copy is stale.
+                self.registry.forget(tokens);
+                Err(ContinuationError::Settled(Reason::Resolved))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store unavailable for a claim");
+                Err(ContinuationError::StoreUnavailable)
+            }
+        }
+    }
+
+    /// Puts a taken stateless batch back as it was (its forward failed before the upstream
+    /// answered), releasing its claim in the store. If that cannot be written the record
+    /// stays claimed: this process may take it again, and a restart settles it `lost` (fail
+    /// closed).
+    pub fn reinstate(&self, b: Batch<Suspended>) {
+        if let Err(e) = self.store.upstream_unclaim(&b.execution_id) {
+            tracing::error!(error = %e, "could not release a claim; the record settles lost at the next start");
+        }
+        self.registry.reinstate(b);
+    }
+
+    /// Tombstones a taken batch's tokens, in memory and durably. Returns whether the store
+    /// still had them pending (false when another replica settled them first), None when the
+    /// store could not be written.
+    pub fn spend<P>(&self, b: &Batch<P>, reason: Reason) -> Option<bool> {
+        let (execution_id, principal, tokens) = (&b.execution_id, &b.principal, &b.tokens);
+        let evicted = self.registry.commit(principal, tokens, reason);
+        self.persist((execution_id, principal, tokens), reason, &evicted)
+            .map(|n| n == tokens.len())
+    }
+
+    /// Tombstones a claimed held batch's tokens: behind the request path where the journal
+    /// writes behind (`journal.rs`), else at once. Never for a stateless batch, whose durable
+    /// record must not be claimable again.
+    fn spend_held(&self, b: &Batch<()>) -> Option<bool> {
+        if !self.journal.behind() {
+            return self.spend(b, Reason::Resolved);
+        }
+        let evicted = self
+            .registry
+            .commit(&b.principal, &b.tokens, Reason::Resolved);
+        self.journal.tombstones(Tombstones {
+            execution_id: b.execution_id.clone(),
+            principal: b.principal.clone(),
+            tokens: b.tokens.clone(),
+            reason: Reason::Resolved.as_str(),
+            evicted,
+        });
+        Some(true)
+    }
+
+    /// Makes a settled batch's tombstones durable.
+    pub fn persist_settled(&self, s: &Settled<Suspended>) {
+        let tokens = (s.execution_id.as_str(), s.principal.as_str(), &s.tokens[..]);
+        self.persist(tokens, s.reason, &s.evicted);
+    }
+
+    /// Records tombstones (`execution id, principal, token digests`) in the store, and deletes
+    /// the ones a principal's ring pushed out. Returns how many tokens the store still had
+    /// pending, None when it could not be written.
+    fn persist(
+        &self,
+        (execution_id, principal, tokens): (&str, &str, &[[u8; 32]]),
+        reason: Reason,
+        evicted: &[[u8; 32]],
+    ) -> Option<usize> {
+        self.store
+            .tokens_settled(execution_id, principal, tokens, reason.as_str(), evicted)
+            .inspect_err(|e| {
+                // The in-memory tombstones still answer replays; after a restart, recovery
+                // turns the still-pending rows of a held turn and the still-claimed record of
+                // a stateless one into `lost` tombstones, which never resume. (An expired or
+                // revoked stateless record left pending is refused again after a restart.)
+                tracing::error!(execution = %execution_id, error = %e, "could not persist tombstones");
+            })
+            .ok()
+    }
+
+    /// The principal's suspended executions (everyone's for an approver), earliest deadline
+    /// first.
+    pub fn views(&self, who: &Principal) -> Vec<SuspendedView> {
+        let (now, unix) = (Instant::now(), now_unix());
+        self.registry.snapshot(|b| {
+            let sees = who.approver || principal_eq(&b.principal, &who.id);
+            sees.then(|| SuspendedView {
+                execution_id: b.execution_id.clone(),
+                client: b.principal.clone(),
+                model: b.model.clone(),
+                surface: b.surface.as_str(),
+                hold: match b.parked.hold.is_durable() {
+                    true => "durable",
+                    false => "held",
+                },
+                calls: b.tokens.len(),
+                tools: b.parked.tools.clone(),
+                round: b.parked.rounds,
+                created_at: b.parked.meta.created,
+                suspended_at: b.parked.suspended_at,
+                deadline_at: unix + b.deadline.saturating_duration_since(now).as_secs(),
+            })
+        })
+    }
+
+    /// Writes what the journal queued and stops its writer (blocking).
+    pub fn close(&self) {
+        self.journal.close();
+    }
+
+    #[cfg(test)]
+    pub fn flush(&self) {
+        self.journal.flush();
+    }
+
+    #[cfg(test)]
+    pub fn pending_count(&self) -> usize {
+        self.registry.pending_count()
+    }
+}
+
+/// What a claim took.
+// Taken apart at once by the claim: boxing would cost every claim an allocation.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Taken {
+    /// The batch (without its execution) and its suspended execution.
+    Claimed(Batch<()>, Suspended),
+    /// Another replica settled this held turn meanwhile: the execution is lost.
+    Gone(Suspended),
+}
+
+/// A durable (stateless upstream) record from the store as a registry batch, its deadline
+/// carried over from wall-clock time.
+fn durable_batch(s: StoredSuspension) -> Batch<Suspended> {
+    let left = std::time::Duration::from_millis(s.deadline_ms.saturating_sub(now_unix_ms()));
+    let deadline = Instant::now() + left;
+    let meta = ExecutionMeta {
+        id: s.execution_id.clone(),
+        principal: s.principal.clone(),
+        model: s.model.clone(),
+        surface: s.surface,
+        created: s.created_at,
+    };
+    Batch {
+        principal: s.principal,
+        execution_id: s.execution_id,
+        model: s.model,
+        surface: s.surface,
+        deadline,
+        tokens: s.tokens,
+        digests: s.digests,
+        parked: Suspended {
+            meta,
+            holds: Holds::Nothing,
+            deadline,
+            rounds: s.rounds,
+            hold: Hold::Ids(s.ids),
+            backlog: VecDeque::new(),
+            slot: None,
+            history: None,
+            suspended_at: None,
+            tools: Vec::new(),
+        },
+    }
+}
