@@ -74,7 +74,8 @@ pub async fn serve(config_path: &Path) -> Result<(), StartError> {
         stopping.begin_shutdown();
     };
 
-    let app = crate::http::router(gw.clone());
+    let state = crate::http::AppState::from(gw.clone());
+    let app = crate::http::router(state.clone());
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
     tracing::info!(%addr, "listening");
@@ -82,7 +83,7 @@ pub async fn serve(config_path: &Path) -> Result<(), StartError> {
     let server_cfg = gw.config().server.clone();
     let internal = internal.map(|l| {
         let stopping = gw.stopping();
-        let app = crate::http::cluster::internal_router(gw.clone());
+        let app = crate::http::cluster::internal_router(state);
         let cfg = server_cfg.clone();
         tokio::spawn(async move { accept(l, app, &cfg, stopping.cancelled_owned()).await })
     });

@@ -69,6 +69,24 @@ pub fn jwt_now() -> u64 {
     jsonwebtoken::get_current_timestamp()
 }
 
+/// Authentication in front of the engine: the principal behind a credential under a config,
+/// with the JWTs it verified remembered by digest (each entry bound to the config generation
+/// that verified it).
+#[derive(Default)]
+pub struct Authenticator {
+    jwt: jwt::Cache,
+}
+
+impl Authenticator {
+    pub fn authenticate(
+        &self,
+        cfg: &Config,
+        authorization: Option<&str>,
+    ) -> Result<Principal, ApiError> {
+        authenticate_cached(cfg, Some(&self.jwt), authorization, jwt_now())
+    }
+}
+
 /// The principal behind an `Authorization` header; `cache` remembers verified JWTs.
 pub fn authenticate_cached(
     cfg: &Config,

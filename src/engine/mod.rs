@@ -62,11 +62,10 @@ use self::placement::Placement;
 use self::suspensions::Suspensions;
 use self::threads::Threads;
 use crate::approvals::Approvals;
-use crate::auth::{self, Principal};
+use crate::auth::Principal;
 use crate::backend::{self, Backend, Holds};
 use crate::config::{self, Config, ConfigError};
 use crate::continuation::{Limits, Reason, Registry};
-use crate::error::ApiError;
 use crate::metrics::{Gauges, Metrics};
 use crate::store::{ApprovalRecord, Store};
 
@@ -90,8 +89,6 @@ struct Inner {
     tracker: TaskTracker,
     /// Per-principal admission limits of fresh turns.
     limiter: admission::Limiter,
-    /// Verified JWTs by digest (each entry bound to the config generation that verified it).
-    jwt_cache: auth::jwt::Cache,
 }
 
 /// Cheap-clone handle to the engine.
@@ -181,7 +178,6 @@ impl Engine {
                 shutdown: CancellationToken::new(),
                 tracker: TaskTracker::new(),
                 limiter: admission::Limiter::default(),
-                jwt_cache: auth::jwt::Cache::default(),
             }),
         };
         let timer = engine.clone();
@@ -212,15 +208,6 @@ impl Engine {
         }
         *self.inner.config.write() = Arc::new(new);
         Ok(())
-    }
-
-    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, ApiError> {
-        auth::authenticate_cached(
-            &self.config(),
-            Some(&self.inner.jwt_cache),
-            authorization,
-            auth::jwt_now(),
-        )
     }
 
     /// Model ids the principal may use, in config order.

@@ -18,7 +18,7 @@ use super::*;
 use crate::backend::{
     BackendError, HeldCall, Hold, LegRequest, Resume, SessionStats, Turn, TurnControl, TurnEvent,
 };
-use crate::error::ErrorCode;
+use crate::error::{ApiError, ErrorCode};
 use crate::surface::chat;
 use crate::turn::TurnInput;
 

@@ -10,7 +10,7 @@ use axum::Json;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::Caller;
+use super::{AppState, Caller};
 use crate::auth::Principal;
 use crate::engine::Engine;
 
@@ -27,7 +27,7 @@ pub async fn whoami(State(gw): State<Engine>, caller: Caller) -> Json<Value> {
 /// A `GET` route answering the caller's view of one read model as a list.
 pub fn listing<T: Serialize + 'static>(
     read: fn(&Engine, &Principal) -> Vec<T>,
-) -> MethodRouter<Engine> {
+) -> MethodRouter<AppState> {
     get(move |State(gw): State<Engine>, caller: Caller| async move {
         Json(json!({"object": "list", "data": read(&gw, &caller.principal)}))
     })

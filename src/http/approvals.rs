@@ -14,9 +14,10 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
+use super::caller::read_body;
 use super::cluster::{to_owner, Hop, Replay};
 use super::turn::holding;
-use super::{read_body, Caller};
+use super::{AppState, Caller};
 use crate::approvals::{to_json, visible, ApprovalState, DecideError, SettleReason};
 use crate::engine::ApprovalRoute;
 use crate::engine::Engine;
@@ -164,21 +165,22 @@ pub async fn decide(
 /// grants it. The stream ends when the key or issuer is gone, the token expired, or the
 /// principal's approver role changed.
 struct Authority {
-    gw: Engine,
+    app: AppState,
     credential: Option<String>,
     opened: crate::auth::Principal,
 }
 
 impl Authority {
     fn current(&self) -> Option<&crate::auth::Principal> {
-        let now = self.gw.authenticate(self.credential.as_deref()).ok()?;
+        let now = self.app.check(self.credential.as_deref()).ok()?;
         (now.id == self.opened.id && now.approver == self.opened.approver).then_some(&self.opened)
     }
 }
 
 /// `GET /v1/approvals/events`: `created`, `decided`, `expired`, `cancelled` events of the
 /// approvals the caller may see, as SSE, with keep-alive comments.
-pub async fn events(State(gw): State<Engine>, caller: Caller) -> Result<Response, ApiError> {
+pub async fn events(State(app): State<AppState>, caller: Caller) -> Result<Response, ApiError> {
+    let gw = app.engine.clone();
     let Caller {
         principal: opened,
         credential,
@@ -188,7 +190,7 @@ pub async fn events(State(gw): State<Engine>, caller: Caller) -> Result<Response
     let keepalive = gw.config().server.keepalive;
     let stop = gw.stopping();
     let who = Authority {
-        gw,
+        app,
         credential,
         opened,
     };

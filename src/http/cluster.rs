@@ -28,8 +28,9 @@ pub const KEY_HEADER: &str = "x-turnstile-cluster-key";
 pub struct Hop;
 
 /// The internal listener's router: every public route, behind the shared key.
-pub fn internal_router(gw: Engine) -> Router {
-    super::router(gw.clone()).layer(middleware::from_fn_with_state(gw, require_key))
+pub fn internal_router(app: super::AppState) -> Router {
+    let gw = app.engine.clone();
+    super::router(app).layer(middleware::from_fn_with_state(gw, require_key))
 }
 
 async fn require_key(State(gw): State<Engine>, mut req: Request, next: Next) -> Response {

@@ -9,8 +9,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::engine::Engine;
-
 /// The policy of every console response.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
 img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; \
@@ -41,7 +39,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-pub fn routes() -> Router<Engine> {
+pub fn routes() -> Router<super::AppState> {
     ASSETS
         .iter()
         .fold(Router::new(), |router, &(path, content_type, body)| {

@@ -4,7 +4,6 @@
 //! the `anthropic-version` header); `POST /v1/messages` itself is the generic turn handler.
 //! Every error here has the Anthropic shape ([`Anthropic`]).
 
-use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
@@ -12,7 +11,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::turn::SurfaceError;
-use super::{admitted, principal};
+use super::{Admitted, AppState};
 use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
 use crate::surface::{messages, Messages};
@@ -23,10 +22,9 @@ type Anthropic = SurfaceError<Messages>;
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": n}` for a model the principal may use.
 pub(super) async fn count_tokens(
     State(gw): State<Engine>,
-    headers: HeaderMap,
-    body: Body,
+    a: Result<Admitted, ApiError>,
 ) -> Result<Response, Anthropic> {
-    let a = admitted(&gw, &headers, body).await?;
+    let a = a?;
     let (input, _) = messages::parse(&a.bytes, a.arrived)?;
     if !gw.models_for(&a.principal).contains(&input.model) {
         return Err(ApiError::model_not_found(&input.model).into());
@@ -52,8 +50,13 @@ struct Page {
 /// `?limit=1000`): the caller's models in config order, a page of `limit` (default 20, 1 to
 /// 1000) after `after_id` or before `before_id`. A cursor the caller cannot see gives an
 /// empty page.
-pub(super) fn models(gw: &Engine, headers: &HeaderMap, uri: &Uri) -> Result<Response, Anthropic> {
-    let principal = principal(gw, headers)?;
+pub(super) fn models(
+    app: &AppState,
+    headers: &HeaderMap,
+    uri: &Uri,
+) -> Result<Response, Anthropic> {
+    let principal = app.authenticate(headers)?;
+    let gw = &app.engine;
     let page = axum::extract::Query::<Page>::try_from_uri(uri)
         .map_err(|_| {
             ApiError::invalid("`limit` must be a number; `after_id` and `before_id` are model ids")
@@ -91,9 +94,13 @@ pub(super) fn models(gw: &Engine, headers: &HeaderMap, uri: &Uri) -> Result<Resp
 }
 
 /// `GET /v1/models/{id}` for an Anthropic client.
-pub(super) fn model_of(gw: &Engine, headers: &HeaderMap, id: &str) -> Result<Response, Anthropic> {
-    let principal = principal(gw, headers)?;
-    if !gw.models_for(&principal).iter().any(|m| m == id) {
+pub(super) fn model_of(
+    app: &AppState,
+    headers: &HeaderMap,
+    id: &str,
+) -> Result<Response, Anthropic> {
+    let principal = app.authenticate(headers)?;
+    if !app.engine.models_for(&principal).iter().any(|m| m == id) {
         return Err(ApiError::model_not_found(id).into());
     }
     Ok(Json(model(id)).into_response())

@@ -16,24 +16,62 @@ mod responses_ws;
 mod turn;
 mod usage;
 
-use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::{FromRef, Request, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
+use std::sync::Arc;
 
-use self::caller::Caller;
+use self::caller::{authorization, Admitted, Caller};
 use self::turn::{turn, SurfaceError};
-use crate::auth::Principal;
+use crate::auth::{Authenticator, Principal};
 use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
 use crate::surface::{Chat, Messages, Responses};
 
-pub fn router(gw: Engine) -> Router {
+/// What every handler may extract: the engine, and the authenticator in front of it
+/// (`State<Engine>` extracts the engine alone).
+#[derive(Clone)]
+pub struct AppState {
+    engine: Engine,
+    auth: Arc<Authenticator>,
+}
+
+impl From<Engine> for AppState {
+    fn from(engine: Engine) -> AppState {
+        AppState {
+            engine,
+            auth: Arc::default(),
+        }
+    }
+}
+
+impl FromRef<AppState> for Engine {
+    fn from_ref(app: &AppState) -> Engine {
+        app.engine.clone()
+    }
+}
+
+impl AppState {
+    /// The principal behind a request's credential, under the current config.
+    fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+        self.check(authorization(headers).as_deref())
+    }
+
+    /// The principal behind a credential, under the current config (a long-lived stream
+    /// re-checks its own this way).
+    fn check(&self, credential: Option<&str>) -> Result<Principal, ApiError> {
+        self.auth.authenticate(&self.engine.config(), credential)
+    }
+}
+
+/// Every public route over `state` (one [`AppState`] may serve several listeners).
+pub fn router(state: impl Into<AppState>) -> Router {
+    let app: AppState = state.into();
+    let gw = app.engine.clone();
     Router::new()
         .route("/v1/chat/completions", post(turn::<Chat>))
         .route(
@@ -75,8 +113,8 @@ pub fn router(gw: Engine) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(gw.clone(), log_request))
-        .with_state(gw)
+        .layer(middleware::from_fn_with_state(gw, log_request))
+        .with_state(app)
 }
 
 /// An unknown route; under `/v1/messages` in Anthropic's shape.
@@ -143,91 +181,11 @@ async fn log_request(State(gw): State<Engine>, req: Request, next: Next) -> Resp
 
 /// Public (a scraper needs no credential), but only an approver's scrape names principals:
 /// another principal's usage is not for anyone who can reach the listener.
-async fn metrics(State(gw): State<Engine>, headers: HeaderMap) -> Response {
-    let clients = principal(&gw, &headers).is_ok_and(|p| p.approver);
+async fn metrics(State(app): State<AppState>, headers: HeaderMap) -> Response {
+    let clients = app.authenticate(&headers).is_ok_and(|p| p.approver);
+    let gw = &app.engine;
     let text = gw.metrics().render(&gw.gauges(), clients);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
-}
-
-/// The credential: `Authorization`, else an Anthropic client's `x-api-key` (the same keys and
-/// JWTs, as a bearer token).
-fn authorization(headers: &HeaderMap) -> Option<std::borrow::Cow<'_, str>> {
-    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
-    match header(header::AUTHORIZATION.as_str()) {
-        Some(a) => Some(a.into()),
-        None => header("x-api-key").map(|k| format!("Bearer {k}").into()),
-    }
-}
-
-/// A declared `Content-Length` over the limit: 413 from the headers, before anything else.
-fn declared_within(headers: &HeaderMap, limit: usize) -> Result<(), ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    match declared {
-        Some(n) if n > limit as u64 => Err(ApiError::too_large(limit)),
-        _ => Ok(()),
-    }
-}
-
-/// Reads the body under the configured limit (413 before any parsing or digest work) and
-/// within the body-read timeout (408: a body trickled in is not waited for). Callers check
-/// the declared length ([`declared_within`]) and the credential first.
-async fn read_body(
-    body: Body,
-    limit: usize,
-    timeout: std::time::Duration,
-) -> Result<Bytes, ApiError> {
-    let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect());
-    let Ok(read) = read.await else {
-        return Err(ApiError::new(
-            ErrorCode::RequestTimeout,
-            format!(
-                "The request body did not arrive within {} seconds.",
-                timeout.as_secs()
-            ),
-        ));
-    };
-    match read {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(limit)),
-        Err(_) => Err(ApiError::invalid("The request body could not be read.")),
-    }
-}
-
-fn principal(gw: &Engine, headers: &HeaderMap) -> Result<Principal, ApiError> {
-    gw.authenticate(authorization(headers).as_deref())
-}
-
-/// What every handler that reads a body does first, in this order: a declared length over the limit is
-/// 413 and a request without valid credentials 401, both from the headers alone (no body
-/// byte is read, so an unauthenticated caller costs no memory, and the connection closes);
-/// only then the body, under the limit (413 before any parsing or digest work).
-pub(super) struct Admitted {
-    arrived: tokio::time::Instant,
-    cfg: std::sync::Arc<crate::config::Config>,
-    bytes: Bytes,
-    principal: Principal,
-}
-
-pub(super) async fn admitted(
-    gw: &Engine,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<Admitted, ApiError> {
-    let arrived = tokio::time::Instant::now();
-    let cfg = gw.config();
-    let server = &cfg.server;
-    declared_within(headers, server.max_body_bytes)?;
-    let principal = principal(gw, headers)?;
-    let bytes = read_body(body, server.max_body_bytes, server.body_read_timeout).await?;
-    Ok(Admitted {
-        arrived,
-        cfg,
-        bytes,
-        principal,
-    })
 }
 
 /// Whether a request comes from an Anthropic client (it names the API version).
@@ -235,23 +193,24 @@ fn anthropic(headers: &HeaderMap) -> bool {
     headers.contains_key("anthropic-version")
 }
 
-async fn models(State(gw): State<Engine>, headers: HeaderMap, uri: Uri) -> Response {
+async fn models(State(app): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
     if anthropic(&headers) {
-        return messages::models(&gw, &headers, &uri).into_response();
+        return messages::models(&app, &headers, &uri).into_response();
     }
-    openai_models(&gw, &headers).into_response()
+    openai_models(&app, &headers).into_response()
 }
 
 async fn model(
-    State(gw): State<Engine>,
+    State(app): State<AppState>,
     axum::extract::Path(id): axum::extract::Path<String>,
     headers: HeaderMap,
 ) -> Response {
     if anthropic(&headers) {
-        return messages::model_of(&gw, &headers, &id).into_response();
+        return messages::model_of(&app, &headers, &id).into_response();
     }
-    let found = principal(&gw, &headers)
-        .map(|p| gw.models_for(&p).contains(&id))
+    let found = app
+        .authenticate(&headers)
+        .map(|p| app.engine.models_for(&p).contains(&id))
         .and_then(|ok| {
             ok.then_some(())
                 .ok_or_else(|| ApiError::model_not_found(&id))
@@ -263,9 +222,10 @@ async fn model(
     }
 }
 
-fn openai_models(gw: &Engine, headers: &HeaderMap) -> Result<Response, ApiError> {
-    let principal = principal(gw, headers)?;
-    let data: Vec<_> = gw
+fn openai_models(app: &AppState, headers: &HeaderMap) -> Result<Response, ApiError> {
+    let principal = app.authenticate(headers)?;
+    let data: Vec<_> = app
+        .engine
         .models_for(&principal)
         .into_iter()
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "turnstile"}))

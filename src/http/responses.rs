@@ -1,15 +1,13 @@
 //! `POST /v1/responses/compact`: the conversation in `input` compacted by one summary turn
 //! (`POST /v1/responses` is the generic turn handler, its WebSocket form `responses_ws.rs`).
 
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::admitted;
 use super::turn::{answered, Planner, SurfaceError};
+use super::Admitted;
 use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::surface::responses::{self, framing, Prepared};
@@ -19,10 +17,9 @@ use crate::surface::Responses;
 /// the answer keeps its user messages and adds one `compaction` item.
 pub(super) async fn compact(
     State(gw): State<Engine>,
-    headers: HeaderMap,
-    body: Body,
+    a: Result<Admitted, ApiError>,
 ) -> Result<Response, SurfaceError<Responses>> {
-    let a = admitted(&gw, &headers, body).await?;
+    let a = a?;
     let req = responses::read(&a.bytes)?;
     let kept = req.user_messages();
     let host = Planner {

@@ -30,6 +30,7 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use super::turn::{run, Planner, Ran};
+use super::AppState;
 use crate::auth::Principal;
 use crate::backend::upstream::client::{SseEvent, SseSplitter};
 use crate::engine::Engine;
@@ -42,17 +43,18 @@ use crate::surface::responses::{self, Prepared};
 /// headers (401) and a place among the principal's open streams is taken (429) before
 /// upgrading.
 pub(super) async fn upgrade(
-    State(gw): State<Engine>,
+    State(app): State<AppState>,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
     let Ok(ws) = ws else {
         return super::method_not_allowed().await.into_response();
     };
-    let principal = match super::principal(&gw, &headers) {
+    let principal = match app.authenticate(&headers) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
+    let gw = app.engine.clone();
     let slot = match gw.open_stream(&principal) {
         Ok(s) => s,
         Err(e) => return ApiError::from(e).into_response(),
@@ -61,6 +63,7 @@ pub(super) async fn upgrade(
     let socket = Socket {
         id: crate::ids::new_id("ws-"),
         gw,
+        app,
         principal,
         headers,
         last: None,
@@ -81,6 +84,8 @@ struct Previous {
 struct Socket {
     id: String,
     gw: Engine,
+    /// The authenticator, for the re-checks.
+    app: AppState,
     principal: Principal,
     /// The upgrade request's headers: the credential, re-checked before every response, and
     /// what a continuation relayed to its owner replica carries.
@@ -165,7 +170,7 @@ impl Socket {
                         let _ = tx.send(text_frame(&error_event(e))).await;
                         continue;
                     }
-                    let still = super::principal(&self.gw, &self.headers).map(|p| p.id);
+                    let still = self.app.authenticate(&self.headers).map(|p| p.id);
                     if still.as_ref() != Ok(&self.principal.id) {
                         let e = ApiError::new(ErrorCode::InvalidApiKey, "The credential of this socket is no longer valid.");
                         let _ = tx.send(text_frame(&error_event(e))).await;

@@ -2,7 +2,9 @@
 //! headers and the activity API, with a gateway that has clients but no backends.
 
 use super::*;
+use axum::body::{Body, Bytes};
 use axum::http::Request as HttpRequest;
+use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
 

@@ -13,7 +13,7 @@ use axum::Extension;
 use futures::future::BoxFuture;
 use futures::StreamExt;
 
-use super::{admitted, cluster, error, Admitted, ExecutionId};
+use super::{cluster, error, Admitted, ExecutionId};
 use crate::auth::Principal;
 use crate::engine::{Engine, EngineError, Leg, Outcome, Slot};
 use crate::error::ApiError;
@@ -26,9 +26,9 @@ pub(super) async fn turn<S: Surface>(
     hop: Option<Extension<cluster::Hop>>,
     uri: Uri,
     headers: HeaderMap,
-    body: Body,
+    a: Result<Admitted, ApiError>,
 ) -> Result<Response, SurfaceError<S>> {
-    let mut a = admitted(&gw, &headers, body).await?;
+    let mut a = a?;
     let raw = keep_raw(&gw, &a);
     let req = S::read(std::mem::take(&mut a.bytes), a.arrived)?;
     let stream = S::streams(&req);
