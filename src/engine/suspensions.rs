@@ -355,3 +355,6 @@ fn durable_batch(s: StoredSuspension) -> Batch<Suspended> {
         },
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -33,9 +33,7 @@ impl Threads {
             metrics,
         }
     }
-}
 
-impl Threads {
     /// The kept thread this fresh request continues, if any. A request naming a completed
     /// response (`follows`) must find it: unknown, released or another principal's is 404,
     /// another model, tool set, tool choice or effort is 400 (nothing is taken); its input
@@ -213,3 +211,6 @@ impl Threads {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,138 @@
+//! The suspensions component alone, over a SQLite store: a batch registered and recorded,
+//! claimed, put back, spent, refused over its bounds, and found again after a restart.
+
+use std::time::Duration;
+
+use super::*;
+use crate::continuation::{Digests, Limits};
+use crate::store::StoreLocation;
+use crate::turn::SurfaceId;
+
+const TOKEN: [u8; 32] = [5; 32];
+
+fn open(dir: &tempfile::TempDir, max_pending: usize) -> Suspensions {
+    let path = dir.path().join("turnstile.db");
+    let store = Arc::new(Store::connect(&StoreLocation::Sqlite(&path), "").unwrap());
+    let limits = Limits {
+        max_pending,
+        max_pending_per_client: max_pending,
+        max_kept_bytes_per_client: 1 << 20,
+        tombstones_per_client: 16,
+    };
+    let tombstones = store.tombstones().unwrap();
+    let registry = Registry::new(
+        limits,
+        tombstones
+            .into_iter()
+            .map(|t| (t.digest, t.principal, Reason::parse(&t.reason))),
+    );
+    let journal = Journal::start(store.clone(), true).unwrap();
+    Suspensions::open(store, registry, journal).unwrap()
+}
+
+/// A stateless upstream's suspension of `alice` behind one token (its call id `call_1`).
+fn durable(execution: &str) -> Batch<Suspended> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let meta = ExecutionMeta {
+        id: execution.into(),
+        principal: "alice".into(),
+        model: "m".into(),
+        surface: SurfaceId::Chat,
+        created: 0,
+    };
+    Batch {
+        principal: "alice".into(),
+        execution_id: execution.into(),
+        model: "m".into(),
+        surface: SurfaceId::Chat,
+        deadline,
+        tokens: vec![TOKEN],
+        digests: Digests {
+            tools: [1; 32],
+            tool_choice: [2; 32],
+            prefix: [3; 32],
+            echo: [4; 32],
+        },
+        parked: Suspended {
+            meta,
+            holds: Holds::Nothing,
+            deadline,
+            rounds: 1,
+            hold: Hold::Ids(vec!["call_1".into()]),
+            backlog: VecDeque::new(),
+            slot: None,
+            history: None,
+            suspended_at: None,
+            tools: vec!["f".into()],
+        },
+    }
+}
+
+fn pending(s: &Suspensions) -> u64 {
+    match s.lookup("alice", &[TOKEN]) {
+        Lookup::Pending(v) => v.batch,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_claimed_batch_goes_back_as_it_was_until_it_is_spent() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&dir, 8);
+    s.started_now(&durable("exe-1").parked.meta).unwrap();
+    assert!(s.suspend(durable("exe-1")).is_ok());
+    assert_eq!(s.lookup("bob", &[TOKEN]), Lookup::NotFound);
+    let Taken::Claimed(head, parked) = s.take(pending(&s)).unwrap() else {
+        panic!("a stateless batch is claimed")
+    };
+    // Taken: a racing second claim is answered as already resolved.
+    assert_eq!(
+        s.lookup("alice", &[TOKEN]),
+        Lookup::Settled(Reason::Resolved)
+    );
+    // The forward failed: it goes back, claimable again.
+    s.reinstate(head.join(parked));
+    let Taken::Claimed(head, _) = s.take(pending(&s)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(s.spend(&head, Reason::Resolved), Some(true));
+    assert_eq!(
+        s.lookup("alice", &[TOKEN]),
+        Lookup::Settled(Reason::Resolved)
+    );
+    // After a restart the spent token is still answered as resolved.
+    drop(s);
+    let s = open(&dir, 8);
+    assert_eq!(
+        s.lookup("alice", &[TOKEN]),
+        Lookup::Settled(Reason::Resolved)
+    );
+}
+
+#[test]
+fn a_recorded_batch_is_found_again_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&dir, 8);
+    s.started_now(&durable("exe-2").parked.meta).unwrap();
+    assert!(s.suspend(durable("exe-2")).is_ok());
+    drop(s);
+    let s = open(&dir, 8);
+    assert_eq!(s.counts().0, 1);
+    let Taken::Claimed(head, _) = s.take(pending(&s)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(head.execution_id, "exe-2");
+}
+
+#[test]
+fn over_its_bounds_a_batch_is_refused_and_nothing_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&dir, 0);
+    assert!(matches!(
+        s.suspend(durable("exe-3")),
+        Err(Refusal::Capacity(_))
+    ));
+    drop(s);
+    let s = open(&dir, 8);
+    assert_eq!(s.counts(), (0, 0, 0));
+}
