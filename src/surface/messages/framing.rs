@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::echo::{input_of, visible};
-use super::{error_body, message_id, Framing, Thinking};
+use super::{message_id, Framing, Thinking};
 use crate::engine::{Leg, LegEvent};
 use crate::error::ApiError;
 use crate::surface::sse;
@@ -258,6 +258,36 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
         }
     }
     Err(ApiError::upstream())
+}
+
+/// The Anthropic error type of a status.
+fn error_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 => "overloaded_error",
+        504 => "timeout_error",
+        s if s >= 500 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// The Anthropic error body: `{"type":"error","error":{"type","message"}}`, the message led
+/// by Turnstile's stable code (`continuation_not_found: ...`); an upstream's own rejection
+/// keeps its code.
+pub fn error_body(e: &ApiError) -> Value {
+    let code = e
+        .upstream
+        .as_ref()
+        .and_then(|u| u.code.as_deref())
+        .unwrap_or(e.code.as_str());
+    json!({"type": "error", "error": {
+        "type": error_type(e.status()),
+        "message": format!("{code}: {}", e.message),
+    }})
 }
 
 #[cfg(test)]

@@ -169,7 +169,7 @@ impl Surface for Messages {
     }
 
     fn error_body(e: &ApiError) -> Value {
-        error_body(e)
+        framing::error_body(e)
     }
 }
 
@@ -389,36 +389,6 @@ pub fn estimate_tokens(input: &TurnInput) -> u64 {
     (text + tools_bytes).div_ceil(4) as u64 + 3 * input.messages.len() as u64
 }
 
-/// The Anthropic error type of a status.
-fn error_type(status: u16) -> &'static str {
-    match status {
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        503 => "overloaded_error",
-        504 => "timeout_error",
-        s if s >= 500 => "api_error",
-        _ => "invalid_request_error",
-    }
-}
-
-/// The Anthropic error body: `{"type":"error","error":{"type","message"}}`, the message led
-/// by Turnstile's stable code (`continuation_not_found: ...`); an upstream's own rejection
-/// keeps its code.
-pub fn error_body(e: &ApiError) -> Value {
-    let code = e
-        .upstream
-        .as_ref()
-        .and_then(|u| u.code.as_deref())
-        .unwrap_or(e.code.as_str());
-    json!({"type": "error", "error": {
-        "type": error_type(e.status()),
-        "message": format!("{code}: {}", e.message),
-    }})
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -588,7 +558,7 @@ mod tests {
     fn errors_are_anthropic_shaped() {
         let e = ApiError::new(ErrorCode::ContinuationNotFound, "Unknown.");
         assert_eq!(
-            error_body(&e),
+            framing::error_body(&e),
             json!({"type": "error", "error": {"type": "not_found_error",
                    "message": "continuation_not_found: Unknown."}})
         );
