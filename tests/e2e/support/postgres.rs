@@ -4,8 +4,8 @@
 //! server per test process; each gateway (or group of replicas) gets its own database.
 //!
 //! The server runs under a small shell that waits on its stdin: when the test process exits
-//! (however it exits), the pipe closes and the shell stops the server, so no server outlives
-//! the tests. Durability settings are relaxed (`fsync=off`): the tests kill gateways, never the
+//! (however it exits), the pipe closes and the shell stops the server and removes its folder,
+//! so no server and no data outlive the tests (the process-wide server is never dropped). Durability settings are relaxed (`fsync=off`): the tests kill gateways, never the
 //! database's machine.
 //!
 //! `TURNSTILE_TEST_STORE=postgres` runs every other e2e test on it too (each gateway's
@@ -137,10 +137,11 @@ fn start() -> Server {
             "{bin}/postgres -D {data} -p {port} -k {sock} -c listen_addresses=127.0.0.1 \
              -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
              -c max_connections=300 -c shared_buffers=64MB & pid=$!; \
-             read _; kill -INT $pid; wait $pid",
+             read _; kill -INT $pid; wait $pid; rm -rf {folder}",
             bin = BIN,
             data = data.display(),
             sock = dir.path().display(),
+            folder = dir.path().display(),
         );
         let mut child = run_as(user, Path::new("/bin/sh"))
             .args(["-c", &script])
@@ -177,8 +178,11 @@ fn start() -> Server {
             }
             Ok(Err(line)) if attempt < 2 => {
                 eprintln!("postgres did not start on port {port}: {line}; another port");
-                drop(stdin);
+                // The server has exited; the shell goes without removing the folder the
+                // next attempt uses.
+                let _ = child.kill();
                 let _ = child.wait();
+                drop(stdin);
             }
             other => {
                 drop(stdin);
