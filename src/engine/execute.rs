@@ -39,7 +39,8 @@ impl Engine {
     ) -> Result<Leg, EngineError> {
         match self.execute_hop(principal, input, true).await? {
             Outcome::Leg(leg) => Ok(leg),
-            // Not with `forwarded`: a turn held elsewhere answers as lost.
+            // Unreachable: as `forwarded`, a turn held on another replica answers as lost
+            // rather than forwarding (this caller cannot relay).
             Outcome::Forward(_) => Err(EngineError::TurnFailed),
         }
     }

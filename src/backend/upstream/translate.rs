@@ -87,20 +87,19 @@ pub fn chat_body(input: &TurnInput) -> Value {
 pub fn options(input: &TurnInput) -> Map<String, Value> {
     let s = &input.sampling;
     let mut o = Map::new();
+    let effort = input.effort.map(|e| json!(e.as_str()));
     for (key, v) in [
         ("max_tokens", &s.max_tokens),
         ("temperature", &s.temperature),
         ("top_p", &s.top_p),
         ("stop", &s.stop),
+        ("reasoning_effort", &effort),
         ("prompt_cache_key", &s.cache_key),
         ("response_format", &s.response_format),
     ] {
         if let Some(v) = v {
             o.insert(key.into(), v.clone());
         }
-    }
-    if let Some(e) = input.effort {
-        o.insert("reasoning_effort".into(), json!(e.as_str()));
     }
     o
 }
