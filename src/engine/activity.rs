@@ -12,6 +12,8 @@ use serde::Serialize;
 use crate::auth::Principal;
 use crate::backend::{Backend, Holds};
 use crate::config::Config;
+use crate::continuation::registry::principal_eq;
+use tokio::time::Instant;
 
 /// A suspended execution: the calls it exposed wait for the client's results.
 #[derive(Debug, Clone, Serialize)]
@@ -67,6 +69,16 @@ pub struct BackendView {
     pub processes_alive: usize,
     pub last_answer: Option<u64>,
     pub last_failure: Option<u64>,
+}
+
+/// Unix seconds of a monotonic deadline.
+pub(super) fn unix_at(deadline: Instant, now: Instant, unix: u64) -> u64 {
+    unix + deadline.saturating_duration_since(now).as_secs()
+}
+
+/// Whether `who` sees what `owner` holds: its own, or everyone's for an approver.
+pub(super) fn sees(who: &Principal, owner: &str) -> bool {
+    who.approver || principal_eq(owner, &who.id)
 }
 
 /// The backends behind the principal's models (every backend for an approver).

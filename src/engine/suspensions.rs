@@ -16,11 +16,10 @@ use super::journal::{Journal, Tombstones};
 use super::ContinuationError;
 use crate::auth::Principal;
 use crate::backend::{Hold, Holds};
-use crate::continuation::registry::principal_eq;
 use crate::continuation::{Batch, Lookup, Reason, Registry, Settled};
 use crate::store::{now_unix, now_unix_ms, Store, StoreError, StoredSuspension, SuspensionRecord};
 
-use super::activity::SuspendedView;
+use super::activity::{sees, unix_at, SuspendedView};
 
 pub(super) struct Suspensions {
     registry: Registry<Suspended>,
@@ -275,8 +274,7 @@ impl Suspensions {
     pub fn views(&self, who: &Principal) -> Vec<SuspendedView> {
         let (now, unix) = (Instant::now(), now_unix());
         self.registry.snapshot(|b| {
-            let sees = who.approver || principal_eq(&b.principal, &who.id);
-            sees.then(|| SuspendedView {
+            sees(who, &b.principal).then(|| SuspendedView {
                 execution_id: b.execution_id.clone(),
                 client: b.principal.clone(),
                 model: b.model.clone(),
@@ -290,7 +288,7 @@ impl Suspensions {
                 round: b.parked.rounds,
                 created_at: b.parked.meta.created,
                 suspended_at: b.parked.suspended_at,
-                deadline_at: unix + b.deadline.saturating_duration_since(now).as_secs(),
+                deadline_at: unix_at(b.deadline, now, unix),
             })
         })
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::activity::ThreadView;
+use super::activity::{sees, unix_at, ThreadView};
 use super::continuity::{Binding, Continuity, Entry, Miss, RefMiss};
 use super::execution::{ExecutionMeta, LegContext};
 use super::{ContinuationError, EngineError};
@@ -16,7 +16,6 @@ use crate::auth::Principal;
 use crate::backend::{BackendError, Holds, Kept, Turn};
 use crate::config::Config;
 use crate::continuation::canonical::digest_of_digests;
-use crate::continuation::registry::principal_eq;
 use crate::metrics::Metrics;
 use crate::store::now_unix;
 use crate::turn::{Message, Role, TurnInput};
@@ -197,15 +196,14 @@ impl Threads {
     pub fn views(&self, who: &Principal) -> Vec<ThreadView> {
         let (now, unix) = (Instant::now(), now_unix());
         self.continuity.snapshot(|e| {
-            let sees = who.approver || principal_eq(&e.binding.principal, &who.id);
-            sees.then(|| ThreadView {
+            sees(who, &e.binding.principal).then(|| ThreadView {
                 execution_id: e.execution_id.clone(),
                 client: e.binding.principal.clone(),
                 model: e.binding.model.clone(),
                 surface: e.binding.surface.as_str(),
                 messages: e.digests.len(),
                 kept_at: e.kept_at,
-                expires_at: unix + e.expires.saturating_duration_since(now).as_secs(),
+                expires_at: unix_at(e.expires, now, unix),
                 usable: e.idle.usable(),
             })
         })
