@@ -5,22 +5,36 @@
 //! of the gateway's own credentials is a gateway failure; the upstream URL and key never
 //! appear), reads whole bodies under `max_response_bytes`, and splits an SSE body into events.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
 use futures::StreamExt;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 use serde_json::Value;
 
 use crate::backend::{BackendError, UpstreamRefusal};
 use crate::config::UpstreamConfig;
 
+/// An upstream's answer, its body still to be read.
+pub type Response = hyper::Response<hyper::body::Incoming>;
+
+type Https =
+    hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
 pub struct Client {
     name: String,
-    /// Parsed once: parsing (IDNA included) per request showed in profiles.
-    url: reqwest::Url,
-    key: Option<String>,
-    client: reqwest::Client,
+    /// Parsed once, at start.
+    uri: hyper::Uri,
+    /// `Bearer <key>`, marked sensitive (kept out of any header dump).
+    auth: Option<HeaderValue>,
+    client: Https,
     pub idle_timeout: Duration,
     pub total_timeout: Duration,
     first_byte_timeout: Duration,
@@ -48,12 +62,22 @@ impl From<Unread> for BackendError {
 
 /// A body read whole under `limit` bytes: refused from its `Content-Length` when that is over,
 /// else broken off at the first chunk that crosses it (nothing past the bound is kept).
-pub(super) async fn bounded(mut resp: reqwest::Response, limit: usize) -> Result<Bytes, Unread> {
-    if resp.content_length().is_some_and(|n| n > limit as u64) {
+pub(super) async fn bounded(resp: Response, limit: usize) -> Result<Bytes, Unread> {
+    let declared = resp
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
         return Err(Unread::Over);
     }
+    let mut body = resp.into_body();
     let mut out = BytesMut::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|_| Unread::Broken)? {
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| Unread::Broken)?;
+        let Ok(chunk) = frame.into_data() else {
+            continue;
+        };
         if out.len() + chunk.len() > limit {
             return Err(Unread::Over);
         }
@@ -70,44 +94,76 @@ pub enum SseEvent {
     Done,
 }
 
+/// The TLS roots of an upstream: the platform's, and the PEM certificates of `ca_file`.
+fn roots(name: &str, ca_file: Option<&std::path::Path>) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    // A platform certificate rustls cannot read is skipped, as browsers do.
+    let native = rustls_native_certs::load_native_certs();
+    roots.add_parsable_certificates(native.certs);
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).map_err(|e| {
+            format!(
+                "backends.{name}.ca_file: cannot read {}: {e}",
+                path.display()
+            )
+        })?;
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert.map_err(|e| format!("backends.{name}.ca_file: {e}"))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("backends.{name}.ca_file: {e}"))?;
+        }
+    }
+    Ok(roots)
+}
+
 impl Client {
     /// Builds the client; fails when `api_key_env` names an unset variable.
     pub fn new(name: &str, cfg: &UpstreamConfig) -> Result<Client, String> {
-        let key = match &cfg.api_key_env {
-            Some(var) => Some(std::env::var(var).map_err(|_| {
-                format!("backends.{name}.api_key_env: environment variable {var} is not set")
-            })?),
+        let auth = match &cfg.api_key_env {
+            Some(var) => {
+                let key = std::env::var(var).map_err(|_| {
+                    format!("backends.{name}.api_key_env: environment variable {var} is not set")
+                })?;
+                let mut v = HeaderValue::from_str(&format!("Bearer {key}"))
+                    .map_err(|_| format!("backends.{name}.api_key_env: not a header value"))?;
+                v.set_sensitive(true);
+                Some(v)
+            }
             None => None,
         };
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(cfg.connect_timeout)
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("backends.{name}: TLS: {e}"))?
+            .with_root_certificates(roots(name, cfg.ca_file.as_deref())?)
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(cfg.connect_timeout));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        // No redirect is followed (a redirect would carry the key elsewhere) and no proxy
+        // variable is read: this client has neither.
+        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(cfg.max_idle_connections)
-            // An upstream API is not redirected: a redirect would carry the key elsewhere,
-            // and checking each answer for one showed in profiles.
-            .redirect(reqwest::redirect::Policy::none())
-            .tcp_nodelay(true);
-        if let Some(path) = &cfg.ca_file {
-            let pem = std::fs::read(path).map_err(|e| {
-                format!(
-                    "backends.{name}.ca_file: cannot read {}: {e}",
-                    path.display()
-                )
-            })?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| format!("backends.{name}.ca_file: {e}"))?;
-            for cert in certs {
-                builder = builder.add_root_certificate(cert);
-            }
-        }
-        let client = builder
-            .build()
-            .map_err(|e| format!("backends.{name}: cannot build HTTP client: {e}"))?;
+            .build(https);
+        // The configured URL was checked at load (`reqwest::Url`, which normalises it).
         let url = reqwest::Url::parse(&format!("{}/chat/completions", cfg.base_url))
+            .map_err(|e| format!("backends.{name}.base_url: {e}"))?;
+        let uri = url
+            .as_str()
+            .parse::<hyper::Uri>()
             .map_err(|e| format!("backends.{name}.base_url: {e}"))?;
         Ok(Client {
             name: name.to_string(),
-            url,
-            key,
+            uri,
+            auth,
             client,
             idle_timeout: cfg.idle_timeout,
             total_timeout: cfg.total_timeout,
@@ -117,16 +173,18 @@ impl Client {
     }
 
     /// Sends a JSON body; resolves when the upstream's headers arrived with a 2xx status.
-    pub async fn send(&self, body: Bytes) -> Result<reqwest::Response, BackendError> {
-        let mut req = self
-            .client
-            .post(self.url.clone())
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body);
-        if let Some(k) = &self.key {
-            req = req.bearer_auth(k);
+    pub async fn send(&self, body: Bytes) -> Result<Response, BackendError> {
+        let mut req = hyper::Request::post(self.uri.clone())
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(auth) = &self.auth {
+            req = req.header(AUTHORIZATION, auth.clone());
         }
-        let resp = match tokio::time::timeout(self.first_byte_timeout, req.send()).await {
+        let req = req
+            .body(Full::new(body))
+            .map_err(|_| BackendError::Unavailable("request failed".into()))?;
+        let resp = match tokio::time::timeout(self.first_byte_timeout, self.client.request(req))
+            .await
+        {
             Err(_) => {
                 tracing::warn!(backend = %self.name, "upstream first-byte timeout");
                 return Err(BackendError::Timeout);
@@ -134,8 +192,9 @@ impl Client {
             Ok(Err(e)) => {
                 // The reason is the error's cause chain (a refused connection, a TLS handshake
                 // failure naming the certificate problem); never the URL or the key.
-                tracing::warn!(backend = %self.name, connect = e.is_connect(), timeout = e.is_timeout(), reason = %cause(&e), "upstream request failed");
-                return Err(if e.is_timeout() {
+                let timeout = timed_out(&e);
+                tracing::warn!(backend = %self.name, connect = e.is_connect(), timeout, reason = %cause(&e), "upstream request failed");
+                return Err(if timeout {
                     BackendError::Timeout
                 } else {
                     BackendError::Unavailable("request failed".into())
@@ -184,12 +243,10 @@ impl Client {
     }
 
     /// The SSE events of a streaming body. Each item waits at most `idle_timeout`.
-    pub fn events(
-        &self,
-        resp: reqwest::Response,
-    ) -> BoxStream<'static, Result<SseEvent, BackendError>> {
+    pub fn events(&self, resp: Response) -> BoxStream<'static, Result<SseEvent, BackendError>> {
         let idle = self.idle_timeout;
-        let state = (resp.bytes_stream().boxed(), SseSplitter::default(), false);
+        let body = resp.into_body().into_data_stream().boxed();
+        let state = (body, SseSplitter::default(), false);
         futures::stream::unfold(state, move |(mut body, mut split, mut ended)| async move {
             loop {
                 if let Some(ev) = split.next_event() {
@@ -225,9 +282,24 @@ impl Client {
     }
 }
 
-/// The causes under a reqwest error, outermost first, joined by `: `. The reqwest error's own
-/// text (which names the URL) is left out.
-fn cause(e: &reqwest::Error) -> String {
+/// Whether a failed request timed out (connecting, or on the connection).
+fn timed_out(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut next = std::error::Error::source(e);
+    while let Some(err) = next {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        next = err.source();
+    }
+    false
+}
+
+/// The causes under a client error, outermost first, joined by `: `. The error's own text is
+/// left out (it says only that the request failed).
+fn cause(e: &hyper_util::client::legacy::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut next = std::error::Error::source(e);
     while let Some(err) = next {
@@ -316,6 +388,106 @@ impl SseSplitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    fn client(port: u16, first_byte_ms: u64) -> Client {
+        let cfg = UpstreamConfig {
+            base_url: format!("http://127.0.0.1:{port}/v1"),
+            api_key_env: None,
+            ca_file: None,
+            connect_timeout: Duration::from_secs(5),
+            first_byte_timeout: Duration::from_millis(first_byte_ms),
+            idle_timeout: Duration::from_secs(5),
+            total_timeout: Duration::from_secs(5),
+            max_idle_connections: 1,
+            max_response_bytes: 16,
+        };
+        Client::new("up", &cfg).unwrap()
+    }
+
+    /// A loopback upstream that answers one request with `answer` (None: never answers).
+    async fn upstream(answer: Option<&'static str>) -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let _ = conn.read(&mut buf).await;
+            match answer {
+                Some(a) => {
+                    let _ = conn.write_all(a.as_bytes()).await;
+                    let _ = conn.shutdown().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_unavailable() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let e = client(port, 5_000)
+            .send(Bytes::from("{}"))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, BackendError::Unavailable(_)), "{e:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upstream_without_headers_times_out_at_the_first_byte() {
+        let port = upstream(None).await;
+        let e = client(port, 200).send(Bytes::from("{}")).await.unwrap_err();
+        assert!(matches!(e, BackendError::Timeout), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn bodies_over_the_bound_are_refused_declared_or_not() {
+        let declared = "HTTP/1.1 200 OK\r\ncontent-length: 17\r\n\r\n{\"a\":\"xxxxxxxxx\"}";
+        let port = upstream(Some(declared)).await;
+        let resp = client(port, 5_000).send(Bytes::from("{}")).await.unwrap();
+        assert_eq!(bounded(resp, 16).await, Err(Unread::Over));
+        let chunked = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n9\r\n{\"a\":\"xxx\r\n9\r\nxxxxxxx\"}\r\n0\r\n\r\n";
+        let port = upstream(Some(chunked)).await;
+        let resp = client(port, 5_000).send(Bytes::from("{}")).await.unwrap();
+        assert_eq!(bounded(resp, 16).await, Err(Unread::Over));
+        let small = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+        let port = upstream(Some(small)).await;
+        let resp = client(port, 5_000).send(Bytes::from("{}")).await.unwrap();
+        assert_eq!(bounded(resp, 16).await.unwrap(), Bytes::from("{}"));
+    }
+
+    #[tokio::test]
+    async fn an_upstream_4xx_is_relayed_and_a_refused_key_is_not() {
+        let body = r#"{"error":{"message":"too long","type":"invalid_request_error","code":"ctx","param":"messages"}}"#;
+        let answer: &'static str = Box::leak(
+            format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .into_boxed_str(),
+        );
+        let port = upstream(Some(answer)).await;
+        let mut c = client(port, 5_000);
+        c.max_response_bytes = 1024;
+        let Err(BackendError::Refused(r)) = c.send(Bytes::from("{}")).await else {
+            panic!()
+        };
+        assert_eq!((r.status, r.message.as_str()), (400, "too long"));
+        let port = upstream(Some(
+            "HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n",
+        ))
+        .await;
+        let e = client(port, 5_000)
+            .send(Bytes::from("{}"))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, BackendError::Unavailable(_)), "{e:?}");
+    }
 
     #[test]
     fn splits_events_across_chunks_and_line_ends() {

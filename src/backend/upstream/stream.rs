@@ -118,7 +118,7 @@ fn plain(p: Plain, native: bool, out: &mut VecDeque<TurnEvent>) {
 /// calls is read without a tree and relayed as it came (`model` renamed to `model`).
 pub fn whole(
     client: &Client,
-    resp: reqwest::Response,
+    resp: super::client::Response,
     (native, model): (bool, String),
     ids: Ids,
 ) -> BoxStream<'static, TurnEvent> {
@@ -212,7 +212,7 @@ struct Relay {
 /// the total timeout.
 pub fn events(
     client: &Client,
-    resp: reqwest::Response,
+    resp: super::client::Response,
     (native, model): (bool, String),
     ids: Ids,
 ) -> BoxStream<'static, TurnEvent> {
