@@ -219,16 +219,22 @@ fn check_agents(cfg: &turnstile::config::Config) -> ExitCode {
     status
 }
 
-fn init_logs(format: LogFormat) {
+/// Logs on stderr, written by a thread of their own: a request's line is handed over, not
+/// written on the request path; the thread writes what queued up in one go as soon as it
+/// wakes, and what is left when the returned guard drops (at exit).
+fn init_logs(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) =
+        tracing_appender::non_blocking(std::io::BufWriter::new(std::io::stderr()));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.with_ansi(false).init(),
     }
+    guard
 }
 
 fn main() -> ExitCode {
@@ -274,7 +280,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve { config } => {
-            init_logs(cli.log_format);
+            let _logs = init_logs(cli.log_format);
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(r) => r,
                 Err(e) => {
