@@ -1,7 +1,7 @@
 //! One agent child process, whatever protocol it speaks: spawned with an environment built
 //! from an allowlist (never the gateway's own secrets: the agent may run commands that read
-//! its environment) as the leader of its own process group; a writer task that owns its
-//! stdin; a reader task that splits its stdout into bounded lines for the kind's
+//! its environment) as the leader of its own process group; its stdin (`stdin.rs`: written
+//! by the sending task at once, a writer task for what the pipe did not take); a reader task that splits its stdout into bounded lines for the kind's
 //! [`Output`]; its stderr forwarded verbatim only until the kind's handshake is done; and a
 //! supervisor that reaps it, then kills whatever of its process group is left.
 //!
@@ -14,13 +14,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{ChildStderr, ChildStdout, Command};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::lines::{Lines, MAX_LINE_BYTES};
+use super::stdin::Stdin;
 use crate::backend::BackendError;
 use crate::config::ChildConfig;
 
@@ -39,7 +40,7 @@ pub trait Output: Send + Sync + 'static {
 
 pub struct Child {
     pub id: u64,
-    out: mpsc::UnboundedSender<String>,
+    stdin: Arc<Stdin>,
     dead: CancellationToken,
     /// Cancelled when the reader has seen the end of stdout (every line handed on).
     reader_done: CancellationToken,
@@ -52,6 +53,13 @@ pub struct Child {
     /// The handshake is done: stderr lines are withheld from then on.
     started: Arc<AtomicBool>,
     tracker: TaskTracker,
+}
+
+impl Drop for Child {
+    /// The last handle is gone: stdin closes, which asks the child to exit.
+    fn drop(&mut self) {
+        self.stdin.shut();
+    }
 }
 
 /// The parts of a spawned child that [`Child::attach`] hands to its tasks.
@@ -73,7 +81,7 @@ impl Child {
         let mut process = command(cfg).spawn().map_err(|e| {
             BackendError::Unavailable(format!("cannot start {}: {e}", cfg.command[0]))
         })?;
-        let (Some(mut stdin), Some(stdout), Some(stderr)) = (
+        let (Some(stdin), Some(stdout), Some(stderr)) = (
             process.stdin.take(),
             process.stdout.take(),
             process.stderr.take(),
@@ -85,36 +93,19 @@ impl Child {
             pid = process.id(),
             "backend process started"
         );
-        let (out, mut lines) = mpsc::unbounded_channel::<String>();
+        let (dead, close) = (CancellationToken::new(), CancellationToken::new());
+        // The writer ends (closing stdin asks the child to exit) on death, shutdown or close.
+        let ends = [dead.clone(), shutdown.clone(), close.clone()];
         let child = Arc::new(Child {
             id,
-            out,
-            dead: CancellationToken::new(),
+            stdin: Stdin::start(stdin, tracker, ends),
+            dead,
             reader_done: CancellationToken::new(),
             reaped: CancellationToken::new(),
-            close: CancellationToken::new(),
+            close,
             stop: shutdown.clone(),
             started: Arc::new(AtomicBool::new(false)),
             tracker: tracker.clone(),
-        });
-        // Writer: the only owner of stdin. Closing stdin (on shutdown or death) asks the child
-        // to exit.
-        let (dead, stop, close) = (child.dead.clone(), shutdown.clone(), child.close.clone());
-        tracker.spawn(async move {
-            loop {
-                tokio::select! {
-                    line = lines.recv() => {
-                        let Some(line) = line else { break };
-                        if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
-                            break;
-                        }
-                    }
-                    _ = dead.cancelled() => break,
-                    _ = stop.cancelled() => break,
-                    _ = close.cancelled() => break,
-                }
-            }
-            drop(stdin);
         });
         Ok((
             child,
@@ -209,10 +200,10 @@ impl Child {
         });
     }
 
-    /// Writes one line (ending in `\n`) to stdin, in order with the others.
+    /// Writes one line (ending in `\n`) to stdin, in order with the others: at once from
+    /// the caller's task when nothing is queued before it (`stdin.rs`).
     pub fn send(&self, line: String) {
-        // If the writer is gone the child is dead and the reader reports it.
-        let _ = self.out.send(line);
+        self.stdin.send(line.as_bytes());
     }
 
     pub fn is_alive(&self) -> bool {

@@ -9,6 +9,7 @@ pub mod child;
 pub mod lines;
 pub mod pool;
 pub mod render;
+mod stdin;
 
 use serde_json::Value;
 
