@@ -135,3 +135,37 @@ impl Stdin {
         st.queue.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Stdio;
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn lines_arrive_whole_and_in_order_past_a_full_pipe() {
+        let mut cat = tokio::process::Command::new("cat")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let (stdin, mut stdout) = (cat.stdin.take().unwrap(), cat.stdout.take().unwrap());
+        let tracker = TaskTracker::new();
+        let ends = [(); 3].map(|()| CancellationToken::new());
+        let s = Stdin::start(stdin, &tracker, ends);
+        // Nobody reads yet: the pipe fills and the rest queues behind it.
+        let mut sent = Vec::new();
+        for i in 0..10_000 {
+            let line = format!("{i:05} {}\n", "x".repeat(100));
+            s.send(line.as_bytes());
+            sent.extend_from_slice(line.as_bytes());
+        }
+        assert!(!s.state.lock().queue.is_empty(), "the pipe took everything");
+        s.shut();
+        let mut got = Vec::new();
+        stdout.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got.len(), sent.len());
+        assert!(got == sent, "lines out of order");
+    }
+}
