@@ -366,7 +366,11 @@ impl Cluster {
 
     /// The owner replica of a held record, if its lease is live; a lapsed one is settled.
     fn live_owner(&self, replica: &str) -> Option<Owner> {
-        let lease = self.store.lease_of(replica).ok().flatten()?;
+        self.live(self.store.lease_of(replica).ok().flatten()?)
+    }
+
+    /// The replica of `lease`, if it is live; a lapsed one is settled.
+    fn live(&self, lease: Lease) -> Option<Owner> {
         if lease.live_at(now_unix_ms()) {
             return Some(Owner {
                 replica_id: lease.replica_id,
@@ -451,6 +455,7 @@ impl Cluster {
                 deadline_ms,
                 digests,
                 tokens,
+                lease,
             } => {
                 if !principal_eq(&holder, &principal.id) {
                     return Err(ContinuationError::NotFound);
@@ -485,7 +490,7 @@ impl Cluster {
                 if c.bound.is_none() {
                     check(&view, input, c, max_result_bytes)?;
                 }
-                match self.live_owner(&owner) {
+                match lease.and_then(|l| self.live(l)) {
                     Some(o) => Err(ContinuationError::Elsewhere(o)),
                     None => Err(ContinuationError::Settled(Reason::Lost)),
                 }

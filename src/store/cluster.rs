@@ -44,6 +44,8 @@ pub enum RemotePending {
         digests: Digests,
         /// The batch's token digests in exposure order.
         tokens: Vec<[u8; 32]>,
+        /// The owner's lease, read in the same round trip (None: it has none).
+        lease: Option<Lease>,
     },
     /// A stateless upstream's record: any replica may claim it.
     Durable(StoredSuspension),
@@ -55,6 +57,20 @@ pub struct ReplicaSettlement {
     pub tokens_lost: usize,
     pub executions_lost: usize,
     pub approvals_orphaned: Vec<String>,
+}
+
+/// A lease from columns `at..at + 5` of a joined row; None where the join found none.
+fn lease_at(r: &Row, at: usize) -> Result<Option<Lease>, StoreError> {
+    let Some(replica_id) = r.ot(at)? else {
+        return Ok(None);
+    };
+    Ok(Some(Lease {
+        replica_id,
+        url: r.t(at + 1)?,
+        epoch: r.i(at + 2)?,
+        expires_at_ms: r.i(at + 3)? as u64,
+        settled: r.i(at + 4)? != 0,
+    }))
 }
 
 fn lease(r: &Row) -> Result<Lease, StoreError> {
@@ -169,23 +185,21 @@ impl Store {
         })
     }
 
-    /// The pending record a token digest belongs to, whichever replica wrote it.
+    /// The pending record a token digest belongs to, whichever replica wrote it. A held
+    /// turn's batch comes with its owner's lease in one round trip (the lookup a forwarded
+    /// continuation waits on).
     pub fn pending_of(&self, digest: &[u8; 32]) -> Result<Option<RemotePending>, StoreError> {
         self.db.read(|t| {
-            let held = t.rows(
-                "SELECT execution_id FROM pending_tokens WHERE digest = ?1",
+            let rows = t.rows(
+                "SELECT p.digest, p.owner, p.principal, p.model, p.surface, p.deadline_ms,
+                        p.digests, p.execution_id,
+                        l.replica_id, l.url, l.epoch, l.expires_at_ms, l.settled
+                 FROM pending_tokens p LEFT JOIN replicas l ON l.replica_id = p.owner
+                 WHERE p.execution_id = (SELECT execution_id FROM pending_tokens WHERE digest = ?1)
+                 ORDER BY p.position",
                 vals![digest],
             )?;
-            if let Some(r) = held.first() {
-                let execution_id = r.t(0)?;
-                let rows = t.rows(
-                    "SELECT digest, owner, principal, model, surface, deadline_ms, digests
-                     FROM pending_tokens WHERE execution_id = ?1 ORDER BY position",
-                    vals![&execution_id],
-                )?;
-                let Some(first) = rows.first() else {
-                    return Ok(None);
-                };
+            if let Some(first) = rows.first() {
                 let (Some(surface), Some(digests)) = (
                     SurfaceId::parse(&first.t(4)?),
                     first.ob(6)?.as_deref().and_then(unpack),
@@ -199,13 +213,14 @@ impl Store {
                     .unwrap_or_default();
                 return Ok(Some(RemotePending::Held {
                     owner: first.t(1)?,
-                    execution_id,
+                    execution_id: first.t(7)?,
                     principal: first.t(2)?,
                     model: first.t(3)?,
                     surface,
                     deadline_ms: first.i(5)? as u64,
                     digests,
                     tokens,
+                    lease: lease_at(first, 8)?,
                 }));
             }
             let durable = t.rows(
