@@ -71,7 +71,7 @@ pub async fn serve(config_path: &Path) -> Result<(), StartError> {
             }
         }
         tracing::info!("shutting down");
-        stopping.begin_shutdown();
+        stopping.begin_shutdown().await;
     };
 
     let state = crate::http::AppState::from(gw.clone());
@@ -112,7 +112,7 @@ async fn internal_listener(gw: &Engine) -> Result<Option<TcpListener>, StartErro
         .await
         .map_err(listen_error)?;
     let addr = l.local_addr().map_err(listen_error)?;
-    gw.join_cluster(addr)?;
+    gw.join_cluster(addr).await?;
     tracing::info!(%addr, replica = %c.replica_id, "internal listener for replicas");
     Ok(Some(l))
 }

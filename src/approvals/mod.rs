@@ -122,7 +122,11 @@ struct Waiter {
 
 pub struct Approvals {
     store: Arc<Store>,
+    /// The parked requests; held only for a map operation, never across a store call.
     waiters: Mutex<HashMap<String, Waiter>>,
+    /// Taken for each change of an approval: its store write, its waiter and its event go
+    /// together, so a racing decision reads the winner's result.
+    settling: tokio::sync::Mutex<()>,
     events: broadcast::Sender<ApprovalEvent>,
     /// Notified when an approval is parked (the earliest expiry may be earlier).
     changed: Notify,
@@ -164,8 +168,8 @@ pub fn visible(r: &ApprovalRecord, who: &Principal) -> bool {
 
 impl Approvals {
     /// Settles approvals a previous process left pending as `denied(orphaned)`.
-    pub fn new(store: Arc<Store>) -> Result<Approvals, StoreError> {
-        let orphaned = store.approvals_orphan()?;
+    pub async fn new(store: Arc<Store>) -> Result<Approvals, StoreError> {
+        let orphaned = store.approvals_orphan().await?;
         if orphaned > 0 {
             tracing::warn!(
                 orphaned,
@@ -176,6 +180,7 @@ impl Approvals {
         Ok(Approvals {
             store,
             waiters: Mutex::new(HashMap::new()),
+            settling: tokio::sync::Mutex::new(()),
             events,
             changed: Notify::new(),
         })
@@ -205,8 +210,8 @@ impl Approvals {
 
     /// Publishes what another replica (or a settlement of one) wrote to approval `id`, as
     /// its record now reads: `created` while pending, else the event of its settle reason.
-    pub fn republish(&self, id: &str) {
-        let Ok(Some(record)) = self.store.approval_get(id) else {
+    pub async fn republish(&self, id: &str) {
+        let Ok(Some(record)) = self.store.approval_get(id).await else {
             return;
         };
         let kind = match (record.state.as_str(), record.reason.as_deref()) {
@@ -220,7 +225,7 @@ impl Approvals {
 
     /// Records a pending approval and parks the backend's request. On a store failure the
     /// backend is answered deny and the error is returned.
-    pub fn create(
+    pub async fn create(
         &self,
         principal: &str,
         execution_id: &str,
@@ -247,16 +252,16 @@ impl Approvals {
             owner: self.store.owner().to_string(),
             decision_reason: None,
         };
-        // Store, park and publish under one lock: no decision can slip in between, and
+        // Store, park and publish in one settling turn: no decision can slip in between, and
         // `created` always precedes any other event of the approval.
-        let mut waiters = self.waiters.lock();
-        if let Err(e) = self.store.approval_insert(&record) {
-            drop(waiters);
+        let settling = self.settling.lock().await;
+        if let Err(e) = self.store.approval_insert(&record).await {
+            drop(settling);
             tracing::error!(execution = %execution_id, error = %e, "approval not recorded; backend denied (store_unavailable)");
             ask.responder.answer(false);
             return Err(e);
         }
-        waiters.insert(
+        self.waiters.lock().insert(
             record.id.clone(),
             Waiter {
                 responder: ask.responder,
@@ -265,21 +270,22 @@ impl Approvals {
             },
         );
         self.publish(EventKind::Created, record.clone());
-        drop(waiters);
+        drop(settling);
         self.changed.notify_one();
         tracing::info!(execution = %execution_id, approval = %record.id, kind = %record.kind, "approval pending");
         Ok(record)
     }
 
-    pub fn get(&self, id: &str, who: &Principal) -> Option<ApprovalRecord> {
+    pub async fn get(&self, id: &str, who: &Principal) -> Option<ApprovalRecord> {
         self.store
             .approval_get(id)
+            .await
             .ok()
             .flatten()
             .filter(|r| visible(r, who))
     }
 
-    pub fn list(
+    pub async fn list(
         &self,
         state: Option<ApprovalState>,
         reason: Option<SettleReason>,
@@ -289,22 +295,23 @@ impl Approvals {
         let state = state.map(ApprovalState::as_str);
         self.store
             .approvals_list(principal, state, reason.map(SettleReason::as_str))
+            .await
     }
 
     /// A human decision, with the reason they gave. Exactly one concurrent decision wins; the
     /// rest see the settled record.
-    pub fn decide(
+    pub async fn decide(
         &self,
         id: &str,
         approve: bool,
         reason: Option<&str>,
         who: &Principal,
     ) -> Result<ApprovalRecord, DecideError> {
-        let record = self.get(id, who).ok_or(DecideError::NotFound)?;
-        let mut waiters = self.waiters.lock();
-        let Some(waiter) = waiters.remove(id) else {
-            drop(waiters);
-            let settled = self.store.approval_get(id).ok().flatten().unwrap_or(record);
+        let record = self.get(id, who).await.ok_or(DecideError::NotFound)?;
+        let settling = self.settling.lock().await;
+        let Some(waiter) = self.waiters.lock().remove(id) else {
+            drop(settling);
+            let settled = self.settled(id, record).await;
             return Err(DecideError::AlreadyDecided(Box::new(settled)));
         };
         let state = if approve {
@@ -313,34 +320,38 @@ impl Approvals {
             ApprovalState::Denied
         };
         let (state, human) = (state.as_str(), SettleReason::Human.as_str());
-        // The durable write happens under the map lock so a losing racer reads the result.
-        let written =
-            self.store
-                .approvals_settle(&[id.to_string()], state, human, Some((&who.id, reason)));
-        drop(waiters);
+        // The durable write happens in the settling turn so a losing racer reads the result.
+        let written = self
+            .store
+            .approvals_settle(&[id.to_string()], state, human, Some((&who.id, reason)))
+            .await;
+        drop(settling);
         match written {
             Ok(ids) if ids.len() == 1 => {
                 waiter.responder.answer(approve);
-                let settled = self.store.approval_get(id).ok().flatten().unwrap_or(record);
+                let settled = self.settled(id, record).await;
                 tracing::info!(approval = %id, state, decided_by = %who.id, "approval decided");
                 self.publish(EventKind::Decided, settled.clone());
                 Ok(settled)
             }
             Ok(_) => {
                 waiter.responder.answer(false);
-                let settled = self.store.approval_get(id).ok().flatten().unwrap_or(record);
+                let settled = self.settled(id, record).await;
                 Err(DecideError::AlreadyDecided(Box::new(settled)))
             }
             Err(e) => {
                 // Never approve what could not be recorded.
                 tracing::error!(approval = %id, error = %e, "decision not recorded; backend denied");
                 waiter.responder.answer(false);
-                let _ = self.store.approvals_settle(
-                    &[id.to_string()],
-                    ApprovalState::Denied.as_str(),
-                    SettleReason::StoreUnavailable.as_str(),
-                    None,
-                );
+                let _ = self
+                    .store
+                    .approvals_settle(
+                        &[id.to_string()],
+                        ApprovalState::Denied.as_str(),
+                        SettleReason::StoreUnavailable.as_str(),
+                        None,
+                    )
+                    .await;
                 Err(DecideError::Store(e))
             }
         }
@@ -348,59 +359,76 @@ impl Approvals {
 
     /// Settles every waiter matching `pick` as `denied(reason)` in one durable step, then
     /// answers the backend deny for each.
-    fn settle_where(
+    async fn settle_where(
         &self,
         reason: SettleReason,
         event: EventKind,
         pick: impl Fn(&Waiter) -> bool,
     ) -> usize {
-        let mut waiters = self.waiters.lock();
-        let ids: Vec<String> = waiters
-            .iter()
-            .filter(|(_, w)| pick(w))
-            .map(|(id, _)| id.clone())
-            .collect();
-        if ids.is_empty() {
+        let settling = self.settling.lock().await;
+        let taken: Vec<(String, Waiter)> = {
+            let mut waiters = self.waiters.lock();
+            let ids: Vec<String> = waiters
+                .iter()
+                .filter(|(_, w)| pick(w))
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.iter()
+                .filter_map(|id| waiters.remove_entry(id))
+                .collect()
+        };
+        if taken.is_empty() {
             return 0;
         }
-        let taken: Vec<(String, Waiter)> = ids
-            .iter()
-            .filter_map(|id| waiters.remove_entry(id))
-            .collect();
+        let ids: Vec<String> = taken.iter().map(|(id, _)| id.clone()).collect();
         let denied = ApprovalState::Denied.as_str();
         if let Err(e) = self
             .store
             .approvals_settle(&ids, denied, reason.as_str(), None)
+            .await
         {
             tracing::error!(error = %e, reason = reason.as_str(), "could not record approval settlement; backend denied anyway");
         }
-        drop(waiters);
+        drop(settling);
         for (id, w) in taken {
             w.responder.answer(false);
-            if let Some(r) = self.store.approval_get(&id).ok().flatten() {
+            if let Some(r) = self.store.approval_get(&id).await.ok().flatten() {
                 self.publish(event, r);
             }
         }
         ids.len()
     }
 
+    /// The record as settled (or as it was read before, if it cannot be read now).
+    async fn settled(&self, id: &str, before: ApprovalRecord) -> ApprovalRecord {
+        self.store
+            .approval_get(id)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(before)
+    }
+
     /// Denies approvals past their TTL (`denied(expired)`).
-    pub fn expire_due(&self, now: Instant) -> usize {
+    pub async fn expire_due(&self, now: Instant) -> usize {
         self.settle_where(SettleReason::Expired, EventKind::Expired, |w| {
             w.deadline <= now
         })
+        .await
     }
 
     /// Denies every pending approval of an execution that ended (`denied(cancelled)`).
-    pub fn cancel_execution(&self, execution_id: &str) -> usize {
+    pub async fn cancel_execution(&self, execution_id: &str) -> usize {
         self.settle_where(SettleReason::Cancelled, EventKind::Cancelled, |w| {
             w.execution_id == execution_id
         })
+        .await
     }
 
     /// Shutdown: every pending approval is cancelled.
-    pub fn cancel_all(&self) -> usize {
+    pub async fn cancel_all(&self) -> usize {
         self.settle_where(SettleReason::Cancelled, EventKind::Cancelled, |_| true)
+            .await
     }
 }
 
@@ -426,9 +454,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn decide_once_and_visibility() {
-        let a = Approvals::new(Arc::new(Store::open_in_memory().unwrap())).unwrap();
+    #[tokio::test]
+    async fn decide_once_and_visibility() {
+        let a = Approvals::new(Arc::new(Store::open_in_memory().await.unwrap()))
+            .await
+            .unwrap();
         let answers = Arc::new(Mutex::new(Vec::new()));
         let r = a
             .create(
@@ -438,33 +468,40 @@ mod tests {
                 ask(answers.clone()),
                 Duration::from_secs(60),
             )
+            .await
             .unwrap();
         assert!(r.id.starts_with("apr-") && r.id.len() == 36);
         assert_eq!(a.pending_count(), 1);
-        assert!(a.get(&r.id, &who("bob", false)).is_none());
-        assert!(a.get(&r.id, &who("carol", true)).is_some());
+        assert!(a.get(&r.id, &who("bob", false)).await.is_none());
+        assert!(a.get(&r.id, &who("carol", true)).await.is_some());
         assert!(matches!(
-            a.decide(&r.id, true, None, &who("bob", false)),
+            a.decide(&r.id, true, None, &who("bob", false)).await,
             Err(DecideError::NotFound)
         ));
         let settled = a
             .decide(&r.id, true, Some("fine"), &who("alice", false))
+            .await
             .unwrap();
         assert_eq!(
             (settled.state.as_str(), settled.reason.as_deref()),
             ("approved", Some("human"))
         );
         assert_eq!(settled.decision_reason.as_deref(), Some("fine"));
-        match a.decide(&r.id, false, Some("late"), &who("alice", false)) {
+        match a
+            .decide(&r.id, false, Some("late"), &who("alice", false))
+            .await
+        {
             Err(DecideError::AlreadyDecided(r)) => assert_eq!(r.state, "approved"),
             other => panic!("{other:?}"),
         }
         assert_eq!(*answers.lock(), [true]);
     }
 
-    #[test]
-    fn cancel_and_expire_deny_once() {
-        let a = Approvals::new(Arc::new(Store::open_in_memory().unwrap())).unwrap();
+    #[tokio::test]
+    async fn cancel_and_expire_deny_once() {
+        let a = Approvals::new(Arc::new(Store::open_in_memory().await.unwrap()))
+            .await
+            .unwrap();
         let answers = Arc::new(Mutex::new(Vec::new()));
         let r1 = a
             .create(
@@ -474,6 +511,7 @@ mod tests {
                 ask(answers.clone()),
                 Duration::from_secs(60),
             )
+            .await
             .unwrap();
         let r2 = a
             .create(
@@ -483,6 +521,7 @@ mod tests {
                 ask(answers.clone()),
                 Duration::from_secs(60),
             )
+            .await
             .unwrap();
         let r3 = a
             .create(
@@ -492,40 +531,45 @@ mod tests {
                 ask(answers.clone()),
                 Duration::from_secs(0),
             )
+            .await
             .unwrap();
-        assert_eq!(a.cancel_execution("exe-1"), 2);
-        assert_eq!(a.expire_due(Instant::now()), 1);
+        assert_eq!(a.cancel_execution("exe-1").await, 2);
+        assert_eq!(a.expire_due(Instant::now()).await, 1);
         assert_eq!(*answers.lock(), [false, false, false]);
         let me = who("alice", false);
         assert_eq!(
-            a.get(&r1.id, &me).unwrap().reason.as_deref(),
+            a.get(&r1.id, &me).await.unwrap().reason.as_deref(),
             Some("cancelled")
         );
-        assert_eq!(a.get(&r2.id, &me).unwrap().state, "denied");
+        assert_eq!(a.get(&r2.id, &me).await.unwrap().state, "denied");
         assert_eq!(
-            a.get(&r3.id, &me).unwrap().reason.as_deref(),
+            a.get(&r3.id, &me).await.unwrap().reason.as_deref(),
             Some("expired")
         );
         assert_eq!(
             a.list(Some(ApprovalState::Denied), None, &me)
+                .await
                 .unwrap()
                 .len(),
             3
         );
         assert_eq!(
             a.list(Some(ApprovalState::Denied), None, &who("bob", false))
+                .await
                 .unwrap()
                 .len(),
             0
         );
     }
 
-    #[test]
-    fn restart_orphans_pending() {
+    #[tokio::test]
+    async fn restart_orphans_pending() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
         let id = {
-            let a = Approvals::new(Arc::new(Store::open(&path).unwrap())).unwrap();
+            let a = Approvals::new(Arc::new(Store::open(&path).await.unwrap()))
+                .await
+                .unwrap();
             let count = Arc::new(AtomicUsize::new(0));
             let c = count.clone();
             let ask = ApprovalAsk {
@@ -538,18 +582,21 @@ mod tests {
             };
             let r = a
                 .create("alice", "exe-1", "m", ask, Duration::from_secs(60))
+                .await
                 .unwrap();
             std::mem::forget(a);
             r.id
         };
-        let a = Approvals::new(Arc::new(Store::open(&path).unwrap())).unwrap();
-        let r = a.get(&id, &who("alice", false)).unwrap();
+        let a = Approvals::new(Arc::new(Store::open(&path).await.unwrap()))
+            .await
+            .unwrap();
+        let r = a.get(&id, &who("alice", false)).await.unwrap();
         assert_eq!(
             (r.state.as_str(), r.reason.as_deref()),
             ("denied", Some("orphaned"))
         );
         assert!(matches!(
-            a.decide(&id, true, None, &who("alice", false)),
+            a.decide(&id, true, None, &who("alice", false)).await,
             Err(DecideError::AlreadyDecided(_))
         ));
     }

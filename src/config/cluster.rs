@@ -21,6 +21,7 @@ pub(super) struct RawStore {
     pub path: Option<String>,
     pub url: Option<String>,
     pub password_env: Option<String>,
+    pub pool_size: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -43,10 +44,12 @@ fn default_lease() -> u64 {
 pub enum StoreConfig {
     /// Embedded SQLite (the default): one gateway.
     Sqlite { path: PathBuf },
-    /// PostgreSQL, which replicas share. The URL holds no password.
+    /// PostgreSQL, which replicas share. The URL holds no password. `pool_size`: the most
+    /// connections one process opens (default: four per CPU).
     Postgres {
         url: String,
         password_env: Option<String>,
+        pool_size: usize,
     },
 }
 
@@ -82,6 +85,12 @@ pub(super) fn store(raw: RawStore, base: &Path) -> Result<StoreConfig, ConfigErr
             if raw.password_env.is_some() {
                 return Err(err("store.password_env", "only applies with `store.url`"));
             }
+            if raw.pool_size.is_some() {
+                return Err(err(
+                    "store.pool_size",
+                    "only applies with `store.url` (SQLite is one connection)",
+                ));
+            }
             let path = path.unwrap_or_else(|| DEFAULT_STORE_PATH.into());
             if path.trim().is_empty() {
                 return Err(err("store.path", "must not be empty"));
@@ -94,7 +103,7 @@ pub(super) fn store(raw: RawStore, base: &Path) -> Result<StoreConfig, ConfigErr
             if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
                 return Err(err("store.url", "must be a postgres:// URL"));
             }
-            let parsed: postgres::Config = url
+            let parsed: tokio_postgres::Config = url
                 .parse()
                 .map_err(|e| err("store.url", format!("is not a PostgreSQL URL: {e}")))?;
             if parsed.get_password().is_some() {
@@ -106,9 +115,17 @@ pub(super) fn store(raw: RawStore, base: &Path) -> Result<StoreConfig, ConfigErr
             if let Some(v) = &raw.password_env {
                 env_name("store.password_env", v)?;
             }
+            let pool_size = match raw.pool_size {
+                Some(n) if !(1..=1024).contains(&n) => {
+                    return Err(err("store.pool_size", "must be between 1 and 1024"))
+                }
+                Some(n) => n,
+                None => crate::store::default_pool_size(),
+            };
             Ok(StoreConfig::Postgres {
                 url,
                 password_env: raw.password_env,
+                pool_size,
             })
         }
     }

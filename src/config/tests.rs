@@ -370,6 +370,7 @@ fn a_postgres_store_and_a_cluster_are_read_exactly_and_secrets_stay_out_of_the_f
         StoreConfig::Postgres {
             url: "postgres://turnstile@127.0.0.1:5432/turnstile".into(),
             password_env: Some("TURNSTILE_PG_PASSWORD".into()),
+            pool_size: crate::store::default_pool_size(),
         }
     );
     let c = cfg.cluster.unwrap();

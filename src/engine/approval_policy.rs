@@ -11,7 +11,7 @@ use crate::store::Store;
 
 /// Answers `ask` by the model's policy in `cfg`, or parks it as an approval; returns the
 /// notice for the waiting stream of a parked one.
-pub(super) fn apply(
+pub(super) async fn apply(
     cfg: &Config,
     store: &Store,
     approvals: &Approvals,
@@ -40,7 +40,7 @@ pub(super) fn apply(
                 if allow { "allow" } else { "deny" },
                 log_ref(&ask.action_digest)
             );
-            if let Err(e) = store.journal(&exec.id, "approval_policy", &detail) {
+            if let Err(e) = store.journal(&exec.id, "approval_policy", &detail).await {
                 tracing::error!(execution = %exec.id, error = %e, "approval not journaled; denied");
                 ask.responder.answer(false);
                 return None;
@@ -50,13 +50,15 @@ pub(super) fn apply(
             None
         }
         Decision::Ask => {
-            let created = approvals.create(
-                &exec.principal,
-                &exec.id,
-                &exec.model,
-                ask,
-                cfg.approval_ttl,
-            );
+            let created = approvals
+                .create(
+                    &exec.principal,
+                    &exec.id,
+                    &exec.model,
+                    ask,
+                    cfg.approval_ttl,
+                )
+                .await;
             created.ok().map(|record| {
                 format!(
                     "approval pending {} ({kind}); decide with POST /v1/approvals/{}/decision",

@@ -103,7 +103,7 @@ pub(super) fn summary_turn(input: TurnInput) -> TurnInput {
 
 /// Keeps `summary` sealed behind a fresh handle for `principal` for `ttl_secs`; returns the
 /// handle.
-pub(super) fn keep(
+pub(super) async fn keep(
     store: &Store,
     principal: &str,
     model: &str,
@@ -121,7 +121,7 @@ pub(super) fn keep(
         created_at: now,
         expires_at: now.saturating_add(ttl_secs),
     };
-    if let Err(e) = store.compaction_insert(&record) {
+    if let Err(e) = store.compaction_insert(&record).await {
         tracing::error!(error = %e, "could not keep a compaction summary");
         return Err(EngineError::Store);
     }
@@ -129,12 +129,13 @@ pub(super) fn keep(
 }
 
 /// The summary behind a compaction handle, if it is `principal`'s and has not expired.
-pub(super) fn lookup(
+pub(super) async fn lookup(
     store: &Store,
     principal: &str,
     handle: &str,
 ) -> Result<Option<String>, EngineError> {
-    match store.compaction_get(&sha256(handle.as_bytes()), principal, now_unix()) {
+    let digest = sha256(handle.as_bytes());
+    match store.compaction_get(&digest, principal, now_unix()).await {
         Ok(sealed) => Ok(sealed.and_then(|s| open(handle, &s))),
         Err(e) => {
             tracing::error!(error = %e, "could not read a compaction summary");

@@ -63,7 +63,7 @@ impl Engine {
             let slot = self.admit(principal)?;
             return self.fresh(principal, input, slot).await.map(Outcome::Leg);
         };
-        let claimed = self.claim(principal, &input, &c, forwarded);
+        let claimed = self.claim(principal, &input, &c, forwarded).await;
         match claimed {
             Err(ContinuationError::Elsewhere(owner)) => Ok(Outcome::Forward(owner)),
             Err(e) => {
@@ -152,7 +152,7 @@ impl Engine {
         // and two store transactions per relayed request would cap the plain path.
         let journaled = holds == Holds::Turn;
         if journaled {
-            if let Err(e) = self.inner.suspensions.started(&meta) {
+            if let Err(e) = self.inner.suspensions.started(&meta).await {
                 tracing::error!(error = %e, "store unavailable");
                 return Err(EngineError::Store);
             }
@@ -173,7 +173,7 @@ impl Engine {
                     Holds::Turn => EndReason::FailedToStart,
                     Holds::Nothing => EndReason::Failed,
                 };
-                self.end(&meta, journaled, reason, Leftover::Nothing);
+                self.end(&meta, journaled, reason, Leftover::Nothing).await;
                 return Err(e.into());
             }
         };
@@ -213,16 +213,16 @@ impl Engine {
         };
         let ttl = self.config().continuations.compaction_ttl.as_secs();
         let store = &self.inner.store;
-        let handle = compaction::keep(store, &principal.id, &model, summary.trim(), ttl)?;
+        let handle = compaction::keep(store, &principal.id, &model, summary.trim(), ttl).await?;
         Ok((handle, usage))
     }
 
     /// The summary behind a compaction handle, if it is `principal`'s and has not expired.
-    pub fn compacted(
+    pub async fn compacted(
         &self,
         principal: &Principal,
         handle: &str,
     ) -> Result<Option<String>, EngineError> {
-        compaction::lookup(&self.inner.store, &principal.id, handle)
+        compaction::lookup(&self.inner.store, &principal.id, handle).await
     }
 }

@@ -1,10 +1,10 @@
 //! Store writes behind the request path. An agent turn's start and end are queued to a
-//! writer thread of the journal's own, which commits whatever has queued since its last write
-//! in one transaction (group commit): a turn costs no store transaction on an async worker,
-//! and under load many turns share one commit. Queueing never wakes the writer: it drains
-//! the queue on its own clock (every [`INTERVAL`]), because waking a parked thread costs a
-//! request more than the write itself on a virtual machine (a cross-CPU wake-up measured
-//! 200-270 µs here). A single gateway's held batch, once answered,
+//! writer task of the journal's own, which commits whatever has queued since its last write
+//! in one transaction (group commit): a turn costs no store transaction of its own, and
+//! under load many turns share one commit. Queueing never wakes the writer: it drains the
+//! queue on its own clock (every [`INTERVAL`]), because a wake-up per row costs a request
+//! more than the write itself on a virtual machine (a cross-CPU wake-up measured 200-270 µs
+//! here). A single gateway's held batch, once answered,
 //! has its tombstones queued too, so a continuation reaches its backend before they are
 //! written (a crash before they are makes the tokens `lost` tombstones at the next start, and
 //! a held turn never resumes after a crash either way).
@@ -21,9 +21,9 @@
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use tokio::sync::{oneshot, Notify};
+use tokio::task::JoinHandle;
 
 use crate::store::{Lifecycle, Store, StoreError};
 
@@ -38,7 +38,7 @@ enum Queued {
     Tombstones(Tombstones),
     /// Answered once everything queued before it is written (tests).
     #[cfg(test)]
-    Barrier(mpsc::SyncSender<()>),
+    Barrier(oneshot::Sender<()>),
 }
 
 /// A settled batch's tombstones (`Store::tokens_settled`).
@@ -62,29 +62,32 @@ pub(super) struct Journal {
     store: Arc<Store>,
     queue: Arc<Mutex<Queue>>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Wakes the writer before its clock (a flush, the close).
+    wake: Arc<Notify>,
     healthy: Arc<AtomicBool>,
     /// Writes may go behind the request path (a single gateway).
     behind: bool,
 }
 
 impl Journal {
-    pub fn start(store: Arc<Store>, behind: bool) -> Result<Journal, super::StartError> {
+    /// Starts the writer (on the current runtime).
+    pub fn start(store: Arc<Store>, behind: bool) -> Journal {
         let queue = Arc::new(Mutex::new(Queue::default()));
         let healthy = Arc::new(AtomicBool::new(true));
+        let wake = Arc::new(Notify::new());
         let writer = {
-            let (store, queue, healthy) = (store.clone(), queue.clone(), healthy.clone());
-            std::thread::Builder::new()
-                .name("journal".into())
-                .spawn(move || write(&store, &queue, &healthy))
-                .map_err(super::StartError::Thread)?
+            let (store, queue, healthy, wake) =
+                (store.clone(), queue.clone(), healthy.clone(), wake.clone());
+            tokio::spawn(async move { write(&store, &queue, &healthy, &wake).await })
         };
-        Ok(Journal {
+        Journal {
             store,
             queue,
             writer: Mutex::new(Some(writer)),
+            wake,
             healthy,
             behind,
-        })
+        }
     }
 
     /// Whether writes go behind the request path (a single gateway) or at once (a replica).
@@ -106,16 +109,9 @@ impl Journal {
         Ok(())
     }
 
-    fn wake_writer(&self) {
-        let writer = self.writer.lock();
-        if let Some(w) = writer.as_ref() {
-            w.thread().unpark();
-        }
-    }
-
     /// Records a start: queued while the journal is behind and healthy, else written at once
     /// (the caller refuses the turn when that fails).
-    pub fn started(
+    pub async fn started(
         &self,
         execution_id: &str,
         principal: &str,
@@ -133,60 +129,60 @@ impl Journal {
             }
         }
         self.store
-            .execution_started(execution_id, principal, model)?;
+            .execution_started(execution_id, principal, model)
+            .await?;
         self.healthy.store(true, Ordering::Relaxed);
         Ok(())
     }
 
     /// Writes a batch's tombstones behind the request path (after shutdown, at once).
-    pub fn tombstones(&self, t: Tombstones) {
+    pub async fn tombstones(&self, t: Tombstones) {
         if let Err(Queued::Tombstones(t)) = self.try_send(Queued::Tombstones(t)) {
-            write_tombstones(&self.store, &t);
+            write_tombstones(&self.store, &t).await;
         }
     }
 
     /// Records an end (queued; after shutdown, written at once).
-    pub fn ended(&self, execution_id: &str, reason: &'static str) {
+    pub async fn ended(&self, execution_id: &str, reason: &'static str) {
         let row = Lifecycle::Ended {
             execution_id: execution_id.to_string(),
             reason,
             at: crate::store::now_unix(),
         };
         if !self.send(Queued::Row(row)) {
-            if let Err(e) = self.store.execution_ended(execution_id, reason) {
+            if let Err(e) = self.store.execution_ended(execution_id, reason).await {
                 tracing::error!(execution = %execution_id, error = %e, "could not journal execution end");
             }
         }
     }
 
-    /// Waits until everything queued so far is written (blocking; tests).
+    /// Waits until everything queued so far is written (tests).
     #[cfg(test)]
-    pub fn flush(&self) {
-        let (tx, rx) = mpsc::sync_channel(1);
+    pub async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
         if self.send(Queued::Barrier(tx)) {
-            self.wake_writer();
-            let _ = rx.recv();
+            self.wake.notify_one();
+            let _ = rx.await;
         }
     }
 
     /// Writes what is queued and stops the writer; later rows are written directly.
-    /// Blocking: called off the async workers.
-    pub fn close(&self) {
+    pub async fn close(&self) {
         self.queue.lock().closed = true;
-        self.wake_writer();
+        self.wake.notify_one();
         let writer = self.writer.lock().take();
         if let Some(w) = writer {
-            let _ = w.join();
+            let _ = w.await;
         }
     }
 }
 
 /// The writer: every [`INTERVAL`] (or when woken by a flush or the close), takes what has
 /// queued and commits its rows as one transaction; ends once closed and drained.
-fn write(store: &Store, queue: &Mutex<Queue>, healthy: &AtomicBool) {
+async fn write(store: &Store, queue: &Mutex<Queue>, healthy: &AtomicBool, wake: &Notify) {
     let mut rows = Vec::new();
     let mut settled = Vec::new();
-    let mut barriers: Vec<mpsc::SyncSender<()>> = Vec::new();
+    let mut barriers: Vec<oneshot::Sender<()>> = Vec::new();
     loop {
         let (items, closed) = {
             let mut q = queue.lock();
@@ -197,7 +193,7 @@ fn write(store: &Store, queue: &Mutex<Queue>, healthy: &AtomicBool) {
             if closed {
                 return;
             }
-            std::thread::park_timeout(INTERVAL);
+            let _ = tokio::time::timeout(INTERVAL, wake.notified()).await;
             continue;
         }
         for q in items {
@@ -209,7 +205,7 @@ fn write(store: &Store, queue: &Mutex<Queue>, healthy: &AtomicBool) {
             }
         }
         if !rows.is_empty() {
-            match store.executions_journaled(&rows) {
+            match store.executions_journaled(&rows).await {
                 Ok(()) => healthy.store(true, Ordering::Relaxed),
                 Err(e) => {
                     healthy.store(false, Ordering::Relaxed);
@@ -219,7 +215,7 @@ fn write(store: &Store, queue: &Mutex<Queue>, healthy: &AtomicBool) {
             rows.clear();
         }
         for t in settled.drain(..) {
-            write_tombstones(store, &t);
+            write_tombstones(store, &t).await;
         }
         for b in barriers.drain(..) {
             let _ = b.send(());
@@ -227,14 +223,16 @@ fn write(store: &Store, queue: &Mutex<Queue>, healthy: &AtomicBool) {
     }
 }
 
-fn write_tombstones(store: &Store, t: &Tombstones) {
-    let written = store.tokens_settled(
-        &t.execution_id,
-        &t.principal,
-        &t.tokens,
-        t.reason,
-        &t.evicted,
-    );
+async fn write_tombstones(store: &Store, t: &Tombstones) {
+    let written = store
+        .tokens_settled(
+            &t.execution_id,
+            &t.principal,
+            &t.tokens,
+            t.reason,
+            &t.evicted,
+        )
+        .await;
     if let Err(e) = written {
         // Recovery turns the still-pending rows into `lost` tombstones, which never resume.
         tracing::error!(execution = %t.execution_id, error = %e, "could not persist tombstones");
@@ -245,24 +243,25 @@ fn write_tombstones(store: &Store, t: &Tombstones) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn rows_are_written_in_order_and_flushed() {
-        let store = Arc::new(Store::open_in_memory().unwrap());
-        let journal = Journal::start(store.clone(), true).unwrap();
+    #[tokio::test]
+    async fn rows_are_written_in_order_and_flushed() {
+        let store = Arc::new(Store::open_in_memory().await.unwrap());
+        let journal = Journal::start(store.clone(), true);
         for i in 0..50 {
-            journal.started(&format!("exe-{i}"), "alice", "m").unwrap();
-            journal.ended(&format!("exe-{i}"), "completed");
+            let id = format!("exe-{i}");
+            journal.started(&id, "alice", "m").await.unwrap();
+            journal.ended(&id, "completed").await;
         }
-        journal.flush();
+        journal.flush().await;
         for i in [0, 49] {
-            let events = store.journal_events(&format!("exe-{i}")).unwrap();
+            let events = store.journal_events(&format!("exe-{i}")).await.unwrap();
             assert_eq!(events, ["execution_started", "execution_ended"]);
         }
-        journal.close();
+        journal.close().await;
         // After close, rows go straight to the store.
-        journal.started("exe-late", "alice", "m").unwrap();
-        journal.ended("exe-late", "failed");
-        let events = store.journal_events("exe-late").unwrap();
+        journal.started("exe-late", "alice", "m").await.unwrap();
+        journal.ended("exe-late", "failed").await;
+        let events = store.journal_events("exe-late").await.unwrap();
         assert_eq!(events, ["execution_started", "execution_ended"]);
     }
 }

@@ -55,7 +55,7 @@ impl Ledger {
     }
 
     /// Writes the deltas to the store; on failure they are kept for the next flush.
-    pub fn flush(&self, store: &Store) -> Result<(), StoreError> {
+    pub async fn flush(&self, store: &Store) -> Result<(), StoreError> {
         let taken = std::mem::take(&mut *self.pending.lock());
         if taken.is_empty() {
             return Ok(());
@@ -75,7 +75,7 @@ impl Ledger {
                 }
             }
         }
-        store.usage_added(&rows).inspect_err(|_| {
+        store.usage_added(&rows).await.inspect_err(|_| {
             let mut pending = self.pending.lock();
             for r in &rows {
                 fold(
@@ -94,11 +94,11 @@ mod tests {
     use super::*;
     use crate::store::UsageQuery;
 
-    #[test]
-    fn a_meter_counts_into_metrics_and_the_store() {
+    #[tokio::test]
+    async fn a_meter_counts_into_metrics_and_the_store() {
         let metrics = Arc::new(Metrics::default());
         let ledger = Ledger::new(metrics.clone());
-        let store = Store::open_in_memory().unwrap();
+        let store = Store::open_in_memory().await.unwrap();
         let meter = ledger.meter("alice", "codex");
         let u = Usage {
             prompt_tokens: 10,
@@ -110,9 +110,9 @@ mod tests {
         };
         meter(u);
         meter(u);
-        ledger.flush(&store).unwrap();
-        ledger.flush(&store).unwrap();
-        let rows = store.usage(&UsageQuery::default()).unwrap();
+        ledger.flush(&store).await.unwrap();
+        ledger.flush(&store).await.unwrap();
+        let rows = store.usage(&UsageQuery::default()).await.unwrap();
         assert_eq!(rows.len(), 1);
         assert_eq!((rows[0].usage.prompt_tokens, rows[0].requests), (20, 2));
         assert_eq!(rows[0].usage.reasoning_tokens, 2);

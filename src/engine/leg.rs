@@ -99,7 +99,8 @@ impl Engine {
                     exec.journaled,
                     reason,
                     Leftover::Running(exec),
-                );
+                )
+                .await;
             }
         };
         loop {
@@ -111,7 +112,7 @@ impl Engine {
                 _ = tx.closed() => {
                     tracing::info!(execution = %exec.meta.id, "client went away mid-leg; interrupting the turn");
                     let meta = exec.meta.clone();
-                    return self.end(&meta, exec.journaled, EndReason::Cancelled, Leftover::Running(exec));
+                    return self.end(&meta, exec.journaled, EndReason::Cancelled, Leftover::Running(exec)).await;
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     return fail(exec, EngineError::Deadline, EndReason::Expired).await;
@@ -146,7 +147,8 @@ impl Engine {
                 Some(TurnEvent::Approval(ask)) => {
                     let (cfg, i) = (self.config(), &self.inner);
                     let notice =
-                        approval_policy::apply(&cfg, &i.store, &i.approvals, &exec.meta, *ask);
+                        approval_policy::apply(&cfg, &i.store, &i.approvals, &exec.meta, *ask)
+                            .await;
                     if let Some(n) = notice {
                         let _ = tx.send(LegEvent::Notice(n)).await;
                     }
@@ -174,7 +176,9 @@ impl Engine {
                             usage,
                         })
                         .await;
-                    return self.end(&meta, journaled, EndReason::Completed, Leftover::Slot(slot));
+                    return self
+                        .end(&meta, journaled, EndReason::Completed, Leftover::Slot(slot))
+                        .await;
                 }
                 Some(TurnEvent::Failed(detail)) => {
                     tracing::warn!(execution = %exec.meta.id, detail_len = detail.len(), "backend turn failed");
@@ -217,7 +221,8 @@ impl Engine {
                     exec.journaled,
                     reason,
                     Leftover::Running(exec),
-                );
+                )
+                .await;
             }
         };
         if exec.rounds >= max_rounds {
@@ -230,16 +235,18 @@ impl Engine {
         }
         if tx.is_closed() {
             let meta = exec.meta.clone();
-            return self.end(
-                &meta,
-                exec.journaled,
-                EndReason::Cancelled,
-                Leftover::Running(exec),
-            );
+            return self
+                .end(
+                    &meta,
+                    exec.journaled,
+                    EndReason::Cancelled,
+                    Leftover::Running(exec),
+                )
+                .await;
         }
         if !exec.journaled {
             let m = &exec.meta;
-            if let Err(e) = self.inner.suspensions.started_now(m) {
+            if let Err(e) = self.inner.suspensions.started_now(m).await {
                 tracing::error!(execution = %m.id, error = %e, "store unavailable; no token exposed");
                 return refuse(exec, EngineError::Store, EndReason::StoreUnavailable).await;
             }
@@ -330,18 +337,22 @@ impl Engine {
             digests,
             parked,
         };
-        match self.inner.suspensions.suspend(batch) {
+        match self.inner.suspensions.suspend(batch).await {
             Ok(()) => {}
             Err(Refusal::Capacity(refused)) => {
                 let _ = tx
                     .send(LegEvent::Error(EngineError::SuspensionCapacity))
                     .await;
-                return self.end(&meta, true, EndReason::Capacity, Leftover::Batch(refused));
+                return self
+                    .end(&meta, true, EndReason::Capacity, Leftover::Batch(refused))
+                    .await;
             }
             Err(Refusal::Store(withdrawn)) => {
                 let _ = tx.send(LegEvent::Error(EngineError::Store)).await;
                 let left = withdrawn.map_or(Leftover::Nothing, Leftover::Batch);
-                return self.end(&meta, true, EndReason::StoreUnavailable, left);
+                return self
+                    .end(&meta, true, EndReason::StoreUnavailable, left)
+                    .await;
             }
         }
         tracing::debug!(execution = %meta.id, calls = exposed.len(), "execution suspended");
@@ -355,14 +366,14 @@ impl Engine {
 
     /// Ends an execution: its approvals are cancelled first, then what still holds its turn
     /// or record is dropped (which interrupts an unfinished turn and returns its session).
-    pub(super) fn end(
+    pub(super) async fn end(
         &self,
         meta: &ExecutionMeta,
         journaled: bool,
         reason: EndReason,
         left: Leftover,
     ) {
-        self.inner.approvals.cancel_execution(&meta.id);
+        self.inner.approvals.cancel_execution(&meta.id).await;
         drop(left);
         // A stateless leg that simply answered is the request's own log line; every other
         // ending is worth a line of its own.
@@ -373,19 +384,22 @@ impl Engine {
         }
         self.inner.metrics.ended(reason.as_str());
         if journaled {
-            self.inner.suspensions.ended(&meta.id, reason.as_str());
+            self.inner
+                .suspensions
+                .ended(&meta.id, reason.as_str())
+                .await;
         }
     }
 
     /// Persists a settled batch's tombstones and, unless it was claimed, ends its execution.
     /// Returns the suspension of a claimed batch.
-    pub(super) fn settled(&self, s: Settled<Suspended>) -> Option<Suspended> {
-        self.inner.suspensions.persist_settled(&s);
+    pub(super) async fn settled(&self, s: Settled<Suspended>) -> Option<Suspended> {
+        self.inner.suspensions.persist_settled(&s).await;
         match EndReason::of_settlement(s.reason) {
             None => Some(s.parked),
             Some(end) => {
                 let meta = s.parked.meta.clone();
-                self.end(&meta, true, end, Leftover::Parked(s.parked));
+                self.end(&meta, true, end, Leftover::Parked(s.parked)).await;
                 None
             }
         }

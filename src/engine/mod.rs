@@ -114,13 +114,13 @@ impl Engine {
             }
             backends.insert(name.clone(), backend);
         }
-        Self::with_backends(cfg, config_path, backends)
+        Self::with_backends(cfg, config_path, backends).await
     }
 
     /// Opens the store (settling whatever a previous process left live), restores durable
     /// suspensions and starts the timer, over backends that are already running (the seam
     /// where tests inject a scripted backend).
-    pub fn with_backends(
+    pub async fn with_backends(
         cfg: Config,
         config_path: Option<PathBuf>,
         backends: BTreeMap<String, Arc<dyn Backend>>,
@@ -130,8 +130,8 @@ impl Engine {
             .as_ref()
             .map(placement::Membership::new)
             .transpose()?;
-        let store = Arc::new(open_store(&cfg)?);
-        let recovered = store.recover()?;
+        let store = Arc::new(open_store(&cfg).await?);
+        let recovered = store.recover().await?;
         if recovered.executions_lost > 0 {
             tracing::warn!(
                 executions = recovered.executions_lost,
@@ -145,14 +145,14 @@ impl Engine {
             max_kept_bytes_per_client: cfg.continuations.max_kept_bytes_per_client,
             tombstones_per_client: cfg.continuations.tombstones_per_client,
         };
-        let tombstones = store.tombstones()?;
+        let tombstones = store.tombstones().await?;
         let registry = Registry::new(
             limits,
             tombstones
                 .into_iter()
                 .map(|t| (t.digest, t.principal, Reason::parse(&t.reason))),
         );
-        let approvals = Arc::new(Approvals::new(store.clone())?);
+        let approvals = Arc::new(Approvals::new(store.clone()).await?);
         let deaths = backends.values().filter_map(|b| b.deaths()).collect();
         let metrics = Arc::new(Metrics::default());
         let placement = Placement::new(
@@ -162,13 +162,14 @@ impl Engine {
             metrics.clone(),
         );
         let single = placement.replica_id().is_none();
-        let journal = journal::Journal::start(store.clone(), single)?;
+        let journal = journal::Journal::start(store.clone(), single);
+        let suspensions = Suspensions::open(store.clone(), registry, journal).await?;
         let engine = Engine {
             inner: Arc::new(Inner {
                 config: RwLock::new(Arc::new(cfg)),
                 config_path,
                 backends,
-                suspensions: Suspensions::open(store.clone(), registry, journal)?,
+                suspensions,
                 placement,
                 threads: Threads::new(metrics.clone()),
                 approvals,
@@ -225,13 +226,13 @@ impl Engine {
 
     /// Store writable, the replica's lease (if it is one) renewed, and every agent backend
     /// has a live process.
-    pub fn ready(&self) -> bool {
-        self.store_ready() && self.lease_ready().unwrap_or(true) && self.backends_ready()
+    pub async fn ready(&self) -> bool {
+        self.store_ready().await && self.lease_ready().unwrap_or(true) && self.backends_ready()
     }
 
     /// The store answers a write.
-    pub fn store_ready(&self) -> bool {
-        self.inner.store.writable()
+    pub async fn store_ready(&self) -> bool {
+        self.inner.store.writable().await
     }
 
     /// `sqlite` or `postgres`.
@@ -273,7 +274,7 @@ impl Engine {
 
     /// Daily usage totals: the caller's own, or, for an approver, everyone's (optionally one
     /// principal's). Reported usage not yet written is written first.
-    pub fn usage(
+    pub async fn usage(
         &self,
         principal: &Principal,
         mut q: crate::store::UsageQuery,
@@ -281,13 +282,13 @@ impl Engine {
         if !principal.approver {
             q.principal = Some(principal.id.clone());
         }
-        self.inner.ledger.flush(&self.inner.store)?;
-        self.inner.store.usage(&q)
+        self.inner.ledger.flush(&self.inner.store).await?;
+        self.inner.store.usage(&q).await
     }
 
     /// Writes the usage deltas to the store (the timer does this about once a second).
-    fn flush_usage(&self) {
-        if let Err(e) = self.inner.ledger.flush(&self.inner.store) {
+    async fn flush_usage(&self) {
+        if let Err(e) = self.inner.ledger.flush(&self.inner.store).await {
             tracing::error!(error = %e, "could not write usage totals; kept for the next try");
         }
     }
@@ -306,9 +307,9 @@ impl Engine {
     }
 
     /// Every held turn settled `lost` (shutdown; a replica the others gave up).
-    fn settle_held(&self) {
+    async fn settle_held(&self) {
         for s in self.inner.suspensions.settle_held(Reason::Lost) {
-            self.settled(s);
+            self.settled(s).await;
         }
     }
 
@@ -350,8 +351,8 @@ impl Engine {
     }
 
     /// Where a decision on this approval is taken.
-    pub fn approval_route(&self, record: &ApprovalRecord) -> ApprovalRoute {
-        self.inner.placement.approval_route(record)
+    pub async fn approval_route(&self, record: &ApprovalRecord) -> ApprovalRoute {
+        self.inner.placement.approval_route(record).await
     }
 
     /// After an owner could not be reached: waits (at most one lease) until its lease has
@@ -363,13 +364,13 @@ impl Engine {
     /// Takes the lease with the internal listener's address and starts renewing it every
     /// third of it until shutdown, then gives it up. Called once the internal listener is
     /// bound, before anything is served.
-    pub fn join_cluster(&self, bound: SocketAddr) -> Result<(), StartError> {
+    pub async fn join_cluster(&self, bound: SocketAddr) -> Result<(), StartError> {
         let Placement::Replica(cluster) = &self.inner.placement else {
             return Ok(());
         };
         let url = placement::advertised(self.config().cluster.as_ref(), bound);
         let (tracker, stop) = (&self.inner.tracker, &self.inner.shutdown);
-        cluster.join(url, tracker, stop)?;
+        cluster.join(url, tracker, stop).await?;
         let engine = self.clone();
         tracker.spawn(async move {
             let Placement::Replica(cluster) = &engine.inner.placement else {
@@ -379,11 +380,11 @@ impl Engine {
                 tokio::select! {
                     _ = engine.inner.shutdown.cancelled() => break,
                     _ = tokio::time::sleep(cluster.renew_every()) => {
-                        cluster.renew(|| engine.settle_held());
+                        cluster.renew(async || engine.settle_held().await).await;
                     }
                 }
             }
-            cluster.release();
+            cluster.release().await;
         });
         Ok(())
     }
@@ -406,51 +407,50 @@ impl Engine {
             };
             tokio::select! {
                 _ = self.inner.shutdown.cancelled() => return,
-                _ = sleep => self.expire_due(Instant::now()),
+                _ = sleep => self.expire_due(Instant::now()).await,
                 _ = suspensions.changed().notified() => {}
                 _ = approvals.changed().notified() => {}
                 _ = threads.changed().notified() => {}
                 _ = timer::any_death(&mut deaths) => {
                     for s in suspensions.take_dead() {
                         tracing::warn!(execution = %s.execution_id, "backend of a suspended execution died");
-                        self.settled(s);
+                        self.settled(s).await;
                     }
                 }
                 _ = forget.tick() => self.inner.limiter.forget_idle(),
-                _ = flush.tick() => self.flush_usage(),
+                _ = flush.tick() => self.flush_usage().await,
             }
         }
     }
 
     /// Settles every suspension and approval whose deadline is at or before `now`, and
     /// releases the idle threads past their TTL.
-    fn expire_due(&self, now: Instant) {
+    async fn expire_due(&self, now: Instant) {
         for s in self.inner.suspensions.take_expired(now) {
             tracing::info!(execution = %s.execution_id, "suspended execution expired; turn interrupted");
-            self.settled(s);
+            self.settled(s).await;
         }
-        self.inner.approvals.expire_due(now);
+        self.inner.approvals.expire_due(now).await;
         self.inner.threads.release_idle(now);
     }
 
     /// Stops new work: running legs end with an error and every held turn is settled `lost`
     /// (interrupted). Durable records stay in the store for the next start. Idempotent.
-    pub fn begin_shutdown(&self) {
+    pub async fn begin_shutdown(&self) {
         self.inner.shutdown.cancel();
-        self.settle_held();
-        self.inner.approvals.cancel_all();
+        self.settle_held().await;
+        self.inner.approvals.cancel_all().await;
         self.inner.threads.clear();
     }
 
     /// Stops legs, settles every held turn as `lost` (so replays after a restart answer 410),
     /// waits for owned tasks and reaps every backend child.
     pub async fn shutdown(&self) {
-        self.begin_shutdown();
+        self.begin_shutdown().await;
         self.inner.tracker.close();
         self.inner.tracker.wait().await;
-        self.flush_usage();
-        let engine = self.clone();
-        let _ = tokio::task::spawn_blocking(move || engine.inner.suspensions.close()).await;
+        self.flush_usage().await;
+        self.inner.suspensions.close().await;
         for b in self.inner.backends.values() {
             b.shutdown().await;
         }
@@ -459,12 +459,18 @@ impl Engine {
 
 /// Opens the store the config names, as this replica's (reading the database password from
 /// the environment variable the config names).
-fn open_store(cfg: &Config) -> Result<Store, StartError> {
+async fn open_store(cfg: &Config) -> Result<Store, StartError> {
     use crate::store::StoreLocation;
     let owner = cfg.cluster.as_ref().map_or("", |c| c.replica_id.as_str());
     let store = match &cfg.store {
-        config::StoreConfig::Sqlite { path } => Store::connect(&StoreLocation::Sqlite(path), owner),
-        config::StoreConfig::Postgres { url, password_env } => {
+        config::StoreConfig::Sqlite { path } => {
+            Store::connect(&StoreLocation::Sqlite(path), owner).await
+        }
+        config::StoreConfig::Postgres {
+            url,
+            password_env,
+            pool_size,
+        } => {
             let password = match password_env {
                 Some(var) => Some(std::env::var(var).map_err(|_| StartError::Environment {
                     key: "store.password_env",
@@ -477,9 +483,11 @@ fn open_store(cfg: &Config) -> Result<Store, StartError> {
                 &StoreLocation::Postgres {
                     url,
                     password: password.as_deref(),
+                    pool_size: *pool_size,
                 },
                 owner,
             )
+            .await
         }
     };
     Ok(store?)

@@ -196,14 +196,14 @@ impl Placement {
     }
 
     /// Where a decision on this approval is taken.
-    pub fn approval_route(&self, record: &ApprovalRecord) -> ApprovalRoute {
+    pub async fn approval_route(&self, record: &ApprovalRecord) -> ApprovalRoute {
         let Some(c) = self.cluster() else {
             return ApprovalRoute::Here;
         };
         if record.state != "pending" || record.owner == c.m.id {
             return ApprovalRoute::Here;
         }
-        match c.live_owner(&record.owner) {
+        match c.live_owner(&record.owner).await {
             Some(owner) => ApprovalRoute::Owner(owner),
             None => ApprovalRoute::Here,
         }
@@ -221,7 +221,7 @@ impl Placement {
     /// A continuation none of whose tokens this process holds: what the store knows of it.
     /// Only a replica looks; a single gateway's registry is the whole truth. `Ok` is a
     /// stateless record for this replica to take in and claim.
-    pub fn find(
+    pub async fn find(
         &self,
         principal: &Principal,
         input: &TurnInput,
@@ -230,7 +230,11 @@ impl Placement {
         max_result_bytes: usize,
     ) -> Result<StoredSuspension, ContinuationError> {
         match self.cluster() {
-            Some(cluster) => cluster.find(principal, input, c, forwarded, max_result_bytes),
+            Some(cluster) => {
+                cluster
+                    .find(principal, input, c, forwarded, max_result_bytes)
+                    .await
+            }
             None => Err(ContinuationError::NotFound),
         }
     }
@@ -240,7 +244,7 @@ impl Cluster {
     /// Takes the lease with the internal listener's address (`url`), starts following the
     /// others' approval writes, and settles lapsed replicas. Called once the internal
     /// listener is bound, before anything is served.
-    pub fn join(
+    pub async fn join(
         &self,
         url: String,
         tracker: &TaskTracker,
@@ -251,6 +255,7 @@ impl Cluster {
         let epoch = self
             .store
             .lease_acquire(&url, now_unix_ms() + m.lease_ms())
+            .await
             .map_err(StartError::Lease)?;
         *m.state.lock() = LeaseState {
             epoch,
@@ -258,8 +263,8 @@ impl Cluster {
             valid_until: Some(started + m.lease),
         };
         tracing::info!(replica = %m.id, epoch, %url, "replica lease taken");
-        super::follow::follow_approvals(&self.store, &self.approvals, &m.id, tracker, stop);
-        self.survey();
+        super::follow::follow_approvals(&self.store, &self.approvals, &m.id, tracker, stop).await;
+        self.survey().await;
         Ok(())
     }
 
@@ -271,12 +276,12 @@ impl Cluster {
     /// Renews the lease. A renewal that finds the epoch settled means the others gave this
     /// replica up: `fenced` settles what it holds, and a new lease is taken. Then the others'
     /// leases are surveyed.
-    pub fn renew(&self, fenced: impl FnOnce()) {
+    pub async fn renew(&self, fenced: impl AsyncFnOnce()) {
         let (m, store) = (&self.m, &self.store);
         let metrics = &self.metrics.cluster;
         let started = Instant::now();
         let epoch = m.state.lock().epoch;
-        match store.lease_renew(epoch, now_unix_ms() + m.lease_ms()) {
+        match store.lease_renew(epoch, now_unix_ms() + m.lease_ms()).await {
             Ok(true) => {
                 m.state.lock().valid_until = Some(started + m.lease);
                 if !m.store_ok.swap(true, Ordering::Relaxed) {
@@ -287,9 +292,12 @@ impl Cluster {
             Ok(false) => {
                 metrics.renewal("fenced");
                 tracing::error!(replica = %m.id, epoch, "this replica's lease was settled by another replica; its held turns are lost");
-                fenced();
+                fenced().await;
                 let url = m.state.lock().url.clone();
-                match store.lease_acquire(&url, now_unix_ms() + m.lease_ms()) {
+                match store
+                    .lease_acquire(&url, now_unix_ms() + m.lease_ms())
+                    .await
+                {
                     Ok(epoch) => {
                         let mut s = m.state.lock();
                         s.epoch = epoch;
@@ -306,21 +314,21 @@ impl Cluster {
                 return;
             }
         }
-        self.survey();
+        self.survey().await;
     }
 
     /// Gives the lease up (shutdown).
-    pub fn release(&self) {
+    pub async fn release(&self) {
         let epoch = self.m.state.lock().epoch;
-        if let Err(e) = self.store.lease_release(epoch) {
+        if let Err(e) = self.store.lease_release(epoch).await {
             tracing::warn!(error = %e, "could not release the replica's lease; it lapses by itself");
         }
     }
 
     /// Reads every lease: counts the live ones and settles the others' lapsed ones.
-    fn survey(&self) {
+    async fn survey(&self) {
         let metrics = &self.metrics.cluster;
-        let Ok(leases) = self.store.leases() else {
+        let Ok(leases) = self.store.leases().await else {
             return;
         };
         let now = now_unix_ms();
@@ -328,16 +336,17 @@ impl Cluster {
         metrics.replicas_seen.store(live as u64, Ordering::Relaxed);
         for l in &leases {
             if l.replica_id != self.m.id && !l.settled && l.expires_at_ms <= now {
-                self.settle_lapsed(l);
+                self.settle_lapsed(l).await;
             }
         }
     }
 
     /// Settles a replica whose lease lapsed, unless another replica did first.
-    fn settle_lapsed(&self, l: &Lease) {
+    async fn settle_lapsed(&self, l: &Lease) {
         match self
             .store
             .settle_replica(&l.replica_id, l.epoch, now_unix_ms())
+            .await
         {
             Ok(Some(s)) => {
                 self.metrics
@@ -354,7 +363,7 @@ impl Cluster {
                 );
                 // The others hear of it from the feed; this replica tells its own consoles.
                 for id in &s.approvals_orphaned {
-                    self.approvals.republish(id);
+                    self.approvals.republish(id).await;
                 }
             }
             Ok(None) => {}
@@ -365,12 +374,13 @@ impl Cluster {
     }
 
     /// The owner replica of a held record, if its lease is live; a lapsed one is settled.
-    fn live_owner(&self, replica: &str) -> Option<Owner> {
-        self.live(self.store.lease_of(replica).ok().flatten()?)
+    async fn live_owner(&self, replica: &str) -> Option<Owner> {
+        let lease = self.store.lease_of(replica).await.ok().flatten()?;
+        self.live(lease).await
     }
 
     /// The replica of `lease`, if it is live; a lapsed one is settled.
-    fn live(&self, lease: Lease) -> Option<Owner> {
+    async fn live(&self, lease: Lease) -> Option<Owner> {
         if lease.live_at(now_unix_ms()) {
             return Some(Owner {
                 replica_id: lease.replica_id,
@@ -378,13 +388,13 @@ impl Cluster {
             });
         }
         if !lease.settled {
-            self.settle_lapsed(&lease);
+            self.settle_lapsed(&lease).await;
         }
         None
     }
 
     async fn await_owner(&self, replica: &str) -> OwnerFate {
-        let Some(first) = self.store.lease_of(replica).ok().flatten() else {
+        let Some(first) = self.store.lease_of(replica).await.ok().flatten() else {
             return OwnerFate::Gone;
         };
         if first.live_at(now_unix_ms()) {
@@ -393,7 +403,7 @@ impl Cluster {
             tokio::time::sleep(wait).await;
         }
         let now = now_unix_ms();
-        match self.store.lease_of(replica).ok().flatten() {
+        match self.store.lease_of(replica).await.ok().flatten() {
             Some(l) if l.live_at(now) && l.expires_at_ms > first.expires_at_ms => {
                 OwnerFate::Alive(Owner {
                     replica_id: l.replica_id,
@@ -402,7 +412,7 @@ impl Cluster {
             }
             Some(l) => {
                 if !l.settled {
-                    self.settle_lapsed(&l);
+                    self.settle_lapsed(&l).await;
                 }
                 OwnerFate::Gone
             }
@@ -410,7 +420,7 @@ impl Cluster {
         }
     }
 
-    fn find(
+    async fn find(
         &self,
         principal: &Principal,
         input: &TurnInput,
@@ -427,10 +437,10 @@ impl Cluster {
         // tombstones in one transaction, so a record settled in between is found as the
         // latter, never as neither.
         let first = c.tokens.first().ok_or(ContinuationError::NotFound)?;
-        let found = store.pending_of(first).map_err(unavailable)?;
+        let found = store.pending_of(first).await.map_err(unavailable)?;
         let Some(found) = found else {
             for t in &c.tokens {
-                if let Some((owner, reason)) = store.tombstone_of(t).map_err(unavailable)? {
+                if let Some((owner, reason)) = store.tombstone_of(t).await.map_err(unavailable)? {
                     if !principal_eq(&owner, &principal.id) {
                         return Err(ContinuationError::NotFound);
                     }
@@ -490,7 +500,11 @@ impl Cluster {
                 if c.bound.is_none() {
                     check(&view, input, c, max_result_bytes)?;
                 }
-                match lease.and_then(|l| self.live(l)) {
+                let owner = match lease {
+                    Some(l) => self.live(l).await,
+                    None => None,
+                };
+                match owner {
                     Some(o) => Err(ContinuationError::Elsewhere(o)),
                     None => Err(ContinuationError::Settled(Reason::Lost)),
                 }

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::ending::{EndReason, Leftover};
 use super::execution::{Execution, History, LegContext, Suspended};
 use super::leg::Leg;
-use super::suspensions::{Suspensions, Taken};
+use super::suspensions::Taken;
 use super::{ContinuationError, Engine, EngineError};
 use crate::auth::Principal;
 use crate::backend::{Answer, Hold, Holds, LegRequest, Resume};
@@ -134,35 +134,48 @@ pub(super) struct Claimed {
 
 /// A taken stateless batch, put back as it was unless the upstream answered: when the forward
 /// fails, and when the request is dropped (the client left) before the upstream answered.
-struct Reinstate<'a> {
-    suspensions: &'a Suspensions,
+struct Reinstate {
+    engine: Engine,
     batch: Option<Batch<Suspended>>,
 }
 
-impl Reinstate<'_> {
+impl Reinstate {
     /// The upstream answered: the tokens are spent, in memory at once (a replay here is
     /// 409). If the store cannot record it, the record stays claimed in the store, which a
     /// restart settles as `lost` and no other replica claims: never answered twice.
-    fn spend(mut self) {
+    async fn spend(mut self) {
         if let Some(b) = self.batch.take() {
-            if self.suspensions.spend(&b, Reason::Resolved).is_none() {
+            let suspensions = &self.engine.inner.suspensions;
+            if suspensions.spend(&b, Reason::Resolved).await.is_none() {
                 tracing::warn!(execution = %b.execution_id, "the spend stays a claim in the store; it settles lost at the next start");
             }
         }
     }
+
+    /// The forward failed: the batch goes back before the client hears of it.
+    async fn put_back(mut self) {
+        if let Some(b) = self.batch.take() {
+            self.engine.inner.suspensions.reinstate(b).await;
+        }
+    }
 }
 
-impl Drop for Reinstate<'_> {
+impl Drop for Reinstate {
+    /// The request was dropped (the client left) before the upstream answered: the batch
+    /// goes back by a task of its own.
     fn drop(&mut self) {
         if let Some(b) = self.batch.take() {
-            self.suspensions.reinstate(b);
+            let engine = self.engine.clone();
+            self.engine.inner.tracker.spawn(async move {
+                engine.inner.suspensions.reinstate(b).await;
+            });
         }
     }
 }
 
 impl Engine {
     /// The batch of a continuation: in this process, else (a replica) in the store.
-    fn lookup_anywhere(
+    async fn lookup_anywhere(
         &self,
         principal: &Principal,
         input: &TurnInput,
@@ -177,7 +190,8 @@ impl Engine {
                     let found = self
                         .inner
                         .placement
-                        .find(principal, input, c, forwarded, max)?;
+                        .find(principal, input, c, forwarded, max)
+                        .await?;
                     // A racing request may have taken it in first; either way, look again.
                     suspensions.take_in(found);
                 }
@@ -195,7 +209,7 @@ impl Engine {
     }
 
     /// Validates a continuation and claims its batch.
-    pub(super) fn claim(
+    pub(super) async fn claim(
         &self,
         principal: &Principal,
         input: &TurnInput,
@@ -203,7 +217,7 @@ impl Engine {
         forwarded: bool,
     ) -> Result<Claimed, ContinuationError> {
         let suspensions = &self.inner.suspensions;
-        let view = self.lookup_anywhere(principal, input, c, forwarded)?;
+        let view = self.lookup_anywhere(principal, input, c, forwarded).await?;
         // A reference to another execution (another principal's, unknown or just another
         // response) is answered as an unknown token.
         if c.bound.as_ref().is_some_and(|b| *b != view.execution_id) {
@@ -217,7 +231,7 @@ impl Engine {
         ] {
             if stale {
                 if let Some(s) = suspensions.settle(view.batch, reason) {
-                    self.settled(s);
+                    self.settled(s).await;
                 }
                 return Err(ContinuationError::Settled(reason));
             }
@@ -230,13 +244,13 @@ impl Engine {
         if !allowed {
             if let Some(s) = suspensions.settle(view.batch, Reason::Revoked) {
                 tracing::info!(execution = %s.execution_id, "grant revoked while suspended; turn interrupted");
-                self.settled(s);
+                self.settled(s).await;
             }
             return Err(ContinuationError::Revoked);
         }
 
         // The claim: exactly one caller gets the execution.
-        match suspensions.take(view.batch)? {
+        match suspensions.take(view.batch).await? {
             Taken::Claimed(batch, suspended) => Ok(Claimed {
                 suspended,
                 positions,
@@ -244,7 +258,8 @@ impl Engine {
             }),
             Taken::Gone(suspended) => {
                 let meta = suspended.meta.clone();
-                self.end(&meta, true, EndReason::Lost, Leftover::Parked(suspended));
+                self.end(&meta, true, EndReason::Lost, Leftover::Parked(suspended))
+                    .await;
                 Err(ContinuationError::Settled(Reason::Lost))
             }
         }
@@ -279,9 +294,10 @@ impl Engine {
             .and_then(|m| Some((m, self.backend(&m.backend)?)));
         let Some((model, backend)) = backend else {
             if durable {
-                self.inner.suspensions.spend(&batch, Reason::Lost);
+                self.inner.suspensions.spend(&batch, Reason::Lost).await;
             }
-            self.end(&s.meta.clone(), true, EndReason::Lost, Leftover::Parked(s));
+            self.end(&s.meta.clone(), true, EndReason::Lost, Leftover::Parked(s))
+                .await;
             return Err(EngineError::TurnFailed);
         };
         let answers = positions
@@ -308,7 +324,7 @@ impl Engine {
             tools,
         } = s;
         let reinstate = Reinstate {
-            suspensions: &self.inner.suspensions,
+            engine: self.clone(),
             batch: kept.map(|(ids, history)| {
                 batch.join(Suspended {
                     meta: meta.clone(),
@@ -339,13 +355,13 @@ impl Engine {
         self.inner.metrics.overhead.observe(input.arrived.elapsed());
         let turn = match backend.resume(hold, resume).await {
             Ok(t) => {
-                reinstate.spend();
+                reinstate.spend().await;
                 t
             }
             Err(e) if reinstate.batch.is_some() => {
                 // Nothing reached the client and nothing is held: the batch goes back.
                 tracing::info!(execution = %meta.id, error = %e, "forward failed before the upstream answered; the tokens stay pending");
-                drop(reinstate);
+                reinstate.put_back().await;
                 return Err(e.into());
             }
             Err(e) => {
@@ -354,7 +370,7 @@ impl Engine {
                     Holds::Turn => EndReason::Lost,
                     Holds::Nothing => EndReason::Failed,
                 };
-                self.end(&meta, true, reason, Leftover::Nothing);
+                self.end(&meta, true, reason, Leftover::Nothing).await;
                 return Err(e.into());
             }
         };

@@ -37,12 +37,12 @@ pub(super) enum Refusal {
 
 impl Suspensions {
     /// Over the store, putting back the durable suspensions a previous process left pending.
-    pub fn open(
+    pub async fn open(
         store: Arc<Store>,
         registry: Registry<Suspended>,
         journal: Journal,
     ) -> Result<Suspensions, StoreError> {
-        for s in store.durable_suspensions()? {
+        for s in store.durable_suspensions().await? {
             registry.restore(durable_batch(s));
         }
         Ok(Suspensions {
@@ -76,22 +76,24 @@ impl Suspensions {
     }
 
     /// An agent execution's start, before it runs (queued while the journal is behind).
-    pub fn started(&self, m: &ExecutionMeta) -> Result<(), StoreError> {
-        self.journal.started(&m.id, &m.principal, &m.model)
+    pub async fn started(&self, m: &ExecutionMeta) -> Result<(), StoreError> {
+        self.journal.started(&m.id, &m.principal, &m.model).await
     }
 
     /// A stateless execution's start, written at once when it first suspends.
-    pub fn started_now(&self, m: &ExecutionMeta) -> Result<(), StoreError> {
-        self.store.execution_started(&m.id, &m.principal, &m.model)
+    pub async fn started_now(&self, m: &ExecutionMeta) -> Result<(), StoreError> {
+        self.store
+            .execution_started(&m.id, &m.principal, &m.model)
+            .await
     }
 
-    pub fn ended(&self, execution_id: &str, reason: &'static str) {
-        self.journal.ended(execution_id, reason);
+    pub async fn ended(&self, execution_id: &str, reason: &'static str) {
+        self.journal.ended(execution_id, reason).await;
     }
 
     /// Registers a batch within the bounds, then records it durably: only then may its
     /// tokens be exposed.
-    pub fn suspend(&self, batch: Batch<Suspended>) -> Result<(), Refusal> {
+    pub async fn suspend(&self, batch: Batch<Suspended>) -> Result<(), Refusal> {
         let ids = match &batch.parked.hold {
             Hold::Ids(ids) => Some(ids.clone()),
             Hold::Live { .. } => None,
@@ -118,7 +120,7 @@ impl Suspensions {
             rounds,
             created_at,
         };
-        if let Err(e) = self.store.suspension_recorded(&record) {
+        if let Err(e) = self.store.suspension_recorded(&record).await {
             tracing::error!(execution = %execution_id, error = %e, "could not record the suspension; no token exposed");
             // Nobody can have claimed the batch: its tokens were never exposed.
             return Err(Refusal::Store(self.registry.withdraw(id).map(Box::new)));
@@ -158,20 +160,20 @@ impl Suspensions {
 
     /// The claim: exactly one caller takes the batch. A stateless record is also claimed in
     /// the store (replicas race for it); a held turn's tokens are spent at once.
-    pub fn take(&self, batch: u64) -> Result<Taken, ContinuationError> {
+    pub async fn take(&self, batch: u64) -> Result<Taken, ContinuationError> {
         let batch = self
             .registry
             .take(batch)
             .ok_or(ContinuationError::Settled(Reason::Resolved))?;
         let (head, parked) = batch.split();
         if parked.hold.is_durable() {
-            if let Err(e) = self.claim_durable(&head.execution_id, &head.tokens) {
+            if let Err(e) = self.claim_durable(&head.execution_id, &head.tokens).await {
                 if e == ContinuationError::StoreUnavailable {
                     self.registry.reinstate(head.join(parked));
                 }
                 return Err(e);
             }
-        } else if self.spend_held(&head) == Some(false) {
+        } else if self.spend_held(&head).await == Some(false) {
             // Another replica settled this held turn (this one's lease had lapsed).
             return Ok(Taken::Gone(parked));
         }
@@ -182,12 +184,12 @@ impl Suspensions {
     /// a replica (where replicas race for it). The claim is what makes the answer exactly
     /// once when the store fails later: a spend that cannot be written leaves the record
     /// claimed, and a claimed record settles `lost` at recovery.
-    fn claim_durable(
+    async fn claim_durable(
         &self,
         execution_id: &str,
         tokens: &[[u8; 32]],
     ) -> Result<(), ContinuationError> {
-        match self.store.upstream_claim(execution_id, tokens.len()) {
+        match self.store.upstream_claim(execution_id, tokens.len()).await {
             Ok(true) => Ok(()),
             Ok(false) => {
                 // Claimed or spent by another replica: this copy is stale.
@@ -205,8 +207,8 @@ impl Suspensions {
     /// answered), releasing its claim in the store. If that cannot be written the record
     /// stays claimed: this process may take it again, and a restart settles it `lost` (fail
     /// closed).
-    pub fn reinstate(&self, b: Batch<Suspended>) {
-        if let Err(e) = self.store.upstream_unclaim(&b.execution_id) {
+    pub async fn reinstate(&self, b: Batch<Suspended>) {
+        if let Err(e) = self.store.upstream_unclaim(&b.execution_id).await {
             tracing::error!(error = %e, "could not release a claim; the record settles lost at the next start");
         }
         self.registry.reinstate(b);
@@ -215,43 +217,61 @@ impl Suspensions {
     /// Tombstones a taken batch's tokens, in memory and durably. Returns whether the store
     /// still had them pending (false when another replica settled them first), None when the
     /// store could not be written.
-    pub fn spend<P>(&self, b: &Batch<P>, reason: Reason) -> Option<bool> {
-        let (execution_id, principal, tokens) = (&b.execution_id, &b.principal, &b.tokens);
+    pub fn spend<'a, P>(
+        &'a self,
+        b: &'a Batch<P>,
+        reason: Reason,
+    ) -> impl std::future::Future<Output = Option<bool>> + Send + 'a {
+        // Only the parts cross the write's await: a batch is not `Sync`.
+        let (execution_id, principal) = (b.execution_id.as_str(), b.principal.as_str());
+        let tokens = &b.tokens[..];
         let evicted = self.registry.commit(principal, tokens, reason);
-        self.persist((execution_id, principal, tokens), reason, &evicted)
-            .map(|n| n == tokens.len())
+        async move {
+            self.persist((execution_id, principal, tokens), reason, &evicted)
+                .await
+                .map(|n| n == tokens.len())
+        }
     }
 
     /// Tombstones a claimed held batch's tokens: behind the request path where the journal
     /// writes behind (`journal.rs`), else at once. Never for a stateless batch, whose durable
     /// record must not be claimable again.
-    fn spend_held(&self, b: &Batch<()>) -> Option<bool> {
+    async fn spend_held(&self, b: &Batch<()>) -> Option<bool> {
         if !self.journal.behind() {
-            return self.spend(b, Reason::Resolved);
+            return self.spend(b, Reason::Resolved).await;
         }
         let evicted = self
             .registry
             .commit(&b.principal, &b.tokens, Reason::Resolved);
-        self.journal.tombstones(Tombstones {
-            execution_id: b.execution_id.clone(),
-            principal: b.principal.clone(),
-            tokens: b.tokens.clone(),
-            reason: Reason::Resolved.as_str(),
-            evicted,
-        });
+        self.journal
+            .tombstones(Tombstones {
+                execution_id: b.execution_id.clone(),
+                principal: b.principal.clone(),
+                tokens: b.tokens.clone(),
+                reason: Reason::Resolved.as_str(),
+                evicted,
+            })
+            .await;
         Some(true)
     }
 
     /// Makes a settled batch's tombstones durable.
-    pub fn persist_settled(&self, s: &Settled<Suspended>) {
+    pub fn persist_settled<'a>(
+        &'a self,
+        s: &'a Settled<Suspended>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'a {
+        // Only the parts cross the write's await: a settled batch is not `Sync`.
         let tokens = (s.execution_id.as_str(), s.principal.as_str(), &s.tokens[..]);
-        self.persist(tokens, s.reason, &s.evicted);
+        let (reason, evicted) = (s.reason, &s.evicted[..]);
+        async move {
+            self.persist(tokens, reason, evicted).await;
+        }
     }
 
     /// Records tombstones (`execution id, principal, token digests`) in the store, and deletes
     /// the ones a principal's ring pushed out. Returns how many tokens the store still had
     /// pending, None when it could not be written.
-    fn persist(
+    async fn persist(
         &self,
         (execution_id, principal, tokens): (&str, &str, &[[u8; 32]]),
         reason: Reason,
@@ -259,6 +279,7 @@ impl Suspensions {
     ) -> Option<usize> {
         self.store
             .tokens_settled(execution_id, principal, tokens, reason.as_str(), evicted)
+            .await
             .inspect_err(|e| {
                 // The in-memory tombstones still answer replays; after a restart, recovery
                 // turns the still-pending rows of a held turn and the still-claimed record of
@@ -293,14 +314,14 @@ impl Suspensions {
         })
     }
 
-    /// Writes what the journal queued and stops its writer (blocking).
-    pub fn close(&self) {
-        self.journal.close();
+    /// Writes what the journal queued and stops its writer.
+    pub async fn close(&self) {
+        self.journal.close().await;
     }
 
     #[cfg(test)]
-    pub fn flush(&self) {
-        self.journal.flush();
+    pub async fn flush(&self) {
+        self.journal.flush().await;
     }
 
     #[cfg(test)]

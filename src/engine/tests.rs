@@ -203,7 +203,7 @@ struct Fixture {
     dir: tempfile::TempDir,
 }
 
-fn fixture_with(config: &str) -> Fixture {
+async fn fixture_with(config: &str) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let text = config
         .replace("KEY_A", &crate::auth::hash_key("sk-a"))
@@ -212,12 +212,12 @@ fn fixture_with(config: &str) -> Fixture {
     let spy = Arc::new(Spy::default());
     let mut backends: BTreeMap<String, Arc<dyn Backend>> = BTreeMap::new();
     backends.insert("fake".into(), Arc::new(Scripted { spy: spy.clone() }));
-    let engine = Engine::with_backends(cfg, None, backends).unwrap();
+    let engine = Engine::with_backends(cfg, None, backends).await.unwrap();
     Fixture { engine, spy, dir }
 }
 
-fn fixture() -> Fixture {
-    fixture_with(CONFIG)
+async fn fixture() -> Fixture {
+    fixture_with(CONFIG).await
 }
 
 fn who(id: &str) -> Principal {
@@ -298,19 +298,19 @@ async fn settle_idle(f: &Fixture) {
 
 #[tokio::test]
 async fn plain_turn_ends_completed_and_frees_the_session() {
-    let f = fixture();
+    let f = fixture().await;
     let leg = begin(&f, "hi").await;
     let id = leg.execution_id.clone();
     assert_eq!(finish(leg).await.unwrap().0, "echo: hi");
     settle_idle(&f).await;
-    f.engine.inner.suspensions.flush();
-    let events = f.engine.inner.store.journal_events(&id).unwrap();
+    f.engine.inner.suspensions.flush().await;
+    let events = f.engine.inner.store.journal_events(&id).await.unwrap();
     assert_eq!(events, ["execution_started", "execution_ended"]);
 }
 
 #[tokio::test]
 async fn tokens_are_registered_and_recorded_before_they_are_exposed() {
-    let f = fixture();
+    let f = fixture().await;
     let calls = suspended(&f, "two").await;
     assert_eq!(calls.len(), 2);
     // The leg has ended with the calls: by now both are pending in memory and in the store.
@@ -327,7 +327,7 @@ async fn tokens_are_registered_and_recorded_before_they_are_exposed() {
 
 #[tokio::test]
 async fn a_continuation_answers_the_held_calls_once() {
-    let f = fixture();
+    let f = fixture().await;
     let calls = suspended(&f, "two").await;
     let results = [(calls[1].id.as_str(), "B"), (calls[0].id.as_str(), "A")];
     let next = input(answering("two", &calls, &results));
@@ -341,7 +341,7 @@ async fn a_continuation_answers_the_held_calls_once() {
 
 #[tokio::test]
 async fn validation_order_first_failure_wins() {
-    let f = fixture();
+    let f = fixture().await;
     let calls = suspended(&f, "tool").await;
     let id = calls[0].id.as_str();
     let good = answering("tool", &calls, &[(id, "R")]);
@@ -414,7 +414,7 @@ async fn validation_order_first_failure_wins() {
 
 #[tokio::test]
 async fn concurrent_claims_have_one_winner() {
-    let f = fixture();
+    let f = fixture().await;
     let calls = suspended(&f, "tool").await;
     let next = input(answering("tool", &calls, &[(calls[0].id.as_str(), "R")]));
     let racers = (0..4).map(|_| {
@@ -437,7 +437,7 @@ async fn concurrent_claims_have_one_winner() {
 
 #[tokio::test]
 async fn client_disconnect_and_shutdown_end_everything() {
-    let f = fixture();
+    let f = fixture().await;
     let leg = begin(&f, "hang").await;
     drop(leg);
     settle_idle(&f).await;
@@ -455,7 +455,7 @@ async fn client_disconnect_and_shutdown_end_everything() {
 
 #[tokio::test(start_paused = true)]
 async fn expiry_settles_in_paused_time() {
-    let f = fixture();
+    let f = fixture().await;
     let calls = suspended(&f, "tool").await;
     assert_eq!(f.engine.inner.suspensions.pending_count(), 1);
     tokio::time::sleep(Duration::from_secs(59)).await;
@@ -470,7 +470,7 @@ async fn expiry_settles_in_paused_time() {
 
 #[tokio::test(start_paused = true)]
 async fn a_running_leg_past_its_deadline_ends_expired() {
-    let f = fixture();
+    let f = fixture().await;
     let leg = begin(&f, "hang").await;
     let e = finish(leg).await.err().unwrap();
     assert_eq!(e, EngineError::Deadline);
@@ -479,7 +479,7 @@ async fn a_running_leg_past_its_deadline_ends_expired() {
 
 #[tokio::test]
 async fn the_pending_bound_refuses_without_exposing() {
-    let f = fixture();
+    let f = fixture().await;
     for _ in 0..2 {
         assert_eq!(suspended(&f, "two").await.len(), 2);
     }
@@ -491,8 +491,8 @@ async fn the_pending_bound_refuses_without_exposing() {
     assert_eq!(f.engine.inner.suspensions.pending_count(), 4);
 }
 
-#[test]
-fn check_is_pure_and_ordered() {
+#[tokio::test]
+async fn check_is_pure_and_ordered() {
     use crate::continuation::{Digests, PendingView};
     let t = |b: u8| crate::digest::sha256(&[b]);
     let mut view = PendingView {
@@ -547,7 +547,7 @@ fn check_is_pure_and_ordered() {
 
 #[tokio::test]
 async fn the_activity_view_shows_a_principal_its_own_and_an_approver_all() {
-    let f = fixture();
+    let f = fixture().await;
     let calls = suspended(&f, "two").await;
     let mine = f.engine.suspended_for(&who("alice"));
     assert_eq!(mine.len(), 1);

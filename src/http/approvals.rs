@@ -59,13 +59,17 @@ pub async fn list(
             .with_param("reason")
         })?),
     };
-    let records = gw.approvals().list(state, reason, &who).map_err(|e| {
-        tracing::error!(error = %e, "approvals list failed");
-        ApiError::new(
-            ErrorCode::StoreUnavailable,
-            "The approvals store is unavailable.",
-        )
-    })?;
+    let records = gw
+        .approvals()
+        .list(state, reason, &who)
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "approvals list failed");
+            ApiError::new(
+                ErrorCode::StoreUnavailable,
+                "The approvals store is unavailable.",
+            )
+        })?;
     let data: Vec<_> = records.iter().map(to_json).collect();
     Ok(Json(json!({"object": "list", "data": data})).into_response())
 }
@@ -75,7 +79,7 @@ pub async fn show(
     Caller { principal: who, .. }: Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let record = gw.approvals().get(&id, &who).ok_or_else(not_found)?;
+    let record = gw.approvals().get(&id, &who).await.ok_or_else(not_found)?;
     Ok(Json(to_json(&record)).into_response())
 }
 
@@ -108,7 +112,7 @@ pub async fn decide(
     body: Body,
 ) -> Result<Response, ApiError> {
     // Visibility next: a foreign caller learns nothing, not even that its body was bad.
-    let record = gw.approvals().get(&id, &who).ok_or_else(not_found)?;
+    let record = gw.approvals().get(&id, &who).await.ok_or_else(not_found)?;
     let timeout = gw.config().server.body_read_timeout;
     let bytes = read_body(body, LIMIT, timeout).await?;
     let body: DecisionBody = serde_json::from_slice(&bytes).map_err(|e| {
@@ -127,7 +131,7 @@ pub async fn decide(
     }
     // The backend request waits on another replica: the decision is taken there. An owner
     // that is gone has had its approvals orphaned, which the decision below then reports.
-    if let (ApprovalRoute::Owner(owner), None) = (gw.approval_route(&record), hop) {
+    if let (ApprovalRoute::Owner(owner), None) = (gw.approval_route(&record).await, hop) {
         let replay = Replay {
             uri: &uri,
             headers: &headers,
@@ -145,6 +149,7 @@ pub async fn decide(
     match gw
         .approvals()
         .decide(&id, body.decision == DecisionValue::Approve, reason, &who)
+        .await
     {
         Ok(record) => Ok(Json(to_json(&record)).into_response()),
         Err(DecideError::NotFound) => Err(not_found()),

@@ -240,7 +240,7 @@ async fn healthz() -> Response {
 /// `GET /readyz`: 200 when the store takes writes, the replica's lease is renewed (with
 /// `[cluster]`) and every backend can take a turn; else 503. Each check is listed.
 async fn readyz(State(gw): State<Engine>) -> Response {
-    let store = gw.store_ready();
+    let store = gw.store_ready().await;
     let lease = gw.lease_ready();
     let backends = gw.backends_ready();
     let ok = |b: bool| if b { "ok" } else { "failing" };

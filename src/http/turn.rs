@@ -93,8 +93,8 @@ pub(super) struct Planner<'a> {
 }
 
 impl Host for Planner<'_> {
-    fn compacted(&self, handle: &str) -> Result<Option<String>, ApiError> {
-        Ok(self.gw.compacted(self.principal, handle)?)
+    fn compacted<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<Option<String>, ApiError>> {
+        Box::pin(async move { Ok(self.gw.compacted(self.principal, handle).await?) })
     }
 
     fn compact(&self, input: TurnInput) -> BoxFuture<'_, Result<(String, Usage), ApiError>> {

@@ -74,7 +74,7 @@ pub async fn usage(
     let foreign = !who.approver && q.principal.as_ref().is_some_and(|p| *p != who.id);
     let rows = match foreign {
         true => Vec::new(),
-        false => gw.usage(&who, q).map_err(|e| {
+        false => gw.usage(&who, q).await.map_err(|e| {
             tracing::error!(error = %e, "usage read failed");
             ApiError::new(
                 ErrorCode::StoreUnavailable,

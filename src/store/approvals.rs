@@ -55,7 +55,7 @@ fn record(r: &Row) -> Result<ApprovalRecord, StoreError> {
 
 impl Store {
     /// Records a new approval (its owner is [`Store::owner`]).
-    pub fn approval_insert(&self, a: &ApprovalRecord) -> Result<(), StoreError> {
+    pub async fn approval_insert(&self, a: &ApprovalRecord) -> Result<(), StoreError> {
         let summary = a.summary.to_string();
         let detail = format!(
             "approval={} kind={} action={}",
@@ -63,7 +63,7 @@ impl Store {
             a.kind,
             a.action_digest.get(..8).unwrap_or_default()
         );
-        self.db.tx(|t| {
+        self.db.tx(async |t| {
             t.exec(
                 &format!("INSERT INTO approvals ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"),
                 vals![
@@ -72,18 +72,18 @@ impl Store {
                     a.expires_at, a.decided_at, a.decided_by.as_ref(), &a.owner,
                     a.decision_reason.as_ref()
                 ],
-            )?;
+            ).await?;
             t.exec(
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'approval_created', ?3)",
                 vals![a.created_at, &a.execution_id, &detail],
-            )?;
-            feed::notify(t, &a.id, &self.owner)
-        })
+            ).await?;
+            feed::notify(t, &a.id, &self.owner).await
+        }).await
     }
 
     /// Settles pending approvals in one transaction; returns the ids that were still pending.
     /// A human's decision names who decided and the reason they gave.
-    pub fn approvals_settle(
+    pub async fn approvals_settle(
         &self,
         ids: &[String],
         state: &str,
@@ -93,43 +93,47 @@ impl Store {
         let (decided_by, decision_reason) = decided_by.unzip();
         let decision_reason = decision_reason.flatten();
         let now = now_unix();
-        self.db.tx(|t| {
+        self.db.tx(async |t| {
             let mut settled = Vec::new();
             for id in ids {
                 let n = t.exec(
                     "UPDATE approvals SET state = ?2, reason = ?3, decided_at = ?4, decided_by = ?5,
                      decision_reason = ?6 WHERE id = ?1 AND state = 'pending'",
                     vals![id, state, reason, now, decided_by, decision_reason],
-                )?;
+                ).await?;
                 if n == 1 {
                     let detail = format!("approval={id} state={state} reason={reason}");
                     t.exec(
                         "INSERT INTO journal (at, execution_id, event, detail)
                          SELECT ?1, execution_id, 'approval_settled', ?2 FROM approvals WHERE id = ?3",
                         vals![now, &detail, id],
-                    )?;
-                    feed::notify(t, id, &self.owner)?;
+                    ).await?;
+                    feed::notify(t, id, &self.owner).await?;
                     settled.push(id.clone());
                 }
             }
             Ok(settled)
-        })
+        }).await
     }
 
-    pub fn approval_get(&self, id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
-        let rows = self.db.read(|t| {
-            t.rows(
-                &format!("SELECT {COLUMNS} FROM approvals WHERE id = ?1"),
-                vals![id],
-            )
-        })?;
+    pub async fn approval_get(&self, id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
+        let rows = self
+            .db
+            .read(async |t| {
+                t.rows(
+                    &format!("SELECT {COLUMNS} FROM approvals WHERE id = ?1"),
+                    vals![id],
+                )
+                .await
+            })
+            .await?;
         rows.first().map(record).transpose()
     }
 
     /// The newest 1000 approvals of `principal` (None: everyone's, for an approver),
     /// optionally of one state and one settle reason. The principal filters in SQL, before the
     /// limit, so another principal's approvals never push one's own out of its list.
-    pub fn approvals_list(
+    pub async fn approvals_list(
         &self,
         principal: Option<&str>,
         state: Option<&str>,
@@ -153,22 +157,25 @@ impl Store {
             false => format!("WHERE {}", clauses.join(" AND ")),
         };
         let sql = format!("SELECT {COLUMNS} FROM approvals {filter} ORDER BY seq DESC LIMIT 1000");
-        let rows = self.db.read(|t| t.rows(&sql, &params))?;
+        let rows = self.db.read(async |t| t.rows(&sql, &params).await).await?;
         rows.iter().map(record).collect()
     }
 
     /// At startup: every approval this replica still has pending belongs to a turn that is
     /// gone.
-    pub fn approvals_orphan(&self) -> Result<usize, StoreError> {
+    pub async fn approvals_orphan(&self) -> Result<usize, StoreError> {
         let now = now_unix();
         let owner = self.owner.as_str();
-        let n = self.db.tx(|t| {
-            t.exec(
+        let n =
+            self.db
+                .tx(async |t| {
+                    t.exec(
                 "UPDATE approvals SET state = 'denied', reason = 'orphaned', decided_at = ?1
                  WHERE state = 'pending' AND owner = ?2",
                 vals![now, owner],
-            )
-        })?;
+            ).await
+                })
+                .await?;
         Ok(n as usize)
     }
 }

@@ -17,13 +17,15 @@ pub struct CompactionRecord<'a> {
 
 impl Store {
     /// Stores a summary, and drops the expired ones in the same transaction.
-    pub fn compaction_insert(&self, c: &CompactionRecord<'_>) -> Result<(), StoreError> {
-        self.db.tx(|t| {
-            t.exec(
-                "DELETE FROM compactions WHERE expires_at <= ?1",
-                vals![c.created_at],
-            )?;
-            t.exec(
+    pub async fn compaction_insert(&self, c: &CompactionRecord<'_>) -> Result<(), StoreError> {
+        self.db
+            .tx(async |t| {
+                t.exec(
+                    "DELETE FROM compactions WHERE expires_at <= ?1",
+                    vals![c.created_at],
+                )
+                .await?;
+                t.exec(
                 "INSERT INTO compactions (digest, principal, model, sealed, created_at, expires_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 vals![
@@ -34,26 +36,31 @@ impl Store {
                     c.created_at,
                     c.expires_at
                 ],
-            )?;
-            Ok(())
-        })
+            ).await?;
+                Ok(())
+            })
+            .await
     }
 
     /// The sealed summary behind a handle's digest, if it is this principal's and has not
     /// expired at `now`.
-    pub fn compaction_get(
+    pub async fn compaction_get(
         &self,
         digest: &[u8; 32],
         principal: &str,
         now: u64,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        self.db.read(|t| {
-            let rows = t.rows(
-                "SELECT sealed FROM compactions
+        self.db
+            .read(async |t| {
+                let rows = t
+                    .rows(
+                        "SELECT sealed FROM compactions
                  WHERE digest = ?1 AND principal = ?2 AND expires_at > ?3",
-                vals![digest, principal, now],
-            )?;
-            rows.first().map(|r| r.b(0)).transpose()
-        })
+                        vals![digest, principal, now],
+                    )
+                    .await?;
+                rows.first().map(|r| r.b(0)).transpose()
+            })
+            .await
     }
 }

@@ -4,18 +4,19 @@
 //! reads neutral rows, runs every closure in one transaction and rewrites `?N` as `$N` for
 //! PostgreSQL.
 //!
-//! Each engine has one connection under a lock that is never held across an `.await`. The
-//! PostgreSQL client is synchronous; inside the multi-threaded runtime its calls run in
-//! `block_in_place`, so a worker that waits on the network hands its other tasks off. A broken
-//! connection is dropped and opened again on the next call, so a database that comes back is
-//! used again without a restart.
+//! SQLite is one connection behind an async lock: its statements are local and short, run on
+//! the task that holds the lock, and never wait on anything else, so one writer at a time is
+//! its whole discipline. PostgreSQL is an async client (`tokio-postgres`) over a pool
+//! (`deadpool-postgres`: the maintained pool for it, small, with a statement cache per
+//! connection; `sqlx` would bring its own driver, macros and a second set of types for what
+//! `tokio-postgres` already does here). A call waits for a connection, never for another
+//! call's round trips; a connection that broke is found closed at checkout and replaced, so a
+//! database that comes back is used again without a restart.
 
-use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::time::Duration;
 
-use postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use rusqlite::types::{ToSqlOutput, ValueRef};
+use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 
 use super::StoreError;
 
@@ -165,15 +166,11 @@ impl Row {
     }
 }
 
-/// One transaction on either engine.
-pub(super) trait Tx {
-    /// Runs one statement; the number of rows it changed.
-    fn exec(&mut self, sql: &str, p: &[Val<'_>]) -> Result<u64, StoreError>;
-    /// Runs one query (or a statement with `RETURNING`).
-    fn rows(&mut self, sql: &str, p: &[Val<'_>]) -> Result<Vec<Row>, StoreError>;
-    /// Runs statements without parameters (migrations).
-    fn batch(&mut self, sql: &str) -> Result<(), StoreError>;
-    fn engine(&self) -> Engine;
+/// One transaction (or, for reads on PostgreSQL, a connection) on either engine.
+pub(super) enum Tx<'a> {
+    Sqlite(&'a mut rusqlite::Connection),
+    Pg(&'a deadpool_postgres::Client),
+    PgTransaction(&'a deadpool_postgres::Transaction<'a>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,41 +179,79 @@ pub(super) enum Engine {
     Postgres,
 }
 
-impl Tx for rusqlite::Transaction<'_> {
-    fn exec(&mut self, sql: &str, p: &[Val<'_>]) -> Result<u64, StoreError> {
-        Ok(self
-            .prepare_cached(sql)?
-            .execute(rusqlite::params_from_iter(p))? as u64)
-    }
-
-    fn rows(&mut self, sql: &str, p: &[Val<'_>]) -> Result<Vec<Row>, StoreError> {
-        let mut stmt = self.prepare_cached(sql)?;
-        let n = stmt.column_count();
-        let mut rows = stmt.query(rusqlite::params_from_iter(p))?;
-        let mut out = Vec::new();
-        while let Some(r) = rows.next()? {
-            let mut cells = Vec::with_capacity(n);
-            for i in 0..n {
-                cells.push(match r.get_ref(i)? {
-                    ValueRef::Integer(v) => Cell::I(v),
-                    ValueRef::Text(v) => Cell::T(String::from_utf8_lossy(v).into_owned()),
-                    ValueRef::Blob(v) => Cell::B(v.to_vec()),
-                    ValueRef::Null => Cell::Null,
-                    ValueRef::Real(v) => Cell::I(v as i64),
-                });
-            }
-            out.push(Row(cells));
+impl Tx<'_> {
+    pub fn engine(&self) -> Engine {
+        match self {
+            Tx::Sqlite(_) => Engine::Sqlite,
+            Tx::Pg(_) | Tx::PgTransaction(_) => Engine::Postgres,
         }
-        Ok(out)
     }
 
-    fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
-        Ok(self.execute_batch(sql)?)
+    /// Runs one statement; the number of rows it changed.
+    pub async fn exec(&mut self, sql: &str, p: &[Val<'_>]) -> Result<u64, StoreError> {
+        match self {
+            Tx::Sqlite(c) => sqlite_exec(c, sql, p),
+            Tx::Pg(c) => {
+                let s = c.prepare_cached(&dollar(sql)).await?;
+                Ok(c.execute(&s, &params(p)).await?)
+            }
+            Tx::PgTransaction(c) => {
+                let s = c.prepare_cached(&dollar(sql)).await?;
+                Ok(c.execute(&s, &params(p)).await?)
+            }
+        }
     }
 
-    fn engine(&self) -> Engine {
-        Engine::Sqlite
+    /// Runs one query (or a statement with `RETURNING`).
+    pub async fn rows(&mut self, sql: &str, p: &[Val<'_>]) -> Result<Vec<Row>, StoreError> {
+        let rows = match self {
+            Tx::Sqlite(c) => return sqlite_rows(c, sql, p),
+            Tx::Pg(c) => {
+                let s = c.prepare_cached(&dollar(sql)).await?;
+                c.query(&s, &params(p)).await?
+            }
+            Tx::PgTransaction(c) => {
+                let s = c.prepare_cached(&dollar(sql)).await?;
+                c.query(&s, &params(p)).await?
+            }
+        };
+        rows.iter().map(pg_row).collect()
     }
+
+    /// Runs statements without parameters (migrations).
+    pub async fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
+        match self {
+            Tx::Sqlite(c) => Ok(c.execute_batch(sql)?),
+            Tx::Pg(c) => Ok(c.batch_execute(sql).await?),
+            Tx::PgTransaction(c) => Ok(c.batch_execute(sql).await?),
+        }
+    }
+}
+
+fn sqlite_exec(c: &rusqlite::Connection, sql: &str, p: &[Val<'_>]) -> Result<u64, StoreError> {
+    Ok(c.prepare_cached(sql)?
+        .execute(rusqlite::params_from_iter(p))? as u64)
+}
+
+fn sqlite_rows(c: &rusqlite::Connection, sql: &str, p: &[Val<'_>]) -> Result<Vec<Row>, StoreError> {
+    let mut stmt = c.prepare_cached(sql)?;
+    let n = stmt.column_count();
+    let mut rows = stmt.query(rusqlite::params_from_iter(p))?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        let mut cells = Vec::with_capacity(n);
+        for i in 0..n {
+            cells.push(match r.get_ref(i)? {
+                ValueRef::Integer(v) => Cell::I(v),
+                ValueRef::Text(v) => Cell::T(String::from_utf8_lossy(v).into_owned()),
+                ValueRef::Blob(v) => Cell::B(v.to_vec()),
+                ValueRef::Null => Cell::Null,
+                ValueRef::Real(v) => Cell::I(v as i64),
+            });
+        }
+        out.push(Row(cells));
+    }
+    Ok(out)
 }
 
 /// `?N` -> `$N` (the statements never hold a `?` elsewhere).
@@ -224,70 +259,32 @@ fn dollar(sql: &str) -> String {
     sql.replace('?', "$")
 }
 
-/// Statements on a PostgreSQL connection: inside a transaction, or (reads) on their own.
-struct PgTx<'a, C> {
-    tx: &'a mut C,
-    statements: &'a mut HashMap<String, postgres::Statement>,
+fn params<'v>(p: &'v [Val<'v>]) -> Vec<&'v (dyn ToSql + Sync)> {
+    p.iter().map(|v| v as &(dyn ToSql + Sync)).collect()
 }
 
-impl<C: postgres::GenericClient> PgTx<'_, C> {
-    fn statement(&mut self, sql: &str) -> Result<postgres::Statement, StoreError> {
-        if let Some(s) = self.statements.get(sql) {
-            return Ok(s.clone());
-        }
-        let s = self.tx.prepare(&dollar(sql))?;
-        self.statements.insert(sql.to_string(), s.clone());
-        Ok(s)
+fn pg_row(r: &tokio_postgres::Row) -> Result<Row, StoreError> {
+    let mut cells = Vec::with_capacity(r.len());
+    for (i, col) in r.columns().iter().enumerate() {
+        let ty = col.type_();
+        cells.push(if *ty == Type::INT8 {
+            r.try_get::<_, Option<i64>>(i)?.map_or(Cell::Null, Cell::I)
+        } else if *ty == Type::INT4 {
+            r.try_get::<_, Option<i32>>(i)?
+                .map_or(Cell::Null, |v| Cell::I(v.into()))
+        } else if *ty == Type::BYTEA {
+            r.try_get::<_, Option<Vec<u8>>>(i)?
+                .map_or(Cell::Null, Cell::B)
+        } else {
+            r.try_get::<_, Option<String>>(i)?
+                .map_or(Cell::Null, Cell::T)
+        });
     }
-
-    fn params<'v>(p: &'v [Val<'v>]) -> Vec<&'v (dyn ToSql + Sync)> {
-        p.iter().map(|v| v as &(dyn ToSql + Sync)).collect()
-    }
+    Ok(Row(cells))
 }
 
-impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
-    fn exec(&mut self, sql: &str, p: &[Val<'_>]) -> Result<u64, StoreError> {
-        let s = self.statement(sql)?;
-        Ok(self.tx.execute(&s, &Self::params(p))?)
-    }
-
-    fn rows(&mut self, sql: &str, p: &[Val<'_>]) -> Result<Vec<Row>, StoreError> {
-        let s = self.statement(sql)?;
-        let rows = self.tx.query(&s, &Self::params(p))?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            let mut cells = Vec::with_capacity(r.len());
-            for (i, col) in r.columns().iter().enumerate() {
-                let ty = col.type_();
-                cells.push(if *ty == Type::INT8 {
-                    r.try_get::<_, Option<i64>>(i)?.map_or(Cell::Null, Cell::I)
-                } else if *ty == Type::INT4 {
-                    r.try_get::<_, Option<i32>>(i)?
-                        .map_or(Cell::Null, |v| Cell::I(v.into()))
-                } else if *ty == Type::BYTEA {
-                    r.try_get::<_, Option<Vec<u8>>>(i)?
-                        .map_or(Cell::Null, Cell::B)
-                } else {
-                    r.try_get::<_, Option<String>>(i)?
-                        .map_or(Cell::Null, Cell::T)
-                });
-            }
-            out.push(Row(cells));
-        }
-        Ok(out)
-    }
-
-    fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
-        Ok(self.tx.batch_execute(sql)?)
-    }
-
-    fn engine(&self) -> Engine {
-        Engine::Postgres
-    }
-}
-
-impl From<postgres::Error> for StoreError {
-    fn from(e: postgres::Error) -> Self {
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
         // The cause chain (`db error: ERROR: ...`, `connection refused`) without parameters.
         let mut s = e.to_string();
         let mut src = std::error::Error::source(&e);
@@ -300,77 +297,50 @@ impl From<postgres::Error> for StoreError {
     }
 }
 
-/// A PostgreSQL connection, opened on first use and again after it broke.
-pub(super) struct Pg {
-    config: postgres::Config,
-    client: Option<postgres::Client>,
-    statements: HashMap<String, postgres::Statement>,
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => e.into(),
+            e => StoreError::Database(format!("pool: {e}")),
+        }
+    }
 }
 
-/// How long connecting, and any one statement, may take before the store reads as down.
+/// How long connecting, waiting for a pooled connection, and any one statement may take
+/// before the store reads as down.
 const PG_TIMEOUT: Duration = Duration::from_secs(5);
 
-impl Pg {
-    /// The connection, opened (again) if there is none or it broke; with the statement
-    /// cache that belongs to it.
-    fn client(
-        &mut self,
-    ) -> Result<
-        (
-            &mut postgres::Client,
-            &mut HashMap<String, postgres::Statement>,
-        ),
-        StoreError,
-    > {
-        if self.client.as_ref().is_some_and(|c| c.is_closed()) {
-            self.client = None;
-        }
-        if self.client.is_none() {
-            self.statements.clear();
-            self.client = Some(self.config.connect(postgres::NoTls)?);
-        }
-        let client = self.client.as_mut().expect("connected above");
-        Ok((client, &mut self.statements))
-    }
-}
-
-impl Drop for Pg {
-    /// Closing the connection is a round trip too: off the async workers like the rest.
-    fn drop(&mut self) {
-        if let Some(client) = self.client.take() {
-            blocking(move || drop(client));
-        }
-    }
-}
-
 pub(super) enum Db {
-    Sqlite(Mutex<rusqlite::Connection>),
-    Postgres(Box<Mutex<Pg>>),
+    Sqlite(tokio::sync::Mutex<rusqlite::Connection>),
+    Postgres {
+        pool: deadpool_postgres::Pool,
+        /// For the approvals feed's connection of its own.
+        config: tokio_postgres::Config,
+    },
 }
 
-/// Runs blocking database work from wherever the caller is: off the async workers'
-/// schedule inside the multi-threaded runtime, on a scoped thread inside a single-threaded
-/// one (where `block_in_place` is not allowed), directly outside any runtime.
-pub(super) fn blocking<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        Ok(_) => std::thread::scope(|s| s.spawn(f).join().expect("store thread panicked")),
-        Err(_) => f(),
-    }
+/// The pool size when `[store] pool_size` is unset: enough for every worker thread to have
+/// a few calls in flight.
+pub fn default_pool_size() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| (4 * n.get()).max(4))
 }
 
 impl Db {
     pub fn sqlite(conn: rusqlite::Connection) -> Db {
-        Db::Sqlite(Mutex::new(conn))
+        Db::Sqlite(tokio::sync::Mutex::new(conn))
     }
 
     /// A PostgreSQL database by URL (`postgres://user@host:port/db`), with the password
-    /// given apart from the URL. Connects at once, so a wrong URL fails the start.
-    pub fn postgres(url: &str, password: Option<&str>) -> Result<Db, StoreError> {
-        let mut config: postgres::Config = url
+    /// given apart from the URL, and a pool of `pool_size` connections. Connects at once, so
+    /// a wrong URL fails the start.
+    pub async fn postgres(
+        url: &str,
+        password: Option<&str>,
+        pool_size: usize,
+    ) -> Result<Db, StoreError> {
+        let mut config: tokio_postgres::Config = url
             .parse()
-            .map_err(|e: postgres::Error| StoreError::Setup(format!("store.url: {e}")))?;
+            .map_err(|e: tokio_postgres::Error| StoreError::Setup(format!("store.url: {e}")))?;
         if let Some(p) = password {
             config.password(p);
         }
@@ -378,25 +348,37 @@ impl Db {
             .connect_timeout(PG_TIMEOUT)
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(10))
-            .options(&format!(
+            .options(format!(
                 "-c statement_timeout={} -c lock_timeout={}",
                 PG_TIMEOUT.as_millis(),
                 PG_TIMEOUT.as_millis()
             ))
             .application_name("turnstile");
-        let mut pg = Pg {
-            config,
-            client: None,
-            statements: HashMap::new(),
-        };
-        blocking(|| pg.client().map(|_| ()))?;
-        Ok(Db::Postgres(Box::new(Mutex::new(pg))))
+        let manager = deadpool_postgres::Manager::from_config(
+            config.clone(),
+            tokio_postgres::NoTls,
+            deadpool_postgres::ManagerConfig {
+                // A closed connection is replaced at checkout; an open one is trusted
+                // (a probe per checkout would double every lookup's round trips).
+                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+            },
+        );
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(pool_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(PG_TIMEOUT))
+            .create_timeout(Some(PG_TIMEOUT))
+            .recycle_timeout(Some(PG_TIMEOUT))
+            .build()
+            .map_err(|e| StoreError::Setup(format!("store pool: {e}")))?;
+        drop(pool.get().await?);
+        Ok(Db::Postgres { pool, config })
     }
 
     /// A connection of its own for LISTEN, on PostgreSQL.
     pub fn listener(&self) -> Option<super::feed::ApprovalFeed> {
         match self {
-            Db::Postgres(pg) => Some(super::feed::ApprovalFeed::new(pg.lock().config.clone())),
+            Db::Postgres { config, .. } => Some(super::feed::ApprovalFeed::new(config.clone())),
             Db::Sqlite(_) => None,
         }
     }
@@ -404,63 +386,63 @@ impl Db {
     pub fn engine(&self) -> Engine {
         match self {
             Db::Sqlite(_) => Engine::Sqlite,
-            Db::Postgres(_) => Engine::Postgres,
+            Db::Postgres { .. } => Engine::Postgres,
         }
     }
 
-    /// Runs `f` in one transaction, committed when it returns `Ok`.
-    pub fn tx<T: Send>(
+    /// Runs `f` in one transaction, committed when it returns `Ok`, rolled back otherwise
+    /// (and when the call is dropped half way).
+    pub async fn tx<T>(
         &self,
-        f: impl FnOnce(&mut dyn Tx) -> Result<T, StoreError> + Send,
+        f: impl AsyncFnOnce(&mut Tx<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        self.run(true, f)
+        match self {
+            Db::Sqlite(conn) => sqlite_tx(conn, f).await,
+            Db::Postgres { pool, .. } => {
+                let mut client = pool.get().await?;
+                let tx = client.transaction().await?;
+                let v = f(&mut Tx::PgTransaction(&tx)).await?;
+                tx.commit().await?;
+                Ok(v)
+            }
+        }
     }
 
     /// Runs reads in `f`: on PostgreSQL each statement on its own (no `BEGIN`/`COMMIT`
     /// round trips), so a lookup of one record costs one round trip per statement.
-    pub fn read<T: Send>(
+    pub async fn read<T>(
         &self,
-        f: impl FnOnce(&mut dyn Tx) -> Result<T, StoreError> + Send,
-    ) -> Result<T, StoreError> {
-        self.run(false, f)
-    }
-
-    fn run<T: Send>(
-        &self,
-        transaction: bool,
-        f: impl FnOnce(&mut dyn Tx) -> Result<T, StoreError> + Send,
+        f: impl AsyncFnOnce(&mut Tx<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         match self {
-            Db::Sqlite(conn) => {
-                let mut conn = conn.lock();
-                let mut tx = conn.transaction()?;
-                let out = f(&mut tx)?;
-                tx.commit()?;
-                Ok(out)
+            Db::Sqlite(conn) => sqlite_tx(conn, f).await,
+            Db::Postgres { pool, .. } => {
+                let client = pool.get().await?;
+                f(&mut Tx::Pg(&client)).await
             }
-            Db::Postgres(pg) => blocking(|| {
-                let mut pg = pg.lock();
-                let out = (|| {
-                    let (client, statements) = pg.client()?;
-                    if !transaction {
-                        return f(&mut PgTx {
-                            tx: client,
-                            statements,
-                        });
-                    }
-                    let mut tx = client.transaction()?;
-                    let v = f(&mut PgTx {
-                        tx: &mut tx,
-                        statements,
-                    })?;
-                    tx.commit()?;
-                    Ok(v)
-                })();
-                if out.is_err() && pg.client.as_ref().is_some_and(|c| c.is_closed()) {
-                    pg.client = None;
-                }
-                out
-            }),
+        }
+    }
+}
+
+async fn sqlite_tx<T>(
+    conn: &tokio::sync::Mutex<rusqlite::Connection>,
+    f: impl AsyncFnOnce(&mut Tx<'_>) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let mut conn = conn.lock().await;
+    // A call dropped half way (its statements never wait, so only a panic does it) left its
+    // transaction open: it never committed, so it is rolled back here.
+    if !conn.is_autocommit() {
+        conn.execute_batch("ROLLBACK")?;
+    }
+    conn.execute_batch("BEGIN")?;
+    match f(&mut Tx::Sqlite(&mut conn)).await {
+        Ok(v) => {
+            conn.execute_batch("COMMIT")?;
+            Ok(v)
+        }
+        Err(e) => {
+            conn.execute_batch("ROLLBACK")?;
+            Err(e)
         }
     }
 }

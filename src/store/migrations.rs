@@ -153,18 +153,19 @@ fn ddl(engine: Engine, sql: &str) -> String {
 }
 
 /// Applies every migration not yet applied. Returns the versions it applied.
-pub(super) fn migrate(t: &mut dyn Tx) -> Result<Vec<i64>, StoreError> {
+pub(super) async fn migrate(t: &mut Tx<'_>) -> Result<Vec<i64>, StoreError> {
     let engine = t.engine();
     if engine == Engine::Postgres {
         // Replicas starting at once: one migrates, the others then find it done.
-        t.exec("SELECT pg_advisory_xact_lock(7406151)", &[])?;
+        t.exec("SELECT pg_advisory_xact_lock(7406151)", &[]).await?;
     }
     t.batch(&ddl(
         engine,
         "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
-    ))?;
+    )).await?;
     let applied: Vec<i64> = t
-        .rows("SELECT version FROM schema_migrations", &[])?
+        .rows("SELECT version FROM schema_migrations", &[])
+        .await?
         .iter()
         .map(|r| r.i(0))
         .collect::<Result<_, _>>()?;
@@ -179,14 +180,15 @@ pub(super) fn migrate(t: &mut dyn Tx) -> Result<Vec<i64>, StoreError> {
         if applied.contains(version) {
             continue;
         }
-        t.batch(&ddl(engine, sql))?;
+        t.batch(&ddl(engine, sql)).await?;
         if *version == 1 {
-            v1_surface(t)?;
+            v1_surface(t).await?;
         }
         t.exec(
             "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
             super::db::vals![*version, super::now_unix()],
-        )?;
+        )
+        .await?;
         done.push(*version);
     }
     Ok(done)
@@ -194,18 +196,20 @@ pub(super) fn migrate(t: &mut dyn Tx) -> Result<Vec<i64>, StoreError> {
 
 /// `upstream_pending.surface` came after the table, in the single-process store: add it when
 /// a file from before lacks it.
-fn v1_surface(t: &mut dyn Tx) -> Result<(), StoreError> {
+async fn v1_surface(t: &mut Tx<'_>) -> Result<(), StoreError> {
     let has = match t.engine() {
         Engine::Sqlite => !t
             .rows(
                 "SELECT 1 FROM pragma_table_info('upstream_pending') WHERE name = 'surface'",
                 &[],
-            )?
+            )
+            .await?
             .is_empty(),
         Engine::Postgres => false,
     };
     if !has {
-        t.batch("ALTER TABLE upstream_pending ADD COLUMN surface TEXT NOT NULL DEFAULT 'chat'")?;
+        t.batch("ALTER TABLE upstream_pending ADD COLUMN surface TEXT NOT NULL DEFAULT 'chat'")
+            .await?;
     }
     Ok(())
 }

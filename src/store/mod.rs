@@ -33,7 +33,8 @@ use db::{vals, Db};
 pub use approvals::ApprovalRecord;
 pub use cluster::{Lease, RemotePending, ReplicaSettlement};
 pub use compactions::CompactionRecord;
-pub use feed::{ApprovalChange, ApprovalFeed};
+pub use db::default_pool_size;
+pub use feed::{ApprovalChange, ApprovalFeed, Listening};
 pub use suspensions::{StoredSuspension, SuspensionRecord};
 pub use usage::{date_of, day_from_date, day_of, UsageQuery, UsageRow};
 
@@ -71,10 +72,11 @@ impl From<rusqlite::Error> for StoreError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreLocation<'a> {
     Sqlite(&'a Path),
-    /// A PostgreSQL URL without a password, and the password.
+    /// A PostgreSQL URL without a password, the password, and the pool's size.
     Postgres {
         url: &'a str,
         password: Option<&'a str>,
+        pool_size: usize,
     },
 }
 
@@ -132,26 +134,30 @@ pub struct Recovery {
 
 impl Store {
     /// Opens the store where the config says, migrated, for replica `owner`.
-    pub fn connect(at: &StoreLocation<'_>, owner: &str) -> Result<Store, StoreError> {
+    pub async fn connect(at: &StoreLocation<'_>, owner: &str) -> Result<Store, StoreError> {
         let db = match at {
             StoreLocation::Sqlite(path) => sqlite_file(path)?,
-            StoreLocation::Postgres { url, password } => Db::postgres(url, *password)?,
+            StoreLocation::Postgres {
+                url,
+                password,
+                pool_size,
+            } => Db::postgres(url, *password, *pool_size).await?,
         };
-        Store::over(db, owner)
+        Store::over(db, owner).await
     }
 
     /// The SQLite file at `path`, for a single gateway.
-    pub fn open(path: &Path) -> Result<Store, StoreError> {
-        Store::over(sqlite_file(path)?, "")
+    pub async fn open(path: &Path) -> Result<Store, StoreError> {
+        Store::over(sqlite_file(path)?, "").await
     }
 
-    pub fn open_in_memory() -> Result<Store, StoreError> {
+    pub async fn open_in_memory() -> Result<Store, StoreError> {
         let conn = rusqlite::Connection::open_in_memory()?;
-        Store::over(Db::sqlite(conn), "")
+        Store::over(Db::sqlite(conn), "").await
     }
 
-    fn over(db: Db, owner: &str) -> Result<Store, StoreError> {
-        let applied = db.tx(migrations::migrate)?;
+    async fn over(db: Db, owner: &str) -> Result<Store, StoreError> {
+        let applied = db.tx(migrations::migrate).await?;
         if !applied.is_empty() {
             tracing::info!(versions = ?applied, "store migrated");
         }
@@ -178,23 +184,32 @@ impl Store {
     /// `lost` and their pending tokens become `lost` tombstones, so replays answer 410 instead
     /// of starting anew. Unclaimed stateless records stay (they hold nothing in memory); the
     /// ones it had claimed (a forward in flight, or a spend it could not write) are `lost`.
-    pub fn recover(&self) -> Result<Recovery, StoreError> {
+    pub async fn recover(&self) -> Result<Recovery, StoreError> {
         let owner = self.owner.as_str();
         self.db
-            .tx(|t| lose_owner(t, owner, now_unix(), "reason=lost (gateway restart)"))
+            .tx(async |t| lose_owner(t, owner, now_unix(), "reason=lost (gateway restart)").await)
+            .await
     }
 
-    pub fn journal(&self, execution_id: &str, event: &str, detail: &str) -> Result<(), StoreError> {
-        self.db.tx(|t| {
-            t.exec(
-                "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, ?3, ?4)",
-                vals![now_unix(), execution_id, event, detail],
-            )
-            .map(|_| ())
-        })
+    pub async fn journal(
+        &self,
+        execution_id: &str,
+        event: &str,
+        detail: &str,
+    ) -> Result<(), StoreError> {
+        self.db
+            .tx(async |t| {
+                t.exec(
+                    "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, ?3, ?4)",
+                    vals![now_unix(), execution_id, event, detail],
+                )
+                .await
+                .map(|_| ())
+            })
+            .await
     }
 
-    pub fn execution_started(
+    pub async fn execution_started(
         &self,
         execution_id: &str,
         principal: &str,
@@ -202,45 +217,59 @@ impl Store {
     ) -> Result<(), StoreError> {
         let owner = self.owner.as_str();
         self.db
-            .tx(|t| started_rows(t, (execution_id, principal, model), now_unix(), owner))
+            .tx(async |t| {
+                started_rows(t, (execution_id, principal, model), now_unix(), owner).await
+            })
+            .await
     }
 
     /// Lifecycle rows queued behind the request path, in order, in one transaction (the
     /// engine's journal writer).
-    pub fn executions_journaled(&self, rows: &[Lifecycle]) -> Result<(), StoreError> {
+    pub async fn executions_journaled(&self, rows: &[Lifecycle]) -> Result<(), StoreError> {
         let owner = self.owner.as_str();
-        self.db.tx(|t| {
-            for row in rows {
-                match row {
-                    Lifecycle::Started {
-                        execution_id,
-                        principal,
-                        model,
-                        at,
-                    } => started_rows(t, (execution_id, principal, model), *at, owner)?,
-                    Lifecycle::Ended {
-                        execution_id,
-                        reason,
-                        at,
-                    } => ended_rows(t, execution_id, reason, *at)?,
-                }
-            }
-            Ok(())
-        })
-    }
-
-    pub fn execution_ended(&self, execution_id: &str, reason: &str) -> Result<(), StoreError> {
         self.db
-            .tx(|t| ended_rows(t, execution_id, reason, now_unix()))
+            .tx(async |t| {
+                for row in rows {
+                    match row {
+                        Lifecycle::Started {
+                            execution_id,
+                            principal,
+                            model,
+                            at,
+                        } => started_rows(t, (execution_id, principal, model), *at, owner).await?,
+                        Lifecycle::Ended {
+                            execution_id,
+                            reason,
+                            at,
+                        } => ended_rows(t, execution_id, reason, *at).await?,
+                    }
+                }
+                Ok(())
+            })
+            .await
     }
 
-    pub fn tombstones(&self) -> Result<Vec<StoredTombstone>, StoreError> {
-        let rows = self.db.read(|t| {
-            t.rows(
-                "SELECT digest, principal, reason FROM tombstones ORDER BY seq",
-                &[],
-            )
-        })?;
+    pub async fn execution_ended(
+        &self,
+        execution_id: &str,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        self.db
+            .tx(async |t| ended_rows(t, execution_id, reason, now_unix()).await)
+            .await
+    }
+
+    pub async fn tombstones(&self) -> Result<Vec<StoredTombstone>, StoreError> {
+        let rows = self
+            .db
+            .read(async |t| {
+                t.rows(
+                    "SELECT digest, principal, reason FROM tombstones ORDER BY seq",
+                    &[],
+                )
+                .await
+            })
+            .await?;
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
             if let Some(digest) = r.digest(0)? {
@@ -256,13 +285,17 @@ impl Store {
 
     /// The journal's events of an execution, in order (tests).
     #[cfg(test)]
-    pub fn journal_events(&self, execution_id: &str) -> Result<Vec<String>, StoreError> {
-        let rows = self.db.read(|t| {
-            t.rows(
-                "SELECT event FROM journal WHERE execution_id = ?1 ORDER BY seq",
-                vals![execution_id],
-            )
-        })?;
+    pub async fn journal_events(&self, execution_id: &str) -> Result<Vec<String>, StoreError> {
+        let rows = self
+            .db
+            .read(async |t| {
+                t.rows(
+                    "SELECT event FROM journal WHERE execution_id = ?1 ORDER BY seq",
+                    vals![execution_id],
+                )
+                .await
+            })
+            .await?;
         rows.iter().map(|r| r.t(0)).collect()
     }
 
@@ -272,21 +305,25 @@ impl Store {
     }
 
     /// Cheap write probe for readiness: a transaction that writes and is rolled back.
-    pub fn writable(&self) -> bool {
-        let probe = self.db.tx(|t| {
-            t.exec(
-                "UPDATE schema_migrations SET applied_at = applied_at WHERE version = 1",
-                &[],
-            )?;
-            Err::<(), _>(StoreError::RolledBack)
-        });
+    pub async fn writable(&self) -> bool {
+        let probe = self
+            .db
+            .tx(async |t| {
+                t.exec(
+                    "UPDATE schema_migrations SET applied_at = applied_at WHERE version = 1",
+                    &[],
+                )
+                .await?;
+                Err::<(), _>(StoreError::RolledBack)
+            })
+            .await;
         matches!(probe, Err(StoreError::RolledBack))
     }
 }
 
 /// An execution's live row and its `execution_started` journal entry.
-fn started_rows(
-    t: &mut dyn db::Tx,
+async fn started_rows(
+    t: &mut db::Tx<'_>,
     (execution_id, principal, model): (&str, &str, &str),
     at: u64,
     owner: &str,
@@ -296,18 +333,19 @@ fn started_rows(
         "INSERT INTO executions (execution_id, principal, model, state, created_at, owner)
          VALUES (?1, ?2, ?3, 'live', ?4, ?5)",
         vals![execution_id, principal, model, at, owner],
-    )?;
+    )
+    .await?;
     t.exec(
         "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_started', ?3)",
         vals![at, execution_id, &detail],
-    )?;
+    ).await?;
     Ok(())
 }
 
 /// An execution's end and its `execution_ended` journal entry. A row another replica already
 /// ended (settled `lost`) keeps that ending.
-fn ended_rows(
-    t: &mut dyn db::Tx,
+async fn ended_rows(
+    t: &mut db::Tx<'_>,
     execution_id: &str,
     reason: &str,
     at: u64,
@@ -317,62 +355,72 @@ fn ended_rows(
         "UPDATE executions SET state = 'ended', reason = ?2, ended_at = ?3
          WHERE execution_id = ?1 AND state = 'live'",
         vals![execution_id, reason, at],
-    )?;
+    )
+    .await?;
     t.exec(
         "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_ended', ?3)",
         vals![at, execution_id, &detail],
-    )?;
+    ).await?;
     Ok(())
 }
 
 /// Settles what a replica (`owner`) held: its pending tokens and the stateless records it had
 /// claimed become `lost` tombstones, its live executions (but those suspended on a stateless
 /// upstream and unclaimed, which hold nothing in a process) end `lost`, journaled with `why`.
-fn lose_owner(
-    t: &mut dyn db::Tx,
+async fn lose_owner(
+    t: &mut db::Tx<'_>,
     owner: &str,
     now: u64,
     why: &str,
 ) -> Result<Recovery, StoreError> {
-    let tokens = t.exec(
-        "INSERT INTO tombstones (digest, principal, reason, at)
+    let tokens = t
+        .exec(
+            "INSERT INTO tombstones (digest, principal, reason, at)
          SELECT digest, principal, 'lost', ?1 FROM pending_tokens WHERE owner = ?2
          ON CONFLICT (digest) DO NOTHING",
-        vals![now, owner],
-    )?;
-    t.exec("DELETE FROM pending_tokens WHERE owner = ?1", vals![owner])?;
+            vals![now, owner],
+        )
+        .await?;
+    t.exec("DELETE FROM pending_tokens WHERE owner = ?1", vals![owner])
+        .await?;
     // A stateless record this replica had claimed was being forwarded: whether the upstream
     // answered (and the client got that answer) is unknown, so it is spent as `lost`, never
     // put back (exactly once, failing closed). Its execution ends below or, when another
     // replica owns its row, here.
-    let claimed = t.rows(
-        "SELECT DISTINCT execution_id FROM upstream_pending WHERE claimed_by = ?1",
-        vals![owner],
-    )?;
+    let claimed = t
+        .rows(
+            "SELECT DISTINCT execution_id FROM upstream_pending WHERE claimed_by = ?1",
+            vals![owner],
+        )
+        .await?;
     let tokens = tokens
         + t.exec(
             "INSERT INTO tombstones (digest, principal, reason, at)
              SELECT digest, principal, 'lost', ?1 FROM upstream_pending WHERE claimed_by = ?2
              ON CONFLICT (digest) DO NOTHING",
             vals![now, owner],
-        )?;
+        )
+        .await?;
     t.exec(
         "DELETE FROM upstream_pending WHERE claimed_by = ?1",
         vals![owner],
-    )?;
+    )
+    .await?;
     let mut executions = 0;
     for r in &claimed {
         let id: String = r.t(0)?;
-        let ended = t.exec(
-            "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?2
+        let ended = t
+            .exec(
+                "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?2
              WHERE execution_id = ?1 AND state = 'live' AND owner <> ?3",
-            vals![&id, now, owner],
-        )?;
+                vals![&id, now, owner],
+            )
+            .await?;
         if ended > 0 {
             t.exec(
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_ended', ?3)",
                 vals![now, &id, why],
-            )?;
+            ).await?;
             executions += ended;
         }
     }
@@ -382,14 +430,16 @@ fn lose_owner(
          FROM executions WHERE state = 'live' AND owner = ?2
          AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
         vals![now, owner, why],
-    )?;
+    )
+    .await?;
     let executions = executions
         + t.exec(
             "UPDATE executions SET state = 'ended', reason = 'lost', ended_at = ?1
              WHERE state = 'live' AND owner = ?2
              AND execution_id NOT IN (SELECT execution_id FROM upstream_pending)",
             vals![now, owner],
-        )?;
+        )
+        .await?;
     Ok(Recovery {
         executions_lost: executions as usize,
         tokens_lost: tokens as usize,
@@ -420,7 +470,7 @@ mod tests {
     use crate::turn::SurfaceId;
 
     /// Records a held turn's pending tokens.
-    pub(super) fn held(s: &Store, execution_id: &str, principal: &str, tokens: &[[u8; 32]]) {
+    pub(super) async fn held(s: &Store, execution_id: &str, principal: &str, tokens: &[[u8; 32]]) {
         let digests = Digests {
             tools: [0; 32],
             tool_choice: [0; 32],
@@ -439,22 +489,24 @@ mod tests {
             rounds: 1,
             created_at: 0,
         })
+        .await
         .unwrap();
     }
 
-    #[test]
-    fn recovery_turns_live_state_into_lost_tombstones() {
+    #[tokio::test]
+    async fn recovery_turns_live_state_into_lost_tombstones() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
         {
-            let s = Store::open(&path).unwrap();
-            s.execution_started("exe-1", "alice", "demo").unwrap();
-            held(&s, "exe-1", "alice", &[[1; 32], [2; 32]]);
+            let s = Store::open(&path).await.unwrap();
+            s.execution_started("exe-1", "alice", "demo").await.unwrap();
+            held(&s, "exe-1", "alice", &[[1; 32], [2; 32]]).await;
             s.tokens_settled("exe-1", "alice", &[[1; 32]], "resolved", &[])
+                .await
                 .unwrap();
         }
-        let s = Store::open(&path).unwrap();
-        let r = s.recover().unwrap();
+        let s = Store::open(&path).await.unwrap();
+        let r = s.recover().await.unwrap();
         assert_eq!(
             r,
             Recovery {
@@ -462,12 +514,12 @@ mod tests {
                 tokens_lost: 1
             }
         );
-        let t = s.tombstones().unwrap();
+        let t = s.tombstones().await.unwrap();
         assert_eq!(t.len(), 2);
         assert_eq!((t[0].digest, t[0].reason.as_str()), ([1; 32], "resolved"));
         assert_eq!((t[1].digest, t[1].reason.as_str()), ([2; 32], "lost"));
-        assert_eq!(s.recover().unwrap(), Recovery::default());
-        let ev = s.journal_events("exe-1").unwrap();
+        assert_eq!(s.recover().await.unwrap(), Recovery::default());
+        let ev = s.journal_events("exe-1").await.unwrap();
         assert_eq!(
             ev,
             [
@@ -479,19 +531,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn evicted_tombstones_are_deleted() {
-        let s = Store::open_in_memory().unwrap();
+    #[tokio::test]
+    async fn evicted_tombstones_are_deleted() {
+        let s = Store::open_in_memory().await.unwrap();
         for i in 0..5u8 {
-            held(&s, "e", "alice", &[[i; 32]]);
+            held(&s, "e", "alice", &[[i; 32]]).await;
             let evicted: &[[u8; 32]] = if i >= 3 { &[[i - 3; 32]] } else { &[] };
             s.tokens_settled("e", "alice", &[[i; 32]], "resolved", evicted)
+                .await
                 .unwrap();
         }
-        held(&s, "e", "bob", &[[9; 32]]);
+        held(&s, "e", "bob", &[[9; 32]]).await;
         s.tokens_settled("e", "bob", &[[9; 32]], "resolved", &[])
+            .await
             .unwrap();
-        let t = s.tombstones().unwrap();
+        let t = s.tombstones().await.unwrap();
         let alice: Vec<u8> = t
             .iter()
             .filter(|t| t.principal == "alice")

@@ -99,8 +99,8 @@ pub(super) fn durable_rows(rows: &[Row]) -> Result<Vec<StoredSuspension>, StoreE
 
 /// Turns pending rows into tombstones; only the rows still pending (another replica may have
 /// settled them first). Returns the digests this call settled.
-pub(super) fn settle(
-    t: &mut dyn Tx,
+pub(super) async fn settle(
+    t: &mut Tx<'_>,
     principal: &str,
     digests: &[[u8; 32]],
     reason: &str,
@@ -108,15 +108,19 @@ pub(super) fn settle(
 ) -> Result<Vec<[u8; 32]>, StoreError> {
     let mut settled = Vec::with_capacity(digests.len());
     for d in digests {
-        let n = t.exec("DELETE FROM pending_tokens WHERE digest = ?1", vals![d])?
-            + t.exec("DELETE FROM upstream_pending WHERE digest = ?1", vals![d])?;
+        let n = t
+            .exec("DELETE FROM pending_tokens WHERE digest = ?1", vals![d])
+            .await?
+            + t.exec("DELETE FROM upstream_pending WHERE digest = ?1", vals![d])
+                .await?;
         if n > 0 {
             t.exec(
                 "INSERT INTO tombstones (digest, principal, reason, at) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT (digest) DO UPDATE SET principal = excluded.principal,
                  reason = excluded.reason, at = excluded.at",
                 vals![d, principal, reason, now],
-            )?;
+            )
+            .await?;
             settled.push(*d);
         }
     }
@@ -128,7 +132,7 @@ impl Store {
     /// full (it must survive a restart), a held turn's as pending token digests with what
     /// another replica needs to validate a continuation before forwarding it here (a restart
     /// of this replica turns them into `lost` tombstones).
-    pub fn suspension_recorded(&self, r: &SuspensionRecord<'_>) -> Result<(), StoreError> {
+    pub async fn suspension_recorded(&self, r: &SuspensionRecord<'_>) -> Result<(), StoreError> {
         let now = now_unix();
         let blob = pack(r.digests);
         let owner = self.owner.as_str();
@@ -143,7 +147,7 @@ impl Store {
             ),
             Some(_) => format!("count={} upstream=1", r.tokens.len()),
         };
-        self.db.tx(|t| {
+        self.db.tx(async |t| {
             for (i, token) in r.tokens.iter().enumerate() {
                 match r.ids {
                     None => t.exec(
@@ -151,7 +155,7 @@ impl Store {
                          deadline_ms, digests, position) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
                         vals![token, r.principal, r.execution_id, owner, r.model, r.surface.as_str(),
                               r.deadline_ms, &blob[..], i as u64],
-                    )?,
+                    ).await?,
                     Some(ids) => t.exec(
                         "INSERT INTO upstream_pending (digest, execution_id, principal, model, deadline_ms, digests,
                          upstream_id, position, rounds, created_at, surface, owner)
@@ -159,22 +163,22 @@ impl Store {
                         vals![token, r.execution_id, r.principal, r.model, r.deadline_ms, &blob[..],
                               ids.get(i).map(String::as_str).unwrap_or_default(), i as u64, r.rounds,
                               r.created_at, r.surface.as_str(), owner],
-                    )?,
+                    ).await?,
                 };
             }
             t.exec(
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_registered', ?3)",
                 vals![now, r.execution_id, &detail],
-            )?;
+            ).await?;
             Ok(())
-        })
+        }).await
     }
 
     /// Turns pending tokens into tombstones (only those still pending: the write is
     /// conditional, so a settlement by another replica wins once) and deletes the tombstones
     /// the principal's ring evicted (the registry owns the ring; deleting by key keeps this
     /// O(evicted)). Returns how many of `digests` this call settled.
-    pub fn tokens_settled(
+    pub async fn tokens_settled(
         &self,
         execution_id: &str,
         principal: &str,
@@ -183,30 +187,30 @@ impl Store {
         evicted: &[[u8; 32]],
     ) -> Result<usize, StoreError> {
         let now = now_unix();
-        self.db.tx(|t| {
-            let settled = settle(t, principal, digests, reason, now)?;
+        self.db.tx(async |t| {
+            let settled = settle(t, principal, digests, reason, now).await?;
             for d in evicted {
-                t.exec("DELETE FROM tombstones WHERE digest = ?1", vals![d])?;
+                t.exec("DELETE FROM tombstones WHERE digest = ?1", vals![d]).await?;
             }
             let detail = format!("reason={reason} count={}", settled.len());
             t.exec(
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_settled', ?3)",
                 vals![now, execution_id, &detail],
-            )?;
+            ).await?;
             Ok(settled.len())
-        })
+        }).await
     }
 
     /// Every durable (stateless upstream) suspension of this replica still pending, one per
     /// execution.
-    pub fn durable_suspensions(&self) -> Result<Vec<StoredSuspension>, StoreError> {
+    pub async fn durable_suspensions(&self) -> Result<Vec<StoredSuspension>, StoreError> {
         let owner = self.owner.as_str();
-        let rows = self.db.read(|t| {
+        let rows = self.db.read(async |t| {
             t.rows(
                 &format!("SELECT {DURABLE_COLUMNS} FROM upstream_pending WHERE owner = ?1 ORDER BY execution_id, position"),
                 vals![owner],
-            )
-        })?;
+            ).await
+        }).await?;
         durable_rows(&rows)
     }
 }
@@ -215,9 +219,9 @@ impl Store {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_durable_suspension_round_trips() {
-        let s = Store::open_in_memory().unwrap();
+    #[tokio::test]
+    async fn a_durable_suspension_round_trips() {
+        let s = Store::open_in_memory().await.unwrap();
         let digests = Digests {
             tools: [1; 32],
             tool_choice: [2; 32],
@@ -237,24 +241,26 @@ mod tests {
             rounds: 2,
             created_at: 5,
         })
+        .await
         .unwrap();
-        let got = s.durable_suspensions().unwrap();
+        let got = s.durable_suspensions().await.unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].digests, digests);
         assert_eq!(got[0].tokens, [[7; 32], [8; 32]]);
         assert_eq!(got[0].ids, ids);
         assert_eq!((got[0].rounds, got[0].deadline_ms), (2, 99));
         s.tokens_settled("exe-1", "alice", &[[7; 32], [8; 32]], "resolved", &[])
+            .await
             .unwrap();
-        assert!(s.durable_suspensions().unwrap().is_empty());
+        assert!(s.durable_suspensions().await.unwrap().is_empty());
     }
 
     /// Security review finding 4, in the store: a stateless record still claimed when its
     /// process went away has an unknown outcome; recovery spends it `lost` (never pending
     /// again), while an unclaimed one is restored.
-    #[test]
-    fn a_claimed_stateless_record_is_lost_at_recovery_an_unclaimed_one_stays() {
-        let s = Store::open_in_memory().unwrap();
+    #[tokio::test]
+    async fn a_claimed_stateless_record_is_lost_at_recovery_an_unclaimed_one_stays() {
+        let s = Store::open_in_memory().await.unwrap();
         let digests = Digests {
             tools: [1; 32],
             tool_choice: [2; 32],
@@ -263,7 +269,7 @@ mod tests {
         };
         let ids = vec!["call_a".to_string()];
         for (exe, token) in [("exe-claimed", [7; 32]), ("exe-free", [8; 32])] {
-            s.execution_started(exe, "alice", "m").unwrap();
+            s.execution_started(exe, "alice", "m").await.unwrap();
             s.suspension_recorded(&SuspensionRecord {
                 execution_id: exe,
                 principal: "alice",
@@ -276,17 +282,18 @@ mod tests {
                 rounds: 1,
                 created_at: 5,
             })
+            .await
             .unwrap();
         }
-        assert!(s.upstream_claim("exe-claimed", 1).unwrap());
+        assert!(s.upstream_claim("exe-claimed", 1).await.unwrap());
         // Its own earlier claim is this gateway's to take again.
-        assert!(s.upstream_claim("exe-claimed", 1).unwrap());
-        let r = s.recover().unwrap();
+        assert!(s.upstream_claim("exe-claimed", 1).await.unwrap());
+        let r = s.recover().await.unwrap();
         assert_eq!((r.tokens_lost, r.executions_lost), (1, 1));
-        let left = s.durable_suspensions().unwrap();
+        let left = s.durable_suspensions().await.unwrap();
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].execution_id, "exe-free");
-        let t = s.tombstones().unwrap();
+        let t = s.tombstones().await.unwrap();
         assert_eq!(t.len(), 1);
         assert_eq!((t[0].digest, t[0].reason.as_str()), ([7; 32], "lost"));
     }

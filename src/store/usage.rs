@@ -26,7 +26,7 @@ pub struct UsageQuery {
     pub to_day: Option<u32>,
 }
 
-fn add(t: &mut dyn Tx, r: &UsageRow) -> Result<u64, StoreError> {
+async fn add(t: &mut Tx<'_>, r: &UsageRow) -> Result<u64, StoreError> {
     let u = &r.usage;
     t.exec(
         "INSERT INTO usage_daily (day, principal, model, input_tokens, cached_input_tokens,
@@ -51,24 +51,27 @@ fn add(t: &mut dyn Tx, r: &UsageRow) -> Result<u64, StoreError> {
             u.cache_write_tokens
         ],
     )
+    .await
 }
 
 impl Store {
     /// Adds these deltas to the daily totals, in one transaction.
-    pub fn usage_added(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
+    pub async fn usage_added(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());
         }
-        self.db.tx(|t| {
-            for r in rows {
-                add(t, r)?;
-            }
-            Ok(())
-        })
+        self.db
+            .tx(async |t| {
+                for r in rows {
+                    add(t, r).await?;
+                }
+                Ok(())
+            })
+            .await
     }
 
     /// Daily totals, oldest day first, then by principal and model.
-    pub fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageRow>, StoreError> {
+    pub async fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageRow>, StoreError> {
         let mut sql = String::from(
             "SELECT day, principal, model, input_tokens, cached_input_tokens, output_tokens,
                     reasoning_tokens, requests, cache_write_tokens FROM usage_daily WHERE 1 = 1",
@@ -85,7 +88,7 @@ impl Store {
             }
         }
         sql.push_str(" ORDER BY day, principal, model");
-        let rows = self.db.read(|t| t.rows(&sql, &params))?;
+        let rows = self.db.read(async |t| t.rows(&sql, &params).await).await?;
         rows.iter()
             .map(|r| {
                 let n = |i: usize| r.i(i).map(|v| v as u64);
@@ -155,8 +158,8 @@ pub fn day_from_date(s: &str) -> Option<u32> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn dates_round_trip() {
+    #[tokio::test]
+    async fn dates_round_trip() {
         assert_eq!(date_of(0), "1970-01-01");
         assert_eq!(date_of(day_of(1_796_083_200)), "2026-12-01");
         assert_eq!(day_from_date("2026-12-01"), Some(day_of(1_796_083_200)));
@@ -169,9 +172,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn deltas_add_up_per_day_principal_and_model() {
-        let s = Store::open_in_memory().unwrap();
+    #[tokio::test]
+    async fn deltas_add_up_per_day_principal_and_model() {
+        let s = Store::open_in_memory().await.unwrap();
         let row = |day, p: &str, input| UsageRow {
             day,
             principal: p.into(),
@@ -187,14 +190,16 @@ mod tests {
             requests: 1,
         };
         s.usage_added(&[row(5, "alice", 10), row(5, "bob", 1)])
+            .await
             .unwrap();
         s.usage_added(&[row(5, "alice", 20), row(6, "alice", 3)])
+            .await
             .unwrap();
         let alice = UsageQuery {
             principal: Some("alice".into()),
             ..Default::default()
         };
-        let rows = s.usage(&alice).unwrap();
+        let rows = s.usage(&alice).await.unwrap();
         assert_eq!(rows.len(), 2);
         assert_eq!((rows[0].usage.prompt_tokens, rows[0].requests), (30, 2));
         assert_eq!(rows[0].usage.completion_tokens, 4);
@@ -202,7 +207,7 @@ mod tests {
             from_day: Some(6),
             ..Default::default()
         };
-        assert_eq!(s.usage(&day6).unwrap().len(), 1);
-        assert_eq!(s.usage(&UsageQuery::default()).unwrap().len(), 3);
+        assert_eq!(s.usage(&day6).await.unwrap().len(), 1);
+        assert_eq!(s.usage(&UsageQuery::default()).await.unwrap().len(), 3);
     }
 }

@@ -97,7 +97,7 @@ pub enum Answer {
 pub trait Host: Sync {
     /// The summary a compaction handle stands for; `None` when the principal has no such
     /// handle.
-    fn compacted(&self, handle: &str) -> Result<Option<String>, ApiError>;
+    fn compacted<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<Option<String>, ApiError>>;
     /// Runs a summary turn: the handle of the compacted conversation and the turn's usage.
     fn compact(&self, input: TurnInput) -> BoxFuture<'_, Result<(String, Usage), ApiError>>;
 }

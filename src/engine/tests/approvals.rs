@@ -5,7 +5,7 @@ use super::*;
 
 #[tokio::test(start_paused = true)]
 async fn an_approval_past_its_ttl_is_denied_expired_in_paused_time() {
-    let f = fixture();
+    let f = fixture().await;
     let mut leg = begin(&f, "approve").await;
     let Some(LegEvent::Notice(n)) = leg.events.recv().await else {
         panic!("no approval notice")
@@ -17,7 +17,7 @@ async fn an_approval_past_its_ttl_is_denied_expired_in_paused_time() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(f.engine.approvals().pending_count(), 0);
     assert_eq!(*f.spy.answers.lock(), ["approval=false"]);
-    let r = f.engine.approvals().get(&id, &who("alice")).unwrap();
+    let r = f.engine.approvals().get(&id, &who("alice")).await.unwrap();
     assert_eq!(
         (r.state.as_str(), r.reason.as_deref()),
         ("denied", Some("expired"))
@@ -26,7 +26,7 @@ async fn an_approval_past_its_ttl_is_denied_expired_in_paused_time() {
 
 #[tokio::test]
 async fn a_side_effect_of_a_revoked_principal_is_denied_without_a_notice() {
-    let f = fixture();
+    let f = fixture().await;
     let mut leg = begin(&f, "hang").await;
     // A reload removes alice's entry while her turn runs.
     let without = CONFIG

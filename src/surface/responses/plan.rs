@@ -85,7 +85,7 @@ pub async fn prepare<H: Host>(
 ) -> Result<(Prepared, Framing), ApiError> {
     let mut summaries = Vec::new();
     for handle in req.compactions() {
-        match host.compacted(&handle)? {
+        match host.compacted(&handle).await? {
             Some(summary) => summaries.push((handle, summary)),
             None => return Err(EngineError::from(ContinuationError::ResponseNotFound).into()),
         }
