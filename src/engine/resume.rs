@@ -300,7 +300,7 @@ impl Engine {
                 .await;
             return Err(EngineError::TurnFailed);
         };
-        let answers = positions
+        let mut answers: Vec<Answer> = positions
             .results
             .iter()
             .zip(&c.results)
@@ -311,6 +311,9 @@ impl Engine {
                 failed: input.messages[message].is_error,
             })
             .collect();
+        // Answered in the order the calls were made, whatever order the results came in: an
+        // agent that lists results as their calls complete then lists them as it made them.
+        answers.sort_by_key(|a| a.call);
         let Suspended {
             meta,
             holds,

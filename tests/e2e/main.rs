@@ -30,6 +30,7 @@ mod responses;
 mod responses_upstream;
 mod sdk;
 mod sdk_node;
+mod store_pg;
 mod support;
 mod threads;
 mod upstream;

@@ -11,7 +11,7 @@
 //! `TURNSTILE_TEST_STORE=postgres` runs every other e2e test on it too (each gateway's
 //! `[store]` becomes a database here), except the ones that inspect the SQLite file.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -28,8 +28,10 @@ pub const PASSWORD_ENV: &str = "TURNSTILE_PG_PASSWORD";
 
 pub struct Server {
     pub port: u16,
-    /// Closing it stops the server.
+    /// Closing it stops the server; a `restart` line restarts it.
     stdin: Mutex<Option<ChildStdin>>,
+    /// Each time the server is ready.
+    ready: Mutex<std::sync::mpsc::Receiver<Result<(), String>>>,
     child: Mutex<Child>,
     _dir: tempfile::TempDir,
 }
@@ -92,6 +94,21 @@ impl Server {
     pub fn database(&self) -> String {
         create_database(self.port)
     }
+
+    /// Stops the server (fast shutdown: every connection is closed) and starts it again on
+    /// the same port and data; returns once it accepts connections.
+    pub fn restart(&self) {
+        let mut stdin = self.stdin.lock().unwrap();
+        let stdin = stdin.as_mut().expect("running");
+        stdin.write_all(b"restart\n").expect("restart");
+        stdin.flush().expect("restart");
+        let ready = self.ready.lock().unwrap();
+        let again = ready.recv_timeout(Duration::from_secs(60));
+        assert!(
+            matches!(again, Ok(Ok(()))),
+            "postgres did not restart: {again:?}"
+        );
+    }
 }
 
 fn start() -> Server {
@@ -137,7 +154,11 @@ fn start() -> Server {
             "{bin}/postgres -D {data} -p {port} -k {sock} -c listen_addresses=127.0.0.1 \
              -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
              -c max_connections=300 -c shared_buffers=64MB & pid=$!; \
-             read _; kill -INT $pid; wait $pid; rm -rf {folder}",
+             while read cmd && [ \"$cmd\" = restart ]; do kill -INT $pid; wait $pid; \
+             {bin}/postgres -D {data} -p {port} -k {sock} -c listen_addresses=127.0.0.1 \
+             -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
+             -c max_connections=300 -c shared_buffers=64MB & pid=$!; done; \
+             kill -INT $pid; wait $pid; rm -rf {folder}",
             bin = BIN,
             data = data.display(),
             sock = dir.path().display(),
@@ -152,12 +173,13 @@ fn start() -> Server {
             .expect("start postgres");
         let stdin = child.stdin.take().expect("stdin");
         let stderr = child.stderr.take().expect("stderr");
-        // Ready when the server says so (bounded): its log, not a polling loop.
+        // Ready when the server says so (bounded): its log, not a polling loop; again after
+        // each restart.
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut ready = false;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if !ready && line.contains("ready to accept connections") {
+                if line.contains("ready to accept connections") {
                     ready = true;
                     let _ = tx.send(Ok(()));
                 }
@@ -172,6 +194,7 @@ fn start() -> Server {
                 return Server {
                     port,
                     stdin: Mutex::new(Some(stdin)),
+                    ready: Mutex::new(rx),
                     child: Mutex::new(child),
                     _dir: dir,
                 }
