@@ -6,7 +6,8 @@
 //!    backend's own answer time measured directly over stdio JSON-RPC in the same run
 //!    (tool answer written -> first `item/agentMessage/delta` read).
 //! 2. Gateway memory per suspended execution with 10,000 held (RSS of the gateway process
-//!    before and after, divided by the count).
+//!    before and after, divided by the count; the demo backend's own state is in its own
+//!    processes), then per tombstone once every one of them is answered.
 //!
 //! Environment: `BENCH_ITERS` (default 40), `BENCH_HELD` (default 10000).
 
@@ -114,6 +115,7 @@ processes = 2
 [continuations]
 max_pending = {max}
 max_pending_per_client = {max}
+tombstones_per_client = {max}
 max_tool_result_bytes = 16777216
 "#,
         turnstile::auth::hash_key(KEY),
@@ -336,16 +338,15 @@ async fn main() {
     }
     let before = rss_kib(gw.child.id());
     let started = Instant::now();
-    let mut done = 0;
-    while done < held {
-        let batch = (held - done).min(64);
+    let mut parked = Vec::with_capacity(held);
+    while parked.len() < held {
+        let (done, batch) = (parked.len(), (held - parked.len()).min(64));
         let futs = (0..batch).map(|i| {
             let http = http.clone();
             let url = gw.url.clone();
             async move { suspend(&http, &url, &format!("held {} /tmp/f", done + i)).await }
         });
-        futures::future::join_all(futs).await;
-        done += batch;
+        parked.extend(futures::future::join_all(futs).await);
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let after = rss_kib(gw.child.id());
@@ -354,4 +355,39 @@ async fn main() {
         "gateway RSS {before} KiB -> {after} KiB: {per:.0} bytes per suspended execution ({:.1} s to suspend them)",
         started.elapsed().as_secs_f64()
     );
+    // Each answered turn leaves its token's tombstone (the ring is sized to keep them all).
+    for chunk in parked.chunks(64) {
+        let futs = chunk.iter().map(|(req, resp)| {
+            let (http, url) = (http.clone(), gw.url.clone());
+            let next = with_result(req, resp);
+            async move {
+                let r = http
+                    .post(format!("{url}/v1/chat/completions"))
+                    .bearer_auth(KEY)
+                    .json(&next)
+                    .send()
+                    .await
+                    .expect("send");
+                assert!(r.status().is_success(), "answer: {}", r.status());
+            }
+        });
+        futures::future::join_all(futs).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let tombs = rss_kib(gw.child.id());
+    let per = (tombs.saturating_sub(before) as f64 * 1024.0) / held as f64;
+    println!(
+        "all answered: gateway RSS {tombs} KiB: {per:.0} bytes per tombstone over the start \
+         (an upper bound: memory the held turns freed and the allocator kept counts too)"
+    );
+}
+
+/// The continuation answering the one call of a suspended chat turn.
+fn with_result(req: &Value, resp: &Value) -> Value {
+    let calls = resp["choices"][0]["message"]["tool_calls"].clone();
+    let mut next = req.clone();
+    let messages = next["messages"].as_array_mut().expect("messages");
+    messages.push(json!({"role": "tool", "tool_call_id": calls[0]["id"], "content": "ok"}));
+    messages.insert(messages.len() - 1, json!({"role": "assistant", "content": null, "tool_calls": calls}));
+    next
 }

@@ -148,6 +148,8 @@ pub struct Gauges {
     pub sessions: Vec<(String, usize, usize)>,
     /// Backend threads kept idle for their conversation's next turn.
     pub idle_threads: usize,
+    /// Round trips to the database server since start (PostgreSQL; 0 on SQLite).
+    pub store_round_trips: u64,
 }
 
 /// A label value with `\`, `"` and newlines escaped (client and model ids come from config).
@@ -328,6 +330,12 @@ impl Metrics {
             "Backend threads kept idle for their conversation's next turn.",
             g.idle_threads,
         );
+        let _ = writeln!(
+            out,
+            "# HELP turnstile_store_round_trips_total Round trips to the database server (PostgreSQL).\n\
+             # TYPE turnstile_store_round_trips_total counter\nturnstile_store_round_trips_total {}",
+            g.store_round_trips
+        );
         out.push_str("# HELP turnstile_backend_sessions Backend sessions by state.\n# TYPE turnstile_backend_sessions gauge\n");
         for (b, busy, cap) in &g.sessions {
             let _ = writeln!(
@@ -372,6 +380,7 @@ mod tests {
                 pending_approvals: 0,
                 sessions: vec![("demo".into(), 1, 16)],
                 idle_threads: 2,
+                store_round_trips: 7,
             },
             true,
         );
@@ -386,6 +395,7 @@ mod tests {
         assert!(text.contains("turnstile_backend_sessions{backend=\"demo\",state=\"idle\"} 15"));
         assert!(text.contains("turnstile_pending_continuations 2"));
         assert!(text.contains("turnstile_continuity_idle_threads 2"));
+        assert!(text.contains("turnstile_store_round_trips_total 7"));
         assert!(text.contains("turnstile_continuity_hits_total 1"));
         assert!(text.contains("turnstile_continuity_misses_total{reason=\"unknown\"} 1"));
         assert!(text.contains(

@@ -124,6 +124,7 @@ mod tests {
                 pending_approvals: 0,
                 sessions: Vec::new(),
                 idle_threads: 0,
+                store_round_trips: 0,
             },
             true,
         );

@@ -269,6 +269,7 @@ impl Engine {
                 })
                 .collect(),
             idle_threads: self.inner.threads.len(),
+            store_round_trips: self.inner.store.round_trips(),
         }
     }
 

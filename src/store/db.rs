@@ -13,6 +13,7 @@
 //! call's round trips; a connection that broke is found closed at checkout and replaced, so a
 //! database that comes back is used again without a restart.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
@@ -26,6 +27,8 @@ pub(super) enum Val<'a> {
     I(i64),
     T(&'a str),
     B(&'a [u8]),
+    /// Digests as one array parameter (PostgreSQL only: `= ANY(?1)`, `unnest(?1)`).
+    Digests(&'a [[u8; 32]]),
     Null,
 }
 
@@ -83,6 +86,11 @@ impl rusqlite::ToSql for Val<'_> {
             Val::T(v) => ValueRef::Text(v.as_bytes()),
             Val::B(v) => ValueRef::Blob(v),
             Val::Null => ValueRef::Null,
+            Val::Digests(_) => {
+                return Err(rusqlite::Error::ToSqlConversionFailure(
+                    "an array parameter is for PostgreSQL only".into(),
+                ))
+            }
         }))
     }
 }
@@ -98,6 +106,7 @@ impl ToSql for Val<'_> {
             Val::I(v) => v.to_sql(ty, out),
             Val::T(v) => v.to_sql(ty, out),
             Val::B(v) => v.to_sql(ty, out),
+            Val::Digests(v) => v.iter().map(|d| &d[..]).collect::<Vec<_>>().to_sql(ty, out),
             Val::Null => Ok(IsNull::Yes),
         }
     }
@@ -166,11 +175,24 @@ impl Row {
     }
 }
 
+/// The prepared statement for `sql` on a PostgreSQL connection or transaction, from the
+/// connection's cache; counts the round trip the statement takes, and the one preparing it
+/// takes on its first use on a connection.
+macro_rules! pg_statement {
+    ($c:expr, $n:expr, $sql:expr) => {{
+        let cached = $c.statement_cache.size();
+        let s = $c.prepare_cached(&dollar($sql)).await?;
+        let prepared = $c.statement_cache.size() > cached;
+        $n.fetch_add(1 + u64::from(prepared), Ordering::Relaxed);
+        s
+    }};
+}
+
 /// One transaction (or, for reads on PostgreSQL, a connection) on either engine.
 pub(super) enum Tx<'a> {
     Sqlite(&'a mut rusqlite::Connection),
-    Pg(&'a deadpool_postgres::Client),
-    PgTransaction(&'a deadpool_postgres::Transaction<'a>),
+    Pg(&'a deadpool_postgres::Client, &'a AtomicU64),
+    PgTransaction(&'a deadpool_postgres::Transaction<'a>, &'a AtomicU64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,7 +205,7 @@ impl Tx<'_> {
     pub fn engine(&self) -> Engine {
         match self {
             Tx::Sqlite(_) => Engine::Sqlite,
-            Tx::Pg(_) | Tx::PgTransaction(_) => Engine::Postgres,
+            Tx::Pg(..) | Tx::PgTransaction(..) => Engine::Postgres,
         }
     }
 
@@ -191,13 +213,9 @@ impl Tx<'_> {
     pub async fn exec(&mut self, sql: &str, p: &[Val<'_>]) -> Result<u64, StoreError> {
         match self {
             Tx::Sqlite(c) => sqlite_exec(c, sql, p),
-            Tx::Pg(c) => {
-                let s = c.prepare_cached(&dollar(sql)).await?;
-                Ok(c.execute(&s, &params(p)).await?)
-            }
-            Tx::PgTransaction(c) => {
-                let s = c.prepare_cached(&dollar(sql)).await?;
-                Ok(c.execute(&s, &params(p)).await?)
+            Tx::Pg(c, n) => Ok(c.execute(&pg_statement!(c, n, sql), &params(p)).await?),
+            Tx::PgTransaction(c, n) => {
+                Ok(c.execute(&pg_statement!(c, n, sql), &params(p)).await?)
             }
         }
     }
@@ -206,14 +224,8 @@ impl Tx<'_> {
     pub async fn rows(&mut self, sql: &str, p: &[Val<'_>]) -> Result<Vec<Row>, StoreError> {
         let rows = match self {
             Tx::Sqlite(c) => return sqlite_rows(c, sql, p),
-            Tx::Pg(c) => {
-                let s = c.prepare_cached(&dollar(sql)).await?;
-                c.query(&s, &params(p)).await?
-            }
-            Tx::PgTransaction(c) => {
-                let s = c.prepare_cached(&dollar(sql)).await?;
-                c.query(&s, &params(p)).await?
-            }
+            Tx::Pg(c, n) => c.query(&pg_statement!(c, n, sql), &params(p)).await?,
+            Tx::PgTransaction(c, n) => c.query(&pg_statement!(c, n, sql), &params(p)).await?,
         };
         rows.iter().map(pg_row).collect()
     }
@@ -222,8 +234,14 @@ impl Tx<'_> {
     pub async fn batch(&mut self, sql: &str) -> Result<(), StoreError> {
         match self {
             Tx::Sqlite(c) => Ok(c.execute_batch(sql)?),
-            Tx::Pg(c) => Ok(c.batch_execute(sql).await?),
-            Tx::PgTransaction(c) => Ok(c.batch_execute(sql).await?),
+            Tx::Pg(c, n) => {
+                n.fetch_add(1, Ordering::Relaxed);
+                Ok(c.batch_execute(sql).await?)
+            }
+            Tx::PgTransaction(c, n) => {
+                n.fetch_add(1, Ordering::Relaxed);
+                Ok(c.batch_execute(sql).await?)
+            }
         }
     }
 }
@@ -316,6 +334,9 @@ pub(super) enum Db {
         pool: deadpool_postgres::Pool,
         /// For the approvals feed's connection of its own.
         config: tokio_postgres::Config,
+        /// Round trips to the server: statements (and their preparing, once per
+        /// connection), `BEGIN`s and `COMMIT`s.
+        round_trips: AtomicU64,
     },
 }
 
@@ -372,7 +393,11 @@ impl Db {
             .build()
             .map_err(|e| StoreError::Setup(format!("store pool: {e}")))?;
         drop(pool.get().await?);
-        Ok(Db::Postgres { pool, config })
+        Ok(Db::Postgres {
+            pool,
+            config,
+            round_trips: AtomicU64::new(0),
+        })
     }
 
     /// A connection of its own for LISTEN, on PostgreSQL.
@@ -390,6 +415,13 @@ impl Db {
         }
     }
 
+    pub fn round_trips(&self) -> u64 {
+        match self {
+            Db::Sqlite(_) => 0,
+            Db::Postgres { round_trips, .. } => round_trips.load(Ordering::Relaxed),
+        }
+    }
+
     /// Runs `f` in one transaction, committed when it returns `Ok`, rolled back otherwise
     /// (and when the call is dropped half way).
     pub async fn tx<T>(
@@ -398,27 +430,33 @@ impl Db {
     ) -> Result<T, StoreError> {
         match self {
             Db::Sqlite(conn) => sqlite_tx(conn, f).await,
-            Db::Postgres { pool, .. } => {
+            Db::Postgres {
+                pool, round_trips, ..
+            } => {
                 let mut client = pool.get().await?;
                 let tx = client.transaction().await?;
-                let v = f(&mut Tx::PgTransaction(&tx)).await?;
+                let v = f(&mut Tx::PgTransaction(&tx, round_trips)).await?;
                 tx.commit().await?;
+                round_trips.fetch_add(2, Ordering::Relaxed);
                 Ok(v)
             }
         }
     }
 
     /// Runs reads in `f`: on PostgreSQL each statement on its own (no `BEGIN`/`COMMIT`
-    /// round trips), so a lookup of one record costs one round trip per statement.
+    /// round trips), so a lookup of one record costs one round trip per statement. Also for
+    /// a write that is one statement, atomic by itself.
     pub async fn read<T>(
         &self,
         f: impl AsyncFnOnce(&mut Tx<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         match self {
             Db::Sqlite(conn) => sqlite_tx(conn, f).await,
-            Db::Postgres { pool, .. } => {
+            Db::Postgres {
+                pool, round_trips, ..
+            } => {
                 let client = pool.get().await?;
-                f(&mut Tx::Pg(&client)).await
+                f(&mut Tx::Pg(&client, round_trips)).await
             }
         }
     }

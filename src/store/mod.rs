@@ -24,6 +24,7 @@ mod cluster;
 mod compactions;
 mod db;
 mod feed;
+mod fused;
 mod migrations;
 mod suspensions;
 mod usage;
@@ -172,6 +173,11 @@ impl Store {
         &self.owner
     }
 
+    /// Round trips to the database server since start (PostgreSQL; SQLite has none).
+    pub fn round_trips(&self) -> u64 {
+        self.db.round_trips()
+    }
+
     /// `sqlite` or `postgres`.
     pub fn engine_name(&self) -> &'static str {
         match self.db.engine() {
@@ -215,11 +221,13 @@ impl Store {
         principal: &str,
         model: &str,
     ) -> Result<(), StoreError> {
-        let owner = self.owner.as_str();
+        let (owner, row) = (self.owner.as_str(), (execution_id, principal, model));
+        if self.db.engine() == db::Engine::Postgres {
+            let at = now_unix();
+            return self.db.read(async |t| fused::started(t, row, at, owner).await).await;
+        }
         self.db
-            .tx(async |t| {
-                started_rows(t, (execution_id, principal, model), now_unix(), owner).await
-            })
+            .tx(async |t| started_rows(t, row, now_unix(), owner).await)
             .await
     }
 

@@ -3,7 +3,8 @@
 //! per-client tombstones. This file owns the byte layout of those rows: the four digests are
 //! one 128-byte blob (tools | tool_choice | prefix | echo), one row per token.
 
-use super::db::{vals, Row, Tx};
+use super::db::{vals, Engine, Row, Tx};
+use super::fused;
 use super::{now_unix, Store, StoreError};
 use crate::continuation::Digests;
 use crate::digest::log_ref;
@@ -147,6 +148,21 @@ impl Store {
             ),
             Some(_) => format!("count={} upstream=1", r.tokens.len()),
         };
+        if let (None, Engine::Postgres) = (r.ids, self.db.engine()) {
+            let pending = fused::Pending {
+                tokens: r.tokens,
+                principal: r.principal,
+                execution_id: r.execution_id,
+                owner,
+                model: r.model,
+                surface: r.surface.as_str(),
+                deadline_ms: r.deadline_ms,
+                digests: &blob[..],
+                at: now,
+                detail: &detail,
+            };
+            return self.db.read(async |t| fused::pending(t, &pending).await).await;
+        }
         self.db.tx(async |t| {
             for (i, token) in r.tokens.iter().enumerate() {
                 match r.ids {
@@ -187,6 +203,13 @@ impl Store {
         evicted: &[[u8; 32]],
     ) -> Result<usize, StoreError> {
         let now = now_unix();
+        if self.db.engine() == Engine::Postgres {
+            let who = (execution_id, principal);
+            return self
+                .db
+                .read(async |t| fused::settled(t, who, digests, reason, evicted, now).await)
+                .await;
+        }
         self.db.tx(async |t| {
             let settled = settle(t, principal, digests, reason, now).await?;
             for d in evicted {
