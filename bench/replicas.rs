@@ -48,7 +48,8 @@ impl Drop for Replica {
 
 fn start_replica(id: &str, db: &str) -> Replica {
     let dir = tempfile::tempdir().expect("tempdir");
-    let pool = std::env::var("BENCH_POOL_SIZE").map_or(String::new(), |n| format!("pool_size = {n}\n"));
+    let pool =
+        std::env::var("BENCH_POOL_SIZE").map_or(String::new(), |n| format!("pool_size = {n}\n"));
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\n\
          [store]\nurl = \"{db}\"\npassword_env = \"BENCH_PG_PASSWORD\"\n{pool}\
@@ -91,9 +92,15 @@ fn start_replica(id: &str, db: &str) -> Replica {
 async fn database(server: &str, password: &str, name: &str) -> String {
     let mut config: tokio_postgres::Config = format!("{server}/postgres").parse().expect("url");
     config.password(password);
-    let (client, conn) = config.connect(tokio_postgres::NoTls).await.expect("connect");
+    let (client, conn) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect");
     tokio::spawn(conn);
-    for sql in [format!("DROP DATABASE IF EXISTS {name}"), format!("CREATE DATABASE {name}")] {
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {name}"),
+        format!("CREATE DATABASE {name}"),
+    ] {
         client.batch_execute(&sql).await.expect("create database");
     }
     format!("{server}/{name}")
@@ -167,7 +174,10 @@ async fn probe(client: &reqwest::Client, replicas: &[Replica], at: usize) -> (f6
     let mut ms = Vec::new();
     for next in &held {
         let t = Instant::now();
-        assert!(answer(client, &replicas[at].url, next).await, "probe answer");
+        assert!(
+            answer(client, &replicas[at].url, next).await,
+            "probe answer"
+        );
         ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let trips = (round_trips(client, replicas).await - before) as f64 / PROBE as f64;
@@ -250,7 +260,9 @@ struct Outcome {
 
 async fn scenario(n: usize, server: &str, password: &str, clients: usize, turns: usize) -> Outcome {
     let db = database(server, password, &format!("bench_replicas_{n}")).await;
-    let replicas: Vec<Replica> = (0..n).map(|i| start_replica(&format!("r{i}"), &db)).collect();
+    let replicas: Vec<Replica> = (0..n)
+        .map(|i| start_replica(&format!("r{i}"), &db))
+        .collect();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .tcp_nodelay(true)
@@ -259,7 +271,9 @@ async fn scenario(n: usize, server: &str, password: &str, clients: usize, turns:
     let urls: Arc<Vec<String>> = Arc::new(replicas.iter().map(|r| r.url.clone()).collect());
     // Warm-up: every replica's connections and statements.
     for i in 0..20 {
-        let next = hold(&client, &urls[i % n], i as u64).await.expect("warm-up");
+        let next = hold(&client, &urls[i % n], i as u64)
+            .await
+            .expect("warm-up");
         assert!(answer(&client, &urls[(i + 1) % n], &next).await, "warm-up");
     }
     let pids: Vec<u32> = replicas.iter().map(|r| r.child.id()).collect();
@@ -301,14 +315,22 @@ async fn scenario(n: usize, server: &str, password: &str, clients: usize, turns:
             let (mut direct, mut forwarded, mut errors) = (Vec::new(), Vec::new(), 0);
             for (i, owner, next) in held.iter().skip(c).step_by(clients) {
                 let away = urls.len() > 1 && i % 3 == 2;
-                let at = if away { (owner + 1) % urls.len() } else { *owner };
+                let at = if away {
+                    (owner + 1) % urls.len()
+                } else {
+                    *owner
+                };
                 let t = Instant::now();
                 if !answer(&client, &urls[at], next).await {
                     errors += 1;
                     continue;
                 }
                 let ms = t.elapsed().as_secs_f64() * 1e3;
-                if away { forwarded.push(ms) } else { direct.push(ms) }
+                if away {
+                    forwarded.push(ms)
+                } else {
+                    direct.push(ms)
+                }
             }
             (direct, forwarded, errors)
         });
@@ -328,14 +350,19 @@ async fn scenario(n: usize, server: &str, password: &str, clients: usize, turns:
             return f64::NAN;
         }
         let (p50, p99) = (common::percentile(v, 0.5), common::percentile(v, 0.99));
-        println!("  continuation {label:>9}: p50 {p50:7.3} ms  p99 {p99:7.3} ms  ({} of them)", v.len());
+        println!(
+            "  continuation {label:>9}: p50 {p50:7.3} ms  p99 {p99:7.3} ms  ({} of them)",
+            v.len()
+        );
         p50
     };
     let direct_p50 = show("direct", &mut direct);
     let forwarded_p50 = show("forwarded", &mut forwarded);
     println!("  CPU per continuation: {}", cpu.per(&pids, turns, elapsed));
     let (trips, p50) = probe(&client, &replicas, 0).await;
-    println!("  one at a time: direct p50 {p50:.3} ms, {trips:.2} store round trips per continuation");
+    println!(
+        "  one at a time: direct p50 {p50:.3} ms, {trips:.2} store round trips per continuation"
+    );
     let mut unloaded = (p50, f64::NAN);
     if n > 1 {
         let (trips, p50) = probe(&client, &replicas, 1).await;
@@ -352,11 +379,22 @@ async fn scenario(n: usize, server: &str, password: &str, clients: usize, turns:
 }
 
 fn main() {
-    let env = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run bench/replicas.sh"));
-    let num = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let env = |k: &str| {
+        std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run bench/replicas.sh"))
+    };
+    let num = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
     let (server, password) = (env("BENCH_PG_URL"), env("BENCH_PG_PASSWORD"));
     env("BENCH_CLUSTER_KEY");
-    let (clients, turns, n) = (num("BENCH_CLIENTS", 16) as usize, num("BENCH_TURNS", 3000) as usize, num("BENCH_REPLICAS", 3) as usize);
+    let (clients, turns, n) = (
+        num("BENCH_CLIENTS", 16) as usize,
+        num("BENCH_TURNS", 3000) as usize,
+        num("BENCH_REPLICAS", 3) as usize,
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

@@ -29,6 +29,9 @@ pub(super) enum Val<'a> {
     B(&'a [u8]),
     /// Digests as one array parameter (PostgreSQL only: `= ANY(?1)`, `unnest(?1)`).
     Digests(&'a [[u8; 32]]),
+    /// Text and integer arrays (PostgreSQL only, for `unnest`); `None` is NULL.
+    Texts(&'a [Option<&'a str>]),
+    Ints(&'a [i64]),
     Null,
 }
 
@@ -86,7 +89,7 @@ impl rusqlite::ToSql for Val<'_> {
             Val::T(v) => ValueRef::Text(v.as_bytes()),
             Val::B(v) => ValueRef::Blob(v),
             Val::Null => ValueRef::Null,
-            Val::Digests(_) => {
+            Val::Digests(_) | Val::Texts(_) | Val::Ints(_) => {
                 return Err(rusqlite::Error::ToSqlConversionFailure(
                     "an array parameter is for PostgreSQL only".into(),
                 ))
@@ -107,6 +110,8 @@ impl ToSql for Val<'_> {
             Val::T(v) => v.to_sql(ty, out),
             Val::B(v) => v.to_sql(ty, out),
             Val::Digests(v) => v.iter().map(|d| &d[..]).collect::<Vec<_>>().to_sql(ty, out),
+            Val::Texts(v) => v.to_sql(ty, out),
+            Val::Ints(v) => v.to_sql(ty, out),
             Val::Null => Ok(IsNull::Yes),
         }
     }
@@ -214,9 +219,7 @@ impl Tx<'_> {
         match self {
             Tx::Sqlite(c) => sqlite_exec(c, sql, p),
             Tx::Pg(c, n) => Ok(c.execute(&pg_statement!(c, n, sql), &params(p)).await?),
-            Tx::PgTransaction(c, n) => {
-                Ok(c.execute(&pg_statement!(c, n, sql), &params(p)).await?)
-            }
+            Tx::PgTransaction(c, n) => Ok(c.execute(&pg_statement!(c, n, sql), &params(p)).await?),
         }
     }
 

@@ -1,11 +1,13 @@
 //! The hot writes as one statement each, on PostgreSQL: a held turn's start, the recording of
-//! its pending tokens, and their settlement. Each is what the portable form does in a
+//! its pending tokens, their settlement, and a batch of the journal writer's starts and ends. Each is what the portable form does in a
 //! transaction of several statements, written as data-modifying `WITH` clauses, so it costs
 //! one round trip and commits by itself. SQLite keeps the portable form (its statements are
 //! local calls, not round trips).
 
-use super::db::{vals, Tx};
-use super::StoreError;
+use std::collections::{HashMap, HashSet};
+
+use super::db::{vals, Tx, Val};
+use super::{Lifecycle, StoreError};
 
 /// `executions` row and `execution_started` journal entry.
 pub(super) async fn started(
@@ -51,7 +53,7 @@ pub(super) async fn pending(t: &mut Tx<'_>, p: &Pending<'_>) -> Result<(), Store
          INSERT INTO journal (at, execution_id, event, detail)
          VALUES (?9, ?3, 'tokens_registered', ?10)",
         vals![
-            crate::store::db::Val::Digests(p.tokens),
+            Val::Digests(p.tokens),
             p.principal,
             p.execution_id,
             p.owner,
@@ -95,15 +97,126 @@ pub(super) async fn settled(
                            'reason=' || ?3::text || ' count=' || count(*) FROM settled)
              SELECT count(*) FROM settled",
             vals![
-                crate::store::db::Val::Digests(digests),
+                Val::Digests(digests),
                 principal,
                 reason,
                 at,
-                crate::store::db::Val::Digests(evicted),
+                Val::Digests(evicted),
                 execution_id
             ],
         )
         .await?;
     let n = rows.first().map(|r| r.i(0)).transpose()?.unwrap_or(0);
     Ok(n as usize)
+}
+
+/// The journal writer's batch as columns: the executions it starts (with their end when it
+/// is in the same batch: a statement's parts do not see each other's rows), the ends of
+/// executions started before, and every journal entry in order.
+#[derive(Default)]
+struct Columns<'a> {
+    started: [Vec<Option<&'a str>>; 4],
+    started_at: Vec<i64>,
+    ended_at_start: Vec<i64>,
+    ended: [Vec<Option<&'a str>>; 2],
+    ended_at: Vec<i64>,
+    journal: [Vec<Option<&'a str>>; 2],
+    journal_at: Vec<i64>,
+    details: Vec<String>,
+}
+
+pub(super) async fn journaled(
+    t: &mut Tx<'_>,
+    rows: &[Lifecycle],
+    owner: &str,
+) -> Result<(), StoreError> {
+    let mut c = Columns::default();
+    let (mut starts, mut ends) = (HashSet::new(), HashMap::new());
+    for row in rows {
+        match row {
+            Lifecycle::Started { execution_id, .. } => starts.insert(execution_id.as_str()),
+            Lifecycle::Ended {
+                execution_id,
+                reason,
+                at,
+            } => ends.insert(execution_id.as_str(), (*reason, *at)).is_none(),
+        };
+    }
+    for row in rows {
+        match row {
+            Lifecycle::Started {
+                execution_id,
+                principal,
+                model,
+                at,
+            } => {
+                let end = ends.get(execution_id.as_str());
+                let [id, who, m, reason] = &mut c.started;
+                id.push(Some(execution_id));
+                who.push(Some(principal));
+                m.push(Some(model));
+                reason.push(end.map(|e| e.0));
+                c.started_at.push(*at as i64);
+                c.ended_at_start.push(end.map_or(0, |e| e.1 as i64));
+                c.details
+                    .push(format!("principal={principal} model={model}"));
+                c.journal[0].push(Some(execution_id));
+                c.journal[1].push(Some("execution_started"));
+                c.journal_at.push(*at as i64);
+            }
+            Lifecycle::Ended {
+                execution_id,
+                reason,
+                at,
+            } => {
+                if !starts.contains(execution_id.as_str()) {
+                    c.ended[0].push(Some(execution_id));
+                    c.ended[1].push(Some(reason));
+                    c.ended_at.push(*at as i64);
+                }
+                c.details.push(format!("reason={reason}"));
+                c.journal[0].push(Some(execution_id));
+                c.journal[1].push(Some("execution_ended"));
+                c.journal_at.push(*at as i64);
+            }
+        }
+    }
+    let details: Vec<Option<&str>> = c.details.iter().map(|d| Some(d.as_str())).collect();
+    let [id, who, model, reason] = &c.started;
+    t.exec(
+        "WITH started AS (
+           INSERT INTO executions (execution_id, principal, model, state, created_at, owner,
+                                   reason, ended_at)
+           SELECT id, principal, model, CASE WHEN reason IS NULL THEN 'live' ELSE 'ended' END,
+                  at, ?1, reason, CASE WHEN reason IS NULL THEN NULL ELSE ended_at END
+           FROM unnest(?2::text[], ?3::text[], ?4::text[], ?5::text[], ?6::bigint[], ?7::bigint[])
+             AS s(id, principal, model, reason, at, ended_at)),
+         ended AS (
+           UPDATE executions SET state = 'ended', reason = e.reason, ended_at = e.at
+           FROM unnest(?8::text[], ?9::text[], ?10::bigint[]) AS e(id, reason, at)
+           WHERE executions.execution_id = e.id AND executions.state = 'live')
+         INSERT INTO journal (at, execution_id, event, detail)
+         SELECT at, id, event, detail
+         FROM unnest(?11::bigint[], ?12::text[], ?13::text[], ?14::text[]) WITH ORDINALITY
+           AS j(at, id, event, detail, n)
+         ORDER BY n",
+        vals![
+            owner,
+            Val::Texts(id),
+            Val::Texts(who),
+            Val::Texts(model),
+            Val::Texts(reason),
+            Val::Ints(&c.started_at),
+            Val::Ints(&c.ended_at_start),
+            Val::Texts(&c.ended[0]),
+            Val::Texts(&c.ended[1]),
+            Val::Ints(&c.ended_at),
+            Val::Ints(&c.journal_at),
+            Val::Texts(&c.journal[0]),
+            Val::Texts(&c.journal[1]),
+            Val::Texts(&details)
+        ],
+    )
+    .await?;
+    Ok(())
 }

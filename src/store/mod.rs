@@ -224,7 +224,10 @@ impl Store {
         let (owner, row) = (self.owner.as_str(), (execution_id, principal, model));
         if self.db.engine() == db::Engine::Postgres {
             let at = now_unix();
-            return self.db.read(async |t| fused::started(t, row, at, owner).await).await;
+            return self
+                .db
+                .read(async |t| fused::started(t, row, at, owner).await)
+                .await;
         }
         self.db
             .tx(async |t| started_rows(t, row, now_unix(), owner).await)
@@ -235,6 +238,12 @@ impl Store {
     /// engine's journal writer).
     pub async fn executions_journaled(&self, rows: &[Lifecycle]) -> Result<(), StoreError> {
         let owner = self.owner.as_str();
+        if self.db.engine() == db::Engine::Postgres {
+            return self
+                .db
+                .read(async |t| fused::journaled(t, rows, owner).await)
+                .await;
+        }
         self.db
             .tx(async |t| {
                 for row in rows {

@@ -161,7 +161,10 @@ impl Store {
                 at: now,
                 detail: &detail,
             };
-            return self.db.read(async |t| fused::pending(t, &pending).await).await;
+            return self
+                .db
+                .read(async |t| fused::pending(t, &pending).await)
+                .await;
         }
         self.db.tx(async |t| {
             for (i, token) in r.tokens.iter().enumerate() {
