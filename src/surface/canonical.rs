@@ -82,12 +82,24 @@ pub fn message_digest(m: &Message) -> [u8; 32] {
 /// Digest of the tool set, independent of the order the tools are listed in: each tool
 /// definition is canonicalised whole (extra keys included).
 pub fn tools_digest(tools: Option<&[Value]>) -> [u8; 32] {
-    let mut items: Vec<String> = tools.unwrap_or_default().iter().map(canonical).collect();
+    let tools = tools.unwrap_or_default();
+    if tools.is_empty() {
+        // The plain request's: computed once.
+        static NONE: std::sync::LazyLock<[u8; 32]> = std::sync::LazyLock::new(|| sha256(b"[]"));
+        return *NONE;
+    }
+    let mut items: Vec<String> = tools.iter().map(canonical).collect();
     items.sort();
     sha256(format!("[{}]", items.join(",")).as_bytes())
 }
 
 pub fn tool_choice_digest(choice: Option<&Value>, effort: Option<Effort>) -> [u8; 32] {
+    if matches!((choice, effort), (None | Some(Value::Null), None)) {
+        // The plain request's: computed once.
+        static AUTO: std::sync::LazyLock<[u8; 32]> =
+            std::sync::LazyLock::new(|| digest(&json!("auto")));
+        return *AUTO;
+    }
     let choice = match choice {
         None | Some(Value::Null) => json!("auto"),
         Some(v) => v.clone(),
