@@ -482,7 +482,9 @@ async fn sqlite_tx<T>(
             Ok(v)
         }
         Err(e) => {
-            conn.execute_batch("ROLLBACK")?;
+            // The statement's error is the one to report; a transaction the rollback leaves
+            // open is rolled back at the next call.
+            let _ = conn.execute_batch("ROLLBACK");
             Err(e)
         }
     }
