@@ -13,8 +13,9 @@
 //! store's answer to a start is how a replica that lost its database learns to refuse fresh
 //! turns, and its tombstone write tells whether another replica settled the batch first.
 //!
-//! The queue keeps order, so an end is never written before its start. A crash loses at most
-//! the rows still queued (the next start settles what it finds live as `lost`). While writing
+//! The queue keeps order (an end is never written before its start, nor a batch's tombstones
+//! before the rows queued ahead of them). A crash loses at most the rows still queued (the
+//! next start settles what it finds live as `lost`). While writing
 //! fails, the journal is unhealthy: fresh agent turns then write their start themselves, and
 //! are refused with `store_unavailable` when that fails too, as before; the first success
 //! makes it healthy again.
@@ -181,7 +182,6 @@ impl Journal {
 /// queued and commits its rows as one transaction; ends once closed and drained.
 async fn write(store: &Store, queue: &Mutex<Queue>, healthy: &AtomicBool, wake: &Notify) {
     let mut rows = Vec::new();
-    let mut settled = Vec::new();
     let mut barriers: Vec<oneshot::Sender<()>> = Vec::new();
     loop {
         let (items, closed) = {
@@ -196,31 +196,39 @@ async fn write(store: &Store, queue: &Mutex<Queue>, healthy: &AtomicBool, wake: 
             let _ = tokio::time::timeout(INTERVAL, wake.notified()).await;
             continue;
         }
+        // In queue order: the rows queued before a batch's tombstones are written before
+        // them, consecutive rows in one transaction.
         for q in items {
             match q {
                 Queued::Row(r) => rows.push(r),
-                Queued::Tombstones(t) => settled.push(t),
+                Queued::Tombstones(t) => {
+                    write_rows(store, &mut rows, healthy).await;
+                    write_tombstones(store, &t).await;
+                }
                 #[cfg(test)]
                 Queued::Barrier(b) => barriers.push(b),
             }
         }
-        if !rows.is_empty() {
-            match store.executions_journaled(&rows).await {
-                Ok(()) => healthy.store(true, Ordering::Relaxed),
-                Err(e) => {
-                    healthy.store(false, Ordering::Relaxed);
-                    tracing::error!(rows = rows.len(), error = %e, "could not journal execution starts and ends");
-                }
-            }
-            rows.clear();
-        }
-        for t in settled.drain(..) {
-            write_tombstones(store, &t).await;
-        }
+        write_rows(store, &mut rows, healthy).await;
         for b in barriers.drain(..) {
             let _ = b.send(());
         }
     }
+}
+
+/// Commits the queued lifecycle rows in one transaction (none: nothing) and empties `rows`.
+async fn write_rows(store: &Store, rows: &mut Vec<Lifecycle>, healthy: &AtomicBool) {
+    if rows.is_empty() {
+        return;
+    }
+    match store.executions_journaled(rows).await {
+        Ok(()) => healthy.store(true, Ordering::Relaxed),
+        Err(e) => {
+            healthy.store(false, Ordering::Relaxed);
+            tracing::error!(rows = rows.len(), error = %e, "could not journal execution starts and ends");
+        }
+    }
+    rows.clear();
 }
 
 async fn write_tombstones(store: &Store, t: &Tombstones) {
@@ -257,6 +265,25 @@ mod tests {
             let events = store.journal_events(&format!("exe-{i}")).await.unwrap();
             assert_eq!(events, ["execution_started", "execution_ended"]);
         }
+        // A batch's tombstones queued between an execution's start and end are written
+        // between them.
+        journal.started("exe-t", "alice", "m").await.unwrap();
+        journal
+            .tombstones(Tombstones {
+                execution_id: "exe-t".into(),
+                principal: "alice".into(),
+                tokens: vec![[7; 32]],
+                reason: "resolved",
+                evicted: Vec::new(),
+            })
+            .await;
+        journal.ended("exe-t", "completed").await;
+        journal.flush().await;
+        let events = store.journal_events("exe-t").await.unwrap();
+        assert_eq!(
+            events,
+            ["execution_started", "tokens_settled", "execution_ended"]
+        );
         journal.close().await;
         // After close, rows go straight to the store.
         journal.started("exe-late", "alice", "m").await.unwrap();
