@@ -8,6 +8,32 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use serde_json::{json, Value};
+
+/// The benchmarks' client key.
+pub const KEY: &str = "sk-bench";
+
+/// One client function tool: what a held turn calls.
+pub fn tools() -> Value {
+    json!([{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}])
+}
+
+/// A chat completion through the gateway: its JSON, or None for a failure.
+pub async fn post(client: &reqwest::Client, url: &str, body: &Value) -> Option<Value> {
+    let r = client
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(body)
+        .send()
+        .await
+        .ok()?;
+    if !r.status().is_success() {
+        return None;
+    }
+    r.json().await.ok()
+}
+
 /// The gateway's release binary, running on port 0 with a config written into its own
 /// temporary folder; stopped with SIGTERM when dropped.
 pub struct Gateway {
@@ -18,9 +44,14 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn start(config: &str) -> Gateway {
+        Gateway::start_with(env!("CARGO_BIN_EXE_turnstile"), config)
+    }
+
+    /// The gateway binary at `bin` (another build, for a before-and-after comparison).
+    pub fn start_with(bin: &str, config: &str) -> Gateway {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("bench.toml"), config).expect("config");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        let mut child = Command::new(bin)
             .args(["serve", "--config"])
             .arg(dir.path().join("bench.toml"))
             .env("TURNSTILE_LOG", "warn")

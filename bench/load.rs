@@ -11,12 +11,12 @@
 // Tests and benchmarks: unwrap is the assertion, and wall-clock time is what they measure.
 #![allow(clippy::unwrap_used, clippy::disallowed_types)]
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 #[path = "common.rs"]
 mod common;
 
-const KEY: &str = "sk-bench";
+use common::{post, tools, KEY};
 
 fn gateway() -> common::Gateway {
     common::Gateway::start(&format!(
@@ -29,25 +29,6 @@ fn gateway() -> common::Gateway {
         turnstile::auth::hash_key(KEY),
         env!("CARGO_BIN_EXE_turnstile-demo-backend"),
     ))
-}
-
-fn tools() -> Value {
-    json!([{"type": "function", "function": {"name": "read_file", "description": "Read a file",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}])
-}
-
-async fn post(client: &reqwest::Client, url: &str, body: &Value) -> Option<Value> {
-    let r = client
-        .post(format!("{url}/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(body)
-        .send()
-        .await
-        .ok()?;
-    if !r.status().is_success() {
-        return None;
-    }
-    r.json().await.ok()
 }
 
 async fn round_trip(client: reqwest::Client, url: String, i: u64) -> bool {

@@ -17,8 +17,6 @@
 // Tests and benchmarks: unwrap is the assertion, and wall-clock time is what they measure.
 #![allow(clippy::unwrap_used, clippy::disallowed_types)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,27 +25,11 @@ use serde_json::{json, Value};
 #[path = "common.rs"]
 mod common;
 
-const KEY: &str = "sk-bench";
+use common::{post, tools, KEY};
 /// Held calls answered in the round-trip probe.
 const PROBE: u64 = 100;
 
-struct Replica {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_replica(id: &str, db: &str) -> Replica {
-    let dir = tempfile::tempdir().expect("tempdir");
+fn start_replica(id: &str, db: &str) -> common::Gateway {
     let pool =
         std::env::var("BENCH_POOL_SIZE").map_or(String::new(), |n| format!("pool_size = {n}\n"));
     let config = format!(
@@ -61,31 +43,9 @@ fn start_replica(id: &str, db: &str) -> Replica {
         turnstile::auth::hash_key(KEY),
         env!("CARGO_BIN_EXE_turnstile-demo-backend"),
     );
-    std::fs::write(dir.path().join("replica.toml"), config).expect("config");
     let bin = std::env::var("BENCH_GATEWAY")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_turnstile").to_string());
-    let mut child = Command::new(bin)
-        .args(["serve", "--config"])
-        .arg(dir.path().join("replica.toml"))
-        .env("TURNSTILE_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("gateway");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("line");
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("replica {id} did not start: {line:?}"))
-        .to_string();
-    Replica {
-        child,
-        url,
-        _dir: dir,
-    }
+    common::Gateway::start_with(&bin, &config)
 }
 
 /// A fresh database on the server; its URL.
@@ -106,25 +66,6 @@ async fn database(server: &str, password: &str, name: &str) -> String {
     format!("{server}/{name}")
 }
 
-fn tools() -> Value {
-    json!([{"type": "function", "function": {"name": "read_file", "description": "Read a file",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}])
-}
-
-async fn post(client: &reqwest::Client, url: &str, body: &Value) -> Option<Value> {
-    let r = client
-        .post(format!("{url}/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(body)
-        .send()
-        .await
-        .ok()?;
-    if !r.status().is_success() {
-        return None;
-    }
-    r.json().await.ok()
-}
-
 /// A fresh turn held on a tool call; the continuation that answers it.
 async fn hold(client: &reqwest::Client, url: &str, i: u64) -> Option<Value> {
     let mut req = json!({"model": "tool", "messages": [{"role": "user", "content": format!("read /tmp/f{i}")}], "tools": tools()});
@@ -143,7 +84,7 @@ async fn answer(client: &reqwest::Client, url: &str, next: &Value) -> bool {
         .is_some_and(|v| v["choices"][0]["finish_reason"] == "stop")
 }
 
-async fn round_trips(client: &reqwest::Client, replicas: &[Replica]) -> u64 {
+async fn round_trips(client: &reqwest::Client, replicas: &[common::Gateway]) -> u64 {
     let mut total = 0;
     for r in replicas {
         let text = client
@@ -165,7 +106,7 @@ async fn round_trips(client: &reqwest::Client, replicas: &[Replica]) -> u64 {
 
 /// `PROBE` turns held on replica 0, answered one by one at replica `at` with nothing else
 /// running: the store round trips per continuation, and its p50 (ms) unloaded.
-async fn probe(client: &reqwest::Client, replicas: &[Replica], at: usize) -> (f64, f64) {
+async fn probe(client: &reqwest::Client, replicas: &[common::Gateway], at: usize) -> (f64, f64) {
     let mut held = Vec::new();
     for i in 0..PROBE {
         held.push(hold(client, &replicas[0].url, i).await.expect("held"));
@@ -260,7 +201,7 @@ struct Outcome {
 
 async fn scenario(n: usize, server: &str, password: &str, clients: usize, turns: usize) -> Outcome {
     let db = database(server, password, &format!("bench_replicas_{n}")).await;
-    let replicas: Vec<Replica> = (0..n)
+    let replicas: Vec<common::Gateway> = (0..n)
         .map(|i| start_replica(&format!("r{i}"), &db))
         .collect();
     let client = reqwest::Client::builder()

@@ -24,12 +24,7 @@ use serde_json::{json, Value};
 #[path = "common.rs"]
 mod common;
 
-const KEY: &str = "sk-bench";
-
-fn tools() -> Value {
-    json!([{"type": "function", "function": {"name": "read_file", "description": "Read a file",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}])
-}
+use common::{tools, KEY};
 
 /// The demo backend driven directly: one thread, one turn, one tool call per sample.
 fn direct_samples(size: usize, iters: usize) -> Vec<f64> {

@@ -134,13 +134,17 @@ pub(super) async fn journaled(
     let (mut starts, mut ends) = (HashSet::new(), HashMap::new());
     for row in rows {
         match row {
-            Lifecycle::Started { execution_id, .. } => starts.insert(execution_id.as_str()),
+            Lifecycle::Started { execution_id, .. } => {
+                starts.insert(execution_id.as_str());
+            }
             Lifecycle::Ended {
                 execution_id,
                 reason,
                 at,
-            } => ends.insert(execution_id.as_str(), (*reason, *at)).is_none(),
-        };
+            } => {
+                ends.insert(execution_id.as_str(), (*reason, *at));
+            }
+        }
     }
     for row in rows {
         match row {
