@@ -11,6 +11,7 @@
 //! store keeps for a stateless continuation: a held call is known outside only by its
 //! gateway-issued `invocation` number.
 
+pub mod acp;
 pub mod agent;
 pub mod app_server;
 pub mod claude_code;
@@ -54,6 +55,7 @@ pub async fn build(name: &str, spec: &BackendSpec) -> Result<Arc<dyn Backend>, B
             Arc::new(upstream::Upstream::new(name, cfg).map_err(BackendError::Unavailable)?)
         }
         BackendSpec::ClaudeCode(cfg) => claude_code::ClaudeCode::start(name, cfg.clone()).await?,
+        BackendSpec::Acp(cfg) => acp::Acp::start(name, cfg.clone()).await?,
     })
 }
 

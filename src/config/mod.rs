@@ -36,8 +36,8 @@ use serde::Deserialize;
 pub use crate::auth::grant::{ClientLimits, Rate, Role};
 pub use crate::auth::jwt::JwtIssuer;
 pub use backends::{
-    AppServerConfig, BackendSpec, ChildConfig, ClaudeCodeConfig, CodexThread, UpstreamConfig,
-    DEFAULT_ENV_PASSTHROUGH,
+    AcpConfig, AppServerConfig, BackendSpec, ChildConfig, ClaudeCodeConfig, CodexThread,
+    UpstreamConfig, DEFAULT_ENV_PASSTHROUGH,
 };
 pub use cluster::{ClusterConfig, StoreConfig};
 

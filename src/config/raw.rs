@@ -40,6 +40,9 @@ pub(super) const DEFAULT_CLIENT_MODELS: &[&str] = &["*"];
 /// `auth.jwt[N].leeway_seconds`.
 pub(super) const DEFAULT_LEEWAY_SECONDS: u64 = 30;
 
+/// `mcp_bridge.listen`: loopback, a port of the system's choosing.
+pub(super) const DEFAULT_MCP_BRIDGE_LISTEN: &str = "127.0.0.1:0";
+
 /// `models[N].approvals.*`: a side effect policy does not mention is refused.
 pub(super) const DEFAULT_DECISION: Decision = Decision::Deny;
 
@@ -136,6 +139,8 @@ pub(super) struct RawConfig {
     pub continuations: RawContinuations,
     #[serde(default)]
     pub continuity: RawContinuity,
+    #[serde(default)]
+    pub mcp_bridge: RawMcpBridge,
 }
 
 #[derive(Debug, Deserialize)]
@@ -312,6 +317,20 @@ impl Default for RawContinuity {
             idle_ttl_seconds: DEFAULT_IDLE_TTL_SECONDS,
             max_idle_per_client: DEFAULT_MAX_IDLE_PER_CLIENT,
             max_idle: DEFAULT_MAX_IDLE,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawMcpBridge {
+    pub listen: String,
+}
+
+impl Default for RawMcpBridge {
+    fn default() -> Self {
+        RawMcpBridge {
+            listen: DEFAULT_MCP_BRIDGE_LISTEN.into(),
         }
     }
 }

@@ -76,7 +76,22 @@ pub(super) fn validate(
     let store = super::cluster::store(raw.store, base)?;
     let cluster = super::cluster::cluster(raw.cluster, &store)?;
 
-    let backends = backends::backends(raw.backends, base)?;
+    let mcp_bridge: SocketAddr = raw.mcp_bridge.listen.parse().map_err(|_| {
+        err(
+            "mcp_bridge.listen",
+            format!("`{}` is not an address (host:port)", raw.mcp_bridge.listen),
+        )
+    })?;
+    if !mcp_bridge.ip().is_loopback() {
+        return Err(err(
+            "mcp_bridge.listen",
+            "must be a loopback address: only the gateway's own agents reach the bridge",
+        ));
+    }
+    let mut backends = backends::backends(raw.backends, base)?;
+    for spec in backends.values_mut() {
+        spec.set_mcp_bridge(mcp_bridge);
+    }
     // The store password and the cluster key are the gateway's alone.
     let secrets = [
         match &store {

@@ -5,10 +5,12 @@
 //! (`app_server/`, Codex's JSON-RPC) adds only its protocol: what it writes to the child, what
 //! its lines mean, how a turn is held and released.
 
+pub mod bridge;
 pub mod child;
 pub mod lines;
 pub mod pool;
 pub mod render;
+pub mod sessions;
 mod stdin;
 
 use serde_json::Value;

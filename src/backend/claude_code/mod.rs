@@ -14,9 +14,7 @@ mod approval;
 mod control;
 mod names;
 mod session;
-mod turn;
 
-use parking_lot::Mutex;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,10 +27,10 @@ use tokio_util::task::TaskTracker;
 
 use self::names::Names;
 use self::session::{Session, Settings};
-use self::turn::{ClaudeTurn, IdleList, KeptSession};
 use super::agent::child::Child;
 use super::agent::pool::Permits;
 use super::agent::render;
+use super::agent::sessions::{KeptSession, Places};
 use super::{
     Backend, BackendError, BackendInfo, Hold, Holds, LegRequest, Resume, SessionStats, Turn,
 };
@@ -43,9 +41,8 @@ pub struct ClaudeCode {
     name: String,
     cfg: ClaudeCodeConfig,
     version: String,
-    permits: Permits,
-    /// Sessions kept idle, oldest first: the first to end when a place is needed.
-    idle: IdleList,
+    /// The session permits and the sessions kept idle.
+    places: Places<Session>,
     alive: Arc<AtomicU64>,
     next_session: AtomicU64,
     next_invocation: Arc<AtomicU64>,
@@ -82,10 +79,9 @@ impl ClaudeCode {
         let version = version(&cfg).await?;
         Ok(Arc::new(ClaudeCode {
             name: name.to_string(),
-            permits: Permits::new(cfg.max_sessions, cfg.acquire_timeout),
+            places: Places::new(Permits::new(cfg.max_sessions, cfg.acquire_timeout)),
             cfg,
             version,
-            idle: Arc::new(Mutex::new(Vec::new())),
             alive: Arc::new(AtomicU64::new(0)),
             next_session: AtomicU64::new(1),
             next_invocation: Arc::new(AtomicU64::new(1)),
@@ -93,34 +89,6 @@ impl ClaudeCode {
             tracker: TaskTracker::new(),
             deaths: Arc::new(tokio::sync::watch::Sender::new(0)),
         }))
-    }
-
-    /// A place for a new session: a free one, else the longest idle session's.
-    async fn place(&self) -> Result<tokio::sync::OwnedSemaphorePermit, BackendError> {
-        if let Some(p) = self.permits.try_acquire() {
-            return Ok(p);
-        }
-        {
-            // Released under the list's lock: a turn claims a kept session under it too.
-            let mut idle = self.idle.lock();
-            idle.retain(|s| s.upgrade().is_some_and(|s| s.usable()));
-            if let Some(s) = (!idle.is_empty()).then(|| idle.remove(0)) {
-                if let Some(s) = s.upgrade() {
-                    tracing::info!(backend = %self.name, session = s.id, "idle session ended to make room");
-                    s.release();
-                }
-            }
-        }
-        self.permits.acquire().await
-    }
-
-    /// Takes a kept session off the idle list for a turn: false if it was ended meanwhile
-    /// (to make room) or is no longer usable.
-    fn claim(&self, session: &Arc<Session>) -> bool {
-        let mut idle = self.idle.lock();
-        let before = idle.len();
-        idle.retain(|s| !std::ptr::eq(s.as_ptr(), Arc::as_ptr(session)));
-        idle.len() < before && session.usable()
     }
 
     /// The flags the gateway needs, after the configured command.
@@ -174,7 +142,7 @@ impl ClaudeCode {
         if self.shutdown.is_cancelled() {
             return Err(BackendError::Unavailable("shutting down".into()));
         }
-        let permit = self.place().await?;
+        let permit = self.places.place(&self.name).await?;
         let tools = input.tools.as_deref().unwrap_or_default();
         let declared: Vec<Value> = tools
             .iter()
@@ -273,7 +241,7 @@ impl ClaudeCode {
         // does not is released when its handle drops.
         let kept = kept.and_then(|k| {
             let any: Box<dyn std::any::Any + Send + Sync> = k.thread.0;
-            let kept = any.downcast::<KeptSession>().ok()?;
+            let kept = any.downcast::<KeptSession<Session>>().ok()?;
             let fits = kept.session().is_some_and(|s| {
                 s.settings.model == model.backend_model
                     && s.settings.effort == input.effort
@@ -285,7 +253,7 @@ impl ClaudeCode {
             Some((kept, from)) => {
                 let text = render::continued(&input.messages[from..])?.join("\n\n");
                 let session = kept.take().filter(|s| {
-                    let claimed = self.claim(s);
+                    let claimed = self.places.claim(s);
                     if !claimed {
                         s.release();
                     }
@@ -310,8 +278,7 @@ impl ClaudeCode {
         let (tx, rx) = futures::channel::mpsc::unbounded();
         session.open(&text, tx, meter);
         tracing::debug!(backend = %self.name, execution = %execution_id, session = session.id, "claude turn started");
-        let turn = ClaudeTurn::new(session, self.idle.clone());
-        Ok(Turn::new(rx, Box::new(turn)))
+        Ok(Turn::new(rx, Box::new(self.places.turn(session))))
     }
 }
 
@@ -399,8 +366,8 @@ impl Backend for ClaudeCode {
 
     fn stats(&self) -> SessionStats {
         SessionStats {
-            busy: self.permits.busy(),
-            capacity: self.permits.capacity(),
+            busy: self.places.permits.busy(),
+            capacity: self.places.permits.capacity(),
             processes_alive: self.alive.load(Ordering::SeqCst) as usize,
             ..SessionStats::default()
         }
@@ -408,7 +375,7 @@ impl Backend for ClaudeCode {
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            self.permits.close();
+            self.places.permits.close();
             self.shutdown.cancel();
             self.tracker.close();
             self.tracker.wait().await;

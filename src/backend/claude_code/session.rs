@@ -25,6 +25,7 @@ use super::approval::Answer;
 use super::control::{self, Frame};
 use super::names::Names;
 use crate::backend::agent::child::{Child, Output};
+use crate::backend::agent::sessions::AgentSession;
 use crate::backend::{BackendError, HeldCall, Meter, TurnEvent};
 use crate::turn::{Effort, Usage};
 
@@ -473,6 +474,36 @@ impl Session {
             _ => TurnEvent::Failed(format!("claude turn ended: {subtype}")),
         };
         self.end(&mut state, ev);
+    }
+}
+
+impl AgentSession for Session {
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn answer(&self, invocation: u64, text: &str, failed: bool) -> bool {
+        Session::answer(self, invocation, text, failed)
+    }
+    fn steer(&self, input: Vec<String>) -> bool {
+        Session::steer(self, input)
+    }
+    fn interrupt(&self) {
+        Session::interrupt(self)
+    }
+    fn is_alive(&self) -> bool {
+        self.child.is_alive()
+    }
+    fn finished(&self) -> bool {
+        Session::finished(self)
+    }
+    fn usable(&self) -> bool {
+        Session::usable(self)
+    }
+    fn close_route(&self) {
+        Session::close_route(self)
+    }
+    fn release(&self) {
+        Session::release(self)
     }
 }
 

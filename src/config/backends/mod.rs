@@ -9,6 +9,7 @@
 //! reports its errors at the section (`backends.NAME`); [`section_error`] re-reads that one
 //! section to name the key, and words a key of another kind or an unknown `kind` as such.
 
+mod acp;
 mod agent;
 mod app_server;
 mod claude_code;
@@ -27,6 +28,7 @@ use serde_path_to_error::{Path as KeyPath, Segment};
 use super::raw::RawModel;
 use super::{err, ConfigError};
 
+pub use acp::AcpConfig;
 pub use agent::{ChildConfig, DEFAULT_ENV_PASSTHROUGH};
 pub use app_server::{AppServerConfig, CodexThread};
 pub use claude_code::ClaudeCodeConfig;
@@ -41,6 +43,8 @@ pub(super) enum RawBackend {
     OpenAi(openai::RawOpenAi),
     #[serde(rename = "claude-code")]
     ClaudeCode(claude_code::RawClaudeCode),
+    #[serde(rename = "acp")]
+    Acp(acp::RawAcp),
 }
 
 /// One validated `[backends.NAME]` section.
@@ -52,6 +56,8 @@ pub enum BackendSpec {
     OpenAi(UpstreamConfig),
     /// `kind = "claude-code"`: Claude Code processes holding turns, one per session.
     ClaudeCode(ClaudeCodeConfig),
+    /// `kind = "acp"`: Agent Client Protocol agents holding turns, one process per session.
+    Acp(AcpConfig),
 }
 
 /// A kind as [`section_error`] reads it: its `kind` value, the keys its section takes, and
@@ -78,6 +84,11 @@ const KINDS: &[Kind] = &[
         keys: keys_of::<claude_code::RawClaudeCode>,
         read: read_as::<claude_code::RawClaudeCode>,
     },
+    Kind {
+        name: "acp",
+        keys: keys_of::<acp::RawAcp>,
+        read: read_as::<acp::RawAcp>,
+    },
 ];
 
 /// The error of reading `section` as a `T`, with its key path.
@@ -94,6 +105,7 @@ impl BackendSpec {
             BackendSpec::AppServer(_) => "app-server",
             BackendSpec::OpenAi(_) => "openai",
             BackendSpec::ClaudeCode(_) => "claude-code",
+            BackendSpec::Acp(_) => "acp",
         }
     }
 
@@ -102,7 +114,15 @@ impl BackendSpec {
         match self {
             BackendSpec::AppServer(c) => Some(&c.child),
             BackendSpec::ClaudeCode(c) => Some(&c.child),
+            BackendSpec::Acp(c) => Some(&c.child),
             BackendSpec::OpenAi(_) => None,
+        }
+    }
+
+    /// `[mcp_bridge] listen`, for the kinds that serve the client's tools through it.
+    pub(super) fn set_mcp_bridge(&mut self, listen: std::net::SocketAddr) {
+        if let BackendSpec::Acp(c) = self {
+            c.mcp_bridge = listen;
         }
     }
 
@@ -151,6 +171,7 @@ pub(super) fn backends(
                 RawBackend::ClaudeCode(b) => {
                     BackendSpec::ClaudeCode(claude_code::validate(&name, b, base)?)
                 }
+                RawBackend::Acp(b) => BackendSpec::Acp(acp::validate(&name, b, base)?),
             };
             Ok((name, spec))
         })

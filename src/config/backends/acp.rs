@@ -1,0 +1,60 @@
+//! `kind = "acp"`: any agent that speaks the Agent Client Protocol over stdio, one process
+//! per session, the client's tools served to it through the MCP bridge (`[mcp_bridge]`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::super::raw::{DEFAULT_ACQUIRE_TIMEOUT_MS, DEFAULT_MAX_SESSIONS};
+use super::super::{err, ConfigError};
+use super::agent::{child, ChildConfig, RawChild};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(in crate::config) struct RawAcp {
+    pub command: Option<Vec<String>>,
+    pub env: Option<BTreeMap<String, String>>,
+    pub env_passthrough: Option<Vec<String>>,
+    pub cwd: Option<String>,
+    pub max_sessions: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcpConfig {
+    /// The program and its arguments (`["gemini", "--acp"]`). No `cwd` here: each session
+    /// gets the configured folder or a scratch one of its own.
+    pub child: ChildConfig,
+    /// Every agent process (live, held and idle) takes one.
+    pub max_sessions: usize,
+    pub acquire_timeout: Duration,
+    /// `[mcp_bridge] listen`: where the agent reaches the client's tools.
+    pub mcp_bridge: SocketAddr,
+}
+
+pub(super) fn validate(name: &str, b: RawAcp, base: &Path) -> Result<AcpConfig, ConfigError> {
+    let raw_child = RawChild {
+        command: b.command,
+        env: b.env,
+        env_passthrough: b.env_passthrough,
+        cwd: b.cwd,
+    };
+    let child = child(name, raw_child, base, &[])?;
+    let max_sessions = b.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS);
+    if max_sessions == 0 {
+        return Err(err(
+            format!("backends.{name}.max_sessions"),
+            "must be greater than 0",
+        ));
+    }
+    Ok(AcpConfig {
+        child,
+        max_sessions,
+        acquire_timeout: Duration::from_millis(DEFAULT_ACQUIRE_TIMEOUT_MS),
+        mcp_bridge: super::super::raw::DEFAULT_MCP_BRIDGE_LISTEN
+            .parse()
+            .expect("the default is an address"),
+    })
+}
