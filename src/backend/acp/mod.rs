@@ -265,22 +265,23 @@ impl Acp {
     }
 }
 
-/// `backend_model` through what the agent advertises: a session config option of category
-/// `model`, else its session models (`session/set_model`).
+/// `backend_model` through what the agent advertises: its session models
+/// (`session/set_model`, which both tested agents take verbatim), else a session config option
+/// of category `model` (which takes only the values it lists).
 async fn choose_model(session: &Session, opened: &Value, model: &str) -> Result<(), BackendError> {
     let sid = session.acp_session();
-    if let Some(option) = config_option(opened, "model") {
-        let params = json!({"sessionId": sid, "configId": option, "value": model});
-        session.request("session/set_config_option", params).await?;
-        return Ok(());
-    }
     if opened["models"].is_object() {
         let params = json!({"sessionId": sid, "modelId": model});
         session.request("session/set_model", params).await?;
         return Ok(());
     }
+    if let Some(option) = config_option(opened, "model") {
+        let params = json!({"sessionId": sid, "configId": option, "value": model});
+        session.request("session/set_config_option", params).await?;
+        return Ok(());
+    }
     Err(BackendError::Unavailable(
-        "the agent offers no model choice (no `model` config option, no session models): leave `backend_model` unset".into(),
+        "the agent offers no model choice (no session models, no `model` config option): leave `backend_model` unset".into(),
     ))
 }
 

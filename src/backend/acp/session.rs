@@ -249,7 +249,7 @@ impl Session {
         let interrupted = state.route.as_ref().is_some_and(|r| r.interrupted);
         let ev = match result {
             Ok(result) => {
-                if let Some(usage) = usage(&result["usage"]) {
+                if let Some(usage) = usage(&result) {
                     if let Some(r) = state.route.as_ref() {
                         (r.meter)(usage);
                     }
@@ -440,10 +440,22 @@ impl AgentSession for Session {
     }
 }
 
-/// A turn's usage as the prompt response reports it (ACP's `usage`: input tokens are the
+/// A turn's usage as the prompt response reports it: ACP's `usage` (input tokens are the
 /// uncached ones; prompt tokens here are input plus cache reads and writes, as everywhere in
-/// the gateway).
-fn usage(u: &Value) -> Option<Usage> {
+/// the gateway), else Gemini CLI's `_meta.quota.token_count`.
+fn usage(result: &Value) -> Option<Usage> {
+    let quota = &result["_meta"]["quota"]["token_count"];
+    if !result["usage"].is_object() && quota.is_object() {
+        let count = |k: &str| quota.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let (prompt, completion) = (count("input_tokens"), count("output_tokens"));
+        return Some(Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            ..Usage::default()
+        });
+    }
+    let u = &result["usage"];
     let count = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
     if !u.is_object() {
         return None;

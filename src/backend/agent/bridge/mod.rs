@@ -238,12 +238,52 @@ async fn serve(
         )
             .into_response();
     };
+    let (parts, body) = req.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
+        return (StatusCode::PAYLOAD_TOO_LARGE, "too large").into_response();
+    };
+    if let Some(refusal) = replayed(&shared, &parts, &body) {
+        return refusal;
+    }
     let service = shared.service.clone();
     drop(shared);
+    let req = Request::from_parts(parts, Body::from(body));
     match service.oneshot(req).await {
         Ok(response) => response.map(Body::new),
         Err(never) => match never {},
     }
+}
+
+/// A `tools/call` whose id its MCP session already used while the same execution runs: refused
+/// before the MCP service sees it (which would otherwise answer the two on one stream).
+fn replayed(shared: &Shared, parts: &axum::http::request::Parts, body: &[u8]) -> Option<Response> {
+    let msg: Value = serde_json::from_slice(body).ok()?;
+    if msg["method"] != "tools/call" {
+        return None;
+    }
+    let execution = shared.host.upgrade()?.running()?;
+    let mcp_session = parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let key = format!("{mcp_session} {}", msg["id"]);
+    let mut seen = shared.seen.lock();
+    if seen.0 != execution {
+        *seen = (execution, HashSet::new());
+    }
+    if seen.1.insert(key) {
+        return None;
+    }
+    let error = serde_json::json!({"jsonrpc": "2.0", "id": msg["id"],
+        "error": {"code": -32600, "message": "this tools/call id was already used"}});
+    Some(
+        (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            error.to_string(),
+        )
+            .into_response(),
+    )
 }
 
 #[derive(Clone)]
@@ -292,26 +332,6 @@ impl ServerHandler for Handler {
                 None,
             ));
         };
-        // One use per id (within its MCP session) while the execution runs.
-        let mcp_session = context
-            .extensions
-            .get::<axum::http::request::Parts>()
-            .and_then(|p| p.headers.get("mcp-session-id"))
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
-        let key = format!("{mcp_session} {}", context.id);
-        {
-            let mut seen = shared.seen.lock();
-            if seen.0 != execution {
-                *seen = (execution, HashSet::new());
-            }
-            if !seen.1.insert(key) {
-                return Err(McpError::invalid_request(
-                    "this tools/call id was already used",
-                    None,
-                ));
-            }
-        }
         let arguments = match request.arguments {
             Some(a) => Value::Object(a).to_string(),
             None => "{}".to_string(),
