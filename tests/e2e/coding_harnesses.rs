@@ -59,6 +59,16 @@ pub(crate) const CLAUDE: Harness = Harness {
     package: "@anthropic-ai/claude-code",
     bin: "claude",
 };
+pub(crate) const GEMINI: Harness = Harness {
+    name: "gemini",
+    package: "@google/gemini-cli",
+    bin: "gemini",
+};
+pub(crate) const CLAUDE_ACP: Harness = Harness {
+    name: "claude-acp",
+    package: "@zed-industries/claude-agent-acp",
+    bin: "claude-agent-acp",
+};
 
 impl Harness {
     fn dir(&self) -> PathBuf {

@@ -5,6 +5,7 @@
 // Tests and benchmarks: unwrap is the assertion, and wall-clock time is what they measure.
 #![allow(clippy::unwrap_used, clippy::disallowed_types)]
 
+mod acp;
 mod approvals;
 mod claude_backend;
 mod claude_code;

@@ -1,0 +1,447 @@
+//! ACP agents as held-turn backends (`kind = "acp"`): the real Gemini CLI (`gemini --acp`)
+//! against a scripted Gemini API (`support/fake_gemini.rs`) and Claude's ACP adapter
+//! (`claude-agent-acp`, over the Claude Code it bundles) against the scripted Messages API
+//! (`support/fake_messages.rs`), both installed by `.ci/run`, driven through the gateway's
+//! surfaces. Every test runs once per agent.
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::coding_harnesses::{CLAUDE_ACP, GEMINI};
+use crate::support::fake_gemini::FakeGemini;
+use crate::support::fake_messages::FakeMessages;
+use crate::support::{messages, *};
+
+/// The scripted model API of one agent.
+enum Fake {
+    Gemini(FakeGemini),
+    Messages(FakeMessages),
+}
+
+impl Fake {
+    fn bodies(&self, scenario: &str) -> Vec<Value> {
+        match self {
+            Fake::Gemini(f) => f.bodies(scenario),
+            Fake::Messages(f) => f.bodies(scenario),
+        }
+    }
+
+    fn hold_next(&self) {
+        let seen = match self {
+            Fake::Gemini(f) => &f.seen.hold_next,
+            Fake::Messages(f) => &f.seen.hold_next,
+        };
+        seen.store(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn held(&self) -> usize {
+        let held = match self {
+            Fake::Gemini(f) => &f.seen.held,
+            Fake::Messages(f) => &f.seen.held,
+        };
+        held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn release(&self) {
+        match self {
+            Fake::Gemini(f) => f.seen.release.notify_waiters(),
+            Fake::Messages(f) => f.seen.release.notify_waiters(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Agent {
+    Gemini,
+    Claude,
+}
+
+/// Models: (id, scenario, approvals); every model is on the agent's one backend.
+const MODELS: &[(&str, &str, &str)] = &[
+    ("acp-one", "one", "{}"),
+    ("acp-parallel", "parallel", "{}"),
+    ("acp-text", "text", "{}"),
+    ("acp-bash-ask", "bash", r#"{ command = "ask" }"#),
+];
+
+/// A gateway with the agent as backend `agent` (its working folder `work/` in the gateway's
+/// folder) on a fresh fake; None when the agent is not installed.
+async fn rig(agent: Agent, opts: Opts) -> Option<(Fake, Gateway)> {
+    let (bin, fake) = match agent {
+        Agent::Gemini => (GEMINI.locate()?, Fake::Gemini(FakeGemini::start().await)),
+        Agent::Claude => (
+            CLAUDE_ACP.locate()?,
+            Fake::Messages(FakeMessages::start().await),
+        ),
+    };
+    let url = match &fake {
+        Fake::Gemini(f) => f.url.clone(),
+        Fake::Messages(f) => f.url.clone(),
+    };
+    let gw = Gateway::start_raw(opts, move |o, dir| {
+        let mut s = config_text(o, dir);
+        let work = dir.join("work");
+        std::fs::create_dir_all(&work).unwrap();
+        let (command, env) = match agent {
+            Agent::Gemini => {
+                // Gemini CLI's user settings: no usage statistics, telemetry or updates.
+                let home = dir.join("gemini-home");
+                std::fs::create_dir_all(home.join(".gemini")).unwrap();
+                std::fs::write(
+                    home.join(".gemini/settings.json"),
+                    r#"{"privacy":{"usageStatisticsEnabled":false},"telemetry":{"enabled":false},
+                        "general":{"enableAutoUpdate":false,"enableAutoUpdateNotification":false}}"#,
+                )
+                .unwrap();
+                (
+                    format!("[\"{}\", \"--acp\"]", bin.display()),
+                    format!(
+                        "{{ GOOGLE_GEMINI_BASE_URL = \"{url}\", GEMINI_API_KEY = \"fake-key\", \
+                         GEMINI_CLI_TRUST_WORKSPACE = \"true\", GEMINI_CLI_NO_RELAUNCH = \"true\", \
+                         HOME = \"{}\" }}",
+                        home.display()
+                    ),
+                )
+            }
+            Agent::Claude => (
+                format!("[\"{}\"]", bin.display()),
+                format!(
+                    "{{ ANTHROPIC_BASE_URL = \"{url}\", ANTHROPIC_API_KEY = \"sk-fake-upstream\" }}"
+                ),
+            ),
+        };
+        s.push_str(&format!(
+            "\n[backends.agent]\nkind = \"acp\"\ncommand = {command}\nenv = {env}\n\
+             cwd = \"{}\"\nmax_sessions = {}\n",
+            work.display(),
+            o.max_sessions.min(4)
+        ));
+        for (id, scenario, approvals) in MODELS {
+            s.push_str(&format!(
+                "\n[[models]]\nid = \"{id}\"\nbackend = \"agent\"\nbackend_model = \"{scenario}\"\napprovals = {approvals}\n"
+            ));
+        }
+        s
+    })
+    .await;
+    Some((fake, gw))
+}
+
+/// Every process under the gateway (its agents and theirs; zombies included until reaped).
+fn agent_processes(gw: &Gateway) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut queue = vec![gw.pid()];
+    while let Some(pid) = queue.pop() {
+        for child in children(pid) {
+            out.push(child);
+            queue.push(child);
+        }
+    }
+    out
+}
+
+/// The sessions' scratch folders left.
+fn scratch_folders(gw: &Gateway) -> Vec<String> {
+    let prefix = format!("turnstile-acp-{}-", gw.pid());
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+/// Waits (bounded) until no agent process and no session folder is left.
+async fn no_agent_left(gw: &Gateway) {
+    wait_for_within(
+        "every agent process and session folder gone",
+        Duration::from_secs(30),
+        || format!("{:?} {:?}", agent_processes(gw), scratch_folders(gw)),
+        async || {
+            let gone = agent_processes(gw).is_empty() && scratch_folders(gw).is_empty();
+            gone.then_some(())
+        },
+    )
+    .await;
+}
+
+fn path_of(call: &Value) -> String {
+    let a: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    a["path"].as_str().unwrap_or_default().to_string()
+}
+
+macro_rules! for_each_agent {
+    ($($test:ident),* $(,)?) => {
+        mod gemini {
+            $(#[tokio::test] async fn $test() { super::$test(super::Agent::Gemini).await })*
+        }
+        mod claude_agent_acp {
+            $(#[tokio::test] async fn $test() { super::$test(super::Agent::Claude).await })*
+        }
+    };
+}
+
+for_each_agent!(
+    a_held_round_trip_on_chat_completions,
+    a_held_round_trip_on_messages,
+    two_parallel_calls,
+    a_call_held_for_40_seconds_is_answered,
+    an_agent_permission_under_ask_approved_then_denied,
+    a_follow_up_continues_the_kept_session,
+    an_expired_turn_ends_its_session,
+    a_client_gone_mid_leg_cancels_the_session,
+    a_killed_agent_loses_its_held_turn,
+);
+
+async fn a_held_round_trip_on_chat_completions(agent: Agent) {
+    let Some((fake, gw)) = rig(agent, Opts::default()).await else {
+        return;
+    };
+    let req = tool_request("acp-one", "read a.txt");
+    let (status, resp) = gw.chat(ALICE, &req).await;
+    assert_eq!(status, 200, "{resp}\n{}", gw.log());
+    let c = calls(&resp);
+    assert_eq!(c.len(), 1, "{resp}");
+    assert!(c[0]["id"].as_str().unwrap().starts_with("srct-"), "{resp}");
+    assert_eq!(c[0]["function"]["name"], "read_file");
+    assert_eq!(path_of(&c[0]), "a.txt");
+    let next = continuation(&req, &resp, |_, _| json!("contents of a"));
+    let (status, done) = gw.chat(ALICE, &next).await;
+    assert_eq!(status, 200, "{done}\n{}", gw.log());
+    assert_eq!(content(&done), "results: contents of a");
+    assert_eq!(fake.bodies("one").len(), 2, "the model was asked twice");
+    // A replay of the answered token is refused.
+    let (status, v) = gw.chat(ALICE, &next).await;
+    assert_eq!(status, 409, "{v}");
+    // The turn's usage was metered.
+    let total = wait_for_within(
+        "usage flushed",
+        Duration::from_secs(15),
+        String::new,
+        async || {
+            let (_, v) = get(&gw, ALICE, "/v1/usage").await;
+            let t = v["total"].clone();
+            (t["output_tokens"].as_u64() >= Some(40)).then_some(t)
+        },
+    )
+    .await;
+    assert_eq!(total["output_tokens"], 40, "{total}");
+}
+
+async fn a_held_round_trip_on_messages(agent: Agent) {
+    let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
+        return;
+    };
+    let mut req = messages::request("acp-one", "read a.txt");
+    // An effort this kind cannot honour is refused (400); without it the turn runs.
+    let (s, _, refused) = messages::stream(&gw, ALICE, &req).await;
+    assert_eq!(s, 400, "{refused}");
+    req.as_object_mut().unwrap().remove("output_config");
+    let (s, ev, resp) = messages::stream(&gw, ALICE, &req).await;
+    assert_eq!(s, 200, "{ev:?}\n{}", gw.log());
+    assert_eq!(resp["stop_reason"], "tool_use");
+    let uses = messages::tool_uses(&resp);
+    assert_eq!(uses.len(), 1, "{resp}");
+    assert!(messages::is_token(&uses[0]["id"]), "{resp}");
+    let next = messages::answer(
+        &req,
+        &resp,
+        |_, _| json!({"content": [{"type": "text", "text": "no such file"}], "is_error": true}),
+        &[],
+    );
+    let (s, ev, done) = messages::stream(&gw, ALICE, &next).await;
+    assert_eq!(s, 200, "{ev:?}");
+    // The failed result reached the model as an error.
+    assert!(messages::text(&done).starts_with("results: !"), "{done}");
+    assert!(messages::text(&done).contains("no such file"), "{done}");
+    assert_eq!(done["stop_reason"], "end_turn");
+}
+
+/// Claude Code runs the two read-only calls together (one batch); Gemini CLI runs an MCP
+/// server's calls one after the other (two rounds). Either way each result reaches its call.
+async fn two_parallel_calls(agent: Agent) {
+    let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
+        return;
+    };
+    let mut req = tool_request("acp-parallel", "read two files");
+    let mut asked = Vec::new();
+    let done = loop {
+        let (s, resp) = gw.chat(ALICE, &req).await;
+        assert_eq!(s, 200, "{resp}\n{}", gw.log());
+        let c = calls(&resp);
+        if c.is_empty() {
+            break resp;
+        }
+        assert!(asked.len() < 2, "more calls than the model made: {resp}");
+        let paths: Vec<String> = c.iter().map(path_of).collect();
+        asked.extend(paths.clone());
+        req = continuation(&req, &resp, |i, _| {
+            json!(format!("content of {}", paths[i]))
+        });
+    };
+    asked.sort();
+    assert_eq!(asked, ["a.txt", "b.txt"]);
+    assert_eq!(
+        content(&done),
+        "results: content of a.txt | content of b.txt"
+    );
+}
+
+async fn a_call_held_for_40_seconds_is_answered(agent: Agent) {
+    let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
+        return;
+    };
+    let req = tool_request("acp-one", "read a.txt");
+    let (s, resp) = gw.chat(ALICE, &req).await;
+    assert_eq!(s, 200, "{resp}");
+    // The client runs its tool for 40 s.
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let next = continuation(&req, &resp, |_, _| json!("late contents"));
+    let (s, done) = gw.chat(ALICE, &next).await;
+    assert_eq!(s, 200, "{done}\n{}", gw.log());
+    assert_eq!(content(&done), "results: late contents");
+}
+
+/// The approval of the pending ask, decided by the approver.
+async fn decide(gw: &Gateway, approve: bool) -> Value {
+    let ask = pending(gw, ROOT).await;
+    assert_eq!(ask["kind"], "command", "{ask}");
+    assert!(
+        ask["summary"]["command"]
+            .as_str()
+            .unwrap()
+            .contains("bash-ran.txt"),
+        "{ask}"
+    );
+    let decision = if approve { "approve" } else { "deny" };
+    let r = gw
+        .http
+        .post(format!(
+            "{}/v1/approvals/{}/decision",
+            gw.url,
+            ask["id"].as_str().unwrap()
+        ))
+        .bearer_auth(ROOT)
+        .json(&json!({"decision": decision}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    ask
+}
+
+async fn an_agent_permission_under_ask_approved_then_denied(agent: Agent) {
+    let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
+        return;
+    };
+    let marker = gw.dir.path().join("work/bash-ran.txt");
+    // Approved: it runs.
+    let req = json!({"model": "acp-bash-ask", "messages": [user("run it")]});
+    let (answer, ask) = tokio::join!(gw.chat(ALICE, &req), decide(&gw, true));
+    assert_eq!(answer.0, 200, "{}\n{}", answer.1, gw.log());
+    assert!(
+        ask["summary"]["cwd"].as_str().unwrap().ends_with("/work"),
+        "{ask}"
+    );
+    wait_until("the marker written", || marker.exists()).await;
+    assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "gateway");
+    std::fs::remove_file(&marker).unwrap();
+    // Denied: it does not run, and the model hears so.
+    let (answer, _) = tokio::join!(gw.chat(ALICE, &req), decide(&gw, false));
+    assert_eq!(answer.0, 200, "{}", answer.1);
+    assert!(content(&answer.1).starts_with("results: !"), "{}", answer.1);
+    assert!(!marker.exists());
+    let (_, v) = get(&gw, ROOT, "/v1/approvals").await;
+    assert_eq!(v["data"].as_array().unwrap().len(), 2, "{v}");
+}
+
+async fn a_follow_up_continues_the_kept_session(agent: Agent) {
+    let Some((fake, gw)) = rig(agent, Opts::default()).await else {
+        return;
+    };
+    let first = json!({"model": "acp-text", "messages": [user("hello there")]});
+    let (s, resp) = gw.chat(ALICE, &first).await;
+    assert_eq!(s, 200, "{resp}\n{}", gw.log());
+    assert_eq!(content(&resp), "You said: hello there");
+    let pids = agent_processes(&gw);
+    assert!(!pids.is_empty());
+    let follow = json!({"model": "acp-text", "messages": [
+        user("hello there"),
+        {"role": "assistant", "content": content(&resp)},
+        user("and again"),
+    ]});
+    let (s, resp) = gw.chat(ALICE, &follow).await;
+    assert_eq!(s, 200, "{resp}");
+    assert_eq!(content(&resp), "You said: and again");
+    // The same process, and the model got the new message after its own history.
+    assert_eq!(agent_processes(&gw), pids);
+    let last = fake.bodies("text").pop().unwrap();
+    let text = last.to_string();
+    assert!(!text.contains("The conversation so far"), "{last}");
+}
+
+async fn an_expired_turn_ends_its_session(agent: Agent) {
+    let opts = Opts {
+        execution_ttl_seconds: 2,
+        ..Opts::default()
+    };
+    let Some((_fake, gw)) = rig(agent, opts).await else {
+        return;
+    };
+    let req = tool_request("acp-one", "read a.txt");
+    let (s, resp) = gw.chat(ALICE, &req).await;
+    assert_eq!(s, 200, "{resp}");
+    assert!(!agent_processes(&gw).is_empty());
+    no_agent_left(&gw).await;
+    let next = continuation(&req, &resp, |_, _| json!("too late"));
+    let (s, v) = gw.chat(ALICE, &next).await;
+    assert_eq!(s, 410, "{v}");
+}
+
+async fn a_client_gone_mid_leg_cancels_the_session(agent: Agent) {
+    let Some((fake, gw)) = rig(agent, Opts::default()).await else {
+        return;
+    };
+    fake.hold_next();
+    let mut req = tool_request("acp-one", "read a.txt");
+    req["stream"] = json!(true);
+    let resp = gw.post(ALICE, &req).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    wait_until("the model call arrived", || fake.held() == 1).await;
+    drop(resp);
+    no_agent_left(&gw).await;
+    fake.release();
+    // The gateway still serves the backend.
+    let (s, resp) = gw.chat(ALICE, &tool_request("acp-one", "read a.txt")).await;
+    assert_eq!(s, 200, "{resp}");
+}
+
+async fn a_killed_agent_loses_its_held_turn(agent: Agent) {
+    let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
+        return;
+    };
+    let req = tool_request("acp-one", "read a.txt");
+    let (s, resp) = gw.chat(ALICE, &req).await;
+    assert_eq!(s, 200, "{resp}");
+    // The agent the gateway started (its direct child).
+    let agents = children(gw.pid());
+    assert!(!agents.is_empty());
+    for pid in &agents {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    wait_until("the death settled", || gw.log().contains("reason=\"lost\"")).await;
+    no_agent_left(&gw).await;
+    let next = continuation(&req, &resp, |_, _| json!("after the crash"));
+    let (s, v) = wait_for("the lost turn settled", async || {
+        let (s, v) = gw.chat(ALICE, &next).await;
+        (s != 409).then_some((s, v))
+    })
+    .await;
+    assert_eq!(s, 410, "{v}\n{}", gw.log());
+    // A fresh turn starts a fresh process.
+    let (s, resp) = gw.chat(ALICE, &tool_request("acp-one", "again")).await;
+    assert_eq!(s, 200, "{resp}");
+}
