@@ -129,15 +129,25 @@ async fn rig(agent: Agent, opts: Opts) -> Option<(Fake, Gateway)> {
     Some((fake, gw))
 }
 
-/// Every process under the gateway (its agents and theirs; zombies included until reaped).
+/// The agents the gateway started (its children but the demo backend of the default config).
+fn agents(gw: &Gateway) -> Vec<u32> {
+    let demo = |pid: &u32| {
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        String::from_utf8_lossy(&cmd).contains("turnstile-demo-backend")
+    };
+    children(gw.pid())
+        .into_iter()
+        .filter(|p| !demo(p))
+        .collect()
+}
+
+/// The agents and their processes (zombies included until reaped).
 fn agent_processes(gw: &Gateway) -> Vec<u32> {
     let mut out = Vec::new();
-    let mut queue = vec![gw.pid()];
+    let mut queue = agents(gw);
     while let Some(pid) = queue.pop() {
-        for child in children(pid) {
-            out.push(child);
-            queue.push(child);
-        }
+        out.push(pid);
+        queue.extend(children(pid));
     }
     out
 }
@@ -157,7 +167,21 @@ async fn no_agent_left(gw: &Gateway) {
     wait_for_within(
         "every agent process and session folder gone",
         Duration::from_secs(30),
-        || format!("{:?} {:?}", agent_processes(gw), scratch_folders(gw)),
+        || {
+            let procs: Vec<String> = agent_processes(gw)
+                .iter()
+                .map(|p| {
+                    let stat =
+                        std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                    let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                    format!(
+                        "{stat} {}",
+                        String::from_utf8_lossy(&cmd).replace('\0', " ")
+                    )
+                })
+                .collect();
+            format!("{procs:?} {:?}\n{}", scratch_folders(gw), gw.log())
+        },
         async || {
             let gone = agent_processes(gw).is_empty() && scratch_folders(gw).is_empty();
             gone.then_some(())
@@ -202,7 +226,7 @@ async fn a_held_round_trip_on_chat_completions(agent: Agent) {
     let (status, resp) = gw.chat(ALICE, &req).await;
     assert_eq!(status, 200, "{resp}\n{}", gw.log());
     let c = calls(&resp);
-    assert_eq!(c.len(), 1, "{resp}");
+    assert_eq!(c.len(), 1, "{resp}\n{}", gw.log());
     assert!(c[0]["id"].as_str().unwrap().starts_with("srct-"), "{resp}");
     assert_eq!(c[0]["function"]["name"], "read_file");
     assert_eq!(path_of(&c[0]), "a.txt");
@@ -425,9 +449,9 @@ async fn a_killed_agent_loses_its_held_turn(agent: Agent) {
     let (s, resp) = gw.chat(ALICE, &req).await;
     assert_eq!(s, 200, "{resp}");
     // The agent the gateway started (its direct child).
-    let agents = children(gw.pid());
-    assert!(!agents.is_empty());
-    for pid in &agents {
+    let started = agents(&gw);
+    assert!(!started.is_empty());
+    for pid in &started {
         let _ = Command::new("kill")
             .args(["-KILL", &pid.to_string()])
             .status();

@@ -130,7 +130,14 @@ fn last_user_text(body: &Value) -> String {
             .join("\n"),
         _ => String::new(),
     };
-    text.trim().to_string()
+    // Claude Code's transcript of a model change (`/model`) comes before the user's text.
+    let text: Vec<&str> = text
+        .split("\n\n")
+        .filter(|p| {
+            !p.starts_with("<local-command-") && !p.trim_start().starts_with("<command-name>")
+        })
+        .collect();
+    text.join("\n\n").trim().to_string()
 }
 
 /// Tool rounds already answered: assistant messages that called tools.

@@ -238,6 +238,15 @@ async fn serve(
         )
             .into_response();
     };
+    // No stream of server-initiated messages: the bridge sends none, and an agent that sees
+    // such a stream end may drop the server's tools.
+    if req.method() == axum::http::Method::GET {
+        return (
+            StatusCode::METHOD_NOT_ALLOWED,
+            [(axum::http::header::ALLOW, "POST, DELETE")],
+        )
+            .into_response();
+    }
     let (parts, body) = req.into_parts();
     let Ok(body) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
         return (StatusCode::PAYLOAD_TOO_LARGE, "too large").into_response();
