@@ -223,8 +223,11 @@ fn check_agents(cfg: &turnstile::config::Config) -> ExitCode {
 /// written on the request path; the thread writes what queued up in one go as soon as it
 /// wakes, and what is left when the returned guard drops (at exit).
 fn init_logs(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+    // The MCP SDK logs the bridge's messages (tool arguments and results) at info and debug:
+    // never below warn, whatever TURNSTILE_LOG asks.
     let filter = tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+        .add_directive("rmcp=warn".parse().expect("a valid directive"));
     let (writer, guard) =
         tracing_appender::non_blocking(std::io::BufWriter::new(std::io::stderr()));
     let builder = tracing_subscriber::fmt()

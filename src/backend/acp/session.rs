@@ -470,7 +470,6 @@ fn usage(result: &Value) -> Option<Usage> {
         cached_tokens: read,
         cache_write_tokens: write,
         reasoning_tokens: count("thoughtTokens"),
-        ..Usage::default()
     })
 }
 

@@ -71,11 +71,14 @@ pub struct Answered {
     pub beside: Vec<String>,
 }
 
+/// The open endpoints, by path.
+type Endpoints = Arc<Mutex<HashMap<String, Arc<Shared>>>>;
+
 /// One bridge listener, shared by every backend configured with the same address.
 pub struct Bridge {
     /// The address the listener is bound to (the configured one, with its port resolved).
     pub addr: SocketAddr,
-    endpoints: Arc<Mutex<HashMap<String, Arc<Shared>>>>,
+    endpoints: Endpoints,
     shutdown: CancellationToken,
 }
 
@@ -106,7 +109,7 @@ impl Bridge {
         std_listener.set_nonblocking(true).map_err(unavailable)?;
         let addr = std_listener.local_addr().map_err(unavailable)?;
         let listener = tokio::net::TcpListener::from_std(std_listener).map_err(unavailable)?;
-        let endpoints: Arc<Mutex<HashMap<String, Arc<Shared>>>> = Arc::default();
+        let endpoints: Endpoints = Arc::default();
         let shutdown = CancellationToken::new();
         let app = axum::Router::new()
             .route("/mcp/{endpoint}", any(serve))
@@ -216,7 +219,7 @@ struct Shared {
 /// Every request: the endpoint and its bearer first (an unknown endpoint and a wrong bearer
 /// get the same answer), then the MCP SDK's service.
 async fn serve(
-    State(endpoints): State<Arc<Mutex<HashMap<String, Arc<Shared>>>>>,
+    State(endpoints): State<Endpoints>,
     Path(endpoint): Path<String>,
     req: Request,
 ) -> Response {

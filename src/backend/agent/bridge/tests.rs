@@ -2,11 +2,14 @@ use super::*;
 
 use serde_json::json;
 
+/// A held call: (execution, name, arguments, where its answer goes).
+type Call = (u64, String, String, oneshot::Sender<Answered>);
+
 /// A session whose running execution the test sets, recording the calls it holds.
 #[derive(Default)]
 struct FakeHost {
     running: Mutex<Option<u64>>,
-    calls: Mutex<Vec<(u64, String, String, oneshot::Sender<Answered>)>>,
+    calls: Mutex<Vec<Call>>,
     arrived: tokio::sync::Notify,
 }
 
@@ -126,7 +129,7 @@ async fn setup() -> (Arc<Bridge>, Arc<FakeHost>, Endpoint) {
     (bridge, host, endpoint)
 }
 
-async fn next_call(host: &FakeHost) -> (u64, String, String, oneshot::Sender<Answered>) {
+async fn next_call(host: &FakeHost) -> Call {
     loop {
         let notified = host.arrived.notified();
         if let Some(c) = host.calls.lock().pop() {
