@@ -36,7 +36,7 @@ fn backend_errors_name_their_key() {
     let cases: &[(&str, &str)] = &[
         (
             "kind = \"nope\"\ncommand = [\"x\"]",
-            "config backends.b.kind: unknown backend kind `nope` (expected `app-server`, `openai` or `claude-code`)",
+            "config backends.b.kind: unknown backend kind `nope` (expected `app-server`, `openai`, `claude-code` or `acp`)",
         ),
         (
             "kind = 3",
@@ -210,5 +210,53 @@ fn a_claude_code_backend_takes_exactly_its_keys() {
         let text = base_toml().replace("[backends.demo]", &format!("{minimal}{extra}\n[backends.demo]"));
         let e = parse(&text).unwrap_err().to_string();
         assert!(e.starts_with(want), "{extra}: {e}");
+    }
+}
+
+#[test]
+fn an_acp_backend_takes_exactly_its_keys_and_the_bridge_is_loopback() {
+    let minimal = "[backends.ag]\nkind = \"acp\"\ncommand = [\"gemini\", \"--acp\"]\n";
+    let text = base_toml().replace("[backends.demo]", &format!("{minimal}\n[backends.demo]"));
+    let cfg = parse(&text).unwrap();
+    let Some(BackendSpec::Acp(acp)) = cfg.backends.get("ag") else {
+        panic!("an acp backend: {:?}", cfg.backends);
+    };
+    assert_eq!(acp.child.command, ["gemini", "--acp"]);
+    assert_eq!(acp.mcp_bridge.to_string(), "127.0.0.1:0");
+    let with_bridge = format!("[mcp_bridge]\nlisten = \"[::1]:7000\"\n{text}");
+    let Some(BackendSpec::Acp(acp)) = parse(&with_bridge).unwrap().backends.get("ag").cloned()
+    else {
+        panic!("an acp backend");
+    };
+    assert_eq!(acp.mcp_bridge.to_string(), "[::1]:7000");
+    for (bridge, extra, want) in [
+        (
+            "0.0.0.0:0",
+            "",
+            "config mcp_bridge.listen: must be a loopback address",
+        ),
+        (
+            "nowhere",
+            "",
+            "config mcp_bridge.listen: `nowhere` is not an address",
+        ),
+        (
+            "127.0.0.1:0",
+            "builtin_tools = [\"Bash\"]",
+            "config backends.ag.builtin_tools: not valid for kind `acp`",
+        ),
+        (
+            "127.0.0.1:0",
+            "max_sessions = 0",
+            "config backends.ag.max_sessions: must be greater than 0",
+        ),
+    ] {
+        let text = base_toml().replace(
+            "[backends.demo]",
+            &format!("{minimal}{extra}\n[backends.demo]"),
+        );
+        let text = format!("[mcp_bridge]\nlisten = \"{bridge}\"\n{text}");
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(e.starts_with(want), "{bridge} {extra}: {e}");
     }
 }
