@@ -446,7 +446,8 @@ async fn models(State(seen): State<Arc<Seen>>, Path(call): Path<String>, raw: By
         .or(client.iter().find(|n| n.to_lowercase().contains("read")))
         .or(client.first())
         .map(|n| n.to_string())
-        .unwrap_or_else(|| "mcp_t_read_file".to_string());
+        // None declared: a name no agent has, so that the test fails loudly.
+        .unwrap_or_else(|| "no_client_tool_was_declared".to_string());
     let done = rounds(&body);
     let calls: Vec<(String, Value)> = match (model.as_str(), done) {
         ("one", 0) => vec![(tool, json!({"path": "a.txt"}))],

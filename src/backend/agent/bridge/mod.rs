@@ -142,7 +142,11 @@ impl Bridge {
             // still reaches its tools.
             let mut sessions = LocalSessionManager::default();
             sessions.session_config.keep_alive = None;
+            // No SSE priming event (an empty `data:` line): Gemini CLI's MCP client parses it
+            // as a message, fails, and drops the server's tools.
+            sessions.session_config.sse_retry = None;
             let config = StreamableHttpServerConfig::default()
+                .with_sse_retry(None)
                 .with_cancellation_token(closed.clone())
                 .with_max_request_body_bytes(MAX_BODY_BYTES);
             Shared {
