@@ -142,6 +142,8 @@ pub enum Param {
     Tools,
     ToolChoice,
     Model,
+    /// The requested reasoning effort.
+    Effort,
     /// A field of one surface's wire, named as that surface names it.
     Field(&'static str),
 }

@@ -109,6 +109,7 @@ pub fn openai_field(p: Param) -> &'static str {
         Param::Tools => "tools",
         Param::ToolChoice => "tool_choice",
         Param::Model => "model",
+        Param::Effort => "reasoning_effort",
         Param::Field(name) => name,
     }
 }

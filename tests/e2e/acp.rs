@@ -222,7 +222,16 @@ async fn a_held_round_trip_on_chat_completions(agent: Agent) {
     let Some((fake, gw)) = rig(agent, Opts::default()).await else {
         return;
     };
-    let req = tool_request("acp-one", "read a.txt");
+    let mut req = tool_request("acp-one", "read a.txt");
+    // An effort this kind cannot honour is refused, naming the field.
+    req["reasoning_effort"] = json!("high");
+    let (status, v) = gw.chat(ALICE, &req).await;
+    assert_eq!(
+        (status.as_u16(), &v["error"]["param"]),
+        (400, &json!("reasoning_effort")),
+        "{v}"
+    );
+    req.as_object_mut().unwrap().remove("reasoning_effort");
     let (status, resp) = gw.chat(ALICE, &req).await;
     assert_eq!(status, 200, "{resp}\n{}", gw.log());
     let c = calls(&resp);

@@ -295,7 +295,7 @@ async fn choose_effort(
     let Some(option) = config_option(opened, "thought_level") else {
         return Err(BackendError::Invalid {
             message: "this model's agent takes no reasoning effort; leave it unset".into(),
-            param: Param::Field("reasoning_effort"),
+            param: Param::Effort,
         });
     };
     let params = json!({"sessionId": session.acp_session(), "configId": option,

@@ -12,17 +12,21 @@ use crate::backend::{ApprovalAsk, ApprovalKind, ApprovalResponder};
 /// The name the bridge's MCP server has in the agent's `session/new`.
 pub(super) const SERVER: &str = "t";
 
-/// True when the tool call is one of the client's tools served through the bridge: agents
-/// name an MCP tool `mcp__<server>__<tool>` (Claude Code) or `<tool> (<server> MCP Server)`
-/// (Gemini CLI), and some carry the tool's own name in the call's `_meta`.
+/// True when the tool call is one of the client's tools served through the bridge: a call of
+/// kind `other` (never a command, edit, delete, move or fetch) that agents name
+/// `mcp__<server>__<tool>` (Claude Code, also in the call's `_meta`) or
+/// `<tool> (<server> MCP Server)` (Gemini CLI), matched exactly.
 pub(super) fn is_bridge_call(tool_call: &Value, names: &[String]) -> bool {
+    if !matches!(tool_call["kind"].as_str(), None | Some("other")) {
+        return false;
+    }
     let title = tool_call["title"].as_str().unwrap_or_default();
     let meta_name = tool_call["_meta"]["claudeCode"]["toolName"].as_str();
     names.iter().any(|n| {
         let prefixed = format!("mcp__{SERVER}__{n}");
         meta_name == Some(prefixed.as_str())
             || title == prefixed
-            || title.starts_with(&format!("{n} ({SERVER} MCP Server)"))
+            || title == format!("{n} ({SERVER} MCP Server)")
     })
 }
 
@@ -128,5 +132,12 @@ mod tests {
         assert!(is_bridge_call(&gemini, &names));
         assert!(!is_bridge_call(&other, &names));
         assert!(!is_bridge_call(&json!({"title": "Bash"}), &names));
+        // A command or an edit is never taken for a client tool, whatever its title says.
+        let command = json!({"title": "read_file (t MCP Server)", "kind": "execute"});
+        assert!(!is_bridge_call(&command, &names));
+        let edit = json!({"title": "mcp__t__read_file", "kind": "edit"});
+        assert!(!is_bridge_call(&edit, &names));
+        let longer = json!({"title": "read_file (t MCP Server); rm -rf ~", "kind": "other"});
+        assert!(!is_bridge_call(&longer, &names));
     }
 }

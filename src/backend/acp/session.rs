@@ -22,6 +22,9 @@ use crate::backend::agent::sessions::AgentSession;
 use crate::backend::{BackendError, HeldCall, Meter, TurnEvent};
 use crate::turn::{Effort, Usage};
 
+/// How long a released agent gets to exit before its group is killed.
+const RELEASE_GRACE: Duration = Duration::from_secs(2);
+
 /// How long a request to the agent (`initialize`, `session/new`, model choice) may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -411,14 +414,16 @@ impl AgentSession for Session {
         self.state.lock().route = None;
     }
 
-    /// The process and its group are killed, the bridge endpoint goes at once, and the place
-    /// and scratch folder once the process is gone.
+    /// The process group is asked to exit and killed if it has not within `RELEASE_GRACE`; the
+    /// bridge endpoint goes at once, the place and scratch folder once the process is gone.
     fn release(&self) {
         if self.released.swap(true, Ordering::SeqCst) {
             return;
         }
         self.endpoint.lock().take();
-        self.child.close();
+        // Asked to exit first: an agent left to clean up (Gemini CLI releases its file locks)
+        // does not leave the next session waiting on them.
+        self.child.terminate(RELEASE_GRACE);
         let (me, dir, reaped) = (
             self.me.clone(),
             self.scratch.clone(),
@@ -523,5 +528,30 @@ impl Output for Session {
                 alive.fetch_sub(1, Ordering::SeqCst);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turns_usage_from_acp_or_gemini_clis_quota() {
+        let acp = json!({"stopReason": "end_turn", "usage": {"inputTokens": 200, "outputTokens": 40,
+            "cachedReadTokens": 100, "cachedWriteTokens": 14, "totalTokens": 354}});
+        let u = usage(&acp).unwrap();
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens, u.total_tokens),
+            (314, 40, 354)
+        );
+        assert_eq!((u.cached_tokens, u.cache_write_tokens), (100, 14));
+        let gemini = json!({"stopReason": "end_turn", "_meta": {"quota": {"token_count":
+            {"input_tokens": 200, "output_tokens": 40}}}});
+        let u = usage(&gemini).unwrap();
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens, u.total_tokens),
+            (200, 40, 240)
+        );
+        assert!(usage(&json!({"stopReason": "cancelled"})).is_none());
     }
 }

@@ -53,6 +53,8 @@ pub struct Child {
     /// The handshake is done: stderr lines are withheld from then on.
     started: Arc<AtomicBool>,
     tracker: TaskTracker,
+    /// The process id, which leads the child's process group.
+    pid: Option<u32>,
 }
 
 impl Drop for Child {
@@ -106,6 +108,7 @@ impl Child {
             stop: shutdown.clone(),
             started: Arc::new(AtomicBool::new(false)),
             tracker: tracker.clone(),
+            pid: process.id(),
         });
         Ok((
             child,
@@ -233,6 +236,29 @@ impl Child {
     /// Kills the child now (it holds nothing any more).
     pub fn close(&self) {
         self.close.cancel();
+    }
+
+    /// Asks the child's whole group to exit (SIGTERM), and kills it if it has not after
+    /// `grace`: an agent that cleans up on exit (its locks, its session files) gets to.
+    pub fn terminate(self: &Arc<Self>, grace: Duration) {
+        if let (Some(pid), false) = (self.pid, self.reaped.is_cancelled()) {
+            // The leader is not reaped (the supervisor holds it), so the group id is its own.
+            let group = i32::try_from(pid)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw);
+            if let Some(group) = group {
+                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::TERM);
+            }
+        }
+        let me = self.clone();
+        self.tracker.spawn(async move {
+            if tokio::time::timeout(grace, me.reaped.cancelled())
+                .await
+                .is_err()
+            {
+                me.close();
+            }
+        });
     }
 
     pub fn is_closed(&self) -> bool {
@@ -374,5 +400,60 @@ mod tests {
             gone.await.is_ok(),
             "pid {grandchild} outlived its group's leader"
         );
+    }
+
+    /// A child of `script` (under `sh -c`), attached; and its death counter.
+    fn sh(script: &str) -> (Arc<Child>, watch::Receiver<u64>, Arc<Seen>) {
+        let cfg = ChildConfig {
+            command: vec!["sh".into(), "-c".into(), script.into()],
+            env: Default::default(),
+            env_passthrough: vec!["PATH".into()],
+            cwd: None,
+        };
+        let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+        let (child, io) = Child::spawn(1, &cfg, &tracker, &shutdown).unwrap();
+        let seen = Arc::new(Seen(Mutex::new(Vec::new())));
+        let deaths = Arc::new(watch::Sender::new(0));
+        let died = deaths.subscribe();
+        child.attach(io, seen.clone(), deaths);
+        (child, died, seen)
+    }
+
+    async fn ready(seen: &Seen) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while seen.0.lock().is_empty() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the child says it is ready");
+    }
+
+    #[tokio::test]
+    async fn a_terminated_child_exits_on_its_own_and_one_that_will_not_is_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mark = dir.path().join("cleaned-up");
+        // Cleans up on SIGTERM.
+        let script = format!(
+            "trap 'echo done > {}; exit 0' TERM; echo ready; sleep 300 & wait",
+            mark.display()
+        );
+        let (child, mut died, seen) = sh(&script);
+        ready(&seen).await;
+        child.terminate(Duration::from_secs(60));
+        tokio::time::timeout(Duration::from_secs(10), died.changed())
+            .await
+            .expect("it exits well before the grace ends")
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&mark).unwrap().trim(), "done");
+        // Ignores SIGTERM: killed once the grace is over.
+        let (child, mut died, seen) = sh("trap '' TERM; echo ready; while :; do sleep 1; done");
+        ready(&seen).await;
+        child.terminate(Duration::from_millis(200));
+        tokio::time::timeout(Duration::from_secs(10), died.changed())
+            .await
+            .expect("killed after the grace")
+            .unwrap();
+        assert!(!child.is_alive());
     }
 }

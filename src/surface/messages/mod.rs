@@ -165,7 +165,10 @@ impl Surface for Messages {
     }
 
     fn field(p: Param) -> &'static str {
-        openai_field(p)
+        match p {
+            Param::Effort => "output_config.effort",
+            p => openai_field(p),
+        }
     }
 
     fn error_body(e: &ApiError) -> Value {

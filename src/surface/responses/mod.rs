@@ -337,6 +337,7 @@ fn envelope(req: &Request, parallel: bool) -> Map<String, Value> {
 pub fn field(p: Param) -> &'static str {
     match p {
         Param::Conversation => "input",
+        Param::Effort => "reasoning.effort",
         p => super::openai_field(p),
     }
 }
