@@ -84,8 +84,9 @@ impl Acp {
             names: Vec::new(),
             tools: Vec::new(),
         };
-        let (session, agent) = acp.spawn(settings).await?;
+        let (session, init) = acp.spawn(settings).await?;
         session.release();
+        let agent = &init["agentInfo"];
         let version = format!(
             "{} {}",
             agent["name"].as_str().unwrap_or("acp-agent"),
@@ -95,8 +96,7 @@ impl Acp {
         Ok(Arc::new(acp))
     }
 
-    /// Starts a session's process and completes `initialize`; returns the agent's
-    /// `agentInfo`.
+    /// Starts a session's process and completes `initialize`; returns its answer.
     async fn spawn(&self, settings: Settings) -> Result<(Arc<Session>, Value), BackendError> {
         if self.shutdown.is_cancelled() {
             return Err(BackendError::Unavailable("shutting down".into()));
@@ -154,8 +154,7 @@ impl Acp {
                     .into(),
             ));
         }
-        let agent = init["agentInfo"].clone();
-        Ok((starting.done()?, agent))
+        Ok((starting.done()?, init))
     }
 
     /// A new session for this turn: the agent started, its ACP session opened with the
@@ -183,8 +182,19 @@ impl Acp {
             names: tools.iter().map(|t| t.name.clone()).collect(),
             tools: declared,
         };
-        let (session, _) = self.spawn(settings).await?;
+        let (session, init) = self.spawn(settings).await?;
         let starting = Starting(Some(session.clone()));
+        let child = &self.cfg.child;
+        let has = |var: &str| {
+            child.env.contains_key(var)
+                || (child.env_passthrough.iter().any(|p| p == var)
+                    && std::env::var_os(var).is_some())
+        };
+        if let Some(method) = env_auth(&init, has) {
+            session
+                .request("authenticate", json!({"methodId": method}))
+                .await?;
+        }
         let host: Arc<dyn Host> = session.clone();
         let endpoint = self.bridge.open(Arc::downgrade(&host));
         let server = json!({"type": "http", "name": permission::SERVER, "url": endpoint.url,
@@ -304,6 +314,23 @@ async fn choose_effort(
     Ok(())
 }
 
+/// The agent's sign-in by environment variable whose variables the child has (`authMethods`
+/// of type `env_var`, as codex-acp's `OPENAI_API_KEY`), if it offers one.
+fn env_auth(init: &Value, has: impl Fn(&str) -> bool) -> Option<String> {
+    init["authMethods"]
+        .as_array()?
+        .iter()
+        .filter(|m| m["type"] == "env_var")
+        .find(|m| {
+            let vars = m["vars"].as_array();
+            vars.is_some_and(|v| {
+                !v.is_empty() && v.iter().all(|v| v["name"].as_str().is_some_and(&has))
+            })
+        })
+        .and_then(|m| m["id"].as_str())
+        .map(str::to_string)
+}
+
 /// The id of the session config option of `category`, if the agent has one.
 fn config_option(opened: &Value, category: &str) -> Option<String> {
     opened["configOptions"]
@@ -405,5 +432,40 @@ impl Drop for Starting {
         if let Some(s) = self.0.take() {
             s.release();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sign_in_by_a_variable_the_child_has() {
+        let init = json!({"authMethods": [
+            {"id": "chatgpt", "name": "Login"},
+            {"type": "env_var", "id": "codex-api-key", "vars": [{"name": "CODEX_API_KEY"}]},
+            {"type": "env_var", "id": "openai-api-key", "vars": [{"name": "OPENAI_API_KEY"}]},
+        ]});
+        assert_eq!(
+            env_auth(&init, |v| v == "OPENAI_API_KEY").as_deref(),
+            Some("openai-api-key")
+        );
+        assert_eq!(env_auth(&init, |_| false), None);
+        assert_eq!(env_auth(&json!({"authMethods": []}), |_| true), None);
+    }
+
+    #[test]
+    fn model_and_effort_options_by_category() {
+        let opened = json!({"configOptions": [
+            {"id": "mode", "category": "mode"},
+            {"id": "model", "category": "model"},
+            {"id": "reasoning_effort", "category": "thought_level"},
+        ]});
+        assert_eq!(config_option(&opened, "model").as_deref(), Some("model"));
+        assert_eq!(
+            config_option(&opened, "thought_level").as_deref(),
+            Some("reasoning_effort")
+        );
+        assert_eq!(config_option(&json!({}), "model"), None);
     }
 }
