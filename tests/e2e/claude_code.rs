@@ -81,12 +81,14 @@ async fn claude_code_discovers_the_callers_models_from_the_gateway() {
         debug.contains("[gatewayDiscovery] cached 2 models"),
         "{why}"
     );
-    let log = gw.log();
-    assert!(
+    // Log lines are written by a thread of their own: wait (bounded) for the request's.
+    let listed = |log: &str| {
         log.lines()
-            .any(|l| l.contains("route=/v1/models") && l.contains("status=200")),
-        "{log}"
-    );
+            .any(|l| l.contains("route=/v1/models") && l.contains("status=200"))
+    };
+    wait_until("the models request's log line", || listed(&gw.log())).await;
+    let log = gw.log();
+    assert!(listed(&log), "{log}");
 }
 
 #[tokio::test]

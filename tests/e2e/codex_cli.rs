@@ -207,11 +207,11 @@ async fn codex_cli_builtin_provider_holds_a_turn_over_websocket() {
     for sign in FELL_BACK {
         assert!(!stderr.contains(sign), "Codex CLI: {sign}\n{stderr}");
     }
+    let opened =
+        |log: &str| log.contains("socket opened") && log.contains(r#"transport="websocket""#);
+    wait_until("the socket's log lines", || opened(&gw.log())).await;
     let log = gw.log();
-    assert!(
-        log.contains("socket opened") && log.contains(r#"transport="websocket""#),
-        "{log}"
-    );
+    assert!(opened(&log), "{log}");
     assert!(
         !log.contains("method=POST route=/v1/responses"),
         "Codex CLI fell back to HTTP\n{log}"

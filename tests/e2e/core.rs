@@ -347,6 +347,14 @@ async fn metrics_count_and_logs_never_carry_secrets() {
         0.0
     );
 
+    // Log lines are written by a thread of their own: the last request's may come a moment
+    // after its answer.
+    let request_lines = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("\"message\":\"request\"") && l.contains("/v1/chat/completions"))
+            .count()
+    };
+    wait_until("every request's log line", || request_lines(&gw.log()) >= 4).await;
     let log = gw.log();
     for secret in [
         "CANARY-PROMPT-7781",

@@ -88,6 +88,10 @@ async fn openai_python_sdk_responses_over_websocket() {
             .then_some(())
     })
     .await;
+    wait_until("three sockets' log lines", || {
+        gw.log().matches("socket opened").count() >= 3
+    })
+    .await;
     let log = gw.log();
     let opened = log.matches("socket opened").count();
     assert!(opened >= 3, "{opened} sockets opened\n{log}");
@@ -103,7 +107,9 @@ async fn responses_websocket_bounds_streams_and_idle_sockets() {
     })
     .await;
     if run_script_on(&gw, "openai_ws_bounds.py", "/v1").await {
-        let log = gw.log();
-        assert!(log.contains(r#"reason="idle""#), "{log}");
+        wait_until("the idle close's log line", || {
+            gw.log().contains(r#"reason="idle""#)
+        })
+        .await;
     }
 }

@@ -93,16 +93,18 @@ async fn https_upstream_trusted_by_ca_file_over_http2_and_untrusted_refused_with
         .await;
     assert_eq!(s, 502, "{v}");
     assert_eq!(error_code(&v), "upstream_error");
-    let log = gw.log();
-    let line = log
-        .lines()
-        .find(|l| l.contains("upstream request failed") && l.contains("backend=untrusted"))
-        .unwrap_or_else(|| panic!("no failure line: {log}"));
+    // Log lines are written by a thread of their own: wait (bounded) for the failure's.
+    let failure = |log: &str| {
+        log.lines()
+            .find(|l| l.contains("upstream request failed") && l.contains("backend=untrusted"))
+            .map(str::to_string)
+    };
+    let line = wait_for("the failure's log line", async || failure(&gw.log())).await;
     assert!(
         line.contains("invalid peer certificate") && line.contains("UnknownIssuer"),
         "the certificate problem is named: {line}"
     );
-    assert!(!log.contains(UPSTREAM_KEY));
+    assert!(!gw.log().contains(UPSTREAM_KEY));
     assert_eq!(
         fake.versions().len(),
         4,
