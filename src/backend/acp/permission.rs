@@ -89,7 +89,12 @@ pub(super) fn ask(
     let (allow, reject) = (option(options, true), option(options, false));
     let responder = ApprovalResponder::new(move |approve| {
         let Some(s) = session.upgrade() else { return };
-        let chosen = if approve { allow } else { reject };
+        // After `session/cancel` a pending request is answered `cancelled` (as ACP asks).
+        let chosen = match (s.cancelling(), approve) {
+            (true, _) => None,
+            (false, true) => allow,
+            (false, false) => reject,
+        };
         s.write(&response(&id, chosen.as_deref()));
     });
     ApprovalAsk {

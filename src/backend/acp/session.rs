@@ -303,6 +303,15 @@ impl Session {
         }
     }
 
+    /// The running turn was asked to stop, or none runs.
+    pub fn cancelling(&self) -> bool {
+        let state = self.state.lock();
+        state
+            .route
+            .as_ref()
+            .is_none_or(|r| r.interrupted || r.finished)
+    }
+
     /// The agent's whole turn is being cancelled (`session/cancel`).
     fn cancel(&self) {
         let session = self.acp_session();
