@@ -18,8 +18,6 @@
 mod permission;
 mod session;
 
-use std::os::unix::fs::DirBuilderExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -33,7 +31,7 @@ use super::agent::bridge::{Bridge, Host};
 use super::agent::child::Child;
 use super::agent::pool::Permits;
 use super::agent::render;
-use super::agent::sessions::{AgentSession, KeptSession, Places};
+use super::agent::sessions::{scratch_dir, AgentSession, Places, Starting};
 use super::{
     Backend, BackendError, BackendInfo, Hold, Holds, LegRequest, Resume, SessionStats, Turn,
 };
@@ -103,7 +101,7 @@ impl Acp {
         }
         let permit = self.places.place(&self.name).await?;
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
-        let scratch = scratch_dir(id)?;
+        let scratch = scratch_dir("acp", id, &["work"])?;
         let cwd = match &self.cfg.child.cwd {
             Some(cwd) => cwd.clone(),
             None => scratch.join("work"),
@@ -137,7 +135,7 @@ impl Acp {
         );
         child.attach(io, session.clone(), self.deaths.clone());
         // Until the handshake is done, a dropped start (the client went away) ends it.
-        let starting = Starting(Some(session.clone()));
+        let starting = Starting::new(session.clone());
         let init = session
             .request(
                 "initialize",
@@ -165,17 +163,7 @@ impl Acp {
         input: &TurnInput,
     ) -> Result<Arc<Session>, BackendError> {
         let tools = input.tools.as_deref().unwrap_or_default();
-        let declared: Vec<Value> = tools
-            .iter()
-            .map(|t| {
-                let schema = match &t.parameters {
-                    Value::Object(o) if !o.is_empty() => t.parameters.clone(),
-                    _ => json!({"type": "object", "properties": {}}),
-                };
-                json!({"name": t.name, "description": t.description,
-                       "inputSchema": schema, "annotations": {"readOnlyHint": true}})
-            })
-            .collect();
+        let declared = super::agent::mcp_tools(tools, str::to_string);
         let settings = Settings {
             model: model.backend_model.clone(),
             effort: input.effort,
@@ -183,7 +171,7 @@ impl Acp {
             tools: declared,
         };
         let (session, init) = self.spawn(settings).await?;
-        let starting = Starting(Some(session.clone()));
+        let starting = Starting::new(session.clone());
         let child = &self.cfg.child;
         let has = |var: &str| {
             child.env.contains_key(var)
@@ -231,32 +219,15 @@ impl Acp {
         } = leg;
         let tools = input.tools.as_deref().unwrap_or_default();
         let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
-        // A kept session continues only a turn that asks what it was started with; one that
-        // does not is released when its handle drops.
-        let kept = kept.and_then(|k| {
-            let any: Box<dyn std::any::Any + Send + Sync> = k.thread.0;
-            let kept = any.downcast::<KeptSession<Session>>().ok()?;
-            let fits = kept.session().is_some_and(|s| {
-                s.settings.model == model.backend_model
-                    && s.settings.effort == input.effort
-                    && s.settings.names == names
-            });
-            fits.then_some((kept, k.from))
-        });
-        let continued = match kept {
-            Some((kept, from)) => {
-                let text = render::continued(&input.messages[from..])?;
-                let session = kept.take().filter(|s| {
-                    let claimed = self.places.claim(s);
-                    if !claimed {
-                        s.release();
-                    }
-                    claimed
-                });
-                session.map(|s| (s, text))
-            }
-            None => None,
+        // A kept session continues only a turn that asks what it was started with.
+        let fits = |s: &Session| {
+            s.settings.model == model.backend_model
+                && s.settings.effort == input.effort
+                && s.settings.names == names
         };
+        let continued = self.places.continue_kept(kept, fits, |from| {
+            render::continued(&input.messages[from..])
+        })?;
         let (session, prompt) = match continued {
             Some(continued) => continued,
             None => {
@@ -341,25 +312,6 @@ fn config_option(opened: &Value, category: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// A fresh folder of the session's own under the system's temporary folder, private to the
-/// gateway's user: the agent's `HOME` and (unless `cwd` is set) its working folder.
-fn scratch_dir(id: u64) -> Result<PathBuf, BackendError> {
-    let dir = std::env::temp_dir().join(format!(
-        "turnstile-acp-{}-{id}-{}",
-        std::process::id(),
-        crate::ids::new_id("")
-    ));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .and_then(|()| std::fs::create_dir(dir.join("work")))
-        .map_err(|e| {
-            let _ = std::fs::remove_dir_all(&dir);
-            BackendError::Unavailable(format!("cannot create a session folder: {e}"))
-        })?;
-    Ok(dir)
-}
-
 impl Backend for Acp {
     fn describe(&self) -> BackendInfo {
         BackendInfo {
@@ -414,24 +366,6 @@ impl Backend for Acp {
             self.tracker.close();
             self.tracker.wait().await;
         })
-    }
-}
-
-/// A session whose handshake is not done: dropped (the start was abandoned or failed), it
-/// ends the session.
-struct Starting(Option<Arc<Session>>);
-
-impl Starting {
-    fn done(mut self) -> Result<Arc<Session>, BackendError> {
-        self.0.take().ok_or(BackendError::Lost)
-    }
-}
-
-impl Drop for Starting {
-    fn drop(&mut self) {
-        if let Some(s) = self.0.take() {
-            s.release();
-        }
     }
 }
 

@@ -433,24 +433,16 @@ impl AgentSession for Session {
         // Asked to exit first: an agent left to clean up (Gemini CLI releases its file locks)
         // does not leave the next session waiting on them.
         self.child.terminate(RELEASE_GRACE);
-        let (me, dir, reaped) = (
-            self.me.clone(),
+        let me = self.me.clone();
+        crate::backend::agent::sessions::when_reaped(
+            &self.child,
             self.scratch.clone(),
-            self.child.reaped().clone(),
-        );
-        self.child.spawn_task(async move {
-            reaped.cancelled().await;
-            if let Some(s) = me.upgrade() {
-                s.permit.lock().take();
-            }
-            if let Some(dir) = dir {
-                if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
-                    if e.kind() != std::io::ErrorKind::NotFound {
-                        tracing::warn!(error = %e, "a session's scratch folder was not removed");
-                    }
+            move || {
+                if let Some(s) = me.upgrade() {
+                    s.permit.lock().take();
                 }
-            }
-        });
+            },
+        );
     }
 }
 

@@ -359,20 +359,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_closed_child_takes_what_it_started_with_it() {
-        let cfg = ChildConfig {
-            command: ["sh", "-c", "sleep 300 & echo $!; exec sleep 300"]
-                .map(String::from)
-                .to_vec(),
-            env: Default::default(),
-            env_passthrough: vec!["PATH".into()],
-            cwd: None,
-        };
-        let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
-        let (child, io) = Child::spawn(1, &cfg, &tracker, &shutdown).unwrap();
-        let seen = Arc::new(Seen(Mutex::new(Vec::new())));
-        let deaths = Arc::new(watch::Sender::new(0));
-        let mut died = deaths.subscribe();
-        child.attach(io, seen.clone(), deaths);
+        let (child, mut died, seen) = sh("sleep 300 & echo $!; exec sleep 300");
         let grandchild = tokio::time::timeout(Duration::from_secs(10), async {
             loop {
                 if let Some(pid) = seen.0.lock().first().cloned() {

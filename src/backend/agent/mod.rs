@@ -17,7 +17,24 @@ use serde_json::Value;
 
 use crate::backend::{BackendError, Hold, Resume, Turn};
 use crate::error::Param;
-use crate::turn::{ToolChoice, TurnInput};
+use crate::turn::{ToolChoice, ToolDef, TurnInput};
+
+/// The client's tools as an MCP `tools/list` declares them, each named by `name` and marked
+/// read-only (agents such as Claude Code run other MCP calls one at a time, so a parallel
+/// batch would never form).
+pub fn mcp_tools(tools: &[ToolDef], name: impl Fn(&str) -> String) -> Vec<Value> {
+    tools
+        .iter()
+        .map(|t| {
+            let schema = match &t.parameters {
+                Value::Object(o) if !o.is_empty() => t.parameters.clone(),
+                _ => serde_json::json!({"type": "object", "properties": {}}),
+            };
+            serde_json::json!({"name": name(&t.name), "description": t.description,
+                               "inputSchema": schema, "annotations": {"readOnlyHint": true}})
+        })
+        .collect()
+}
 
 /// Caps every string in an approval summary so that a huge command or message cannot flood
 /// the approvals API; the action digest still covers the whole request.

@@ -6,13 +6,16 @@
 //! place and its scratch folder go.
 
 use parking_lot::Mutex;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 
 use futures::future::BoxFuture;
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::child::Child;
 use super::pool::Permits;
-use crate::backend::{BackendError, Idle, IdleThread, TurnControl};
+use crate::backend::{BackendError, Idle, IdleThread, Kept, TurnControl};
 
 /// What a kind's session offers its turn and its places.
 pub trait AgentSession: Send + Sync + 'static {
@@ -76,6 +79,35 @@ impl<S: AgentSession> Places<S> {
         let before = idle.len();
         idle.retain(|s| !std::ptr::eq(s.as_ptr(), Arc::as_ptr(session)));
         idle.len() < before && session.usable()
+    }
+
+    /// The kept session a turn continues, claimed off the idle list, with what `prepare` made
+    /// of the index of the turn's first new message (its input, rendered). Only a session
+    /// that `fits` (the turn asks what it was started with) is continued; one that does not,
+    /// or that was ended meanwhile, is released, and so is the kept one if `prepare` fails.
+    pub fn continue_kept<T>(
+        &self,
+        kept: Option<Kept>,
+        fits: impl FnOnce(&S) -> bool,
+        prepare: impl FnOnce(usize) -> Result<T, BackendError>,
+    ) -> Result<Option<(Arc<S>, T)>, BackendError> {
+        let Some(k) = kept else { return Ok(None) };
+        let any: Box<dyn std::any::Any + Send + Sync> = k.thread.0;
+        let Ok(kept) = any.downcast::<KeptSession<S>>() else {
+            return Ok(None);
+        };
+        if !kept.session().is_some_and(|s| fits(&s)) {
+            return Ok(None);
+        }
+        let prepared = prepare(k.from)?;
+        let session = kept.take().filter(|s| {
+            let claimed = self.claim(s);
+            if !claimed {
+                s.release();
+            }
+            claimed
+        });
+        Ok(session.map(|s| (s, prepared)))
     }
 
     /// The control of a turn running on `session`.
@@ -154,12 +186,12 @@ pub struct KeptSession<S: AgentSession> {
 
 impl<S: AgentSession> KeptSession<S> {
     /// The session, still held by this handle.
-    pub fn session(&self) -> Option<Arc<S>> {
+    fn session(&self) -> Option<Arc<S>> {
         self.session.lock().clone()
     }
 
     /// The session, for the conversation's next turn (this handle then releases nothing).
-    pub fn take(&self) -> Option<Arc<S>> {
+    fn take(&self) -> Option<Arc<S>> {
         self.session.lock().take()
     }
 }
@@ -177,4 +209,69 @@ impl<S: AgentSession> Drop for KeptSession<S> {
             s.release();
         }
     }
+}
+
+/// A session whose handshake is not done: dropped (the start was abandoned or failed), it
+/// ends the session.
+pub struct Starting<S: AgentSession>(Option<Arc<S>>);
+
+impl<S: AgentSession> Starting<S> {
+    pub fn new(session: Arc<S>) -> Starting<S> {
+        Starting(Some(session))
+    }
+
+    /// The handshake is done: the session is the caller's.
+    pub fn done(mut self) -> Result<Arc<S>, BackendError> {
+        self.0.take().ok_or(BackendError::Lost)
+    }
+}
+
+impl<S: AgentSession> Drop for Starting<S> {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            s.release();
+        }
+    }
+}
+
+/// A fresh folder of session `id`'s own under the system's temporary folder
+/// (`turnstile-<kind>-<pid>-<id>-<random>`), private to the gateway's user, with `folders`
+/// made in it.
+pub fn scratch_dir(kind: &str, id: u64, folders: &[&str]) -> Result<PathBuf, BackendError> {
+    let dir = std::env::temp_dir().join(format!(
+        "turnstile-{kind}-{}-{id}-{}",
+        std::process::id(),
+        crate::ids::new_id("")
+    ));
+    // Only the gateway's user may read what a session keeps there (its transcript, memory).
+    let made = std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .and_then(|()| {
+            folders
+                .iter()
+                .try_for_each(|f| std::fs::create_dir(dir.join(f)))
+        });
+    made.map_err(|e| {
+        let _ = std::fs::remove_dir_all(&dir);
+        BackendError::Unavailable(format!("cannot create a session folder: {e}"))
+    })?;
+    Ok(dir)
+}
+
+/// Once `child` is reaped and nothing of its group runs (so nothing writes there any more):
+/// `gone` runs (the session gives its place back) and the scratch folder is removed.
+pub fn when_reaped(child: &Child, scratch: Option<PathBuf>, gone: impl FnOnce() + Send + 'static) {
+    let reaped = child.reaped().clone();
+    child.spawn_task(async move {
+        reaped.cancelled().await;
+        gone();
+        if let Some(dir) = scratch {
+            if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(error = %e, "a session's scratch folder was not removed");
+                }
+            }
+        }
+    });
 }

@@ -15,13 +15,11 @@ mod control;
 mod names;
 mod session;
 
-use std::os::unix::fs::DirBuilderExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -30,7 +28,7 @@ use self::session::{Session, Settings};
 use super::agent::child::Child;
 use super::agent::pool::Permits;
 use super::agent::render;
-use super::agent::sessions::{KeptSession, Places};
+use super::agent::sessions::{scratch_dir, Places, Starting};
 use super::{
     Backend, BackendError, BackendInfo, Hold, Holds, LegRequest, Resume, SessionStats, Turn,
 };
@@ -144,19 +142,9 @@ impl ClaudeCode {
         }
         let permit = self.places.place(&self.name).await?;
         let tools = input.tools.as_deref().unwrap_or_default();
-        let declared: Vec<Value> = tools
-            .iter()
-            .map(|t| {
-                let schema = match &t.parameters {
-                    Value::Object(o) if !o.is_empty() => t.parameters.clone(),
-                    _ => json!({"type": "object", "properties": {}}),
-                };
-                json!({"name": names.declared(&t.name), "description": t.description,
-                       "inputSchema": schema, "annotations": {"readOnlyHint": true}})
-            })
-            .collect();
+        let declared = super::agent::mcp_tools(tools, |n| names.declared(n).to_string());
         let id = self.next_session.fetch_add(1, Ordering::Relaxed);
-        let scratch = scratch_dir(id)?;
+        let scratch = scratch_dir("claude", id, &[".claude", "work"])?;
         let cwd = match &self.cfg.child.cwd {
             Some(cwd) => cwd.clone(),
             None => scratch.join("work"),
@@ -200,7 +188,7 @@ impl ClaudeCode {
         );
         child.attach(io, session.clone(), self.deaths.clone());
         // Until the handshake is done, a dropped start (the client went away) ends it.
-        let starting = Starting(Some(session));
+        let starting = Starting::new(session.clone());
         let mut init = json!({"subtype": "initialize"});
         if !self.cfg.builtin_tools.is_empty() {
             // Every use of a built-in reaches the policy, even one Claude Code would let run.
@@ -210,10 +198,7 @@ impl ClaudeCode {
         if let Some(i) = instructions {
             init["appendSystemPrompt"] = json!(i);
         }
-        let started = match &starting.0 {
-            Some(session) => session.call(init).await,
-            None => Err(BackendError::Lost),
-        };
+        let started = session.call(init).await;
         if let Err(e) = started {
             return Err(BackendError::Unavailable(format!(
                 "claude did not start: {e}"
@@ -237,32 +222,15 @@ impl ClaudeCode {
             tools.iter().map(|t| t.name.as_str()),
             &self.cfg.builtin_tools,
         );
-        // A kept session continues only a turn that asks what it was started with; one that
-        // does not is released when its handle drops.
-        let kept = kept.and_then(|k| {
-            let any: Box<dyn std::any::Any + Send + Sync> = k.thread.0;
-            let kept = any.downcast::<KeptSession<Session>>().ok()?;
-            let fits = kept.session().is_some_and(|s| {
-                s.settings.model == model.backend_model
-                    && s.settings.effort == input.effort
-                    && s.settings.names == names
-            });
-            fits.then_some((kept, k.from))
-        });
-        let continued = match kept {
-            Some((kept, from)) => {
-                let text = render::continued(&input.messages[from..])?.join("\n\n");
-                let session = kept.take().filter(|s| {
-                    let claimed = self.places.claim(s);
-                    if !claimed {
-                        s.release();
-                    }
-                    claimed
-                });
-                session.map(|s| (s, text))
-            }
-            None => None,
+        // A kept session continues only a turn that asks what it was started with.
+        let fits = |s: &Session| {
+            s.settings.model == model.backend_model
+                && s.settings.effort == input.effort
+                && s.settings.names == names
         };
+        let continued = self.places.continue_kept(kept, fits, |from| {
+            Ok(render::continued(&input.messages[from..])?.join("\n\n"))
+        })?;
         let (session, text) = match continued {
             Some(continued) => continued,
             None => {
@@ -303,27 +271,6 @@ fn effort(e: Effort) -> &'static str {
         Effort::High => "high",
         Effort::XHigh => "xhigh",
     }
-}
-
-/// A fresh folder of the session's own under the system's temporary folder, private to the
-/// gateway's user.
-fn scratch_dir(id: u64) -> Result<PathBuf, BackendError> {
-    let dir = std::env::temp_dir().join(format!(
-        "turnstile-claude-{}-{id}-{}",
-        std::process::id(),
-        crate::ids::new_id("")
-    ));
-    // Only the gateway's user may read what a session keeps there (its transcript, memory).
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .and_then(|()| std::fs::create_dir(dir.join(".claude")))
-        .and_then(|()| std::fs::create_dir(dir.join("work")))
-        .map_err(|e| {
-            let _ = std::fs::remove_dir_all(&dir);
-            BackendError::Unavailable(format!("cannot create a session folder: {e}"))
-        })?;
-    Ok(dir)
 }
 
 impl Backend for ClaudeCode {
@@ -380,23 +327,5 @@ impl Backend for ClaudeCode {
             self.tracker.close();
             self.tracker.wait().await;
         })
-    }
-}
-
-/// A session whose handshake is not done: dropped (the start was abandoned or failed), it
-/// ends the session.
-struct Starting(Option<Arc<Session>>);
-
-impl Starting {
-    fn done(mut self) -> Result<Arc<Session>, BackendError> {
-        self.0.take().ok_or(BackendError::Lost)
-    }
-}
-
-impl Drop for Starting {
-    fn drop(&mut self) {
-        if let Some(s) = self.0.take() {
-            s.release();
-        }
     }
 }

@@ -134,13 +134,6 @@ impl Session {
         })
     }
 
-    /// Alive and still holding its place (not evicted).
-    pub fn usable(&self) -> bool {
-        self.child.is_alive()
-            && !self.released.load(Ordering::SeqCst)
-            && self.permit.lock().is_some()
-    }
-
     /// Sends a control request and waits for its answer.
     pub async fn call(&self, request: Value) -> Result<Value, BackendError> {
         if !self.child.is_alive() {
@@ -173,90 +166,6 @@ impl Session {
             ..State::default()
         };
         self.child.send(control::user(text));
-    }
-
-    /// The running turn has ended (or none runs).
-    pub fn finished(&self) -> bool {
-        self.state.lock().route.as_ref().is_none_or(|r| r.finished)
-    }
-
-    /// The turn completed: nothing listens until the next one.
-    pub fn close_route(&self) {
-        self.state.lock().route = None;
-    }
-
-    /// Text the client sent beside its results: it goes with the next answer.
-    pub fn steer(&self, input: Vec<String>) -> bool {
-        let mut state = self.state.lock();
-        let running = state.route.as_ref().is_some_and(|r| !r.finished);
-        if running {
-            state.beside.extend(input);
-        }
-        running
-    }
-
-    /// Answers a held client call with the client's result (and any text sent beside it).
-    pub fn answer(&self, invocation: u64, text: &str, failed: bool) -> bool {
-        let mut state = self.state.lock();
-        let running = state.route.as_ref().is_some_and(|r| !r.finished);
-        let Some(pos) = state.held.iter().position(|h| h.invocation == invocation) else {
-            return false;
-        };
-        if !running || !self.child.is_alive() {
-            return false;
-        }
-        let held = state.held.swap_remove(pos);
-        let beside = std::mem::take(&mut state.beside);
-        drop(state);
-        let mut content = vec![json!({"type": "text", "text": text})];
-        content.extend(beside.iter().map(|t| json!({"type": "text", "text": t})));
-        let result = json!({"content": content, "isError": failed});
-        self.child
-            .send(control::mcp(&held.request, &held.rpc_id, Ok(result)));
-        true
-    }
-
-    /// Asks the CLI to stop the running turn; its `result` follows.
-    pub fn interrupt(&self) {
-        let mut state = self.state.lock();
-        let Some(route) = state.route.as_mut().filter(|r| !r.finished) else {
-            return;
-        };
-        if std::mem::replace(&mut route.interrupted, true) || !self.child.is_alive() {
-            return;
-        }
-        drop(state);
-        let id = format!("req_{}", self.next_request.fetch_add(1, Ordering::Relaxed));
-        self.child
-            .send(control::request(&id, json!({"subtype": "interrupt"})));
-    }
-
-    /// Ends the session: the process and its group are killed, its place is given back, and
-    /// its scratch folder is removed once the process is gone.
-    pub fn release(&self) {
-        if self.released.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        self.child.close();
-        let (me, dir, reaped) = (
-            self.me.clone(),
-            self.scratch.clone(),
-            self.child.reaped().clone(),
-        );
-        // Once nothing of the process group runs any more (nothing writes there).
-        self.child.spawn_task(async move {
-            reaped.cancelled().await;
-            if let Some(s) = me.upgrade() {
-                s.permit.lock().take();
-            }
-            if let Some(dir) = dir {
-                if let Err(e) = tokio::fs::remove_dir_all(&dir).await {
-                    if e.kind() != std::io::ErrorKind::NotFound {
-                        tracing::warn!(error = %e, "a session's scratch folder was not removed");
-                    }
-                }
-            }
-        });
     }
 
     fn emit(&self, state: &mut State, ev: TurnEvent) {
@@ -481,29 +390,91 @@ impl AgentSession for Session {
     fn id(&self) -> u64 {
         self.id
     }
+
+    /// Answers a held client call with the client's result (and any text sent beside it).
     fn answer(&self, invocation: u64, text: &str, failed: bool) -> bool {
-        Session::answer(self, invocation, text, failed)
+        let mut state = self.state.lock();
+        let running = state.route.as_ref().is_some_and(|r| !r.finished);
+        let Some(pos) = state.held.iter().position(|h| h.invocation == invocation) else {
+            return false;
+        };
+        if !running || !self.child.is_alive() {
+            return false;
+        }
+        let held = state.held.swap_remove(pos);
+        let beside = std::mem::take(&mut state.beside);
+        drop(state);
+        let mut content = vec![json!({"type": "text", "text": text})];
+        content.extend(beside.iter().map(|t| json!({"type": "text", "text": t})));
+        let result = json!({"content": content, "isError": failed});
+        self.child
+            .send(control::mcp(&held.request, &held.rpc_id, Ok(result)));
+        true
     }
+
+    /// Text the client sent beside its results: it goes with the next answer.
     fn steer(&self, input: Vec<String>) -> bool {
-        Session::steer(self, input)
+        let mut state = self.state.lock();
+        let running = state.route.as_ref().is_some_and(|r| !r.finished);
+        if running {
+            state.beside.extend(input);
+        }
+        running
     }
+
+    /// Asks the CLI to stop the running turn; its `result` follows.
     fn interrupt(&self) {
-        Session::interrupt(self)
+        let mut state = self.state.lock();
+        let Some(route) = state.route.as_mut().filter(|r| !r.finished) else {
+            return;
+        };
+        if std::mem::replace(&mut route.interrupted, true) || !self.child.is_alive() {
+            return;
+        }
+        drop(state);
+        let id = format!("req_{}", self.next_request.fetch_add(1, Ordering::Relaxed));
+        self.child
+            .send(control::request(&id, json!({"subtype": "interrupt"})));
     }
+
     fn is_alive(&self) -> bool {
         self.child.is_alive()
     }
+
+    /// The running turn has ended (or none runs).
     fn finished(&self) -> bool {
-        Session::finished(self)
+        self.state.lock().route.as_ref().is_none_or(|r| r.finished)
     }
+
+    /// Alive and still holding its place (not evicted).
     fn usable(&self) -> bool {
-        Session::usable(self)
+        self.child.is_alive()
+            && !self.released.load(Ordering::SeqCst)
+            && self.permit.lock().is_some()
     }
+
+    /// The turn completed: nothing listens until the next one.
     fn close_route(&self) {
-        Session::close_route(self)
+        self.state.lock().route = None;
     }
+
+    /// Ends the session: the process and its group are killed, its place is given back, and
+    /// its scratch folder is removed once the process is gone.
     fn release(&self) {
-        Session::release(self)
+        if self.released.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.child.close();
+        let me = self.me.clone();
+        crate::backend::agent::sessions::when_reaped(
+            &self.child,
+            self.scratch.clone(),
+            move || {
+                if let Some(s) = me.upgrade() {
+                    s.permit.lock().take();
+                }
+            },
+        );
     }
 }
 

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::super::raw::{DEFAULT_ACQUIRE_TIMEOUT_MS, DEFAULT_MAX_SESSIONS};
-use super::super::{err, ConfigError};
-use super::agent::{child, ChildConfig, RawChild};
+use super::super::raw::DEFAULT_ACQUIRE_TIMEOUT_MS;
+use super::super::ConfigError;
+use super::agent::{child, max_sessions, ChildConfig, RawChild};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,13 +42,7 @@ pub(super) fn validate(name: &str, b: RawAcp, base: &Path) -> Result<AcpConfig, 
         cwd: b.cwd,
     };
     let child = child(name, raw_child, base, &[])?;
-    let max_sessions = b.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS);
-    if max_sessions == 0 {
-        return Err(err(
-            format!("backends.{name}.max_sessions"),
-            "must be greater than 0",
-        ));
-    }
+    let max_sessions = max_sessions(name, b.max_sessions)?;
     Ok(AcpConfig {
         child,
         max_sessions,

@@ -121,3 +121,14 @@ fn env_keys(arg: &str) -> Vec<String> {
         })
         .collect()
 }
+
+/// `backends.NAME.max_sessions` of an agent kind: at least 1, default `DEFAULT_MAX_SESSIONS`.
+pub(super) fn max_sessions(name: &str, raw: Option<usize>) -> Result<usize, ConfigError> {
+    match raw.unwrap_or(super::super::raw::DEFAULT_MAX_SESSIONS) {
+        0 => Err(err(
+            format!("backends.{name}.max_sessions"),
+            "must be greater than 0",
+        )),
+        n => Ok(n),
+    }
+}

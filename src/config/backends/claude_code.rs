@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::super::raw::{DEFAULT_ACQUIRE_TIMEOUT_MS, DEFAULT_MAX_SESSIONS};
+use super::super::raw::DEFAULT_ACQUIRE_TIMEOUT_MS;
 use super::super::{err, ConfigError};
-use super::agent::{child, ChildConfig, RawChild};
+use super::agent::{child, max_sessions, ChildConfig, RawChild};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -48,10 +48,7 @@ pub(super) fn validate(
         cwd: b.cwd,
     };
     let child = child(name, raw_child, base, &[])?;
-    let max_sessions = b.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS);
-    if max_sessions == 0 {
-        return Err(err(at("max_sessions"), "must be greater than 0"));
-    }
+    let max_sessions = max_sessions(name, b.max_sessions)?;
     let builtin_tools = b.builtin_tools.unwrap_or_default();
     for (i, t) in builtin_tools.iter().enumerate() {
         let ok = !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
