@@ -36,6 +36,10 @@ pub enum ErrorCode {
     Internal,
     /// An upstream's own 4xx, relayed with its status (kept in `ApiError::upstream`).
     UpstreamRejected,
+    /// A budget cap of the principal is reached.
+    BudgetExceeded,
+    /// The execution was stopped at its per-execution spend cap.
+    ExecutionBudgetExceeded,
 }
 
 impl ErrorCode {
@@ -50,7 +54,8 @@ impl ErrorCode {
             RequestTooLarge => 413,
             RequestTimeout => 408,
             ContinuationAlreadyResolved | ApprovalAlreadyDecided => 409,
-            ContinuationExpired | ContinuationLost => 410,
+            ContinuationExpired | ContinuationLost | ExecutionBudgetExceeded => 410,
+            BudgetExceeded => 402,
             UnauthorizedTarget => 403,
             CapacityExhausted | RateLimited => 429,
             UpstreamError => 502,
@@ -90,6 +95,8 @@ impl ErrorCode {
             MethodNotAllowed => "method_not_allowed",
             Internal => "internal_error",
             UpstreamRejected => "upstream_rejected",
+            BudgetExceeded => "budget_exceeded",
+            ExecutionBudgetExceeded => "execution_budget_exceeded",
         }
     }
 
@@ -102,6 +109,7 @@ impl ErrorCode {
             UnauthorizedTarget => "permission_error",
             ModelNotFound | ContinuationNotFound | ApprovalNotFound | NotFound => "not_found_error",
             CapacityExhausted | RateLimited => "rate_limit_error",
+            BudgetExceeded => "insufficient_quota",
             UpstreamError | UpstreamTimeout | StoreUnavailable | ShuttingDown
             | ReplicaUnavailable | Internal => "server_error",
             InvalidRequest
@@ -112,6 +120,7 @@ impl ErrorCode {
             | ContinuationMismatch
             | ContinuationExpired
             | ContinuationLost
+            | ExecutionBudgetExceeded
             | ApprovalAlreadyDecided
             | MethodNotAllowed
             | UpstreamRejected => "invalid_request_error",

@@ -20,6 +20,7 @@
 //! - [`store`]: the durable journal, suspensions, tombstones and approvals (SQLite or
 //!   PostgreSQL).
 //! - [`auth`]: principals from API keys (SHA-256 digests, constant-time match) and JWTs.
+//! - [`budget`]: prices, costs and spend caps over the UTC calendar.
 //! - [`config`]: TOML config, parsed strictly, validated and frozen.
 //! - [`error`]: stable error codes and their statuses.
 //! - [`metrics`]: Prometheus metric names and rendering.
@@ -29,6 +30,7 @@
 pub mod approvals;
 pub mod auth;
 pub mod backend;
+pub mod budget;
 pub mod config;
 pub mod continuation;
 pub mod digest;

@@ -275,6 +275,9 @@ fn main() -> ExitCode {
                     cfg.models.len(),
                     cfg.backends.len()
                 );
+                for w in cfg.warnings() {
+                    eprintln!("warning: {w}");
+                }
                 check_agents(&cfg)
             }
             Err(e) => {

@@ -74,6 +74,10 @@ pub struct Metrics {
     /// Continuity lookups by (result, reason): `("hit", "")`, `("miss", reason)`, and
     /// idle threads released by (`"released"`, reason).
     continuity: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// Spend of priced models in nano-USD, by model (never by principal).
+    spend: Mutex<BTreeMap<String, u64>>,
+    /// Turns refused or stopped by a budget cap, by cap.
+    budget_refusals: Mutex<BTreeMap<&'static str, u64>>,
     /// Time the gateway itself spends on a request before the backend is engaged.
     pub overhead: Histogram,
     /// Request start to the first response byte.
@@ -196,6 +200,16 @@ impl Metrics {
         slot(slot(&mut m, client), model).add(u);
     }
 
+    /// A priced model request's cost, in nano-USD.
+    pub fn spend(&self, model: &str, nanos: u64) {
+        *slot(&mut self.spend.lock(), model) += nanos;
+    }
+
+    /// A fresh turn refused, or an execution stopped, by this budget cap.
+    pub fn budget_refusal(&self, cap: &'static str) {
+        *self.budget_refusals.lock().entry(cap).or_default() += 1;
+    }
+
     /// A continuity outcome: `hit`, `miss` (with its reason) or `released` (with why).
     pub fn continuity(&self, result: &'static str, reason: &'static str) {
         let mut m = self.continuity.lock();
@@ -263,6 +277,15 @@ impl Metrics {
                     "turnstile_tokens_total{{{client}model=\"{model}\",kind=\"{kind}\"}} {n}"
                 );
             }
+        }
+        out.push_str("# HELP turnstile_spend_usd_total What priced models' usage cost, in USD, by model.\n# TYPE turnstile_spend_usd_total counter\n");
+        for (model, nanos) in self.spend.lock().iter() {
+            let usd = crate::budget::usd(*nanos);
+            let _ = writeln!(out, "turnstile_spend_usd_total{{model=\"{}\"}} {usd}", label(model));
+        }
+        out.push_str("# HELP turnstile_budget_refusals_total Fresh turns refused and executions stopped by a budget cap, by cap.\n# TYPE turnstile_budget_refusals_total counter\n");
+        for (cap, n) in self.budget_refusals.lock().iter() {
+            let _ = writeln!(out, "turnstile_budget_refusals_total{{cap=\"{cap}\"}} {n}");
         }
         let continuity = self.continuity.lock();
         out.push_str("# HELP turnstile_continuity_hits_total Fresh requests that continued a kept backend thread.\n# TYPE turnstile_continuity_hits_total counter\n");

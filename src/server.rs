@@ -28,6 +28,9 @@ const DRAIN: Duration = Duration::from_secs(10);
 
 pub async fn serve(config_path: &Path) -> Result<(), StartError> {
     let cfg = config::load(config_path)?;
+    for w in cfg.warnings() {
+        tracing::warn!("{w}");
+    }
     let listen = cfg.server.listen;
     let gw = Engine::start(cfg, Some(config_path.to_path_buf())).await?;
     let listen_error = |error| StartError::Listen {

@@ -38,4 +38,6 @@ pub struct ClientLimits {
     pub max_suspended: Option<usize>,
     /// Open event streams and streamed legs at once (`None`: `server.max_streams_per_client`).
     pub max_streams: Option<usize>,
+    /// Spend caps (`budget = { … }`).
+    pub budget: crate::budget::Budget,
 }

@@ -122,6 +122,7 @@ pub(super) fn jwt_issuers(
             j.concurrent_executions,
             j.max_suspended,
             j.max_streams,
+            j.budget.as_ref(),
         )?;
         out.push(Arc::new(JwtIssuer {
             issuer: j.issuer,

@@ -160,6 +160,8 @@ pub struct ModelConfig {
     /// `approval_policy` and `sandbox`: set only on a model of a `kind = "app-server"`
     /// backend, which validates them and passes them to its threads.
     pub codex: CodexThread,
+    /// USD per million tokens; None: the model's usage costs nothing.
+    pub price: Option<crate::budget::Price>,
 }
 
 /// `[continuity]`: keeping an agent's thread idle for the conversation's next turn.
@@ -209,6 +211,31 @@ impl Config {
     /// Whether principal `id` may use `model` under this config.
     pub fn may_use(&self, id: &str, model: &str) -> bool {
         self.grant(id).is_some_and(|g| g.may_use(model))
+    }
+
+    /// What `turnstile check` and the start warn about, without refusing the config: a USD
+    /// cap on a principal that may use a model with no price (its usage counts $0).
+    pub fn warnings(&self) -> Vec<String> {
+        let entries = (self.clients.iter())
+            .map(|c| (format!("clients `{}`", c.id), &c.models, &c.limits))
+            .chain(
+                (self.jwt.iter()).map(|i| (format!("auth.jwt `{}`", i.issuer), &i.models, &i.limits)),
+            );
+        let mut out = Vec::new();
+        for (who, models, limits) in entries {
+            if !limits.budget.has_usd() {
+                continue;
+            }
+            for m in self.models.iter().filter(|m| m.price.is_none()) {
+                if models.is_match(&m.id) {
+                    out.push(format!(
+                        "{who} has a USD budget but may use model `{}`, which has no price: its usage counts as $0 against the cap",
+                        m.id
+                    ));
+                }
+            }
+        }
+        out
     }
 
     pub fn grant(&self, id: &str) -> Option<Grant<'_>> {

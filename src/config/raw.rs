@@ -192,6 +192,27 @@ pub(super) struct RawClient {
     pub concurrent_executions: Option<usize>,
     pub max_suspended: Option<usize>,
     pub max_streams: Option<usize>,
+    pub budget: Option<RawBudget>,
+}
+
+/// `budget = { … }` of a client entry or an issuer: USD and tokens, every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBudget {
+    pub usd_per_day: Option<f64>,
+    pub usd_per_month: Option<f64>,
+    pub tokens_per_day: Option<u64>,
+    pub usd_per_execution: Option<f64>,
+}
+
+/// `price = { … }` of a model: USD per million tokens, every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPrice {
+    pub input_per_mtok: Option<f64>,
+    pub cached_input_per_mtok: Option<f64>,
+    pub cache_write_per_mtok: Option<f64>,
+    pub output_per_mtok: Option<f64>,
 }
 
 /// A JWT principal named by a client entry.
@@ -233,6 +254,7 @@ pub(super) struct RawJwt {
     pub concurrent_executions: Option<usize>,
     pub max_suspended: Option<usize>,
     pub max_streams: Option<usize>,
+    pub budget: Option<RawBudget>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -245,6 +267,7 @@ pub(super) struct RawModel {
     pub approvals: RawApprovalPolicy,
     pub approval_policy: Option<String>,
     pub sandbox: Option<String>,
+    pub price: Option<RawPrice>,
 }
 
 /// `None` is [`DEFAULT_DECISION`].

@@ -18,6 +18,7 @@ use super::{
     ServerConfig,
 };
 use crate::auth::jwt::{MAX_SUBJECT_BYTES, PRINCIPAL_PREFIX};
+use crate::budget::{Budget, Price};
 
 pub(super) fn validate(
     raw: RawConfig,
@@ -179,6 +180,7 @@ fn models(
             ));
         };
         let codex = backend.codex_thread(&at, &m)?;
+        let price = m.price.as_ref().map(|p| price(&at("price"), p)).transpose()?;
         let a = m.approvals;
         models.push(ModelConfig {
             id: m.id,
@@ -191,9 +193,44 @@ fn models(
                 elicitation: a.elicitation.unwrap_or(DEFAULT_DECISION),
             },
             codex,
+            price,
         });
     }
     Ok(models)
+}
+
+/// A USD amount at `at.key`: finite and not negative.
+fn dollars(at: &str, key: &str, v: Option<f64>) -> Result<Option<u64>, ConfigError> {
+    match v {
+        Some(v) if !v.is_finite() || v < 0.0 || v > 1e9 => Err(err(
+            format!("{at}.{key}"),
+            "must be a number of USD from 0 to 1e9",
+        )),
+        v => Ok(v.map(crate::budget::nanos)),
+    }
+}
+
+/// A model's `price`. Cached reads and cache writes cost the uncached input price unless
+/// priced themselves.
+fn price(at: &str, p: &super::raw::RawPrice) -> Result<Price, ConfigError> {
+    let input = dollars(at, "input_per_mtok", p.input_per_mtok)?.unwrap_or(0);
+    Ok(Price {
+        input,
+        cached_input: dollars(at, "cached_input_per_mtok", p.cached_input_per_mtok)?
+            .unwrap_or(input),
+        cache_write: dollars(at, "cache_write_per_mtok", p.cache_write_per_mtok)?.unwrap_or(input),
+        output: dollars(at, "output_per_mtok", p.output_per_mtok)?.unwrap_or(0),
+    })
+}
+
+/// A client's or issuer's `budget`.
+fn budget(at: &str, b: &super::raw::RawBudget) -> Result<Budget, ConfigError> {
+    Ok(Budget {
+        usd_per_day: dollars(at, "usd_per_day", b.usd_per_day)?,
+        usd_per_month: dollars(at, "usd_per_month", b.usd_per_month)?,
+        tokens_per_day: b.tokens_per_day,
+        usd_per_execution: dollars(at, "usd_per_execution", b.usd_per_execution)?,
+    })
 }
 
 /// `[[clients]]`, after the issuers their `jwt` credentials name.
@@ -279,6 +316,7 @@ fn clients(
             c.concurrent_executions,
             c.max_suspended,
             c.max_streams,
+            c.budget.as_ref(),
         )?;
         clients.push(ClientConfig {
             id: c.id,
@@ -356,6 +394,7 @@ pub(super) fn limits(
     concurrent_executions: Option<usize>,
     max_suspended: Option<usize>,
     max_streams: Option<usize>,
+    raw_budget: Option<&super::raw::RawBudget>,
 ) -> Result<ClientLimits, ConfigError> {
     let positive = "must be greater than 0 (leave it out for no limit)";
     let rate = match (requests_per_minute, burst) {
@@ -389,11 +428,16 @@ pub(super) fn limits(
             "must be greater than 0 (leave it out for server.max_streams_per_client)",
         ));
     }
+    let budget = match raw_budget {
+        Some(b) => budget(&format!("{at}.budget"), b)?,
+        None => Budget::default(),
+    };
     Ok(ClientLimits {
         rate,
         concurrent_executions,
         max_suspended,
         max_streams,
+        budget,
     })
 }
 

@@ -27,6 +27,8 @@ pub enum Reason {
     Cancelled,
     Lost,
     Revoked,
+    /// The execution reached its principal's per-execution spend cap.
+    BudgetExceeded,
 }
 
 impl Reason {
@@ -37,6 +39,7 @@ impl Reason {
             Reason::Cancelled => "cancelled",
             Reason::Lost => "lost",
             Reason::Revoked => "revoked",
+            Reason::BudgetExceeded => "budget_exceeded",
         }
     }
 
@@ -46,6 +49,7 @@ impl Reason {
             "expired" => Reason::Expired,
             "cancelled" => Reason::Cancelled,
             "revoked" => Reason::Revoked,
+            "budget_exceeded" => Reason::BudgetExceeded,
             _ => Reason::Lost,
         }
     }
@@ -137,6 +141,10 @@ pub trait Parked {
     fn kept_bytes(&self) -> usize {
         0
     }
+    /// What the execution has spent so far (nano-USD), for its per-execution cap.
+    fn spent(&self) -> u64 {
+        0
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,6 +163,8 @@ pub struct PendingView {
     pub by_reference: bool,
     /// See [`Parked::is_durable`].
     pub durable: bool,
+    /// See [`Parked::spent`].
+    pub spent: u64,
 }
 
 struct Tomb {
@@ -445,6 +455,7 @@ impl<P: Parked> Registry<P> {
             digests: b.digests,
             tokens: b.tokens.clone(),
             by_reference: b.parked.by_reference(),
+            spent: b.parked.spent(),
         }))
     }
 

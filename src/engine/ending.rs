@@ -22,6 +22,8 @@ pub enum EndReason {
     MaxRounds,
     Capacity,
     StoreUnavailable,
+    /// Stopped at its principal's per-execution spend cap.
+    BudgetExceeded,
 }
 
 impl EndReason {
@@ -38,6 +40,7 @@ impl EndReason {
             EndReason::MaxRounds => "max_rounds",
             EndReason::Capacity => "capacity",
             EndReason::StoreUnavailable => "store_unavailable",
+            EndReason::BudgetExceeded => "budget_exceeded",
         }
     }
 
@@ -49,6 +52,7 @@ impl EndReason {
             Reason::Cancelled => Some(EndReason::Cancelled),
             Reason::Lost => Some(EndReason::Lost),
             Reason::Revoked => Some(EndReason::Revoked),
+            Reason::BudgetExceeded => Some(EndReason::BudgetExceeded),
         }
     }
 }

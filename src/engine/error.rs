@@ -5,6 +5,7 @@
 
 use super::placement::Owner;
 use crate::backend::BackendError;
+use crate::budget::Exceeded;
 use crate::config::ConfigError;
 use crate::continuation::Reason;
 use crate::error::{ApiError, ErrorCode, Param, UpstreamDetail};
@@ -79,6 +80,13 @@ pub enum EngineError {
     /// The owner replica of the held turn did not answer, though its lease is live.
     #[error("owner replica unreachable")]
     ReplicaUnavailable,
+    /// A budget cap of the principal is reached: a fresh turn refused, or an execution
+    /// stopped at its per-execution cap. `retry_after_secs` for a daily cap.
+    #[error("budget cap reached ({})", exceeded.cap.as_str())]
+    BudgetExceeded {
+        exceeded: Exceeded,
+        retry_after_secs: Option<u64>,
+    },
 }
 
 /// Why a continuation was refused. Each variant consumes nothing, except `Settled` and
@@ -100,6 +108,9 @@ pub enum ContinuationError {
     Elsewhere(Owner),
     /// The shared store did not answer a lookup or a claim; nothing was consumed.
     StoreUnavailable,
+    /// The execution reached its per-execution spend cap before this round: it was stopped
+    /// and its tokens settled `budget_exceeded`.
+    BudgetExceeded(Exceeded),
 }
 
 impl From<ContinuationError> for EngineError {
@@ -121,6 +132,13 @@ fn continuation(e: ContinuationError) -> ApiError {
             return ApiError::new(ErrorCode::Internal, "internal error")
         }
         ContinuationError::StoreUnavailable => return EngineError::Store.into(),
+        ContinuationError::BudgetExceeded(exceeded) => {
+            return EngineError::BudgetExceeded {
+                exceeded,
+                retry_after_secs: None,
+            }
+            .into()
+        }
         ContinuationError::ResponseNotFound => {
             return ApiError::new(
                 ErrorCode::ContinuationNotFound,
@@ -148,6 +166,10 @@ fn continuation(e: ContinuationError) -> ApiError {
         ContinuationError::Settled(Reason::Expired) => ApiError::new(
             ErrorCode::ContinuationExpired,
             "The suspended turn passed its deadline and was cancelled.",
+        ),
+        ContinuationError::Settled(Reason::BudgetExceeded) => ApiError::new(
+            ErrorCode::ExecutionBudgetExceeded,
+            "The execution was stopped at its per-execution spend cap; start a new turn.",
         ),
         ContinuationError::Settled(Reason::Lost | Reason::Cancelled) => ApiError::new(
             ErrorCode::ContinuationLost,
@@ -240,6 +262,28 @@ impl From<EngineError> for ApiError {
                 ErrorCode::StoreUnavailable,
                 "The gateway could not record the execution; nothing was exposed. Retry later.",
             ),
+            EngineError::BudgetExceeded {
+                exceeded,
+                retry_after_secs,
+            } => {
+                let resets = match exceeded.resets_at {
+                    Some(at) => format!(
+                        "; it resets at {}T00:00:00Z",
+                        crate::store::date_of(crate::store::day_of(at))
+                    ),
+                    None => "; the execution was stopped".into(),
+                };
+                let mut e = ApiError::new(
+                    ErrorCode::BudgetExceeded,
+                    format!(
+                        "Budget exceeded: the {} cap of {} is reached{resets}.",
+                        exceeded.cap.as_str(),
+                        exceeded.amount()
+                    ),
+                );
+                e.retry_after = retry_after_secs;
+                e
+            }
             EngineError::ReplicaUnavailable => {
                 let mut e = ApiError::new(
                     ErrorCode::ReplicaUnavailable,

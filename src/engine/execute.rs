@@ -59,7 +59,8 @@ impl Engine {
         }
         let Some(c) = input.continuation.take() else {
             // Only fresh turns are limited: a continuation refused here would strand the
-            // held turn it answers.
+            // held turn it answers. The budget first: its refusal spends no request rate.
+            self.within_budget(&principal.id).await?;
             let slot = self.admit(principal)?;
             return self.fresh(principal, input, slot).await.map(Outcome::Leg);
         };
@@ -140,13 +141,15 @@ impl Engine {
         backend.validate(&*input)?;
         let holds = backend.describe().holds;
         let kept = (self.inner.threads).kept(&cfg, &principal.id, &model.id, holds, input)?;
-        let meta = ExecutionMeta {
+        let mut meta = ExecutionMeta {
             id: new_id("exe-"),
             principal: principal.id.clone(),
             model: model.id.clone(),
             surface: input.surface,
             created: now_unix(),
+            spent: None,
         };
+        let meter = self.meter(&mut meta, model.price);
         // An agent's execution is journaled before it starts (a crash leaves it `lost`); a
         // stateless leg only if it suspends: one that just answers leaves nothing to recover,
         // and two store transactions per relayed request would cap the plain path.
@@ -162,7 +165,7 @@ impl Engine {
             execution_id: &meta.id,
             model,
             input: &*input,
-            meter: self.inner.ledger.meter(&meta.principal, &meta.model),
+            meter,
             kept,
         };
         let turn = match backend.start(leg).await {

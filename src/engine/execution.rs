@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use tokio::time::Instant;
 
 use super::admission::Slot;
+use super::ledger::Spent;
 use crate::backend::{HeldCall, Hold, Holds, Turn};
 use crate::continuation::Parked;
 use crate::turn::{DigestFn, EchoFn, Fingerprint, Message, SurfaceId, TurnInput};
@@ -18,6 +19,8 @@ pub struct ExecutionMeta {
     pub model: String,
     pub surface: SurfaceId,
     pub created: u64,
+    /// What it has spent so far, when its model is priced.
+    pub spent: Spent,
 }
 
 /// A running execution. Owns the backend turn: dropping it interrupts the turn (if still
@@ -67,6 +70,10 @@ impl Parked for Suspended {
 
     fn by_reference(&self) -> bool {
         self.history.is_some()
+    }
+
+    fn spent(&self) -> u64 {
+        (self.meta.spent.as_ref()).map_or(0, |s| s.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     fn kept_bytes(&self) -> usize {

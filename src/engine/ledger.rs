@@ -4,88 +4,172 @@
 //! and at shutdown): one upsert per key, never a store write per request on the relay path.
 //! A crash loses at most the last second of deltas.
 //!
+//! A priced model's request also costs: its spend (nano-USD) goes into the same delta, the
+//! metrics, and the execution's own running total ([`Spent`]). [`Ledger::used`] is what the
+//! budget caps read: the store's totals plus the deltas not written yet.
+//!
 //! The meter a backend gets holds only this ledger and the metrics, never the engine, so a
 //! backend keeping it does not keep the engine alive.
 
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::Meter;
+use crate::budget::{Clock, Price};
 use crate::metrics::{slot, Metrics};
-use crate::store::{day_of, now_unix, Store, StoreError, UsageRow};
+use crate::store::{day_of, Store, StoreError, UsageRow, UsageTotals};
 use crate::turn::Usage;
 
-/// By day, principal and model (nested so that recording looks up by `&str`).
-type Deltas = BTreeMap<u32, BTreeMap<String, BTreeMap<String, (Usage, u64)>>>;
-
-fn fold(deltas: &mut Deltas, (day, principal, model): (u32, &str, &str), usage: Usage, n: u64) {
-    let (total, requests) = slot(slot(deltas.entry(day).or_default(), principal), model);
-    total.add(usage);
-    *requests += n;
+/// One key's delta: its usage, model requests and spend (nano-USD).
+#[derive(Debug, Clone, Copy, Default)]
+struct Delta {
+    usage: Usage,
+    requests: u64,
+    spend: u64,
 }
+
+/// By day, principal and model (nested so that recording looks up by `&str`).
+type Deltas = BTreeMap<u32, BTreeMap<String, BTreeMap<String, Delta>>>;
+
+fn fold(deltas: &mut Deltas, (day, principal, model): (u32, &str, &str), d: Delta) {
+    let total = slot(slot(deltas.entry(day).or_default(), principal), model);
+    total.usage.add(d.usage);
+    total.requests += d.requests;
+    total.spend += d.spend;
+}
+
+/// What an execution has spent, in nano-USD, when its model is priced: shared by the meters
+/// of its legs (usage reported after a leg ended still counts) and read at each round.
+pub type Spent = Option<Arc<AtomicU64>>;
 
 pub(super) struct Ledger {
     metrics: Arc<Metrics>,
+    clock: Clock,
     pending: Mutex<Deltas>,
+    /// Deltas on their way to the store: still counted by [`Ledger::used`] until written.
+    flushing: Mutex<Deltas>,
+    /// One flush at a time (the timer's and a usage read's), so `flushing` is one batch.
+    flush_turn: tokio::sync::Mutex<()>,
 }
 
 impl Ledger {
     pub fn new(metrics: Arc<Metrics>) -> Arc<Ledger> {
+        Self::with_clock(metrics, Clock::Wall)
+    }
+
+    pub fn with_clock(metrics: Arc<Metrics>, clock: Clock) -> Arc<Ledger> {
         Arc::new(Ledger {
             metrics,
+            clock,
             pending: Mutex::new(BTreeMap::new()),
+            flushing: Mutex::new(BTreeMap::new()),
+            flush_turn: tokio::sync::Mutex::new(()),
         })
     }
 
-    /// The meter of one execution.
-    pub fn meter(self: &Arc<Self>, principal: &str, model: &str) -> Meter {
-        let (ledger, principal, model) = (self.clone(), principal.to_string(), model.to_string());
-        Arc::new(move |u: Usage| ledger.record(&principal, &model, u))
+    /// Unix seconds on the clock days are counted on.
+    pub fn now(&self) -> u64 {
+        self.clock.now()
     }
 
-    pub fn record(&self, principal: &str, model: &str, u: Usage) {
+    /// The meter of one execution's leg. An unpriced model's meter counts tokens only.
+    pub fn meter(
+        self: &Arc<Self>,
+        principal: &str,
+        model: &str,
+        price: Option<Price>,
+        spent: Spent,
+    ) -> Meter {
+        let (ledger, principal, model) = (self.clone(), principal.to_string(), model.to_string());
+        match (price, spent) {
+            (Some(price), Some(spent)) => Arc::new(move |u: Usage| {
+                let cost = price.cost(&u);
+                spent.fetch_add(cost, Ordering::Relaxed);
+                ledger.record(&principal, &model, u, cost);
+            }),
+            _ => Arc::new(move |u: Usage| ledger.record(&principal, &model, u, 0)),
+        }
+    }
+
+    pub fn record(&self, principal: &str, model: &str, u: Usage, spend: u64) {
         self.metrics.tokens(principal, model, u);
+        if spend > 0 {
+            self.metrics.spend(model, spend);
+        }
+        let d = Delta {
+            usage: u,
+            requests: 1,
+            spend,
+        };
         fold(
             &mut self.pending.lock(),
-            (day_of(now_unix()), principal, model),
-            u,
-            1,
+            (day_of(self.clock.now()), principal, model),
+            d,
         );
+    }
+
+    /// The principal's totals on `today` and from `since` to `today`: the store's, plus
+    /// what this process counted and has not written yet.
+    pub async fn used(
+        &self,
+        store: &Store,
+        principal: &str,
+        since: u32,
+        today: u32,
+    ) -> Result<UsageTotals, StoreError> {
+        let mut t = store.usage_totals(principal, since, today).await?;
+        for deltas in [&self.pending, &self.flushing] {
+            for (day, by_principal) in deltas.lock().range(since..=today) {
+                for d in by_principal.get(principal).into_iter().flat_map(|m| m.values()) {
+                    if *day == today {
+                        t.tokens_today += d.usage.prompt_tokens + d.usage.completion_tokens;
+                        t.spend_today += d.spend;
+                    }
+                    t.spend_since += d.spend;
+                }
+            }
+        }
+        Ok(t)
     }
 
     /// Writes the deltas to the store; on failure they are kept for the next flush.
     pub async fn flush(&self, store: &Store) -> Result<(), StoreError> {
+        let _turn = self.flush_turn.lock().await;
         let taken = std::mem::take(&mut *self.pending.lock());
         if taken.is_empty() {
             return Ok(());
         }
         let mut rows: Vec<UsageRow> = Vec::new();
-        for (day, by_principal) in taken {
+        for (day, by_principal) in &taken {
             for (principal, by_model) in by_principal {
-                for (model, (usage, requests)) in by_model {
-                    let principal = principal.clone();
+                for (model, d) in by_model {
                     rows.push(UsageRow {
-                        day,
-                        principal,
-                        model,
-                        usage,
-                        requests,
+                        day: *day,
+                        principal: principal.clone(),
+                        model: model.clone(),
+                        usage: d.usage,
+                        requests: d.requests,
+                        spend: d.spend,
                     });
                 }
             }
         }
-        store.usage_added(&rows).await.inspect_err(|_| {
+        *self.flushing.lock() = taken;
+        let written = store.usage_added(&rows).await;
+        let taken = std::mem::take(&mut *self.flushing.lock());
+        if written.is_err() {
             let mut pending = self.pending.lock();
-            for r in &rows {
-                fold(
-                    &mut pending,
-                    (r.day, &r.principal, &r.model),
-                    r.usage,
-                    r.requests,
-                );
+            for (day, by_principal) in &taken {
+                for (principal, by_model) in by_principal {
+                    for (model, d) in by_model {
+                        fold(&mut pending, (*day, principal, model), *d);
+                    }
+                }
             }
-        })
+        }
+        written
     }
 }
 
@@ -99,7 +183,7 @@ mod tests {
         let metrics = Arc::new(Metrics::default());
         let ledger = Ledger::new(metrics.clone());
         let store = Store::open_in_memory().await.unwrap();
-        let meter = ledger.meter("alice", "codex");
+        let meter = ledger.meter("alice", "codex", None, None);
         let u = Usage {
             prompt_tokens: 10,
             completion_tokens: 5,

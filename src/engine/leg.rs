@@ -89,6 +89,9 @@ impl Engine {
         let mut calls: Vec<HeldCall> = exec.backlog.drain(..).collect();
         let mut flush_at = (!calls.is_empty()).then(|| Instant::now() + debounce);
         let deadline = exec.deadline;
+        // The execution's spend crossed its per-execution cap at a report of this leg: its
+        // next model request (the next report) stops it.
+        let mut crossed = None;
         let stopping = self.inner.shutdown.clone();
         let fail = |exec: Execution, e: EngineError, reason: EndReason| {
             let tx = tx.clone();
@@ -140,7 +143,18 @@ impl Engine {
                         flush_at.get_or_insert_with(|| Instant::now() + debounce);
                     }
                 }
-                Some(TurnEvent::Usage(u)) => usage.add(u),
+                Some(TurnEvent::Usage(u)) => {
+                    usage.add(u);
+                    if let Some(exceeded) = crossed {
+                        tracing::info!(execution = %exec.meta.id, "per-execution spend cap reached; turn interrupted");
+                        let e = self.execution_stopped(exceeded);
+                        return fail(exec, e, EndReason::BudgetExceeded).await;
+                    }
+                    if let Some(spent) = &exec.meta.spent {
+                        let nanos = spent.load(std::sync::atomic::Ordering::Relaxed);
+                        crossed = self.execution_over(&exec.meta.principal, nanos);
+                    }
+                }
                 Some(TurnEvent::Truncated) => {
                     let _ = tx.send(LegEvent::Truncated).await;
                 }

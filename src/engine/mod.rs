@@ -11,7 +11,7 @@
 //!
 //! State has owners: [`suspensions`] (registry, journal, durable records), [`placement`]
 //! (single gateway or replica), [`threads`] (idle threads and conversations), admission
-//! limits, approvals and the usage ledger. `impl Engine` lives in four files: this one
+//! limits, budgets, approvals and the usage ledger. `impl Engine` lives in four files: this one
 //! (start, operations, the timer, shutdown), `execute.rs`, `leg.rs` and `resume.rs`; it
 //! orchestrates the owners and never reaches into their state.
 //!
@@ -21,6 +21,7 @@
 mod activity;
 mod admission;
 mod approval_policy;
+mod budget;
 mod compaction;
 mod continuity;
 mod ending;
@@ -41,6 +42,7 @@ mod timer;
 
 pub use activity::{BackendView, SuspendedView, ThreadView};
 pub use admission::Slot;
+pub use budget::CapView;
 pub use ending::EndReason;
 pub use error::{ContinuationError, EngineError, StartError};
 pub use execute::Outcome;

@@ -495,6 +495,8 @@ impl Cluster {
                     tokens,
                     by_reference: c.bound.is_some(),
                     durable: false,
+                    // The owner checks the per-execution cap at its claim.
+                    spent: 0,
                 };
                 // By reference, the owner holds the conversation: it checks the rest.
                 if c.bound.is_none() {

@@ -1,8 +1,9 @@
 //! The claim path of a continuation, in this order (the first failure wins; nothing mutates
 //! before the claim): principal-scoped lookup (404 / 409 / 410), deadline and liveness (410),
 //! the answers' shape and the four digests (400, pure: [`check`]), authority under the current
-//! config for the original model (403, the held turn is interrupted), the atomic claim (the
-//! loser gets 409). The claimed suspension is then answered by its backend and the next leg of
+//! config for the original model (403, the held turn is interrupted), the per-execution spend
+//! cap (402, the execution is stopped and its tokens settle `budget_exceeded`), the atomic
+//! claim (the loser gets 409). The claimed suspension is then answered by its backend and the next leg of
 //! the same execution is driven.
 //!
 //! A held turn's tokens are spent at the claim (its answer cannot be taken back). A stateless
@@ -249,6 +250,17 @@ impl Engine {
             return Err(ContinuationError::Revoked);
         }
 
+        // The per-execution spend cap, reached at an earlier round or while suspended: the
+        // execution stops here, and its tokens answer replays with 410.
+        if let Some(exceeded) = self.execution_over(&principal.id, view.spent) {
+            self.inner.metrics.budget_refusal(exceeded.cap.as_str());
+            if let Some(s) = suspensions.settle(view.batch, Reason::BudgetExceeded) {
+                tracing::info!(execution = %s.execution_id, "per-execution spend cap reached; turn interrupted");
+                self.settled(s).await;
+            }
+            return Err(ContinuationError::BudgetExceeded(exceeded));
+        }
+
         // The claim: exactly one caller gets the execution.
         match suspensions.take(view.batch).await? {
             Taken::Claimed(batch, suspended) => Ok(Claimed {
@@ -315,7 +327,7 @@ impl Engine {
         // agent that lists results as their calls complete then lists them as it made them.
         answers.sort_by_key(|a| a.call);
         let Suspended {
-            meta,
+            mut meta,
             holds,
             deadline,
             rounds,
@@ -343,12 +355,13 @@ impl Engine {
                 })
             }),
         };
+        let meter = self.meter(&mut meta, model.price);
         let resume = Resume {
             leg: LegRequest {
                 execution_id: &meta.id,
                 model,
                 input: &*input,
-                meter: self.inner.ledger.meter(&meta.principal, &meta.model),
+                meter,
                 kept: None,
             },
             continuation: c,

@@ -16,7 +16,7 @@ use super::journal::{Journal, Tombstones};
 use super::ContinuationError;
 use crate::auth::Principal;
 use crate::backend::{Hold, Holds};
-use crate::continuation::{Batch, Lookup, Reason, Registry, Settled};
+use crate::continuation::{Batch, Lookup, Parked, Reason, Registry, Settled};
 use crate::store::{now_unix, now_unix_ms, Store, StoreError, StoredSuspension, SuspensionRecord};
 
 use super::activity::{sees, unix_at, SuspendedView};
@@ -107,6 +107,7 @@ impl Suspensions {
         );
         let (digests, tokens) = (batch.digests, batch.tokens.clone());
         let (rounds, created_at) = (batch.parked.rounds, batch.parked.meta.created);
+        let spend = batch.parked.spent();
         let id = self.registry.register(batch).map_err(Refusal::Capacity)?;
         let record = SuspensionRecord {
             execution_id: &execution_id,
@@ -119,6 +120,7 @@ impl Suspensions {
             ids: ids.as_deref(),
             rounds,
             created_at,
+            spend,
         };
         if let Err(e) = self.store.suspension_recorded(&record).await {
             tracing::error!(execution = %execution_id, error = %e, "could not record the suspension; no token exposed");
@@ -351,6 +353,7 @@ fn durable_batch(s: StoredSuspension) -> Batch<Suspended> {
         model: s.model.clone(),
         surface: s.surface,
         created: s.created_at,
+        spent: (s.spend > 0).then(|| Arc::new(s.spend.into())),
     };
     Batch {
         principal: s.principal,

@@ -1,5 +1,6 @@
-//! `GET /v1/usage`: daily token totals per client and model, as the backends reported them.
-//! A client sees its own; an approver sees everyone's and may filter by `client`. Query:
+//! `GET /v1/usage`: daily token totals and spend per client and model, as the backends
+//! reported them, and the caps of a budget with what is left of each. A client sees its own;
+//! an approver sees everyone's and may filter by `client` (whose budget it then sees). Query:
 //! `from` / `to` (inclusive `YYYY-MM-DD`, UTC) and `client`.
 
 use axum::extract::rejection::QueryRejection;
@@ -12,11 +13,13 @@ use serde_json::{json, Value};
 use super::Caller;
 use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
-use crate::store::{date_of, day_from_date, UsageQuery, UsageRow};
+use crate::budget::{usd, Cap};
+use crate::engine::CapView;
+use crate::store::{date_of, day_from_date, day_of, UsageQuery, UsageRow};
 use crate::turn::Usage;
 
-fn totals(u: &Usage, requests: u64) -> serde_json::Map<String, Value> {
-    [
+fn totals(u: &Usage, requests: u64, spend: u64) -> serde_json::Map<String, Value> {
+    let mut o: serde_json::Map<String, Value> = [
         ("input_tokens", u.prompt_tokens),
         ("cached_input_tokens", u.cached_tokens),
         ("cache_write_input_tokens", u.cache_write_tokens),
@@ -27,7 +30,30 @@ fn totals(u: &Usage, requests: u64) -> serde_json::Map<String, Value> {
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), json!(v)))
-    .collect()
+    .collect();
+    o.insert("spend_usd".into(), json!(usd(spend)));
+    o
+}
+
+/// Each cap: its amount, what its window used and what is left, and when it resets.
+fn budget_json(caps: &[CapView]) -> Value {
+    let amount = |cap: Cap, n: u64| match cap.in_usd() {
+        true => json!(usd(n)),
+        false => json!(n),
+    };
+    let o: serde_json::Map<String, Value> = caps
+        .iter()
+        .map(|c| {
+            let mut v = json!({"cap": amount(c.cap, c.limit)});
+            if let (Some(used), Some(at)) = (c.used, c.resets_at) {
+                v["used"] = amount(c.cap, used);
+                v["remaining"] = amount(c.cap, c.limit.saturating_sub(used));
+                v["resets_at"] = json!(format!("{}T00:00:00Z", date_of(day_of(at))));
+            }
+            (c.cap.as_str().to_string(), v)
+        })
+        .collect();
+    Value::Object(o)
 }
 
 fn row_json(r: &UsageRow) -> Value {
@@ -35,7 +61,7 @@ fn row_json(r: &UsageRow) -> Value {
     o.insert("date".into(), json!(date_of(r.day)));
     o.insert("client".into(), json!(r.principal));
     o.insert("model".into(), json!(r.model));
-    o.extend(totals(&r.usage, r.requests));
+    o.extend(totals(&r.usage, r.requests, r.spend));
     Value::Object(o)
 }
 
@@ -69,28 +95,40 @@ pub async fn usage(
         to_day: day(p.to.as_deref(), "to")?,
         principal: p.client,
     };
+    let unavailable = |e: crate::store::StoreError| {
+        tracing::error!(error = %e, "usage read failed");
+        ApiError::new(
+            ErrorCode::StoreUnavailable,
+            "The usage store is unavailable.",
+        )
+    };
     // A client asking for another client's usage sees nothing (the engine scopes it to its
     // own, and that filter then matches no row).
     let foreign = !who.approver && q.principal.as_ref().is_some_and(|p| *p != who.id);
     let rows = match foreign {
         true => Vec::new(),
-        false => gw.usage(&who, q).await.map_err(|e| {
-            tracing::error!(error = %e, "usage read failed");
-            ApiError::new(
-                ErrorCode::StoreUnavailable,
-                "The usage store is unavailable.",
-            )
-        })?,
+        false => gw.usage(&who, q.clone()).await.map_err(unavailable)?,
     };
     let mut sum = Usage::default();
-    let mut requests = 0;
+    let (mut requests, mut spend) = (0, 0);
     for r in &rows {
         sum.add(r.usage);
         requests += r.requests;
+        spend += r.spend;
     }
     let data: Vec<Value> = rows.iter().map(row_json).collect();
-    Ok(
-        Json(json!({"object": "list", "data": data, "total": totals(&sum, requests)}))
-            .into_response(),
-    )
+    let mut body = json!({"object": "list", "data": data, "total": totals(&sum, requests, spend)});
+    // The caller's own budget, or the one client an approver asked about.
+    let whose = match (&q.principal, who.approver) {
+        (Some(p), true) => Some(p.as_str()),
+        (None, _) => Some(who.id.as_str()),
+        (Some(_), false) => (!foreign).then_some(who.id.as_str()),
+    };
+    if let Some(whose) = whose {
+        let caps = gw.budget_view(whose).await.map_err(unavailable)?;
+        if !caps.is_empty() {
+            body["budget"] = budget_json(&caps);
+        }
+    }
+    Ok(Json(body).into_response())
 }

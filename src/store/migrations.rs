@@ -136,10 +136,17 @@ CREATE INDEX compactions_expiry ON compactions(expires_at);
 ALTER TABLE usage_daily ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
 ";
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5)];
+/// Spend: what each day's usage cost at its model's price, and what a stateless execution
+/// spent before its suspension (its per-execution cap), in nano-USD.
+const V6: &str = "
+ALTER TABLE usage_daily ADD COLUMN spend_nanousd INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE upstream_pending ADD COLUMN spend_nanousd INTEGER NOT NULL DEFAULT 0;
+";
+
+const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6)];
 
 /// The schema version this build writes.
-pub const CURRENT: i64 = 5;
+pub const CURRENT: i64 = 6;
 
 /// SQLite's DDL in PostgreSQL's types.
 fn ddl(engine: Engine, sql: &str) -> String {

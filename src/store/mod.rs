@@ -37,7 +37,7 @@ pub use compactions::CompactionRecord;
 pub use db::default_pool_size;
 pub use feed::{ApprovalChange, ApprovalFeed, Listening};
 pub use suspensions::{StoredSuspension, SuspensionRecord};
-pub use usage::{date_of, day_from_date, day_of, UsageQuery, UsageRow};
+pub use usage::{civil_of, date_of, day_from_date, day_of, day_of_civil, UsageQuery, UsageRow, UsageTotals};
 
 /// Why a store call failed.
 #[derive(Debug, Clone, thiserror::Error)]

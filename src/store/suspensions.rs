@@ -25,6 +25,9 @@ pub struct SuspensionRecord<'a> {
     pub ids: Option<&'a [String]>,
     pub rounds: u32,
     pub created_at: u64,
+    /// What the execution has spent so far, in nano-USD (a stateless record's; its
+    /// per-execution cap is checked against it wherever it is claimed).
+    pub spend: u64,
 }
 
 /// A durable suspension as recovered at startup.
@@ -40,6 +43,7 @@ pub struct StoredSuspension {
     pub ids: Vec<String>,
     pub rounds: u32,
     pub created_at: u64,
+    pub spend: u64,
 }
 
 pub(super) fn pack(d: &Digests) -> [u8; 128] {
@@ -64,7 +68,7 @@ pub(super) fn unpack(blob: &[u8]) -> Option<Digests> {
 }
 
 /// The columns of a durable record, as [`durable_rows`] folds them.
-pub(super) const DURABLE_COLUMNS: &str = "digest, execution_id, principal, model, deadline_ms, digests, upstream_id, rounds, created_at, surface";
+pub(super) const DURABLE_COLUMNS: &str = "digest, execution_id, principal, model, deadline_ms, digests, upstream_id, rounds, created_at, surface, spend_nanousd";
 
 /// Folds rows of [`DURABLE_COLUMNS`] ordered by execution and position into suspensions.
 pub(super) fn durable_rows(rows: &[Row]) -> Result<Vec<StoredSuspension>, StoreError> {
@@ -92,6 +96,7 @@ pub(super) fn durable_rows(rows: &[Row]) -> Result<Vec<StoredSuspension>, StoreE
                 ids: vec![r.t(6)?],
                 rounds: r.i(7)? as u32,
                 created_at: r.i(8)? as u64,
+                spend: r.i(10)? as u64,
             }),
         }
     }
@@ -177,11 +182,11 @@ impl Store {
                     ).await?,
                     Some(ids) => t.exec(
                         "INSERT INTO upstream_pending (digest, execution_id, principal, model, deadline_ms, digests,
-                         upstream_id, position, rounds, created_at, surface, owner)
-                         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)",
+                         upstream_id, position, rounds, created_at, surface, owner, spend_nanousd)
+                         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)",
                         vals![token, r.execution_id, r.principal, r.model, r.deadline_ms, &blob[..],
                               ids.get(i).map(String::as_str).unwrap_or_default(), i as u64, r.rounds,
-                              r.created_at, r.surface.as_str(), owner],
+                              r.created_at, r.surface.as_str(), owner, r.spend],
                     ).await?,
                 };
             }

@@ -16,6 +16,16 @@ pub struct UsageRow {
     pub usage: Usage,
     /// Model requests reported.
     pub requests: u64,
+    /// What they cost at the model's price when reported, in nano-USD.
+    pub spend: u64,
+}
+
+/// A principal's totals since a day: that day's alone and all of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UsageTotals {
+    pub tokens_today: u64,
+    pub spend_today: u64,
+    pub spend_since: u64,
 }
 
 /// Which rows to read; `None` is unbounded.
@@ -30,15 +40,17 @@ async fn add(t: &mut Tx<'_>, r: &UsageRow) -> Result<u64, StoreError> {
     let u = &r.usage;
     t.exec(
         "INSERT INTO usage_daily (day, principal, model, input_tokens, cached_input_tokens,
-                                  output_tokens, reasoning_tokens, requests, cache_write_tokens)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                                  output_tokens, reasoning_tokens, requests, cache_write_tokens,
+                                  spend_nanousd)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
          ON CONFLICT (day, principal, model) DO UPDATE SET
            input_tokens = usage_daily.input_tokens + excluded.input_tokens,
            cached_input_tokens = usage_daily.cached_input_tokens + excluded.cached_input_tokens,
            output_tokens = usage_daily.output_tokens + excluded.output_tokens,
            reasoning_tokens = usage_daily.reasoning_tokens + excluded.reasoning_tokens,
            requests = usage_daily.requests + excluded.requests,
-           cache_write_tokens = usage_daily.cache_write_tokens + excluded.cache_write_tokens",
+           cache_write_tokens = usage_daily.cache_write_tokens + excluded.cache_write_tokens,
+           spend_nanousd = usage_daily.spend_nanousd + excluded.spend_nanousd",
         vals![
             r.day,
             &r.principal,
@@ -48,7 +60,8 @@ async fn add(t: &mut Tx<'_>, r: &UsageRow) -> Result<u64, StoreError> {
             u.completion_tokens,
             u.reasoning_tokens,
             r.requests,
-            u.cache_write_tokens
+            u.cache_write_tokens,
+            r.spend
         ],
     )
     .await
@@ -74,7 +87,8 @@ impl Store {
     pub async fn usage(&self, q: &UsageQuery) -> Result<Vec<UsageRow>, StoreError> {
         let mut sql = String::from(
             "SELECT day, principal, model, input_tokens, cached_input_tokens, output_tokens,
-                    reasoning_tokens, requests, cache_write_tokens FROM usage_daily WHERE 1 = 1",
+                    reasoning_tokens, requests, cache_write_tokens, spend_nanousd
+             FROM usage_daily WHERE 1 = 1",
         );
         let mut params: Vec<Val<'_>> = Vec::new();
         for (clause, v) in [
@@ -105,9 +119,43 @@ impl Store {
                         cache_write_tokens: n(8)?,
                     },
                     requests: n(7)?,
+                    spend: n(9)?,
                 })
             })
             .collect()
+    }
+}
+
+impl Store {
+    /// The principal's tokens and spend on `today` and its spend from `since` to `today`
+    /// (the windows of its daily and monthly caps): one read.
+    pub async fn usage_totals(
+        &self,
+        principal: &str,
+        since: u32,
+        today: u32,
+    ) -> Result<UsageTotals, StoreError> {
+        let rows = self
+            .db
+            .read(async |t| {
+                t.rows(
+                    "SELECT day, SUM(input_tokens + output_tokens), SUM(spend_nanousd) FROM usage_daily
+                     WHERE principal = ?1 AND day >= ?2 AND day <= ?3 GROUP BY day",
+                    vals![principal, since, today],
+                )
+                .await
+            })
+            .await?;
+        let mut totals = UsageTotals::default();
+        for r in &rows {
+            let (day, tokens, spend) = (r.i(0)?, r.i(1)? as u64, r.i(2)? as u64);
+            if day == i64::from(today) {
+                totals.tokens_today += tokens;
+                totals.spend_today += spend;
+            }
+            totals.spend_since += spend;
+        }
+        Ok(totals)
     }
 }
 
@@ -116,10 +164,10 @@ pub fn day_of(unix_secs: u64) -> u32 {
     (unix_secs / 86_400) as u32
 }
 
-/// `YYYY-MM-DD` of a day number (the proleptic Gregorian calendar, UTC).
-pub fn date_of(day: u32) -> String {
-    // Civil-from-days over 400-year eras (H. Hinnant's algorithm); a date formatter is all
-    // this needs of a calendar crate.
+/// The (year, month, day) of a day number (the proleptic Gregorian calendar, UTC).
+pub fn civil_of(day: u32) -> (i64, u32, u32) {
+    // Civil-from-days over 400-year eras (H. Hinnant's algorithm); a date formatter and the
+    // first of a month are all this needs of a calendar crate.
     let z = day as i64 + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -128,7 +176,24 @@ pub fn date_of(day: u32) -> String {
     let mp = (5 * doy + 2) / 153;
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    (yoe + era * 400 + i64::from(m <= 2), m as u32, d as u32)
+}
+
+/// The day number of a date (days from civil; the inverse of [`civil_of`] for valid dates).
+pub fn day_of_civil(y: i64, m: u32, d: u32) -> u32 {
+    let (m, d) = (i64::from(m), i64::from(d));
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2.rem_euclid(400);
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    (era * 146_097 + doe - 719_468).max(0) as u32
+}
+
+/// `YYYY-MM-DD` of a day number (UTC).
+pub fn date_of(day: u32) -> String {
+    let (y, m, d) = civil_of(day);
     format!("{y:04}-{m:02}-{d:02}")
 }
 
@@ -139,19 +204,13 @@ pub fn day_from_date(s: &str) -> Option<u32> {
     if y.len() != 4 || m.len() != 2 || d.len() != 2 {
         return None;
     }
-    let (y, m, d): (i64, i64, i64) = (y.parse().ok()?, m.parse().ok()?, d.parse().ok()?);
+    let (y, m, d): (i64, u32, u32) = (y.parse().ok()?, m.parse().ok()?, d.parse().ok()?);
     if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
         return None;
     }
-    let y2 = if m <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2.rem_euclid(400);
-    let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let day = era * 146_097 + doe - 719_468;
+    let day = day_of_civil(y, m, d);
     // Reject dates like 2026-02-31 that normalise to another day.
-    (day >= 0 && date_of(day as u32) == s).then_some(day as u32)
+    (date_of(day) == s).then_some(day)
 }
 
 #[cfg(test)]
@@ -188,6 +247,7 @@ mod tests {
                 total_tokens: input + 2,
             },
             requests: 1,
+            spend: 7,
         };
         s.usage_added(&[row(5, "alice", 10), row(5, "bob", 1)])
             .await
@@ -209,5 +269,8 @@ mod tests {
         };
         assert_eq!(s.usage(&day6).await.unwrap().len(), 1);
         assert_eq!(s.usage(&UsageQuery::default()).await.unwrap().len(), 3);
+        assert_eq!(rows[0].spend, 14);
+        let t = s.usage_totals("alice", 5, 6).await.unwrap();
+        assert_eq!((t.tokens_today, t.spend_today, t.spend_since), (5, 7, 21));
     }
 }

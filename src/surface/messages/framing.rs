@@ -264,6 +264,7 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
 fn error_type(status: u16) -> &'static str {
     match status {
         401 => "authentication_error",
+        402 => "billing_error",
         403 => "permission_error",
         404 => "not_found_error",
         413 => "request_too_large",

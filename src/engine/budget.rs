@@ -1,0 +1,139 @@
+//! Budgets: a principal's spend caps, applied where executions start and go on.
+//!
+//! - **Daily, monthly and token caps gate fresh turns** ([`Engine::within_budget`]): the
+//!   principal's totals are the store's plus this process's unwritten deltas, read under the
+//!   current config. A refusal consumes nothing. The report that crosses a cap never fails
+//!   its own turn: running executions finish and held turns are answered.
+//! - **The per-execution cap stops the execution** at its next round (the claim, `resume.rs`)
+//!   or its next model request within a leg (`leg.rs`) after the report that crossed it.
+//!
+//! A principal with no caps, on a model with no price, costs nothing here: no store read, no
+//! spend counter, the meter counts tokens only.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use super::execution::ExecutionMeta;
+use super::{Engine, EngineError};
+use crate::backend::Meter;
+use crate::budget::{month_start, resets_on, Budget, Cap, Exceeded, Price, Used};
+use crate::store::{day_of, StoreError};
+
+/// One cap of a principal and what is left of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapView {
+    pub cap: Cap,
+    /// In nano-USD or tokens ([`Cap::in_usd`]).
+    pub limit: u64,
+    /// Used in the cap's current window (None for the per-execution cap).
+    pub used: Option<u64>,
+    /// Unix seconds when the window starts again (None for the per-execution cap).
+    pub resets_at: Option<u64>,
+}
+
+impl Engine {
+    /// The principal's caps under the current config (none when it has no grant).
+    fn budget_of(&self, principal: &str) -> Budget {
+        let cfg = self.config();
+        cfg.grant(principal)
+            .map(|g| g.limits.budget)
+            .unwrap_or_default()
+    }
+
+    /// What the principal used today and this month (UTC), on day `today`.
+    async fn used(&self, principal: &str, today: u32) -> Result<Used, StoreError> {
+        let (ledger, store) = (&self.inner.ledger, &self.inner.store);
+        let t = ledger
+            .used(store, principal, month_start(today), today)
+            .await?;
+        Ok(Used {
+            tokens_today: t.tokens_today,
+            nanos_today: t.spend_today,
+            nanos_month: t.spend_since,
+        })
+    }
+
+    /// A fresh turn of a principal at or over a daily, monthly or token cap is refused:
+    /// 402 `budget_exceeded` (`Retry-After` until the end of the day for a daily cap). A
+    /// store that cannot say fails closed (503).
+    pub(super) async fn within_budget(&self, principal: &str) -> Result<(), EngineError> {
+        let budget = self.budget_of(principal);
+        if !budget.gates_fresh() {
+            return Ok(());
+        }
+        let now = self.inner.ledger.now();
+        let today = day_of(now);
+        let used = self.used(principal, today).await.map_err(|e| {
+            tracing::error!(error = %e, "could not read usage totals for a budget");
+            EngineError::Store
+        })?;
+        let Some(exceeded) = budget.reached(&used, today) else {
+            return Ok(());
+        };
+        tracing::debug!(principal, cap = exceeded.cap.as_str(), "fresh turn refused by a budget cap");
+        self.inner.metrics.budget_refusal(exceeded.cap.as_str());
+        let daily = exceeded.cap != Cap::UsdPerMonth;
+        Err(EngineError::BudgetExceeded {
+            exceeded,
+            retry_after_secs: daily
+                .then(|| exceeded.resets_at.map(|at| at.saturating_sub(now).max(1)))
+                .flatten(),
+        })
+    }
+
+    /// The per-execution cap, when an execution has spent `nanos`.
+    pub(super) fn execution_over(&self, principal: &str, nanos: u64) -> Option<Exceeded> {
+        self.budget_of(principal).execution_reached(nanos)
+    }
+
+    /// An execution stopped at its per-execution cap: counted, and its error.
+    pub(super) fn execution_stopped(&self, exceeded: Exceeded) -> EngineError {
+        self.inner.metrics.budget_refusal(exceeded.cap.as_str());
+        EngineError::BudgetExceeded {
+            exceeded,
+            retry_after_secs: None,
+        }
+    }
+
+    /// The meter of a leg of `meta`'s execution. A priced model's meter also adds to the
+    /// execution's spend, which it starts on the first priced leg.
+    pub(super) fn meter(&self, meta: &mut ExecutionMeta, price: Option<Price>) -> Meter {
+        if price.is_some() && meta.spent.is_none() {
+            meta.spent = Some(Arc::new(AtomicU64::new(0)));
+        }
+        let spent = price.and(meta.spent.clone());
+        (self.inner.ledger).meter(&meta.principal, &meta.model, price, spent)
+    }
+
+    /// The caps of `principal` and what is left of each, in config order of
+    /// [`Cap::ALL`]; empty when it has none.
+    pub async fn budget_view(&self, principal: &str) -> Result<Vec<CapView>, StoreError> {
+        let budget = self.budget_of(principal);
+        let caps: Vec<(Cap, u64)> = Cap::ALL
+            .iter()
+            .filter_map(|&c| Some((c, budget.limit(c)?)))
+            .collect();
+        if caps.is_empty() {
+            return Ok(Vec::new());
+        }
+        let today = day_of(self.inner.ledger.now());
+        let used = self.used(principal, today).await?;
+        Ok(caps
+            .into_iter()
+            .map(|(cap, limit)| {
+                let used = match cap {
+                    Cap::UsdPerDay => Some(used.nanos_today),
+                    Cap::UsdPerMonth => Some(used.nanos_month),
+                    Cap::TokensPerDay => Some(used.tokens_today),
+                    Cap::UsdPerExecution => None,
+                };
+                CapView {
+                    cap,
+                    limit,
+                    used,
+                    resets_at: used.map(|_| u64::from(resets_on(cap, today)) * 86_400),
+                }
+            })
+            .collect())
+    }
+}
