@@ -130,7 +130,9 @@ impl Budget {
 
     /// Any USD cap is set.
     pub fn has_usd(&self) -> bool {
-        self.usd_per_day.is_some() || self.usd_per_month.is_some() || self.usd_per_execution.is_some()
+        self.usd_per_day.is_some()
+            || self.usd_per_month.is_some()
+            || self.usd_per_execution.is_some()
     }
 
     pub fn limit(&self, cap: Cap) -> Option<u64> {
@@ -291,7 +293,10 @@ mod tests {
             ..under
         };
         let e = b.reached(&tokens, today).unwrap();
-        assert_eq!((e.cap, e.resets_at), (Cap::TokensPerDay, Some(u64::from(today + 1) * 86_400)));
+        assert_eq!(
+            (e.cap, e.resets_at),
+            (Cap::TokensPerDay, Some(u64::from(today + 1) * 86_400))
+        );
         let all = Used {
             tokens_today: 100,
             nanos_today: nanos(1.0),

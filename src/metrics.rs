@@ -281,7 +281,11 @@ impl Metrics {
         out.push_str("# HELP turnstile_spend_usd_total What priced models' usage cost, in USD, by model.\n# TYPE turnstile_spend_usd_total counter\n");
         for (model, nanos) in self.spend.lock().iter() {
             let usd = crate::budget::usd(*nanos);
-            let _ = writeln!(out, "turnstile_spend_usd_total{{model=\"{}\"}} {usd}", label(model));
+            let _ = writeln!(
+                out,
+                "turnstile_spend_usd_total{{model=\"{}\"}} {usd}",
+                label(model)
+            );
         }
         out.push_str("# HELP turnstile_budget_refusals_total Fresh turns refused and executions stopped by a budget cap, by cap.\n# TYPE turnstile_budget_refusals_total counter\n");
         for (cap, n) in self.budget_refusals.lock().iter() {
@@ -426,6 +430,14 @@ mod tests {
         ));
         let public = m.render(&Gauges::default(), false);
         assert!(public.contains("turnstile_tokens_total{model=\"codex\",kind=\"cached_input\"} 4"));
-        assert!(!public.contains("ice"), "{public}");
+        assert!(!public.contains("al\\\"ice"), "{public}");
+        m.spend("codex", 1_500_000_000);
+        m.budget_refusal("usd_per_day");
+        let public = m.render(&Gauges::default(), false);
+        assert!(
+            public.contains("turnstile_spend_usd_total{model=\"codex\"} 1.5"),
+            "{public}"
+        );
+        assert!(public.contains("turnstile_budget_refusals_total{cap=\"usd_per_day\"} 1"));
     }
 }

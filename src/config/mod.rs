@@ -219,7 +219,8 @@ impl Config {
         let entries = (self.clients.iter())
             .map(|c| (format!("clients `{}`", c.id), &c.models, &c.limits))
             .chain(
-                (self.jwt.iter()).map(|i| (format!("auth.jwt `{}`", i.issuer), &i.models, &i.limits)),
+                (self.jwt.iter())
+                    .map(|i| (format!("auth.jwt `{}`", i.issuer), &i.models, &i.limits)),
             );
         let mut out = Vec::new();
         for (who, models, limits) in entries {

@@ -458,3 +458,66 @@ fn stream_and_kept_bytes_bounds() {
         assert_eq!(parse(&text).unwrap_err().path, path);
     }
 }
+
+#[test]
+fn prices_and_budgets_are_read_in_nano_usd_and_unpriced_models_warn() {
+    use crate::budget::{nanos, Price};
+    let text = base_toml().replace(
+        "models = [\"demo*\"]",
+        "models = [\"demo*\"]\nbudget = { usd_per_day = 20.0, tokens_per_day = 5000000, usd_per_execution = 0.5 }",
+    ) + r#"
+[[models]]
+id = "demo-priced"
+backend = "demo"
+price = { input_per_mtok = 1.25, cached_input_per_mtok = 0.125, output_per_mtok = 10.0 }
+"#;
+    let cfg = parse(&text).unwrap();
+    let b = cfg.clients[0].limits.budget;
+    assert_eq!(b.usd_per_day, Some(nanos(20.0)));
+    assert_eq!((b.usd_per_month, b.tokens_per_day), (None, Some(5_000_000)));
+    assert_eq!(b.usd_per_execution, Some(nanos(0.5)));
+    // An unpriced cache write costs the uncached input price.
+    assert_eq!(
+        cfg.model("demo-priced").unwrap().price,
+        Some(Price {
+            input: nanos(1.25),
+            cached_input: nanos(0.125),
+            cache_write: nanos(1.25),
+            output: nanos(10.0),
+        })
+    );
+    assert_eq!(cfg.model("demo").unwrap().price, None);
+    let w = cfg.warnings();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("clients `alice`") && w[0].contains("`demo`"),
+        "{w:?}"
+    );
+    // A tokens-only budget needs no price.
+    let tokens_only = base_toml().replace(
+        "models = [\"demo*\"]",
+        "models = [\"demo*\"]\nbudget = { tokens_per_day = 10 }",
+    );
+    assert!(parse(&tokens_only).unwrap().warnings().is_empty());
+
+    for (bad, path) in [
+        (
+            "budget = { usd_per_day = -1.0 }",
+            "clients[0].budget.usd_per_day",
+        ),
+        ("budget = { usd_per_week = 1.0 }", "usd_per_week"),
+    ] {
+        let text = base_toml().replace(
+            "models = [\"demo*\"]",
+            &format!("models = [\"demo*\"]\n{bad}"),
+        );
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(e.contains(path), "{e}");
+    }
+    let bad_price = base_toml().replace(
+        "approvals = { command = \"ask\" }",
+        "approvals = { command = \"ask\" }\nprice = { output_per_mtok = nan }",
+    );
+    let e = parse(&bad_price).unwrap_err().to_string();
+    assert!(e.contains("models[0].price.output_per_mtok"), "{e}");
+}

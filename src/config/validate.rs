@@ -180,7 +180,11 @@ fn models(
             ));
         };
         let codex = backend.codex_thread(&at, &m)?;
-        let price = m.price.as_ref().map(|p| price(&at("price"), p)).transpose()?;
+        let price = m
+            .price
+            .as_ref()
+            .map(|p| price(&at("price"), p))
+            .transpose()?;
         let a = m.approvals;
         models.push(ModelConfig {
             id: m.id,

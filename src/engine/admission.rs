@@ -207,6 +207,7 @@ mod tests {
             concurrent_executions: conc,
             max_suspended: susp,
             max_streams: None,
+            budget: Default::default(),
         }
     }
 

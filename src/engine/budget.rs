@@ -70,7 +70,11 @@ impl Engine {
         let Some(exceeded) = budget.reached(&used, today) else {
             return Ok(());
         };
-        tracing::debug!(principal, cap = exceeded.cap.as_str(), "fresh turn refused by a budget cap");
+        tracing::debug!(
+            principal,
+            cap = exceeded.cap.as_str(),
+            "fresh turn refused by a budget cap"
+        );
         self.inner.metrics.budget_refusal(exceeded.cap.as_str());
         let daily = exceeded.cap != Cap::UsdPerMonth;
         Err(EngineError::BudgetExceeded {
@@ -135,5 +139,103 @@ impl Engine {
                 }
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ledger::Ledger;
+    use crate::budget::{nanos, Budget, Clock, Price, Used};
+    use crate::metrics::Metrics;
+    use crate::store::{day_from_date, day_of, Store};
+    use crate::turn::Usage;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// 2026-12-31T23:59:30Z.
+    const NEW_YEARS_EVE: u64 = 1_798_761_570;
+
+    async fn used(l: &Ledger, s: &Store, principal: &str) -> (u32, Used) {
+        let today = day_of(l.now());
+        let t = l
+            .used(s, principal, crate::budget::month_start(today), today)
+            .await
+            .unwrap();
+        let used = Used {
+            tokens_today: t.tokens_today,
+            nanos_today: t.spend_today,
+            nanos_month: t.spend_since,
+        };
+        (today, used)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn caps_reset_at_utc_midnight_and_month_end() {
+        assert_eq!(day_of(NEW_YEARS_EVE), day_from_date("2026-12-31").unwrap());
+        let ledger = Ledger::with_clock(
+            Arc::new(Metrics::default()),
+            Clock::paused_at(NEW_YEARS_EVE),
+        );
+        let store = Store::open_in_memory().await.unwrap();
+        let price = Price {
+            input: nanos(1.0),
+            output: nanos(1.0),
+            ..Price::default()
+        };
+        let budget = Budget {
+            usd_per_day: Some(nanos(5.0)),
+            usd_per_month: Some(nanos(8.0)),
+            tokens_per_day: Some(1_000_000_000),
+            usd_per_execution: None,
+        };
+        let spent = Some(Arc::new(0.into()));
+        let meter = ledger.meter("alice", "m", Some(price), spent.clone());
+        let million = Usage {
+            prompt_tokens: 3_000_000,
+            completion_tokens: 2_000_000,
+            total_tokens: 5_000_000,
+            ..Usage::default()
+        };
+        meter(million);
+        let (today, u) = used(&ledger, &store, "alice").await;
+        assert_eq!((u.nanos_today, u.nanos_month), (nanos(5.0), nanos(5.0)));
+        let e = budget.reached(&u, today).unwrap();
+        assert_eq!(e.cap, crate::budget::Cap::UsdPerDay);
+        assert_eq!(e.resets_at, Some(NEW_YEARS_EVE + 30), "midnight, UTC");
+        // Half of it written to the store, half still in memory: both count.
+        ledger.flush(&store).await.unwrap();
+        meter(Usage {
+            prompt_tokens: 2_000_000,
+            ..Usage::default()
+        });
+        let (_, u) = used(&ledger, &store, "alice").await;
+        assert_eq!(u.nanos_month, nanos(7.0));
+        assert_eq!(
+            spent.unwrap().load(std::sync::atomic::Ordering::Relaxed),
+            nanos(7.0)
+        );
+        // Another principal is unaffected.
+        let (_, bob) = used(&ledger, &store, "bob").await;
+        assert_eq!(bob, Used::default());
+
+        // Midnight: a new day and a new month; both windows start from zero.
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let (today, u) = used(&ledger, &store, "alice").await;
+        assert_eq!(crate::store::date_of(today), "2027-01-01");
+        assert_eq!(u, Used::default());
+        assert_eq!(budget.reached(&u, today), None);
+
+        // Within a month, a new day resets the daily caps, not the monthly one.
+        meter(million);
+        tokio::time::advance(Duration::from_secs(86_400)).await;
+        meter(million);
+        let (today, u) = used(&ledger, &store, "alice").await;
+        assert_eq!((u.nanos_today, u.nanos_month), (nanos(5.0), nanos(10.0)));
+        let e = budget.reached(&u, today).unwrap();
+        assert_eq!(e.cap, crate::budget::Cap::UsdPerMonth);
+        assert_eq!(
+            crate::store::date_of(day_of(e.resets_at.unwrap())),
+            "2027-02-01"
+        );
     }
 }

@@ -122,7 +122,11 @@ impl Ledger {
         let mut t = store.usage_totals(principal, since, today).await?;
         for deltas in [&self.pending, &self.flushing] {
             for (day, by_principal) in deltas.lock().range(since..=today) {
-                for d in by_principal.get(principal).into_iter().flat_map(|m| m.values()) {
+                for d in by_principal
+                    .get(principal)
+                    .into_iter()
+                    .flat_map(|m| m.values())
+                {
                     if *day == today {
                         t.tokens_today += d.usage.prompt_tokens + d.usage.completion_tokens;
                         t.spend_today += d.spend;

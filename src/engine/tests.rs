@@ -512,6 +512,7 @@ async fn check_is_pure_and_ordered() {
         tokens: vec![t(1), t(2)],
         by_reference: false,
         durable: false,
+        spent: 0,
     };
     let mut inp = input(json!([{"role": "user", "content": "x"}]));
     let mut c = crate::turn::Continuation {

@@ -11,10 +11,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::Caller;
-use crate::engine::Engine;
-use crate::error::{ApiError, ErrorCode};
 use crate::budget::{usd, Cap};
 use crate::engine::CapView;
+use crate::engine::Engine;
+use crate::error::{ApiError, ErrorCode};
 use crate::store::{date_of, day_from_date, day_of, UsageQuery, UsageRow};
 use crate::turn::Usage;
 

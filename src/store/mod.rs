@@ -37,7 +37,9 @@ pub use compactions::CompactionRecord;
 pub use db::default_pool_size;
 pub use feed::{ApprovalChange, ApprovalFeed, Listening};
 pub use suspensions::{StoredSuspension, SuspensionRecord};
-pub use usage::{civil_of, date_of, day_from_date, day_of, day_of_civil, UsageQuery, UsageRow, UsageTotals};
+pub use usage::{
+    civil_of, date_of, day_from_date, day_of, day_of_civil, UsageQuery, UsageRow, UsageTotals,
+};
 
 /// Why a store call failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -505,6 +507,7 @@ mod tests {
             ids: None,
             rounds: 1,
             created_at: 0,
+            spend: 0,
         })
         .await
         .unwrap();

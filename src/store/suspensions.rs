@@ -271,6 +271,7 @@ mod tests {
             ids: Some(&ids),
             rounds: 2,
             created_at: 5,
+            spend: 42,
         })
         .await
         .unwrap();
@@ -280,6 +281,7 @@ mod tests {
         assert_eq!(got[0].tokens, [[7; 32], [8; 32]]);
         assert_eq!(got[0].ids, ids);
         assert_eq!((got[0].rounds, got[0].deadline_ms), (2, 99));
+        assert_eq!(got[0].spend, 42);
         s.tokens_settled("exe-1", "alice", &[[7; 32], [8; 32]], "resolved", &[])
             .await
             .unwrap();
@@ -312,6 +314,7 @@ mod tests {
                 ids: Some(&ids),
                 rounds: 1,
                 created_at: 5,
+                spend: 0,
             })
             .await
             .unwrap();

@@ -65,6 +65,7 @@ async fn held(
         ids,
         rounds: 1,
         created_at: 0,
+        spend: 0,
     };
     store.suspension_recorded(&record).await.unwrap();
 }

@@ -43,6 +43,7 @@ fn durable(execution: &str) -> Batch<Suspended> {
         model: "m".into(),
         surface: SurfaceId::Chat,
         created: 0,
+        spent: None,
     };
     Batch {
         principal: "alice".into(),
