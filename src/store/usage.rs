@@ -139,7 +139,8 @@ impl Store {
             .db
             .read(async |t| {
                 t.rows(
-                    "SELECT day, SUM(input_tokens + output_tokens), SUM(spend_nanousd) FROM usage_daily
+                    "SELECT day, CAST(SUM(input_tokens + output_tokens) AS BIGINT),
+                            CAST(SUM(spend_nanousd) AS BIGINT) FROM usage_daily
                      WHERE principal = ?1 AND day >= ?2 AND day <= ?3 GROUP BY day",
                     vals![principal, since, today],
                 )

@@ -40,22 +40,34 @@ async fn replica_at(
 ) -> Gateway {
     let (id, db) = (id.to_string(), db.to_string());
     Gateway::start_raw(opts, move |o, dir| {
-        let mut s = config_text(o, dir).replace("[store]\npath = \"turnstile.db\"\n", "");
-        s.push_str(&postgres::store_section(&db));
-        s.push_str(&format!(
-            "\n[cluster]\nreplica_id = \"{id}\"\ninternal_listen = \"127.0.0.1:0\"\nkey_env = \"{CLUSTER_KEY_ENV}\"\nlease_seconds = {LEASE_SECONDS}\n"
-        ));
-        if let Some(url) = advertise_url {
-            s.push_str(&format!("advertise_url = \"{url}\"\n"));
-        }
-        if let Some(url) = upstream {
-            s.push_str(&format!(
-                "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\napi_key_env = \"TURNSTILE_TEST_UPSTREAM_KEY\"\n\n[[models]]\nid = \"up-tool\"\nbackend = \"up\"\nbackend_model = \"up-tool\"\n"
-            ));
-        }
-        s
+        replica_config(o, dir, &id, &db, upstream, advertise_url)
     })
     .await
+}
+
+/// The config of replica `id` on database `db` (see [`replica_at`]).
+pub fn replica_config(
+    o: &Opts,
+    dir: &std::path::Path,
+    id: &str,
+    db: &str,
+    upstream: Option<String>,
+    advertise_url: Option<String>,
+) -> String {
+    let mut s = config_text(o, dir).replace("[store]\npath = \"turnstile.db\"\n", "");
+    s.push_str(&postgres::store_section(db));
+    s.push_str(&format!(
+        "\n[cluster]\nreplica_id = \"{id}\"\ninternal_listen = \"127.0.0.1:0\"\nkey_env = \"{CLUSTER_KEY_ENV}\"\nlease_seconds = {LEASE_SECONDS}\n"
+    ));
+    if let Some(url) = advertise_url {
+        s.push_str(&format!("advertise_url = \"{url}\"\n"));
+    }
+    if let Some(url) = upstream {
+        s.push_str(&format!(
+            "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\napi_key_env = \"TURNSTILE_TEST_UPSTREAM_KEY\"\n\n[[models]]\nid = \"up-tool\"\nbackend = \"up\"\nbackend_model = \"up-tool\"\n"
+        ));
+    }
+    s
 }
 
 /// Replicas `a`, `b`, `c` on a fresh database.

@@ -7,6 +7,7 @@
 
 mod acp;
 mod approvals;
+mod budgets;
 mod claude_backend;
 mod claude_code;
 mod cluster;

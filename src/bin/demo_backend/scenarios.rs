@@ -9,6 +9,7 @@
 //!   `cat <path>`.
 //! - `parallel`: two concurrent tool calls; `Results: <o1> | <o2>`.
 //! - `rounds3`: three sequential tool calls; `Done after 3 rounds: <o1>, <o2>, <o3>`.
+//!   `metered`: the same, each request's usage reported as soon as its call is answered.
 //! - `hang`: nothing until interrupted (then the usage of its one model request). `slow`: waits `delay` ms (default 3000), then `echo`.
 //! - `crash`: one delta `partial `, then exits with code 3.
 //! - `fail`: `error` notification, then a `failed` turn.
@@ -38,6 +39,7 @@ pub(crate) const SCENARIOS: &[&str] = &[
     "text_then_tool",
     "parallel",
     "rounds3",
+    "metered",
     "hang",
     "slow",
     "reasoning",
@@ -103,7 +105,7 @@ pub(crate) async fn run_scenario(turn: &Turn, spec: &TurnSpec) -> Step {
         turn.complete()
     };
     match spec.scenario.as_str() {
-        "tool" | "text_then_tool" | "parallel" | "rounds3" => {
+        "tool" | "text_then_tool" | "parallel" | "rounds3" | "metered" => {
             if spec.scenario == "text_then_tool" {
                 turn.stream_text("Let me check.")?;
             }
@@ -119,12 +121,15 @@ pub(crate) async fn run_scenario(turn: &Turn, spec: &TurnSpec) -> Step {
                     let (a, b) = tokio::join!(finish_call(turn, first), finish_call(turn, second));
                     format!("Results: {} | {}", a?, b?)
                 }
-                "rounds3" => {
+                "rounds3" | "metered" => {
                     let mut outs = Vec::new();
                     for round in 1..=3 {
                         let call =
                             start_call(turn, &tool, spec.args(&tool, &format!(" round {round}")))?;
                         outs.push(finish_call(turn, call).await?);
+                        if spec.scenario == "metered" {
+                            turn.report_usage()?;
+                        }
                     }
                     format!("Done after 3 rounds: {}", outs.join(", "))
                 }

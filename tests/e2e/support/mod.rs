@@ -38,6 +38,7 @@ pub const SCENARIOS: &[&str] = &[
     "text_then_tool",
     "parallel",
     "rounds3",
+    "metered",
     "hang",
     "slow",
     "reasoning",
