@@ -23,6 +23,7 @@ use crate::surface::chat;
 use crate::turn::TurnInput;
 
 mod approvals;
+mod budgets;
 
 /// What the scripted backend saw and holds.
 #[derive(Default)]
@@ -34,6 +35,8 @@ struct Spy {
     senders: Mutex<HashMap<String, UnboundedSender<TurnEvent>>>,
     /// Executions whose turn completed (dropping any other turn interrupts it).
     completed: Mutex<std::collections::HashSet<String>>,
+    /// The meter of each execution's latest leg.
+    meters: Mutex<HashMap<String, crate::backend::Meter>>,
 }
 
 /// An agent whose leg is chosen by the last user message: `tool` asks for one call, `two`
@@ -114,6 +117,7 @@ impl Backend for Scripted {
                 .senders
                 .lock()
                 .insert(leg.execution_id.to_string(), tx);
+            (self.spy.meters.lock()).insert(leg.execution_id.to_string(), leg.meter.clone());
             self.spy.live.fetch_add(1, Ordering::SeqCst);
             let control = Control {
                 spy: self.spy.clone(),
