@@ -399,7 +399,7 @@ test("history filters by state and reason", async (browser) => {
   await context.close();
 });
 
-test("activity: held calls, kept threads, today's usage and backends", async (browser) => {
+test("activity: held calls, kept threads, today's usage and spend, the budget, backends", async (browser) => {
   // A held tool call and a completed turn (its thread is kept) of alice's.
   const tool = await api(ALICE, "/v1/chat/completions", {
     method: "POST",
@@ -413,6 +413,9 @@ test("activity: held calls, kept threads, today's usage and backends", async (br
   const held = tool.body.id.replace(/^chatcmpl-/, "exe-");
   const echo = await api(ALICE, "/v1/chat/completions", { method: "POST", body: JSON.stringify({ model: "echo", messages: [{ role: "user", content: "hi" }] }) });
   assert.equal(echo.status, 200);
+  // A priced turn ($1): its spend, and alice's budget with what is left of it.
+  const priced = await api(ALICE, "/v1/chat/completions", { method: "POST", body: JSON.stringify({ model: "p-echo", messages: [{ role: "user", content: "hi" }] }) });
+  assert.equal(priced.status, 200);
   const { context, page } = await newConsole(browser);
   await signIn(page, ALICE);
   await page.getByRole("tab", { name: "Activity" }).click();
@@ -426,6 +429,11 @@ test("activity: held calls, kept threads, today's usage and backends", async (br
   assert.match(cells[7], /^in \d/);
   await page.locator("#threads-rows tr[data-id]").first().waitFor({ timeout: WAIT });
   await page.locator('#usage-rows tr[data-model="echo"]').waitFor({ timeout: WAIT });
+  const spend = await page.locator('#usage-rows tr[data-model="p-echo"] td').allTextContents();
+  assert.equal(spend[6], "$1.00");
+  const day = await page.locator('#budget-rows tr[data-cap="usd_per_day"] td').allTextContents();
+  assert.deepEqual(day.slice(0, 4), ["usd_per_day", "$50.00", "$1.00", "$49.00"]);
+  assert.match(day[4], /^\d{4}-\d{2}-\d{2}$/);
   const backend = await page.locator('#backends-rows tr[data-backend="demo"] td').allTextContents();
   assert.deepEqual(backend.slice(0, 3), ["demo", "app-server", "ok"]);
   assert.equal(await page.locator("html").evaluate((h) => h.scrollWidth <= h.clientWidth), true);

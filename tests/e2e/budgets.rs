@@ -15,7 +15,7 @@ use crate::support::{messages, postgres, responses, *};
 const PRICE: &str = "{ input_per_mtok = 50000.0, output_per_mtok = 100000.0 }";
 
 /// The demo config with priced models `p-echo` and `p-metered`, and `budget` on `client`s.
-fn priced(text: String, budgets: &[(&str, &str)]) -> String {
+pub fn priced(text: String, budgets: &[(&str, &str)]) -> String {
     let mut text = text;
     for (client, budget) in budgets {
         let at = text.find(&format!("id = \"{client}\"\n")).expect("client");

@@ -3,7 +3,7 @@
 //! live in `tests/clients/console.mjs`: sign-in and a refused key, a pending approval arriving
 //! live while a demo-backend turn waits on it, approve and deny finishing the waiting chat
 //! streams, two consoles racing, reconnecting, a foreign principal, history filters, the
-//! activity view, keyboard-only use, narrow and zoomed layouts, sign-out, the CSP, and no
+//! activity view (with spend and the budget), keyboard-only use, narrow and zoomed layouts, sign-out, the CSP, and no
 //! request to anything but loopback. Screenshots go to `target/console-screenshots/`.
 
 use std::path::PathBuf;
@@ -52,8 +52,10 @@ async fn the_console_works_an_approval_queue_in_headless_chromium() {
         crate::jwt::ISS_A
     );
     let jwt = crate::jwt::token_a("bot-1");
+    // Alice has a daily USD budget; `p-echo` costs $1 a turn.
     let gw = Gateway::start_raw(Opts::default(), move |o, dir| {
-        crate::jwt::jwt_config(o, dir, &bot)
+        let text = crate::jwt::jwt_config(o, dir, &bot);
+        crate::budgets::priced(text, &[("alice", "{ usd_per_day = 50.0 }")])
     })
     .await;
     let shots = screenshots();

@@ -1,18 +1,21 @@
 // The tabs, the History view (settled approvals by state and reason) and the Activity view
-// (suspended executions, kept threads, today's usage per model, backends), refreshed every
-// ACTIVITY_MS while it is open.
+// (suspended executions, kept threads, today's usage and spend per model, the caller's budget,
+// backends), refreshed every ACTIVITY_MS while it is open.
 
 import { getJson, guard, session } from "./api.js";
 import { $, clock, el, now, span, summaryText } from "./dom.js";
 
 const ACTIVITY_MS = 5000;
+
+/** Dollars as people read them: cents, or two significant digits below a cent. */
+const usd = (n) => (n === 0 || n >= 0.01 ? `$${n.toFixed(2)}` : `$${n.toPrecision(2)}`);
 let activityTimer = null;
 
 /** Empties both views (sign-out). */
 export function clearViews() {
   stopActivity();
   $("history-rows").replaceChildren();
-  for (const id of ["executions-rows", "threads-rows", "usage-rows", "backends-rows"]) $(id).replaceChildren();
+  for (const id of ["executions-rows", "threads-rows", "usage-rows", "budget-rows", "backends-rows"]) $(id).replaceChildren();
 }
 
 // ---------------------------------------------------------------- tabs
@@ -139,12 +142,13 @@ async function loadActivity() {
       el("td", { text: x.usable ? `in ${span(x.expires_at - t)}` : "released" }))), 7, "No thread is kept.");
   const perModel = new Map();
   for (const r of us.data) {
-    const m = perModel.get(r.model) || { requests: 0, input: 0, cached: 0, output: 0, total: 0 };
+    const m = perModel.get(r.model) || { requests: 0, input: 0, cached: 0, output: 0, total: 0, spend: 0 };
     m.requests += r.requests;
     m.input += r.input_tokens;
     m.cached += r.cached_input_tokens;
     m.output += r.output_tokens;
     m.total += r.total_tokens;
+    m.spend += r.spend_usd;
     perModel.set(r.model, m);
   }
   rowsOrEmpty("usage-rows", [...perModel.entries()].sort().map(([model, m]) =>
@@ -154,7 +158,17 @@ async function loadActivity() {
       el("td", { text: String(m.input) }),
       el("td", { text: String(m.cached) }),
       el("td", { text: String(m.output) }),
-      el("td", { text: String(m.total) }))), 6, "No usage today.");
+      el("td", { text: String(m.total) }),
+      el("td", { text: usd(m.spend) }))), 7, "No usage today.");
+  // A cap in USD or in tokens; the per-execution cap has no window.
+  const amount = (cap, n) => (cap.startsWith("usd_") ? usd(n) : String(n));
+  rowsOrEmpty("budget-rows", Object.entries(us.budget || {}).map(([cap, b]) =>
+    el("tr", { "data-cap": cap },
+      el("td", { text: cap }),
+      el("td", { text: amount(cap, b.cap) }),
+      el("td", { text: b.used == null ? "—" : amount(cap, b.used) }),
+      el("td", { text: b.remaining == null ? "—" : amount(cap, b.remaining) }),
+      el("td", { text: b.resets_at == null ? "per execution" : b.resets_at.replace("T00:00:00Z", "") }))), 5, "No budget applies to you.");
   rowsOrEmpty("backends-rows", be.data.map((b) =>
     el("tr", { "data-backend": b.name },
       el("td", { text: b.name }),
