@@ -240,3 +240,23 @@ async fn check_warns_of_an_unpriced_model_under_a_usd_cap() {
     // Tokens need no price; carol may use only `echo`.
     assert_eq!(check(&[("carol", "{ tokens_per_day = 10 }")]), "");
 }
+
+#[tokio::test]
+async fn an_issuers_budget_is_each_of_its_subjects_default() {
+    let gw = Gateway::start_raw(Opts::default(), |o, dir| {
+        let text = crate::jwt::jwt_config(o, dir, "");
+        let issuer = format!("issuer = \"{}\"\n", crate::jwt::ISS_A);
+        text.replacen(
+            &issuer,
+            &format!("{issuer}budget = {{ tokens_per_day = 15 }}\n"),
+            1,
+        )
+    })
+    .await;
+    let (sam, kim) = (crate::jwt::token_a("sam"), crate::jwt::token_a("kim"));
+    ok_turn(&gw, &sam, "echo").await;
+    refused_everywhere(&gw, &sam, "echo", "tokens_per_day").await;
+    ok_turn(&gw, &kim, "echo").await;
+    let (_, v) = get(&gw, &kim, "/v1/usage").await;
+    assert_eq!(v["budget"]["tokens_per_day"]["remaining"], 0, "{v}");
+}
