@@ -206,7 +206,7 @@ fn models(
 /// A USD amount at `at.key`: finite and not negative.
 fn dollars(at: &str, key: &str, v: Option<f64>) -> Result<Option<u64>, ConfigError> {
     match v {
-        Some(v) if !v.is_finite() || v < 0.0 || v > 1e9 => Err(err(
+        Some(v) if !(0.0..=1e9).contains(&v) => Err(err(
             format!("{at}.{key}"),
             "must be a number of USD from 0 to 1e9",
         )),

@@ -188,8 +188,8 @@ mod tests {
             tokens_per_day: Some(1_000_000_000),
             usd_per_execution: None,
         };
-        let spent = Some(Arc::new(0.into()));
-        let meter = ledger.meter("alice", "m", Some(price), spent.clone());
+        let spent: Arc<std::sync::atomic::AtomicU64> = Arc::new(0.into());
+        let meter = ledger.meter("alice", "m", Some(price), Some(spent.clone()));
         let million = Usage {
             prompt_tokens: 3_000_000,
             completion_tokens: 2_000_000,
@@ -210,10 +210,7 @@ mod tests {
         });
         let (_, u) = used(&ledger, &store, "alice").await;
         assert_eq!(u.nanos_month, nanos(7.0));
-        assert_eq!(
-            spent.unwrap().load(std::sync::atomic::Ordering::Relaxed),
-            nanos(7.0)
-        );
+        assert_eq!(spent.load(std::sync::atomic::Ordering::Relaxed), nanos(7.0));
         // Another principal is unaffected.
         let (_, bob) = used(&ledger, &store, "bob").await;
         assert_eq!(bob, Used::default());
