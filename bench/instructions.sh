@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Instructions the gateway executes per request, by callgrind (not a test):
-# `bench/instructions.sh [chat|chat-sse|responses|messages|agent|agent-tool|resume-100k]`.
+# `bench/instructions.sh [chat|chat-sse|responses|messages|agent|agent-tool|resume-100k]`
+# (`BENCH_BUDGET=1` prices the models and puts the client under budgets).
 #
 # chat … messages: the plain relay to the nginx mock (`kind = "openai"`). agent: a plain turn
 # on the demo backend (`kind = "app-server"`, its processes outside valgrind); agent-tool: a
@@ -26,6 +27,14 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MOCK="$ROOT/bench/mock"
 OHA=$(command -v oha || echo "$HOME/.cargo/bin/oha")
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+# BENCH_BUDGET=1: every model priced and the client under every budget cap (none reached),
+# to count what budgets cost against the same run without them.
+BUDGET=""
+PRICE=""
+if [ -n "${BENCH_BUDGET:-}" ]; then
+  BUDGET='budget = { usd_per_day = 1000000.0, usd_per_month = 1000000.0, tokens_per_day = 1000000000000, usd_per_execution = 1000000.0 }'
+  PRICE='price = { input_per_mtok = 1.25, cached_input_per_mtok = 0.125, output_per_mtok = 10.0 }'
+fi
 # BENCH_GATEWAY: another build of the gateway to count (a before-and-after comparison).
 GATEWAY=${BENCH_GATEWAY:-}
 if [ -z "$GATEWAY" ]; then
@@ -62,12 +71,15 @@ path = "$WORK/gateway.db"
 [[clients]]
 id = "bench"
 key_sha256 = "$(printf %s "$KEY" | sha256sum | cut -d' ' -f1)"
+$BUDGET
 [[models]]
 id = "mock"
 backend = "json"
+$PRICE
 [[models]]
 id = "mock-sse"
 backend = "sse"
+$PRICE
 [backends.json]
 kind = "openai"
 base_url = "http://127.0.0.1:$PORT/json/v1"
@@ -78,10 +90,12 @@ base_url = "http://127.0.0.1:$PORT/sse/v1"
 id = "echo"
 backend = "demo"
 backend_model = "echo"
+$PRICE
 [[models]]
 id = "tool"
 backend = "demo"
 backend_model = "tool"
+$PRICE
 [backends.demo]
 kind = "app-server"
 command = ["$DEMO"]
