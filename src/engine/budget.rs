@@ -53,14 +53,14 @@ impl Engine {
         })
     }
 
-    /// A fresh turn of a principal at or over a daily, monthly or token cap is refused:
-    /// 402 `budget_exceeded` (`Retry-After` until the end of the day for a daily cap). A
-    /// store that cannot say fails closed (503).
-    pub(super) async fn within_budget(&self, principal: &str) -> Result<(), EngineError> {
-        let budget = self.budget_of(principal);
-        if !budget.gates_fresh() {
-            return Ok(());
-        }
+    /// A fresh turn of a principal at or over a daily, monthly or token cap of `budget` (its
+    /// budget under the current config) is refused: 402 `budget_exceeded` (`Retry-After`
+    /// until the end of the day for a daily cap). A store that cannot say fails closed (503).
+    pub(super) async fn within_budget(
+        &self,
+        principal: &str,
+        budget: &Budget,
+    ) -> Result<(), EngineError> {
         let now = self.inner.ledger.now();
         let today = day_of(now);
         let used = self.used(principal, today).await.map_err(|e| {

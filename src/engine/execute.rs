@@ -59,9 +59,8 @@ impl Engine {
         }
         let Some(c) = input.continuation.take() else {
             // Only fresh turns are limited: a continuation refused here would strand the
-            // held turn it answers. The budget first: its refusal spends no request rate.
-            self.within_budget(&principal.id).await?;
-            let slot = self.admit(principal)?;
+            // held turn it answers.
+            let slot = self.admit(principal).await?;
             return self.fresh(principal, input, slot).await.map(Outcome::Leg);
         };
         let claimed = self.claim(principal, &input, &c, forwarded).await;
@@ -79,12 +78,17 @@ impl Engine {
     }
 
     /// Admission of a fresh turn under the principal's limits in the current config (so a
-    /// reload applies at once): 429 `rate_limited` with `Retry-After` before anything runs.
-    fn admit(&self, principal: &Principal) -> Result<admission::Slot, EngineError> {
+    /// reload applies at once): 402 `budget_exceeded` at a budget cap, then 429
+    /// `rate_limited` with `Retry-After`, before anything runs.
+    async fn admit(&self, principal: &Principal) -> Result<admission::Slot, EngineError> {
         let cfg = self.config();
         let none = config::ClientLimits::default();
         let grant = cfg.grant(&principal.id);
         let limits = grant.as_ref().map_or(&none, |g| g.limits);
+        // The budget first: its refusal spends no request rate.
+        if limits.budget.gates_fresh() {
+            self.within_budget(&principal.id, &limits.budget).await?;
+        }
         let (all, durable) =
             if limits.max_suspended.is_some() || limits.concurrent_executions.is_some() {
                 self.inner.suspensions.suspended_of(&principal.id)

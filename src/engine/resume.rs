@@ -251,8 +251,12 @@ impl Engine {
         }
 
         // The per-execution spend cap, reached at an earlier round or while suspended: the
-        // execution stops here, and its tokens answer replays with 410.
-        if let Some(exceeded) = self.execution_over(&principal.id, view.spent) {
+        // execution stops here, and its tokens answer replays with 410. (An execution that
+        // spent nothing, an unpriced model's, has nothing to check.)
+        let over = (view.spent > 0)
+            .then(|| self.execution_over(&principal.id, view.spent))
+            .flatten();
+        if let Some(exceeded) = over {
             self.inner.metrics.budget_refusal(exceeded.cap.as_str());
             if let Some(s) = suspensions.settle(view.batch, Reason::BudgetExceeded) {
                 tracing::info!(execution = %s.execution_id, "per-execution spend cap reached; turn interrupted");
