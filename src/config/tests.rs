@@ -506,6 +506,14 @@ price = { input_per_mtok = 1.25, cached_input_per_mtok = 0.125, output_per_mtok 
             "clients[0].budget.usd_per_day",
         ),
         ("budget = { usd_per_week = 1.0 }", "usd_per_week"),
+        (
+            "budget = { tokens_per_day = 0 }",
+            "clients[0].budget.tokens_per_day",
+        ),
+        (
+            "budget = { usd_per_execution = 0.0 }",
+            "clients[0].budget.usd_per_execution",
+        ),
     ] {
         let text = base_toml().replace(
             "models = [\"demo*\"]",

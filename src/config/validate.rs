@@ -227,13 +227,26 @@ fn price(at: &str, p: &super::raw::RawPrice) -> Result<Price, ConfigError> {
     })
 }
 
-/// A client's or issuer's `budget`.
+/// A client's or issuer's `budget`: each cap greater than 0.
 fn budget(at: &str, b: &super::raw::RawBudget) -> Result<Budget, ConfigError> {
+    let cap = |key: &str, v: Option<u64>| match v {
+        Some(0) => Err(err(
+            format!("{at}.{key}"),
+            "must be greater than 0 (leave it out for no cap)",
+        )),
+        v => Ok(v),
+    };
     Ok(Budget {
-        usd_per_day: dollars(at, "usd_per_day", b.usd_per_day)?,
-        usd_per_month: dollars(at, "usd_per_month", b.usd_per_month)?,
-        tokens_per_day: b.tokens_per_day,
-        usd_per_execution: dollars(at, "usd_per_execution", b.usd_per_execution)?,
+        usd_per_day: cap("usd_per_day", dollars(at, "usd_per_day", b.usd_per_day)?)?,
+        usd_per_month: cap(
+            "usd_per_month",
+            dollars(at, "usd_per_month", b.usd_per_month)?,
+        )?,
+        tokens_per_day: cap("tokens_per_day", b.tokens_per_day)?,
+        usd_per_execution: cap(
+            "usd_per_execution",
+            dollars(at, "usd_per_execution", b.usd_per_execution)?,
+        )?,
     })
 }
 

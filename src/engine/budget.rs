@@ -10,6 +10,8 @@
 //! A principal with no caps, on a model with no price, costs nothing here: no store read, no
 //! spend counter, the meter counts tokens only.
 
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -31,9 +33,37 @@ pub struct CapView {
     pub resets_at: Option<u64>,
 }
 
+/// How many principals [`OverCaps`] remembers at most.
+const MAX_OVER_CAPS: usize = 10_000;
+
+/// Principals found at or over a daily, monthly or token cap, until it resets: spend only
+/// grows within a window, so a principal refused once is refused again without a store read
+/// (a client retrying in a loop costs nothing). An entry holds for the budget it was found
+/// under: a reload that changes the principal's budget makes it read the store again.
+#[derive(Default)]
+pub(super) struct OverCaps(Mutex<HashMap<String, (Budget, Exceeded)>>);
+
+impl OverCaps {
+    fn get(&self, principal: &str, budget: &Budget, now: u64) -> Option<Exceeded> {
+        let map = self.0.lock();
+        let (b, e) = map.get(principal)?;
+        (b == budget && e.resets_at.is_some_and(|at| now < at)).then_some(*e)
+    }
+
+    fn put(&self, principal: &str, budget: Budget, e: Exceeded, now: u64) {
+        let mut map = self.0.lock();
+        if map.len() >= MAX_OVER_CAPS {
+            map.retain(|_, (_, e)| e.resets_at.is_some_and(|at| now < at));
+        }
+        if map.len() < MAX_OVER_CAPS {
+            map.insert(principal.to_string(), (budget, e));
+        }
+    }
+}
+
 impl Engine {
     /// The principal's caps under the current config (none when it has no grant).
-    fn budget_of(&self, principal: &str) -> Budget {
+    pub(super) fn budget_of(&self, principal: &str) -> Budget {
         let cfg = self.config();
         cfg.grant(principal)
             .map(|g| g.limits.budget)
@@ -62,13 +92,21 @@ impl Engine {
         budget: &Budget,
     ) -> Result<(), EngineError> {
         let now = self.inner.ledger.now();
-        let today = day_of(now);
-        let used = self.used(principal, today).await.map_err(|e| {
-            tracing::error!(error = %e, "could not read usage totals for a budget");
-            EngineError::Store
-        })?;
-        let Some(exceeded) = budget.reached(&used, today) else {
-            return Ok(());
+        let over = &self.inner.over_caps;
+        let exceeded = match over.get(principal, budget, now) {
+            Some(known) => known,
+            None => {
+                let today = day_of(now);
+                let used = self.used(principal, today).await.map_err(|e| {
+                    tracing::error!(error = %e, "could not read usage totals for a budget");
+                    EngineError::Store
+                })?;
+                let Some(exceeded) = budget.reached(&used, today) else {
+                    return Ok(());
+                };
+                over.put(principal, *budget, exceeded, now);
+                exceeded
+            }
         };
         tracing::debug!(
             principal,
@@ -234,5 +272,34 @@ mod tests {
             crate::store::date_of(day_of(e.resets_at.unwrap())),
             "2027-02-01"
         );
+    }
+}
+
+#[cfg(test)]
+mod over_caps {
+    use super::*;
+    use crate::budget::nanos;
+
+    #[test]
+    fn a_refusal_is_remembered_until_the_reset_for_the_same_budget() {
+        let over = OverCaps::default();
+        let budget = Budget {
+            usd_per_day: Some(nanos(1.0)),
+            ..Budget::default()
+        };
+        let e = Exceeded {
+            cap: Cap::UsdPerDay,
+            limit: nanos(1.0),
+            resets_at: Some(86_400),
+        };
+        over.put("alice", budget, e, 100);
+        assert_eq!(over.get("alice", &budget, 86_399), Some(e));
+        assert_eq!(over.get("alice", &budget, 86_400), None, "reset");
+        assert_eq!(over.get("bob", &budget, 100), None);
+        let raised = Budget {
+            usd_per_day: Some(nanos(2.0)),
+            ..budget
+        };
+        assert_eq!(over.get("alice", &raised, 100), None, "a reload raised it");
     }
 }

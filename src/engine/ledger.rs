@@ -36,8 +36,8 @@ type Deltas = BTreeMap<u32, BTreeMap<String, BTreeMap<String, Delta>>>;
 fn fold(deltas: &mut Deltas, (day, principal, model): (u32, &str, &str), d: Delta) {
     let total = slot(slot(deltas.entry(day).or_default(), principal), model);
     total.usage.add(d.usage);
-    total.requests += d.requests;
-    total.spend += d.spend;
+    total.requests = total.requests.saturating_add(d.requests);
+    total.spend = total.spend.saturating_add(d.spend);
 }
 
 /// What an execution has spent, in nano-USD, when its model is priced: shared by the meters
@@ -52,6 +52,9 @@ pub(super) struct Ledger {
     flushing: Mutex<Deltas>,
     /// One flush at a time (the timer's and a usage read's), so `flushing` is one batch.
     flush_turn: tokio::sync::Mutex<()>,
+    /// Odd while a flush moves deltas from memory to the store: a [`Ledger::used`] that saw
+    /// it change read the batch twice or not at all, and reads again.
+    flush_gen: AtomicU64,
 }
 
 impl Ledger {
@@ -66,6 +69,7 @@ impl Ledger {
             pending: Mutex::new(BTreeMap::new()),
             flushing: Mutex::new(BTreeMap::new()),
             flush_turn: tokio::sync::Mutex::new(()),
+            flush_gen: AtomicU64::new(0),
         })
     }
 
@@ -86,7 +90,10 @@ impl Ledger {
         match (price, spent) {
             (Some(price), Some(spent)) => Arc::new(move |u: Usage| {
                 let cost = price.cost(&u);
-                spent.fetch_add(cost, Ordering::Relaxed);
+                // Saturating: an upstream's absurd count must not wrap the total under a cap.
+                let _ = spent.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    Some(n.saturating_add(cost))
+                });
                 ledger.record(&principal, &model, u, cost);
             }),
             _ => Arc::new(move |u: Usage| ledger.record(&principal, &model, u, 0)),
@@ -111,8 +118,27 @@ impl Ledger {
     }
 
     /// The principal's totals on `today` and from `since` to `today`: the store's, plus
-    /// what this process counted and has not written yet.
+    /// what this process counted and has not written yet, each delta counted once. Read
+    /// without waiting for a flush, unless one ran meanwhile (then once more, between two).
     pub async fn used(
+        &self,
+        store: &Store,
+        principal: &str,
+        since: u32,
+        today: u32,
+    ) -> Result<UsageTotals, StoreError> {
+        let seen = self.flush_gen.load(Ordering::Acquire);
+        if seen.is_multiple_of(2) {
+            let t = self.used_now(store, principal, since, today).await?;
+            if self.flush_gen.load(Ordering::Acquire) == seen {
+                return Ok(t);
+            }
+        }
+        let _turn = self.flush_turn.lock().await;
+        self.used_now(store, principal, since, today).await
+    }
+
+    async fn used_now(
         &self,
         store: &Store,
         principal: &str,
@@ -128,10 +154,14 @@ impl Ledger {
                     .flat_map(|m| m.values())
                 {
                     if *day == today {
-                        t.tokens_today += d.usage.prompt_tokens + d.usage.completion_tokens;
-                        t.spend_today += d.spend;
+                        let tokens = d
+                            .usage
+                            .prompt_tokens
+                            .saturating_add(d.usage.completion_tokens);
+                        t.tokens_today = t.tokens_today.saturating_add(tokens);
+                        t.spend_today = t.spend_today.saturating_add(d.spend);
                     }
-                    t.spend_since += d.spend;
+                    t.spend_since = t.spend_since.saturating_add(d.spend);
                 }
             }
         }
@@ -141,10 +171,19 @@ impl Ledger {
     /// Writes the deltas to the store; on failure they are kept for the next flush.
     pub async fn flush(&self, store: &Store) -> Result<(), StoreError> {
         let _turn = self.flush_turn.lock().await;
-        let taken = std::mem::take(&mut *self.pending.lock());
-        if taken.is_empty() {
+        if self.pending.lock().is_empty() {
             return Ok(());
         }
+        self.flush_gen.fetch_add(1, Ordering::AcqRel);
+        let written = self.write_pending(store).await;
+        self.flush_gen.fetch_add(1, Ordering::AcqRel);
+        written
+    }
+
+    /// Moves the pending deltas into the store (through `flushing`, where readers still
+    /// count them), or back into `pending` when the write fails.
+    async fn write_pending(&self, store: &Store) -> Result<(), StoreError> {
+        let taken = std::mem::take(&mut *self.pending.lock());
         let mut rows: Vec<UsageRow> = Vec::new();
         for (day, by_principal) in &taken {
             for (principal, by_model) in by_principal {

@@ -10,6 +10,8 @@
 //! bounds, record it durably, and only then send the tokens. Any failure on the way
 //! interrupts the held calls and exposes no token.
 
+use std::sync::atomic::Ordering;
+
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -90,7 +92,11 @@ impl Engine {
         let mut flush_at = (!calls.is_empty()).then(|| Instant::now() + debounce);
         let deadline = exec.deadline;
         // The execution's spend crossed its per-execution cap at a report of this leg: its
-        // next model request (the next report) stops it.
+        // next model request (the next report) stops it. The cap is read once per leg, and
+        // only for a priced execution.
+        let budget = (exec.meta.spent.is_some())
+            .then(|| self.budget_of(&exec.meta.principal))
+            .filter(|b| b.usd_per_execution.is_some());
         let mut crossed = None;
         let stopping = self.inner.shutdown.clone();
         let fail = |exec: Execution, e: EngineError, reason: EndReason| {
@@ -150,9 +156,8 @@ impl Engine {
                         let e = self.execution_stopped(exceeded);
                         return fail(exec, e, EndReason::BudgetExceeded).await;
                     }
-                    if let Some(spent) = &exec.meta.spent {
-                        let nanos = spent.load(std::sync::atomic::Ordering::Relaxed);
-                        crossed = self.execution_over(&exec.meta.principal, nanos);
+                    if let (Some(b), Some(spent)) = (&budget, &exec.meta.spent) {
+                        crossed = b.execution_reached(spent.load(Ordering::Relaxed));
                     }
                 }
                 Some(TurnEvent::Truncated) => {

@@ -91,6 +91,8 @@ struct Inner {
     tracker: TaskTracker,
     /// Per-principal admission limits of fresh turns.
     limiter: admission::Limiter,
+    /// Principals known to be over a budget cap until it resets.
+    over_caps: budget::OverCaps,
 }
 
 /// Cheap-clone handle to the engine.
@@ -181,6 +183,7 @@ impl Engine {
                 shutdown: CancellationToken::new(),
                 tracker: TaskTracker::new(),
                 limiter: admission::Limiter::default(),
+                over_caps: budget::OverCaps::default(),
             }),
         };
         let timer = engine.clone();
@@ -203,6 +206,9 @@ impl Engine {
             return Ok(());
         };
         let new = config::load(path)?;
+        for w in new.warnings() {
+            tracing::warn!("{w}");
+        }
         let old = self.config();
         if new.backends != old.backends {
             tracing::warn!(

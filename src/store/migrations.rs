@@ -137,10 +137,12 @@ ALTER TABLE usage_daily ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0
 ";
 
 /// Spend: what each day's usage cost at its model's price, and what a stateless execution
-/// spent before its suspension (its per-execution cap), in nano-USD.
+/// spent before its suspension (its per-execution cap), in nano-USD; a principal's days found
+/// by principal (the budget read).
 const V6: &str = "
 ALTER TABLE usage_daily ADD COLUMN spend_nanousd INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE upstream_pending ADD COLUMN spend_nanousd INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX usage_daily_principal ON usage_daily(principal, day);
 ";
 
 const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6)];
