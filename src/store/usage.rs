@@ -36,6 +36,12 @@ pub struct UsageQuery {
     pub to_day: Option<u32>,
 }
 
+/// A count as the store's signed 64-bit integer: saturated, never wrapped negative (counts
+/// saturate at `u64::MAX`).
+fn db(n: u64) -> u64 {
+    n.min(i64::MAX as u64)
+}
+
 async fn add(t: &mut Tx<'_>, r: &UsageRow) -> Result<u64, StoreError> {
     let u = &r.usage;
     t.exec(
@@ -55,13 +61,13 @@ async fn add(t: &mut Tx<'_>, r: &UsageRow) -> Result<u64, StoreError> {
             r.day,
             &r.principal,
             &r.model,
-            u.prompt_tokens,
-            u.cached_tokens,
-            u.completion_tokens,
-            u.reasoning_tokens,
-            r.requests,
-            u.cache_write_tokens,
-            r.spend
+            db(u.prompt_tokens),
+            db(u.cached_tokens),
+            db(u.completion_tokens),
+            db(u.reasoning_tokens),
+            db(r.requests),
+            db(u.cache_write_tokens),
+            db(r.spend)
         ],
     )
     .await
