@@ -25,6 +25,7 @@
 //! - [`error`]: stable error codes and their statuses.
 //! - [`metrics`]: Prometheus metric names and rendering.
 //! - [`digest`], [`ids`]: SHA-256 and the ids the gateway issues.
+//! - [`telemetry`]: OpenTelemetry GenAI traces over OTLP/HTTP (off unless configured).
 //! - [`server`]: binding, signals (SIGINT/SIGTERM shutdown, SIGHUP reload) and serving.
 
 pub mod approvals;
@@ -44,4 +45,5 @@ pub mod metrics;
 pub mod server;
 pub mod store;
 pub mod surface;
+pub mod telemetry;
 pub mod turn;

@@ -221,23 +221,79 @@ fn check_agents(cfg: &turnstile::config::Config) -> ExitCode {
 
 /// Logs on stderr, written by a thread of their own: a request's line is handed over, not
 /// written on the request path; the thread writes what queued up in one go as soon as it
-/// wakes, and what is left when the returned guard drops (at exit).
-fn init_logs(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+/// wakes, and what is left when the returned guard drops (at exit). With traces on, the
+/// server spans (and nothing else of the logs) also go to the exporter.
+fn init_logs(
+    format: LogFormat,
+    traces: Option<&turnstile::telemetry::Telemetry>,
+) -> tracing_appender::non_blocking::WorkerGuard {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     // The MCP SDK logs the bridge's messages (tool arguments and results) at info and debug:
-    // never below warn, whatever TURNSTILE_LOG asks.
+    // never below warn, whatever TURNSTILE_LOG asks. The trace spans are not log lines.
     let filter = tracing_subscriber::EnvFilter::try_from_env("TURNSTILE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
-        .add_directive("rmcp=warn".parse().expect("a valid directive"));
+        .add_directive("rmcp=warn".parse().expect("a valid directive"))
+        .add_directive(
+            format!("{}=off", turnstile::telemetry::TARGET)
+                .parse()
+                .expect("a valid directive"),
+        );
     let (writer, guard) =
         tracing_appender::non_blocking(std::io::BufWriter::new(std::io::stderr()));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(writer);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.with_ansi(false).init(),
+    let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
+    let fmt = match format {
+        LogFormat::Json => fmt.json().with_filter(filter).boxed(),
+        LogFormat::Text => fmt.with_ansi(false).with_filter(filter).boxed(),
+    };
+    let registry = tracing_subscriber::registry().with(fmt);
+    match traces {
+        Some(t) => registry.with(t.layer()).init(),
+        None => registry.init(),
     }
     guard
+}
+
+/// `turnstile serve`: the config, then logs (and traces), then serving until a signal.
+fn serve(config: PathBuf, format: LogFormat) -> ExitCode {
+    let cfg = match turnstile::config::load(&config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let traces = match &cfg.telemetry {
+        Some(t) => match runtime.block_on(async { turnstile::telemetry::start(t) }) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
+    let _logs = init_logs(format, traces.as_ref());
+    let served = runtime.block_on(turnstile::server::serve(cfg, &config));
+    if let Some(t) = traces {
+        runtime.block_on(t.shutdown());
+    }
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            tracing::error!(error = %e, "turnstile stopped with an error");
+            ExitCode::from(2)
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -285,23 +341,6 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Serve { config } => {
-            let _logs = init_logs(cli.log_format);
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("error: cannot start runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(turnstile::server::serve(&config)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    tracing::error!(error = %e, "turnstile stopped with an error");
-                    ExitCode::from(2)
-                }
-            }
-        }
+        Command::Serve { config } => serve(config, cli.log_format),
     }
 }

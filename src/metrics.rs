@@ -324,6 +324,13 @@ impl Metrics {
             &mut out,
         );
         self.cluster.render(&mut out);
+        if crate::telemetry::on() {
+            let (exported, full, failed) = crate::telemetry::counts();
+            let _ = writeln!(
+                out,
+                "# HELP turnstile_trace_spans_exported_total Spans the trace collector accepted.\n# TYPE turnstile_trace_spans_exported_total counter\nturnstile_trace_spans_exported_total {exported}\n# HELP turnstile_trace_spans_dropped_total Spans dropped, by reason: the export queue was full, or their export failed.\n# TYPE turnstile_trace_spans_dropped_total counter\nturnstile_trace_spans_dropped_total{{reason=\"queue_full\"}} {full}\nturnstile_trace_spans_dropped_total{{reason=\"export_failed\"}} {failed}"
+            );
+        }
         let gauge = |out: &mut String, name: &str, help: &str, v: usize| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };

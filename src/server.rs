@@ -26,8 +26,8 @@ use crate::engine::{Engine, StartError};
 /// How long settling held turns and reaping children may take once serving has stopped.
 const DRAIN: Duration = Duration::from_secs(10);
 
-pub async fn serve(config_path: &Path) -> Result<(), StartError> {
-    let cfg = config::load(config_path)?;
+/// Serves `cfg`, loaded from `config_path` (which a reload reads again).
+pub async fn serve(cfg: config::Config, config_path: &Path) -> Result<(), StartError> {
     for w in cfg.warnings() {
         tracing::warn!("{w}");
     }

@@ -237,6 +237,9 @@ pub type EchoFn = fn(&str, &[ExposedCall]) -> [u8; 32];
 /// A surface's message projection: the digest of one message of its conversation.
 pub type DigestFn = fn(&Message) -> [u8; 32];
 
+/// A surface's id for the answer of an execution's leg after `round` tool rounds (for traces).
+pub type ResponseIdFn = fn(&str, u32) -> String;
+
 /// One client request, translated by its surface.
 #[derive(Debug, Clone)]
 pub struct TurnInput {
@@ -246,6 +249,8 @@ pub struct TurnInput {
     /// How this surface digests one message (the assistant message a suspension exposes,
     /// when the suspension keeps the conversation's digests).
     pub digest: DigestFn,
+    /// How this surface names a leg's answer.
+    pub response_id: ResponseIdFn,
     pub model: String,
     pub messages: Vec<Message>,
     /// The digest of each message, in order.

@@ -9,6 +9,7 @@
 //! store cannot record an approval, the backend is answered deny. This module never imports
 //! axum.
 
+use crate::telemetry::{Parent, Wait};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -118,6 +119,8 @@ struct Waiter {
     responder: ApprovalResponder,
     execution_id: String,
     deadline: Instant,
+    /// Its wait, in the execution's trace.
+    span: Wait,
 }
 
 pub struct Approvals {
@@ -232,6 +235,7 @@ impl Approvals {
         model: &str,
         ask: ApprovalAsk,
         ttl: Duration,
+        at: &Parent,
     ) -> Result<ApprovalRecord, StoreError> {
         let now = now_unix();
         let record = ApprovalRecord {
@@ -267,6 +271,7 @@ impl Approvals {
                 responder: ask.responder,
                 execution_id: execution_id.to_string(),
                 deadline: Instant::now() + ttl,
+                span: Wait::start(at, &record.kind, &record.id),
             },
         );
         self.publish(EventKind::Created, record.clone());
@@ -329,6 +334,7 @@ impl Approvals {
         match written {
             Ok(ids) if ids.len() == 1 => {
                 waiter.responder.answer(approve);
+                waiter.span.decided(state, human);
                 let settled = self.settled(id, record).await;
                 tracing::info!(approval = %id, state, decided_by = %who.id, "approval decided");
                 self.publish(EventKind::Decided, settled.clone());
@@ -396,6 +402,7 @@ impl Approvals {
         drop(settling);
         for (id, w) in taken {
             w.responder.answer(false);
+            w.span.decided(denied, reason.as_str());
             if let Some(r) = self.store.approval_get(&id).await.ok().flatten() {
                 self.publish(event, r);
             }

@@ -31,6 +31,7 @@ async fn decide_once_and_visibility() {
             "m",
             ask(answers.clone()),
             Duration::from_secs(60),
+            &Default::default(),
         )
         .await
         .unwrap();
@@ -74,6 +75,7 @@ async fn cancel_and_expire_deny_once() {
             "m",
             ask(answers.clone()),
             Duration::from_secs(60),
+            &Default::default(),
         )
         .await
         .unwrap();
@@ -84,6 +86,7 @@ async fn cancel_and_expire_deny_once() {
             "m",
             ask(answers.clone()),
             Duration::from_secs(60),
+            &Default::default(),
         )
         .await
         .unwrap();
@@ -94,6 +97,7 @@ async fn cancel_and_expire_deny_once() {
             "m",
             ask(answers.clone()),
             Duration::from_secs(0),
+            &Default::default(),
         )
         .await
         .unwrap();
@@ -145,7 +149,14 @@ async fn restart_orphans_pending() {
             }),
         };
         let r = a
-            .create("alice", "exe-1", "m", ask, Duration::from_secs(60))
+            .create(
+                "alice",
+                "exe-1",
+                "m",
+                ask,
+                Duration::from_secs(60),
+                &Default::default(),
+            )
             .await
             .unwrap();
         std::mem::forget(a);

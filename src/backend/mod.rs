@@ -33,6 +33,8 @@ pub use self::upstream::native::Native;
 pub struct BackendInfo {
     /// Its config `kind` (`app-server`, `openai`, `claude-code`).
     pub kind: &'static str,
+    /// Who runs its model, as traces name it (`gen_ai.provider.name`).
+    pub provider: &'static str,
     pub holds: Holds,
 }
 
@@ -70,6 +72,9 @@ pub struct LegRequest<'a> {
     /// A thread kept idle from the same conversation's last turn: the backend continues it
     /// with the messages from `Kept::from` on instead of rendering the whole conversation.
     pub kept: Option<Kept>,
+    /// The W3C `traceparent` of the leg's span, for a backend that makes HTTP requests
+    /// (None when traces are off).
+    pub traceparent: Option<String>,
 }
 
 /// The accounting sink of one execution.

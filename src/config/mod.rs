@@ -20,6 +20,7 @@ mod backends;
 mod cluster;
 mod jwt;
 mod raw;
+mod telemetry;
 #[cfg(test)]
 mod tests;
 mod validate;
@@ -40,6 +41,7 @@ pub use backends::{
     UpstreamConfig, DEFAULT_ENV_PASSTHROUGH,
 };
 pub use cluster::{ClusterConfig, StoreConfig};
+pub use telemetry::TelemetryConfig;
 
 #[derive(Debug, thiserror::Error)]
 #[error("config {path}: {message}")]
@@ -89,6 +91,8 @@ pub struct Config {
     pub approval_ttl: Duration,
     pub continuations: ContinuationLimits,
     pub continuity: ContinuityConfig,
+    /// `[telemetry]`: None when traces are off. Fixed at start: a reload keeps it.
+    pub telemetry: Option<TelemetryConfig>,
 }
 
 #[derive(Debug, Clone)]

@@ -141,6 +141,8 @@ pub(super) struct RawConfig {
     pub continuity: RawContinuity,
     #[serde(default)]
     pub mcp_bridge: RawMcpBridge,
+    #[serde(default)]
+    pub telemetry: super::telemetry::RawTelemetry,
 }
 
 #[derive(Debug, Deserialize)]

@@ -100,6 +100,7 @@ pub(super) fn validate(
             _ => None,
         },
         cluster.as_ref().map(|c| c.key_env.clone()),
+        raw.telemetry.headers_env.clone(),
     ];
     for (name, child) in backends.iter().filter_map(|(n, b)| Some((n, b.child()?))) {
         for secret in secrets.iter().flatten() {
@@ -116,6 +117,7 @@ pub(super) fn validate(
     let clients = clients(raw.clients, &jwt_issuers)?;
     let continuations = continuations(raw.continuations)?;
     let continuity = continuity(raw.continuity)?;
+    let telemetry = super::telemetry::telemetry(raw.telemetry)?;
     if raw.approvals.ttl_seconds == 0 {
         return Err(err("approvals.ttl_seconds", "must be greater than 0"));
     }
@@ -142,6 +144,7 @@ pub(super) fn validate(
         approval_ttl: Duration::from_secs(raw.approvals.ttl_seconds),
         continuations,
         continuity,
+        telemetry,
     })
 }
 

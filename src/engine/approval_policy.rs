@@ -8,6 +8,7 @@ use crate::backend::{ApprovalAsk, ApprovalKind};
 use crate::config::{Config, Decision};
 use crate::digest::log_ref;
 use crate::store::Store;
+use crate::telemetry::Parent;
 
 /// Answers `ask` by the model's policy in `cfg`, or parks it as an approval; returns the
 /// notice for the waiting stream of a parked one.
@@ -17,6 +18,7 @@ pub(super) async fn apply(
     approvals: &Approvals,
     exec: &ExecutionMeta,
     ask: ApprovalAsk,
+    at: &Parent,
 ) -> Option<String> {
     // Authority is the current config's: a principal whose entry (or access to the model)
     // a reload removed gets every side effect denied, and no approval is created.
@@ -57,6 +59,7 @@ pub(super) async fn apply(
                     &exec.model,
                     ask,
                     cfg.approval_ttl,
+                    at,
                 )
                 .await;
             created.ok().map(|record| {

@@ -18,6 +18,7 @@ use crate::config;
 use crate::error::ApiError;
 use crate::ids::new_id;
 use crate::store::now_unix;
+use crate::telemetry::{LegInfo, LegSpan, Parent};
 use crate::turn::{TurnInput, Usage};
 
 /// Where a request's turn runs.
@@ -143,7 +144,8 @@ impl Engine {
             .backend(&model.backend)
             .ok_or(EngineError::TurnFailed)?;
         backend.validate(&*input)?;
-        let holds = backend.describe().holds;
+        let info = backend.describe();
+        let holds = info.holds;
         let kept = (self.inner.threads).kept(&cfg, &principal.id, &model.id, holds, input)?;
         let mut meta = ExecutionMeta {
             id: new_id("exe-"),
@@ -152,6 +154,7 @@ impl Engine {
             surface: input.surface,
             created: now_unix(),
             spent: None,
+            trace: Parent::current(),
         };
         let meter = self.meter(&mut meta, model.price);
         // An agent's execution is journaled before it starts (a crash leaves it `lost`); a
@@ -164,6 +167,17 @@ impl Engine {
                 return Err(EngineError::Store);
             }
         }
+        let span = LegSpan::start(
+            &meta.trace,
+            LegInfo {
+                agent: holds == Holds::Turn,
+                provider: info.provider,
+                model: &model.id,
+                execution_id: &meta.id,
+                response_id: (input.response_id)(&meta.id, 0),
+                round: 0,
+            },
+        );
         self.inner.metrics.overhead.observe(input.arrived.elapsed());
         let leg = LegRequest {
             execution_id: &meta.id,
@@ -171,6 +185,7 @@ impl Engine {
             input: &*input,
             meter,
             kept,
+            traceparent: span.traceparent(),
         };
         let turn = match backend.start(leg).await {
             Ok(t) => t,
@@ -180,6 +195,7 @@ impl Engine {
                     Holds::Turn => EndReason::FailedToStart,
                     Holds::Nothing => EndReason::Failed,
                 };
+                span.fail(reason.as_str());
                 self.end(&meta, journaled, reason, Leftover::Nothing).await;
                 return Err(e.into());
             }
@@ -193,6 +209,7 @@ impl Engine {
             turn,
             backlog: Default::default(),
             slot: Some(slot),
+            span,
         };
         let ctx = LegContext::of(input, holds);
         Ok(self.drive(exec, ctx))

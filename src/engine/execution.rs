@@ -9,6 +9,7 @@ use super::admission::Slot;
 use super::ledger::Spent;
 use crate::backend::{HeldCall, Hold, Holds, Turn};
 use crate::continuation::Parked;
+use crate::telemetry::{Held, LegSpan, Parent};
 use crate::turn::{DigestFn, EchoFn, Fingerprint, Message, SurfaceId, TurnInput};
 
 /// The identity of an execution, shared by every state it goes through.
@@ -21,6 +22,8 @@ pub struct ExecutionMeta {
     pub created: u64,
     /// What it has spent so far, when its model is priced.
     pub spent: Spent,
+    /// Its root in a trace (the request that started it); empty when traces are off.
+    pub trace: Parent,
 }
 
 /// A running execution. Owns the backend turn: dropping it interrupts the turn (if still
@@ -37,6 +40,8 @@ pub struct Execution {
     /// Calls the backend issued that were not exposed yet (late arrivals, one-per-leg mode).
     pub backlog: VecDeque<HeldCall>,
     pub slot: Option<Slot>,
+    /// The span of its current leg.
+    pub span: LegSpan,
 }
 
 /// A suspended execution: what the registry keeps behind a batch of tokens.
@@ -57,6 +62,8 @@ pub struct Suspended {
     /// from the store.
     pub suspended_at: Option<u64>,
     pub tools: Vec<String>,
+    /// The spans of the held calls, ended by the claim.
+    pub held: Held,
 }
 
 impl Parked for Suspended {

@@ -23,6 +23,7 @@ use super::{Engine, EngineError};
 use crate::backend::{HeldCall, Holds, TurnEvent};
 use crate::continuation::{token, Batch, Digests, Settled};
 use crate::store::now_unix;
+use crate::telemetry::{Held, LegSpan};
 use crate::turn::{Call, ExposedCall, Message, Role, Usage};
 
 /// What a leg sends to its surface, in order: deltas, then exactly one `End` or `Error`.
@@ -151,6 +152,7 @@ impl Engine {
                 }
                 Some(TurnEvent::Usage(u)) => {
                     usage.add(u);
+                    exec.span.usage(u);
                     if let Some(exceeded) = crossed {
                         tracing::info!(execution = %exec.meta.id, "per-execution spend cap reached; turn interrupted");
                         let e = self.execution_stopped(exceeded);
@@ -165,9 +167,9 @@ impl Engine {
                 }
                 Some(TurnEvent::Approval(ask)) => {
                     let (cfg, i) = (self.config(), &self.inner);
+                    let (at, meta) = (exec.span.parent(), &exec.meta);
                     let notice =
-                        approval_policy::apply(&cfg, &i.store, &i.approvals, &exec.meta, *ask)
-                            .await;
+                        approval_policy::apply(&cfg, &i.store, &i.approvals, meta, *ask, &at).await;
                     if let Some(n) = notice {
                         let _ = tx.send(LegEvent::Notice(n)).await;
                     }
@@ -186,6 +188,7 @@ impl Engine {
                         journaled,
                         turn,
                         slot,
+                        span,
                         ..
                     } = exec;
                     (self.inner.threads).keep(&self.config(), &meta, holds, ctx, &text, turn);
@@ -195,6 +198,7 @@ impl Engine {
                             usage,
                         })
                         .await;
+                    span.finish("stop");
                     return self
                         .end(&meta, journaled, EndReason::Completed, Leftover::Slot(slot))
                         .await;
@@ -329,10 +333,13 @@ impl Engine {
             turn,
             backlog,
             slot,
+            span,
             ..
         } = exec;
         let hold = turn.suspend(invocations);
         let tools = exposed.iter().map(|c| c.name.clone()).collect();
+        // Each held call's span starts as its batch is parked, just before its token goes out.
+        let held = Held::start(&span, exposed.iter().map(|c| c.name.as_str()), rounds);
         let parked = Suspended {
             meta: meta.clone(),
             holds,
@@ -345,6 +352,7 @@ impl Engine {
             history,
             suspended_at: Some(now_unix()),
             tools,
+            held,
         };
         let batch = Batch {
             principal: meta.principal.clone(),
@@ -359,6 +367,7 @@ impl Engine {
         match self.inner.suspensions.suspend(batch).await {
             Ok(()) => {}
             Err(Refusal::Capacity(refused)) => {
+                span.fail(EndReason::Capacity.as_str());
                 let _ = tx
                     .send(LegEvent::Error(EngineError::SuspensionCapacity))
                     .await;
@@ -367,6 +376,7 @@ impl Engine {
                     .await;
             }
             Err(Refusal::Store(withdrawn)) => {
+                span.fail(EndReason::StoreUnavailable.as_str());
                 let _ = tx.send(LegEvent::Error(EngineError::Store)).await;
                 let left = withdrawn.map_or(Leftover::Nothing, Leftover::Batch);
                 return self
@@ -381,6 +391,7 @@ impl Engine {
                 usage,
             })
             .await;
+        span.finish("tool_calls");
     }
 
     /// Ends an execution: its approvals are cancelled first, then what still holds its turn
@@ -390,8 +401,11 @@ impl Engine {
         meta: &ExecutionMeta,
         journaled: bool,
         reason: EndReason,
-        left: Leftover,
+        mut left: Leftover,
     ) {
+        if let Leftover::Running(exec) = &mut left {
+            std::mem::replace(&mut exec.span, LegSpan::none()).fail(reason.as_str());
+        }
         self.inner.approvals.cancel_execution(&meta.id).await;
         drop(left);
         // A stateless leg that simply answered is the request's own log line; every other

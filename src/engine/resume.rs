@@ -14,6 +14,7 @@
 //! mid-forward, or the spend could not be written) is settled `lost` at the next start: the
 //! outcome is unknown, so the gateway fails closed rather than answer twice.
 
+use crate::telemetry::{LegInfo, LegSpan};
 use std::collections::HashMap;
 
 use tokio::time::Instant;
@@ -341,7 +342,10 @@ impl Engine {
             history: _,
             suspended_at,
             tools,
+            held,
         } = s;
+        // The claim ends the client's part of the round.
+        held.answered();
         let reinstate = Reinstate {
             engine: self.clone(),
             batch: kept.map(|(ids, history)| {
@@ -356,10 +360,22 @@ impl Engine {
                     history,
                     suspended_at,
                     tools: tools.clone(),
+                    held: Default::default(),
                 })
             }),
         };
         let meter = self.meter(&mut meta, model.price);
+        let span = LegSpan::start(
+            &meta.trace,
+            LegInfo {
+                agent: holds == Holds::Turn,
+                provider: backend.describe().provider,
+                model: &model.id,
+                execution_id: &meta.id,
+                response_id: (input.response_id)(&meta.id, rounds),
+                round: rounds,
+            },
+        );
         let resume = Resume {
             leg: LegRequest {
                 execution_id: &meta.id,
@@ -367,6 +383,7 @@ impl Engine {
                 input: &*input,
                 meter,
                 kept: None,
+                traceparent: span.traceparent(),
             },
             continuation: c,
             answers,
@@ -381,6 +398,7 @@ impl Engine {
             Err(e) if reinstate.batch.is_some() => {
                 // Nothing reached the client and nothing is held: the batch goes back.
                 tracing::info!(execution = %meta.id, error = %e, "forward failed before the upstream answered; the tokens stay pending");
+                span.fail("unavailable");
                 reinstate.put_back().await;
                 return Err(e.into());
             }
@@ -390,6 +408,7 @@ impl Engine {
                     Holds::Turn => EndReason::Lost,
                     Holds::Nothing => EndReason::Failed,
                 };
+                span.fail(reason.as_str());
                 self.end(&meta, true, reason, Leftover::Nothing).await;
                 return Err(e.into());
             }
@@ -410,6 +429,7 @@ impl Engine {
             journaled: true,
             turn,
             backlog,
+            span,
         };
         let ctx = LegContext::of(input, holds);
         Ok(self.drive(exec, ctx))

@@ -354,6 +354,7 @@ fn durable_batch(s: StoredSuspension) -> Batch<Suspended> {
         surface: s.surface,
         created: s.created_at,
         spent: (s.spend > 0).then(|| Arc::new(s.spend.into())),
+        trace: Default::default(),
     };
     Batch {
         principal: s.principal,
@@ -374,6 +375,7 @@ fn durable_batch(s: StoredSuspension) -> Batch<Suspended> {
             history: None,
             suspended_at: None,
             tools: Vec::new(),
+            held: Default::default(),
         },
     }
 }

@@ -78,6 +78,7 @@ impl Backend for Scripted {
     fn describe(&self) -> crate::backend::BackendInfo {
         crate::backend::BackendInfo {
             kind: "app-server",
+            provider: "openai",
             holds: Holds::Turn,
         }
     }

@@ -93,22 +93,31 @@ async fn send(gw: &Engine, what: &'static str, owner: &Owner, r: &Replay<'_>) ->
     let mut req = client()
         .post(format!("{}{path}", owner.url))
         .body(r.body.clone());
+    // Traced, the owner's server span is a child of this client span.
+    let span = crate::telemetry::forward(&owner.replica_id);
+    let traceparent = span.traceparent();
     for (name, value) in r.headers {
-        if !hop_by_hop(name) {
+        let replaced = traceparent.is_some() && name.as_str() == "traceparent";
+        if !hop_by_hop(name) && !replaced {
             req = req.header(name, value);
         }
+    }
+    if let Some(tp) = traceparent {
+        req = req.header("traceparent", tp);
     }
     req = req.header(KEY_HEADER, gw.cluster_key().unwrap_or_default());
     let started = tokio::time::Instant::now();
     let resp = match req.send().await {
         Ok(resp) => resp,
         Err(e) => {
+            span.answered(0);
             gw.metrics().cluster.forwarded(what, 0, started.elapsed());
             tracing::warn!(replica = %owner.replica_id, error = %e, "owner replica unreachable");
             return None;
         }
     };
     let status = resp.status();
+    span.answered(status.as_u16());
     gw.metrics()
         .cluster
         .forwarded(what, status.as_u16(), started.elapsed());

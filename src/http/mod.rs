@@ -24,6 +24,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 use std::sync::Arc;
+use tracing::Instrument;
 
 use self::caller::{authorization, Admitted, Caller};
 use self::turn::{turn, SurfaceError};
@@ -151,8 +152,9 @@ async fn log_request(State(gw): State<Engine>, req: Request, next: Next) -> Resp
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .cloned();
-    let mut resp = next.run(req).await;
     let route = matched.as_ref().map_or("unmatched", |p| p.as_str());
+    let span = crate::telemetry::server_span(method.as_str(), route, req.headers());
+    let mut resp = next.run(req).instrument(span.clone()).await;
     let status = resp.status().as_u16();
     let code = resp.extensions().get::<error::Code>().map_or("", |c| c.0);
     let micros = started.elapsed().as_micros() as u64;
@@ -161,6 +163,9 @@ async fn log_request(State(gw): State<Engine>, req: Request, next: Next) -> Resp
         .remove::<ExecutionId>()
         .unwrap_or_default();
     let execution = execution.0.as_str();
+    if !span.is_disabled() {
+        resp = traced(resp, span, status, code, execution);
+    }
     gw.metrics().request(route, status);
     let request_id = header::HeaderValue::from_bytes(&request_id);
     let Ok(request_id) = request_id else {
@@ -177,6 +182,36 @@ async fn log_request(State(gw): State<Engine>, req: Request, next: Next) -> Resp
         tracing::info!(request = %request_id, %method, %route, status, code, %execution, micros, "request");
     }
     resp
+}
+
+/// The response with its server span's status, open until the body is done (a stream's
+/// span covers the whole stream).
+fn traced(
+    resp: Response,
+    span: tracing::Span,
+    status: u16,
+    code: &str,
+    execution: &str,
+) -> Response {
+    span.record("http.response.status_code", status);
+    if !code.is_empty() {
+        span.record("error.type", code);
+    }
+    if status >= 500 {
+        span.record("otel.status_code", "error");
+    }
+    if !execution.is_empty() {
+        span.record("gen_ai.conversation.id", execution);
+    }
+    resp.map(|body| {
+        axum::body::Body::from_stream(futures::StreamExt::map(
+            body.into_data_stream(),
+            move |chunk| {
+                let _open = &span;
+                chunk
+            },
+        ))
+    })
 }
 
 /// Public (a scraper needs no credential), but only an approver's scrape names principals:

@@ -9,8 +9,8 @@ use crate::continuation::canonical::digest_of_digests;
 use crate::continuation::token::{classify, Run, RunError};
 use crate::error::{ApiError, ErrorCode, Param};
 use crate::turn::{
-    Continuation, DigestFn, EchoFn, Effort, Fingerprint, Message, Passthrough, Role, Sampling,
-    SurfaceId, ToolChoice, ToolDef, TurnInput,
+    Continuation, DigestFn, EchoFn, Effort, Fingerprint, Message, Passthrough, ResponseIdFn, Role,
+    Sampling, SurfaceId, ToolChoice, ToolDef, TurnInput,
 };
 
 /// Digests of a continuation's ids: the assistant message's calls, and each result with its
@@ -123,6 +123,7 @@ pub struct Projection {
     pub digest: DigestFn,
     pub exposed: EchoFn,
     pub returned: DigestFn,
+    pub response_id: ResponseIdFn,
 }
 
 /// One request, read by its surface, before the shared steps.
@@ -192,6 +193,7 @@ impl Parts {
             surface: self.surface,
             echo: p.exposed,
             digest: p.digest,
+            response_id: p.response_id,
             model: self.model,
             messages: self.messages,
             message_digests: digests,

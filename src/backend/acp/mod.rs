@@ -216,6 +216,7 @@ impl Acp {
             input,
             meter,
             kept,
+            traceparent: _,
         } = leg;
         let tools = input.tools.as_deref().unwrap_or_default();
         let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
@@ -316,6 +317,7 @@ impl Backend for Acp {
     fn describe(&self) -> BackendInfo {
         BackendInfo {
             kind: "acp",
+            provider: "acp",
             holds: Holds::Turn,
         }
     }

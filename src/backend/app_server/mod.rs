@@ -193,6 +193,7 @@ impl AppServer {
             input,
             meter,
             kept,
+            traceparent: _,
         } = leg;
         // A kept thread on a process that still takes work continues; else a fresh thread.
         let kept = kept
@@ -312,6 +313,7 @@ impl Backend for AppServer {
     fn describe(&self) -> BackendInfo {
         BackendInfo {
             kind: "app-server",
+            provider: "openai",
             holds: Holds::Turn,
         }
     }

@@ -216,6 +216,7 @@ impl ClaudeCode {
             input,
             meter,
             kept,
+            traceparent: _,
         } = leg;
         let tools = input.tools.as_deref().unwrap_or_default();
         let names = Names::new(
@@ -277,6 +278,7 @@ impl Backend for ClaudeCode {
     fn describe(&self) -> BackendInfo {
         BackendInfo {
             kind: "claude-code",
+            provider: "anthropic",
             holds: Holds::Turn,
         }
     }

@@ -172,12 +172,20 @@ impl Client {
         })
     }
 
-    /// Sends a JSON body; resolves when the upstream's headers arrived with a 2xx status.
-    pub async fn send(&self, body: Bytes) -> Result<Response, BackendError> {
+    /// Sends a JSON body (with the leg's `traceparent`, when traced); resolves when the
+    /// upstream's headers arrived with a 2xx status.
+    pub async fn send(
+        &self,
+        body: Bytes,
+        traceparent: Option<&str>,
+    ) -> Result<Response, BackendError> {
         let mut req = hyper::Request::post(self.uri.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(auth) = &self.auth {
             req = req.header(AUTHORIZATION, auth.clone());
+        }
+        if let Some(tp) = traceparent {
+            req = req.header("traceparent", tp);
         }
         let req = req
             .body(Full::new(body))

@@ -70,7 +70,7 @@ impl Upstream {
     }
 
     async fn run(&self, body: Bytes, leg: &LegRequest<'_>) -> Result<Turn, BackendError> {
-        let sent = self.client.send(body).await;
+        let sent = self.client.send(body, leg.traceparent.as_deref()).await;
         let answered = matches!(sent, Ok(_) | Err(BackendError::Refused(_)));
         match answered {
             true => &self.last_answer,
@@ -154,6 +154,7 @@ impl Backend for Upstream {
     fn describe(&self) -> BackendInfo {
         BackendInfo {
             kind: "openai",
+            provider: "openai",
             holds: Holds::Nothing,
         }
     }

@@ -44,6 +44,7 @@ fn durable(execution: &str) -> Batch<Suspended> {
         surface: SurfaceId::Chat,
         created: 0,
         spent: None,
+        trace: Default::default(),
     };
     Batch {
         principal: "alice".into(),
@@ -69,6 +70,7 @@ fn durable(execution: &str) -> Batch<Suspended> {
             history: None,
             suspended_at: None,
             tools: vec!["f".into()],
+            held: Default::default(),
         },
     }
 }

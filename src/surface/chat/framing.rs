@@ -27,9 +27,14 @@ fn event(v: &Value) -> String {
 
 const DONE: &str = "data: [DONE]\n\n";
 
+/// The completion id of an execution: every leg of it answers with the same one.
+pub fn completion_id(execution_id: &str, _round: u32) -> String {
+    format!("chatcmpl-{}", execution_id.trim_start_matches("exe-"))
+}
+
 fn meta(leg: &Leg) -> ResponseMeta {
     ResponseMeta {
-        id: format!("chatcmpl-{}", leg.execution_id.trim_start_matches("exe-")),
+        id: completion_id(&leg.execution_id, 0),
         created: leg.created,
         model: leg.model.clone(),
     }

@@ -100,6 +100,7 @@ pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiE
             digest: message_digest,
             exposed: exposed_echo,
             returned: echo_digest_of,
+            response_id: framing::completion_id,
         },
         model: req.model,
         messages,

@@ -210,6 +210,7 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
             digest: message_digest,
             exposed: exposed_echo,
             returned: client_echo,
+            response_id: message_id,
         },
         model: req.model.clone(),
         messages,

@@ -225,6 +225,7 @@ pub fn translate(
             digest: message_digest,
             exposed: exposed_echo,
             returned: echo_digest_of,
+            response_id: |execution_id, _| response_id(execution_id),
         },
         model: req.model.clone(),
         messages,

@@ -46,7 +46,7 @@ async fn a_refused_connection_is_unavailable() {
         l.local_addr().unwrap().port()
     };
     let e = client(port, 5_000)
-        .send(Bytes::from("{}"))
+        .send(Bytes::from("{}"), None)
         .await
         .unwrap_err();
     assert!(matches!(e, BackendError::Unavailable(_)), "{e:?}");
@@ -101,7 +101,7 @@ async fn an_untrusted_certificate_fails_the_handshake_with_its_reason() {
     let reason = cause(&e);
     assert!(reason.contains("UnknownIssuer"), "{reason}");
     assert!(!timed_out(&e), "{reason}");
-    let e = c.send(Bytes::from("{}")).await.unwrap_err();
+    let e = c.send(Bytes::from("{}"), None).await.unwrap_err();
     assert!(matches!(e, BackendError::Unavailable(_)), "{e:?}");
 
     // Trusted through `ca_file`, the handshake completes (the request then waits).
@@ -116,7 +116,7 @@ async fn an_untrusted_certificate_fails_the_handshake_with_its_reason() {
     };
     let e = Client::new("up", &cfg)
         .unwrap()
-        .send(Bytes::from("{}"))
+        .send(Bytes::from("{}"), None)
         .await
         .unwrap_err();
     assert!(matches!(e, BackendError::Timeout), "{e:?}");
@@ -125,7 +125,10 @@ async fn an_untrusted_certificate_fails_the_handshake_with_its_reason() {
 #[tokio::test(start_paused = true)]
 async fn an_upstream_without_headers_times_out_at_the_first_byte() {
     let port = upstream(None).await;
-    let e = client(port, 200).send(Bytes::from("{}")).await.unwrap_err();
+    let e = client(port, 200)
+        .send(Bytes::from("{}"), None)
+        .await
+        .unwrap_err();
     assert!(matches!(e, BackendError::Timeout), "{e:?}");
 }
 
@@ -133,15 +136,24 @@ async fn an_upstream_without_headers_times_out_at_the_first_byte() {
 async fn bodies_over_the_bound_are_refused_declared_or_not() {
     let declared = "HTTP/1.1 200 OK\r\ncontent-length: 17\r\n\r\n{\"a\":\"xxxxxxxxx\"}";
     let port = upstream(Some(declared)).await;
-    let resp = client(port, 5_000).send(Bytes::from("{}")).await.unwrap();
+    let resp = client(port, 5_000)
+        .send(Bytes::from("{}"), None)
+        .await
+        .unwrap();
     assert_eq!(bounded(resp, 16).await, Err(Unread::Over));
     let chunked = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n9\r\n{\"a\":\"xxx\r\n9\r\nxxxxxxx\"}\r\n0\r\n\r\n";
     let port = upstream(Some(chunked)).await;
-    let resp = client(port, 5_000).send(Bytes::from("{}")).await.unwrap();
+    let resp = client(port, 5_000)
+        .send(Bytes::from("{}"), None)
+        .await
+        .unwrap();
     assert_eq!(bounded(resp, 16).await, Err(Unread::Over));
     let small = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
     let port = upstream(Some(small)).await;
-    let resp = client(port, 5_000).send(Bytes::from("{}")).await.unwrap();
+    let resp = client(port, 5_000)
+        .send(Bytes::from("{}"), None)
+        .await
+        .unwrap();
     assert_eq!(bounded(resp, 16).await.unwrap(), Bytes::from("{}"));
 }
 
@@ -158,7 +170,7 @@ async fn an_upstream_4xx_is_relayed_and_a_refused_key_is_not() {
     let port = upstream(Some(answer)).await;
     let mut c = client(port, 5_000);
     c.max_response_bytes = 1024;
-    let Err(BackendError::Refused(r)) = c.send(Bytes::from("{}")).await else {
+    let Err(BackendError::Refused(r)) = c.send(Bytes::from("{}"), None).await else {
         panic!()
     };
     assert_eq!((r.status, r.message.as_str()), (400, "too long"));
@@ -167,7 +179,7 @@ async fn an_upstream_4xx_is_relayed_and_a_refused_key_is_not() {
     ))
     .await;
     let e = client(port, 5_000)
-        .send(Bytes::from("{}"))
+        .send(Bytes::from("{}"), None)
         .await
         .unwrap_err();
     assert!(matches!(e, BackendError::Unavailable(_)), "{e:?}");
