@@ -193,7 +193,7 @@ fn traced(
     code: &str,
     execution: &str,
 ) -> Response {
-    span.record("http.response.status_code", status);
+    span.record("http.response.status_code", i64::from(status));
     if !code.is_empty() {
         span.record("error.type", code);
     }

@@ -166,6 +166,7 @@ pub fn server_span(method: &str, route: &str, headers: &::http::HeaderMap) -> tr
         otel.kind = "server",
         http.request.method = method,
         http.route = route,
+        openinference.span.kind = "CHAIN",
         http.response.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
@@ -330,6 +331,11 @@ impl LegSpan {
         let op = if info.agent { "invoke_agent" } else { "chat" };
         let attributes = vec![
             KeyValue::new("gen_ai.operation.name", op),
+            // Trace stores built on OpenInference (Phoenix) show the span's kind from this.
+            KeyValue::new(
+                "openinference.span.kind",
+                if info.agent { "AGENT" } else { "LLM" },
+            ),
             KeyValue::new("gen_ai.provider.name", info.provider),
             KeyValue::new("gen_ai.request.model", info.model.to_string()),
             KeyValue::new("gen_ai.response.model", info.model.to_string()),
@@ -417,6 +423,7 @@ impl Held {
             .map(|(i, name)| {
                 let attributes = vec![
                     KeyValue::new("gen_ai.operation.name", "execute_tool"),
+                    KeyValue::new("openinference.span.kind", "TOOL"),
                     KeyValue::new("gen_ai.tool.name", name.to_string()),
                     KeyValue::new("gen_ai.tool.type", "function"),
                     KeyValue::new("turnstile.tool.call.position", i as i64),

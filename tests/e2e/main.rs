@@ -35,5 +35,6 @@ mod sdk_node;
 mod store_pg;
 mod support;
 mod threads;
+mod traces;
 mod upstream;
 mod upstream_hardening;

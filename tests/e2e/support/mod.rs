@@ -8,6 +8,7 @@ pub mod fake_responses;
 pub mod fake_upstream;
 pub mod messages;
 pub mod node;
+pub mod phoenix;
 pub mod postgres;
 pub mod responses;
 pub mod tls;
