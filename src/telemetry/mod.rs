@@ -154,9 +154,10 @@ pub fn counts() -> (u64, u64, u64) {
 }
 
 /// The server span of one HTTP request (`{method} {route}`), a child of the client's
-/// `traceparent` when it sent one. Disabled (and free) when traces are off.
+/// `traceparent` when it sent one. Disabled (and free) when traces are off, and for the
+/// probes and the scrape (`/healthz`, `/readyz`, `/metrics`), which would only be noise.
 pub fn server_span(method: &str, route: &str, headers: &::http::HeaderMap) -> tracing::Span {
-    if !on() {
+    if !on() || matches!(route, "/healthz" | "/readyz" | "/metrics") {
         return tracing::Span::none();
     }
     let span = tracing::info_span!(
