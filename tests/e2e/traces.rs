@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::support::fake_upstream;
 use crate::support::phoenix::{self, Phoenix};
 use crate::support::*;
 
@@ -22,14 +23,16 @@ const CLIENT_SPAN: &str = "00f067aa0ba902b7";
 /// How long the client "runs" its tool before answering.
 const CLIENT_WAIT: Duration = Duration::from_millis(400);
 
+fn telemetry(endpoint: &str) -> String {
+    format!(
+        "\n[telemetry]\notlp_endpoint = \"{endpoint}\"\nservice_name = \"turnstile-e2e\"\nsample_ratio = 1.0\n"
+    )
+}
+
 async fn traced_gateway(p: &Phoenix) -> Gateway {
     let endpoint = p.endpoint();
     Gateway::start_raw(Opts::default(), move |o, dir| {
-        let mut text = config_text(o, dir);
-        text.push_str(&format!(
-            "\n[telemetry]\notlp_endpoint = \"{endpoint}\"\nservice_name = \"turnstile-e2e\"\nsample_ratio = 1.0\n"
-        ));
-        text
+        config_text(o, dir) + &telemetry(&endpoint)
     })
     .await
 }
@@ -288,4 +291,87 @@ async fn an_approval_wait_is_a_span_with_its_decision() {
     assert_eq!(attr_str(wait, "turnstile.approval.reason"), "human");
     assert!(duration(leg) >= duration(wait));
     assert_no_secrets(&spans, &[]);
+}
+
+#[tokio::test]
+async fn an_upstream_leg_is_a_chat_span_whose_traceparent_the_upstream_gets() {
+    let Some(p) = phoenix::server().await else {
+        return;
+    };
+    let (gw, fake) = fake_upstream::gateway_on_fake_with(
+        Opts::default(),
+        &[("u-tool", "up-tool")],
+        telemetry(&p.endpoint()),
+    )
+    .await;
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let req = tool_request("u-tool", PROMPT_CANARY);
+    let r = gw
+        .post(ALICE, &req)
+        .header("traceparent", format!("00-{trace}-b7ad6b7169203331-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let first: Value = r.json().await.unwrap();
+    let next = continuation(&req, &first, |_, _| json!(RESULT_CANARY));
+    let (s, _) = gw.chat(ALICE, &next).await;
+    assert_eq!(s, 200);
+
+    let spans = spans_of(
+        p,
+        "the upstream legs' spans",
+        |spans| spans.iter().filter(|s| s["name"] == "chat u-tool").count() == 2,
+        |s| trace_id(s) == trace,
+    )
+    .await;
+    let legs: Vec<&Value> = spans
+        .iter()
+        .filter(|s| s["name"] == "chat u-tool")
+        .collect();
+    // Each upstream request carried its own leg's span as the parent.
+    let sent = fake.seen.traceparents.lock().unwrap().clone();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    for leg in &legs {
+        assert_eq!(attr_str(leg, "gen_ai.operation.name"), "chat");
+        assert_eq!(attr_str(leg, "gen_ai.provider.name"), "openai");
+        let expected = format!("00-{trace}-{}-01", span_id(leg));
+        assert!(sent.contains(&expected), "{expected} not in {sent:?}");
+    }
+    assert_no_secrets(&spans, &[UPSTREAM_KEY]);
+}
+
+#[tokio::test]
+async fn a_dead_collector_drops_and_counts_spans_and_requests_go_on() {
+    // A port nothing listens on.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://127.0.0.1:{}", l.local_addr().unwrap().port())
+    };
+    let gw = Gateway::start_raw(Opts::default(), move |o, dir| {
+        config_text(o, dir) + &telemetry(&dead)
+    })
+    .await;
+    for _ in 0..5 {
+        let (s, v) = gw
+            .chat(ALICE, &json!({"model": "echo", "messages": [user("hi")]}))
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let dropped = wait_for("spans counted as dropped", async || {
+        let (_, text) = get_text(&gw, ROOT, "/metrics").await;
+        let line = text
+            .lines()
+            .find(|l| {
+                l.starts_with("turnstile_trace_spans_dropped_total{reason=\"export_failed\"}")
+            })?
+            .to_string();
+        let n: u64 = line.rsplit(' ').next()?.parse().ok()?;
+        (n >= 10).then_some(text)
+    })
+    .await;
+    assert!(
+        dropped.contains("turnstile_trace_spans_exported_total 0"),
+        "{dropped}"
+    );
 }

@@ -26,6 +26,8 @@ pub struct Seen {
     pub raw: Mutex<Vec<Bytes>>,
     pub versions: Mutex<Vec<Version>>,
     pub auth: Mutex<Vec<String>>,
+    /// The `traceparent` of each request (empty when it had none).
+    pub traceparents: Mutex<Vec<String>>,
     pub disconnects: AtomicUsize,
     pub fail_next: AtomicUsize,
     pub stall_next: AtomicUsize,
@@ -226,6 +228,8 @@ async fn handle(
     seen.bodies.lock().unwrap().push(body.clone());
     seen.raw.lock().unwrap().push(raw);
     seen.versions.lock().unwrap().push(version);
+    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    (seen.traceparents.lock().unwrap()).push(traceparent.unwrap_or_default().to_string());
     if take(&seen.fail_next) {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
@@ -416,10 +420,20 @@ pub async fn gateway_on_fake(
     opts: super::Opts,
     models: &'static [(&'static str, &'static str)],
 ) -> (super::Gateway, FakeUpstream) {
+    gateway_on_fake_with(opts, models, String::new()).await
+}
+
+/// [`gateway_on_fake`] with `more` appended to the config.
+pub async fn gateway_on_fake_with(
+    opts: super::Opts,
+    models: &'static [(&'static str, &'static str)],
+    more: String,
+) -> (super::Gateway, FakeUpstream) {
     let fake = FakeUpstream::start().await;
     let url = fake.url.clone();
     let gw = super::Gateway::start_raw(opts, move |o, dir| {
         let mut s = super::config_text(o, dir);
+        s.push_str(&more);
         s.push_str(&format!(
             "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\napi_key_env = \"TURNSTILE_TEST_UPSTREAM_KEY\"\n"
         ));
