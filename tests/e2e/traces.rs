@@ -375,3 +375,64 @@ async fn a_dead_collector_drops_and_counts_spans_and_requests_go_on() {
         "{dropped}"
     );
 }
+
+#[tokio::test]
+async fn a_forward_to_the_owner_replica_is_a_client_span_the_owner_continues() {
+    let Some(p) = phoenix::server().await else {
+        return;
+    };
+    let db = crate::support::postgres::database();
+    let endpoint = p.endpoint();
+    let replica = |id: &'static str| {
+        let (db, endpoint) = (db.clone(), endpoint.clone());
+        Gateway::start_raw(Opts::default(), move |o, dir| {
+            crate::cluster::replica_config(o, dir, id, &db, None, None) + &telemetry(&endpoint)
+        })
+    };
+    let (a, b) = (replica("a").await, replica("b").await);
+    let req = tool_request("tool", PROMPT_CANARY);
+    let (s, first) = a.chat(ALICE, &req).await;
+    assert_eq!(s, 200, "{first}");
+    // The continuation reaches B, which relays it to A, the owner of the held turn.
+    let trace = "5b8aa5a2d2c872e8321cf37308d69df2";
+    let next = continuation(&req, &first, |_, _| json!(RESULT_CANARY));
+    let r = b
+        .post(ALICE, &next)
+        .header("traceparent", format!("00-{trace}-051581bf3cb55c13-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    let spans = spans_of(
+        p,
+        "the forwarded continuation's spans",
+        |spans| {
+            spans.iter().any(|s| s["name"] == "POST forward")
+                && spans
+                    .iter()
+                    .filter(|s| s["name"] == "POST /v1/chat/completions")
+                    .count()
+                    == 2
+        },
+        |s| trace_id(s) == trace,
+    )
+    .await;
+    let forward = spans.iter().find(|s| s["name"] == "POST forward").unwrap();
+    let servers: Vec<&Value> = spans
+        .iter()
+        .filter(|s| s["name"] == "POST /v1/chat/completions")
+        .collect();
+    let on_b = servers
+        .iter()
+        .find(|s| parent_id(s) == "051581bf3cb55c13")
+        .expect("B's server span under the client's");
+    let on_a = servers.iter().find(|s| parent_id(s) == span_id(forward));
+    assert!(
+        on_a.is_some(),
+        "A's server span under the forward: {spans:?}"
+    );
+    assert_eq!(parent_id(forward), span_id(on_b));
+    assert_eq!(attr_str(forward, "turnstile.replica.id"), "a");
+    assert_no_secrets(&spans, &[CLUSTER_KEY]);
+}
