@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Instructions the gateway executes per request, by callgrind (not a test):
 # `bench/instructions.sh [chat|chat-sse|responses|messages|agent|agent-tool|resume-100k]`
-# (`BENCH_BUDGET=1` prices the models and puts the client under budgets).
+# (`BENCH_BUDGET=1` prices the models and puts the client under budgets; `BENCH_TRACE=on`
+# exports every request's traces, sampled 100%, to the mock's OTLP receiver, and
+# `BENCH_TRACE=dead` to a port where nothing listens).
 #
 # chat … messages: the plain relay to the nginx mock (`kind = "openai"`). agent: a plain turn
 # on the demo backend (`kind = "app-server"`, its processes outside valgrind); agent-tool: a
@@ -62,6 +64,13 @@ PIDS+=("$MOCK_PID")
 PORT=$MOCK_PORT
 
 KEY=sk-bench
+TELEMETRY=""
+case ${BENCH_TRACE:-} in
+  on) TELEMETRY="[telemetry]
+otlp_endpoint = \"http://127.0.0.1:$PORT\"" ;;
+  dead) TELEMETRY="[telemetry]
+otlp_endpoint = \"http://127.0.0.1:$(free_port)\"" ;;
+esac
 cat >"$WORK/gateway.toml" <<EOF
 [server]
 listen = "127.0.0.1:0"
@@ -101,6 +110,7 @@ kind = "app-server"
 command = ["$DEMO"]
 max_sessions = 64
 processes = 2
+$TELEMETRY
 EOF
 mkfifo "$WORK/announce"
 # BENCH_TOOL=cpu: no valgrind; the gateway's own CPU time per request (user and system, from

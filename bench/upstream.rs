@@ -10,6 +10,9 @@
 //!
 //! Environment: `BENCH_RATE` (req/s, default 2000), `BENCH_SECONDS` (per round, default 5),
 //! `BENCH_ROUNDS` (default 2), `BENCH_STREAM=1` to measure the streaming relay instead.
+//! `BENCH_TRACE=dead` adds a third gateway in each round, tracing every request (sampled
+//! 100%) to a collector that is down (a port where nothing listens), and prints its ratio to
+//! the gateway without traces: a dead collector must not slow requests.
 
 // Tests and benchmarks: unwrap is the assertion, and wall-clock time is what they measure.
 #![allow(clippy::unwrap_used, clippy::disallowed_types)]
@@ -56,14 +59,21 @@ fn memchr_stream(body: &[u8]) -> bool {
     body.windows(13).any(|w| w == b"\"stream\":true")
 }
 
-fn gateway(upstream: &str) -> common::Gateway {
+fn gateway(upstream: &str, more: &str) -> common::Gateway {
     common::Gateway::start(&format!(
         "[server]\nlisten = \"127.0.0.1:0\"\n[store]\npath = \"b.db\"\n\
          [[clients]]\nid = \"bench\"\nkey_sha256 = \"{}\"\n\
          [[models]]\nid = \"mock\"\nbackend = \"mock\"\n\
-         [backends.mock]\nkind = \"openai\"\nbase_url = \"{upstream}\"\nmax_idle_connections = 256\n",
+         [backends.mock]\nkind = \"openai\"\nbase_url = \"{upstream}\"\nmax_idle_connections = 256\n{more}",
         turnstile::auth::hash_key(KEY)
     ))
+}
+
+/// `[telemetry]` towards a collector that is down: a loopback port nothing listens on.
+fn dead_collector() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    format!("[telemetry]\notlp_endpoint = \"http://127.0.0.1:{port}\"\n")
 }
 
 /// One fixed-rate round of plain chat requests against `url`.
@@ -112,6 +122,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2);
     let stream = std::env::var("BENCH_STREAM").is_ok_and(|v| v == "1");
+    let dead = std::env::var("BENCH_TRACE").is_ok_and(|v| v == "dead");
 
     // The mock gets its own single-threaded runtime on its own thread.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -133,8 +144,10 @@ fn main() {
         });
     });
     let upstream = format!("http://{}/v1", rx.recv().expect("mock addr"));
-    let gw = gateway(&upstream);
+    let gw = gateway(&upstream, "");
     let gw_url = format!("{}/v1", gw.url);
+    let traced = dead.then(|| gateway(&upstream, &dead_collector()));
+    let traced_url = traced.as_ref().map(|g| format!("{}/v1", g.url));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -149,7 +162,10 @@ fn main() {
         // Warm both paths (connection pools, allocator).
         load(&upstream, 200, 1, stream).await;
         load(&gw_url, 200, 1, stream).await;
-        let (mut direct, mut via) = (Vec::new(), Vec::new());
+        if let Some(url) = &traced_url {
+            load(url, 200, 1, stream).await;
+        }
+        let (mut direct, mut via, mut via_dead) = (Vec::new(), Vec::new(), Vec::new());
         let mut cpu_us_per_req = Vec::new();
         for _ in 0..rounds {
             let mut d = load(&upstream, rate, secs, stream).await;
@@ -162,6 +178,10 @@ fn main() {
             cpu_us_per_req.push(us);
             via.push(report("gateway", &mut g));
             println!("          gateway CPU {us:.0} µs/request");
+            if let Some(url) = &traced_url {
+                let mut t = load(url, rate, secs, stream).await;
+                via_dead.push(report("dead-otlp", &mut t));
+            }
         }
         let avg = |v: &[(f64, f64, f64)], f: fn(&(f64, f64, f64)) -> f64| v.iter().map(f).sum::<f64>() / v.len() as f64;
         let (d50, g50) = (avg(&direct, |x| x.0), avg(&via, |x| x.0));
@@ -174,5 +194,15 @@ fn main() {
             g99 - d99,
             cpu_us_per_req.iter().sum::<f64>() / cpu_us_per_req.len() as f64
         );
+        if !via_dead.is_empty() {
+            let (t50, t99) = (avg(&via_dead, |x| x.0), avg(&via_dead, |x| x.2));
+            println!(
+                "ratio traced to a dead collector/untraced gateway: p50 {:.2}x ({:+.3} ms), p99 {:.2}x ({:+.3} ms)",
+                t50 / g50,
+                t50 - g50,
+                t99 / g99,
+                t99 - g99
+            );
+        }
     });
 }

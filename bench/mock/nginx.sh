@@ -1,7 +1,8 @@
 # The zero-delay mock upstream of bench/run.sh and bench/instructions.sh (sourced, not run):
 # `start_mock DIR CPU` starts nginx on a free loopback port, pinned to CPU (or unpinned when
 # CPU is empty), serving bench/mock/completion.json at /json/v1/chat/completions and
-# completion.sse at /sse/v1/chat/completions for any method, keep-alive without limit. Sets
+# completion.sse at /sse/v1/chat/completions for any method, and an OTLP/HTTP receiver that
+# takes every export at /v1/traces (an empty protobuf answer), keep-alive without limit. Sets
 # MOCK_PORT, MOCK_PID (the master) and MOCK_WORKER (its one worker, for CPU accounting).
 
 MOCK_BODIES="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -43,6 +44,10 @@ http {
     location = /sse/v1/chat/completions {
       default_type text/event-stream;
       return 200 '$(nginx_string "$MOCK_BODIES/completion.sse")';
+    }
+    location = /v1/traces {
+      default_type application/x-protobuf;
+      return 200 '';
     }
   }
 }

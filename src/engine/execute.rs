@@ -174,7 +174,7 @@ impl Engine {
                 provider: info.provider,
                 model: &model.id,
                 execution_id: &meta.id,
-                response_id: (input.response_id)(&meta.id, 0),
+                response_id: input.response_id,
                 round: 0,
             },
         );

@@ -372,7 +372,7 @@ impl Engine {
                 provider: backend.describe().provider,
                 model: &model.id,
                 execution_id: &meta.id,
-                response_id: (input.response_id)(&meta.id, rounds),
+                response_id: input.response_id,
                 round: rounds,
             },
         );

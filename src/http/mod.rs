@@ -154,7 +154,10 @@ async fn log_request(State(gw): State<Engine>, req: Request, next: Next) -> Resp
         .cloned();
     let route = matched.as_ref().map_or("unmatched", |p| p.as_str());
     let span = crate::telemetry::server_span(method.as_str(), route, req.headers());
-    let mut resp = next.run(req).instrument(span.clone()).await;
+    let mut resp = match span.is_disabled() {
+        true => next.run(req).await,
+        false => next.run(req).instrument(span.clone()).await,
+    };
     let status = resp.status().as_u16();
     let code = resp.extensions().get::<error::Code>().map_or("", |c| c.0);
     let micros = started.elapsed().as_micros() as u64;

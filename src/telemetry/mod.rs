@@ -15,16 +15,16 @@
 //! names, counts, ids the gateway shows anyway (execution, response, approval) and outcomes.
 
 mod export;
+mod spans;
+
+pub use spans::{forward, Held, LegInfo, LegSpan, Open, Parent, Wait};
 
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{
-    Link, SpanContext, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
-};
-use opentelemetry::{Context, KeyValue};
-use opentelemetry_http::{HeaderExtractor, HeaderInjector};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_http::HeaderExtractor;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
@@ -32,7 +32,6 @@ use opentelemetry_sdk::Resource;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::config::TelemetryConfig;
-use crate::turn::Usage;
 
 /// The `tracing` target of the spans that become OpenTelemetry spans (and nothing else).
 pub const TARGET: &str = "turnstile::trace";
@@ -178,348 +177,6 @@ pub fn server_span(method: &str, route: &str, headers: &::http::HeaderMap) -> tr
     span
 }
 
-/// A place in a trace to start spans under; empty when traces are off.
-#[derive(Clone, Default)]
-pub struct Parent(Option<Context>);
-
-impl std::fmt::Debug for Parent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Parent(..)"
-        } else {
-            "Parent(none)"
-        })
-    }
-}
-
-impl Parent {
-    /// The request's server span (the current `tracing` span).
-    pub fn current() -> Parent {
-        if !on() {
-            return Parent(None);
-        }
-        Parent(Some(tracing::Span::current().context()))
-    }
-
-    /// This one when it is set, else the current request's.
-    pub fn or_current(&self) -> Parent {
-        match self.0 {
-            Some(_) => self.clone(),
-            None => Parent::current(),
-        }
-    }
-
-    fn span_context(&self) -> Option<SpanContext> {
-        let cx = self.0.as_ref()?;
-        let sc = cx.span().span_context().clone();
-        sc.is_valid().then_some(sc)
-    }
-}
-
-/// A span this code ends: at [`Open::end`], or when dropped (as not completed).
-pub struct Open(Option<Context>);
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        if let Some(cx) = self.0.take() {
-            cx.span().end();
-        }
-    }
-}
-
-impl Open {
-    fn start(
-        parent: &Parent,
-        name: String,
-        kind: SpanKind,
-        attributes: Vec<KeyValue>,
-        link: Option<SpanContext>,
-    ) -> Open {
-        let (Some(tracer), Some(cx)) = (TRACER.get(), parent.0.as_ref()) else {
-            return Open(None);
-        };
-        let mut builder = tracer
-            .span_builder(name)
-            .with_kind(kind)
-            .with_attributes(attributes);
-        if let Some(link) = link {
-            builder = builder.with_links(vec![Link::with_context(link)]);
-        }
-        let span = builder.start_with_context(tracer, cx);
-        Open(Some(cx.with_span(span)))
-    }
-
-    /// A place under this span.
-    pub fn parent(&self) -> Parent {
-        Parent(self.0.clone())
-    }
-
-    /// This span's W3C `traceparent`, for a request it makes.
-    pub fn traceparent(&self) -> Option<String> {
-        let cx = self.0.as_ref()?;
-        let mut headers = ::http::HeaderMap::new();
-        TraceContextPropagator::new().inject_context(cx, &mut HeaderInjector(&mut headers));
-        let v = headers.get("traceparent")?.to_str().ok()?;
-        Some(v.to_string())
-    }
-
-    fn set(&self, attributes: Vec<KeyValue>) {
-        if let Some(cx) = &self.0 {
-            cx.span().set_attributes(attributes);
-        }
-    }
-
-    /// Ends the span as failed, with `error.type`.
-    pub fn fail(mut self, error_type: &'static str) {
-        if let Some(cx) = self.0.take() {
-            let span = cx.span();
-            span.set_attribute(KeyValue::new("error.type", error_type));
-            span.set_status(Status::error(error_type));
-            span.end();
-        }
-    }
-
-    /// Ends the span with `attributes`.
-    pub fn end(mut self, attributes: Vec<KeyValue>) {
-        if let Some(cx) = self.0.take() {
-            let span = cx.span();
-            span.set_attributes(attributes);
-            span.end();
-        }
-    }
-
-    fn is_recording(&self) -> bool {
-        self.0.is_some()
-    }
-}
-
-/// What a leg's span says of it.
-pub struct LegInfo<'a> {
-    /// An agent backend (`invoke_agent`), else a stateless upstream (`chat`).
-    pub agent: bool,
-    pub provider: &'static str,
-    pub model: &'a str,
-    pub execution_id: &'a str,
-    pub response_id: String,
-    /// Tool rounds of the execution before this leg.
-    pub round: u32,
-}
-
-/// The span of one leg, under the execution's root, linked to the request that carries it
-/// when that is another. Usage reported during the leg is added up and set at its end.
-pub struct LegSpan {
-    span: Open,
-    usage: Usage,
-}
-
-impl LegSpan {
-    pub fn none() -> LegSpan {
-        LegSpan {
-            span: Open(None),
-            usage: Usage::default(),
-        }
-    }
-
-    pub fn start(root: &Parent, info: LegInfo<'_>) -> LegSpan {
-        if !on() {
-            return LegSpan::none();
-        }
-        let here = Parent::current();
-        let parent = root.or_current();
-        let link = (here.span_context() != parent.span_context())
-            .then(|| here.span_context())
-            .flatten();
-        let op = if info.agent { "invoke_agent" } else { "chat" };
-        let attributes = vec![
-            KeyValue::new("gen_ai.operation.name", op),
-            // Trace stores built on OpenInference (Phoenix) show the span's kind from this.
-            KeyValue::new(
-                "openinference.span.kind",
-                if info.agent { "AGENT" } else { "LLM" },
-            ),
-            KeyValue::new("gen_ai.provider.name", info.provider),
-            KeyValue::new("gen_ai.request.model", info.model.to_string()),
-            KeyValue::new("gen_ai.response.model", info.model.to_string()),
-            KeyValue::new("gen_ai.response.id", info.response_id),
-            KeyValue::new("gen_ai.conversation.id", info.execution_id.to_string()),
-            KeyValue::new("turnstile.round", i64::from(info.round)),
-        ];
-        let name = format!("{op} {}", info.model);
-        LegSpan {
-            span: Open::start(&parent, name, SpanKind::Client, attributes, link),
-            usage: Usage::default(),
-        }
-    }
-
-    pub fn traceparent(&self) -> Option<String> {
-        self.span.traceparent()
-    }
-
-    pub fn parent(&self) -> Parent {
-        self.span.parent()
-    }
-
-    /// One model request's usage, as the backend reported it.
-    pub fn usage(&mut self, u: Usage) {
-        if self.span.is_recording() {
-            self.usage.add(u);
-        }
-    }
-
-    fn usage_attributes(&self) -> Vec<KeyValue> {
-        let u = &self.usage;
-        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        vec![
-            KeyValue::new("gen_ai.usage.input_tokens", n(u.prompt_tokens)),
-            KeyValue::new("gen_ai.usage.output_tokens", n(u.completion_tokens)),
-            KeyValue::new("gen_ai.usage.cache_read.input_tokens", n(u.cached_tokens)),
-            KeyValue::new(
-                "gen_ai.usage.cache_creation.input_tokens",
-                n(u.cache_write_tokens),
-            ),
-            KeyValue::new(
-                "gen_ai.usage.reasoning.output_tokens",
-                n(u.reasoning_tokens),
-            ),
-        ]
-    }
-
-    /// The leg ended with an answer (`stop`) or held calls (`tool_calls`).
-    pub fn finish(self, reason: &'static str) {
-        if !self.span.is_recording() {
-            return;
-        }
-        let mut attributes = self.usage_attributes();
-        attributes.push(KeyValue::new(
-            "gen_ai.response.finish_reasons",
-            opentelemetry::Value::Array(vec![opentelemetry::StringValue::from(reason)].into()),
-        ));
-        self.span.end(attributes);
-    }
-
-    /// The leg failed: `error.type` is the execution's end reason.
-    pub fn fail(self, reason: &'static str) {
-        if !self.span.is_recording() {
-            return;
-        }
-        self.span.set(self.usage_attributes());
-        self.span.fail(reason);
-    }
-}
-
-/// The `execute_tool {name}` spans of a batch of held calls, from the exposure of their
-/// tokens to the claim of the batch. Dropped unclaimed (expired, lost, cancelled), they end
-/// as failed.
-#[derive(Default)]
-pub struct Held(Vec<Open>);
-
-impl Held {
-    pub fn start<'a>(leg: &LegSpan, names: impl Iterator<Item = &'a str>, round: u32) -> Held {
-        if !leg.span.is_recording() {
-            return Held::default();
-        }
-        let parent = leg.parent();
-        let spans = names
-            .enumerate()
-            .map(|(i, name)| {
-                let attributes = vec![
-                    KeyValue::new("gen_ai.operation.name", "execute_tool"),
-                    KeyValue::new("openinference.span.kind", "TOOL"),
-                    KeyValue::new("gen_ai.tool.name", name.to_string()),
-                    KeyValue::new("gen_ai.tool.type", "function"),
-                    KeyValue::new("turnstile.tool.call.position", i as i64),
-                    KeyValue::new("turnstile.round", i64::from(round)),
-                ];
-                let span_name = format!("execute_tool {name}");
-                Open::start(&parent, span_name, SpanKind::Internal, attributes, None)
-            })
-            .collect();
-        Held(spans)
-    }
-
-    /// The client's results claimed the batch.
-    pub fn answered(mut self) {
-        for span in self.0.drain(..) {
-            span.end(Vec::new());
-        }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        for span in self.0.drain(..) {
-            span.fail("unanswered");
-        }
-    }
-}
-
-/// The wait of one approval, from its creation to its decision.
-pub struct Wait(Open);
-
-impl Wait {
-    pub fn none() -> Wait {
-        Wait(Open(None))
-    }
-
-    pub fn start(parent: &Parent, kind: &str, approval_id: &str) -> Wait {
-        if !on() {
-            return Wait::none();
-        }
-        let attributes = vec![
-            KeyValue::new("turnstile.approval.id", approval_id.to_string()),
-            KeyValue::new("turnstile.approval.kind", kind.to_string()),
-        ];
-        let name = format!("await_approval {kind}");
-        Wait(Open::start(
-            parent,
-            name,
-            SpanKind::Internal,
-            attributes,
-            None,
-        ))
-    }
-
-    /// Decided: `approved` or `denied`, by `reason` (`human`, `expired`, `cancelled`, …).
-    pub fn decided(self, decision: &'static str, reason: &'static str) {
-        self.0.end(vec![
-            KeyValue::new("turnstile.approval.decision", decision),
-            KeyValue::new("turnstile.approval.reason", reason),
-        ]);
-    }
-}
-
-/// The client span of a request relayed to the owner replica; its `traceparent` goes with
-/// the request.
-pub fn forward(replica: &str) -> Open {
-    if !on() {
-        return Open(None);
-    }
-    let attributes = vec![
-        KeyValue::new("http.request.method", "POST"),
-        KeyValue::new("turnstile.replica.id", replica.to_string()),
-    ];
-    Open::start(
-        &Parent::current(),
-        "POST forward".into(),
-        SpanKind::Client,
-        attributes,
-        None,
-    )
-}
-
-impl Open {
-    /// Ends a client span with the status its request got (0: no answer).
-    pub fn answered(self, status: u16) {
-        if status == 0 || status >= 500 {
-            return self.fail("unavailable");
-        }
-        self.end(vec![KeyValue::new(
-            "http.response.status_code",
-            i64::from(status),
-        )]);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,7 +202,7 @@ mod tests {
                 provider: "openai",
                 model: "m",
                 execution_id: "exe-1",
-                response_id: "r".into(),
+                response_id: |_, _| "r".into(),
                 round: 0,
             },
         );
