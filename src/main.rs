@@ -242,16 +242,27 @@ fn init_logs(
         );
     let (writer, guard) =
         tracing_appender::non_blocking(std::io::BufWriter::new(std::io::stderr()));
+    let Some(traces) = traces else {
+        // Without traces, one subscriber with a global filter: a disabled event costs only
+        // its callsite's cached interest.
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(writer);
+        match format {
+            LogFormat::Json => builder.json().init(),
+            LogFormat::Text => builder.with_ansi(false).init(),
+        }
+        return guard;
+    };
     let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
     let fmt = match format {
         LogFormat::Json => fmt.json().with_filter(filter).boxed(),
         LogFormat::Text => fmt.with_ansi(false).with_filter(filter).boxed(),
     };
-    let registry = tracing_subscriber::registry().with(fmt);
-    match traces {
-        Some(t) => registry.with(t.layer()).init(),
-        None => registry.init(),
-    }
+    tracing_subscriber::registry()
+        .with(fmt)
+        .with(traces.layer())
+        .init();
     guard
 }
 

@@ -73,7 +73,7 @@ impl AppState {
 pub fn router(state: impl Into<AppState>) -> Router {
     let app: AppState = state.into();
     let gw = app.engine.clone();
-    Router::new()
+    let router = Router::new()
         .route("/v1/chat/completions", post(turn::<Chat>))
         .route(
             "/v1/responses",
@@ -114,8 +114,13 @@ pub fn router(state: impl Into<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(gw, log_request))
-        .with_state(app)
+        .layer(middleware::from_fn_with_state(gw, log_request));
+    // The server span is a layer of its own, there only when traces are on.
+    let router = match crate::telemetry::on() {
+        true => router.layer(middleware::from_fn(trace_request)),
+        false => router,
+    };
+    router.with_state(app)
 }
 
 /// An unknown route; under `/v1/messages` in Anthropic's shape.
@@ -152,12 +157,8 @@ async fn log_request(State(gw): State<Engine>, req: Request, next: Next) -> Resp
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .cloned();
+    let mut resp = next.run(req).await;
     let route = matched.as_ref().map_or("unmatched", |p| p.as_str());
-    let span = crate::telemetry::server_span(method.as_str(), route, req.headers());
-    let mut resp = match span.is_disabled() {
-        true => next.run(req).await,
-        false => next.run(req).instrument(span.clone()).await,
-    };
     let status = resp.status().as_u16();
     let code = resp.extensions().get::<error::Code>().map_or("", |c| c.0);
     let micros = started.elapsed().as_micros() as u64;
@@ -166,9 +167,6 @@ async fn log_request(State(gw): State<Engine>, req: Request, next: Next) -> Resp
         .remove::<ExecutionId>()
         .unwrap_or_default();
     let execution = execution.0.as_str();
-    if !span.is_disabled() {
-        resp = traced(resp, span, status, code, execution);
-    }
     gw.metrics().request(route, status);
     let request_id = header::HeaderValue::from_bytes(&request_id);
     let Ok(request_id) = request_id else {
@@ -187,24 +185,24 @@ async fn log_request(State(gw): State<Engine>, req: Request, next: Next) -> Resp
     resp
 }
 
-/// The response with its server span's status, open until the body is done (a stream's
-/// span covers the whole stream).
-fn traced(
-    resp: Response,
-    span: tracing::Span,
-    status: u16,
-    code: &str,
-    execution: &str,
-) -> Response {
+/// With traces on, a layer outside [`log_request`]: the request's server span, around the
+/// request and, with its status, open until the body is done (a stream's span covers the
+/// whole stream).
+async fn trace_request(req: Request, next: Next) -> Response {
+    let route = req.extensions().get::<axum::extract::MatchedPath>();
+    let route = route.map_or("unmatched", |p| p.as_str());
+    let span = crate::telemetry::server_span(req.method().as_str(), route, req.headers());
+    if span.is_disabled() {
+        return next.run(req).await;
+    }
+    let resp = next.run(req).instrument(span.clone()).await;
+    let status = resp.status().as_u16();
     span.record("http.response.status_code", i64::from(status));
-    if !code.is_empty() {
-        span.record("error.type", code);
+    if let Some(code) = resp.extensions().get::<error::Code>() {
+        span.record("error.type", code.0);
     }
     if status >= 500 {
         span.record("otel.status_code", "error");
-    }
-    if !execution.is_empty() {
-        span.record("gen_ai.conversation.id", execution);
     }
     resp.map(|body| {
         axum::body::Body::from_stream(futures::StreamExt::map(

@@ -193,6 +193,9 @@ pub(super) fn answered(
     mut resp: Response,
 ) -> Response {
     gw.metrics().ttfb.observe(a.arrived.elapsed());
+    if crate::telemetry::on() && !execution.is_empty() {
+        tracing::Span::current().record("gen_ai.conversation.id", execution.as_str());
+    }
     resp.extensions_mut().insert(ExecutionId(execution));
     resp
 }

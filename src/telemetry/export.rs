@@ -21,6 +21,9 @@ use tokio_util::sync::CancellationToken;
 pub(super) const QUEUE: usize = 4096;
 /// The most spans in one export request.
 const MAX_BATCH: usize = 512;
+/// How long the first span of a batch waits for others (unless the batch fills first): one
+/// export request per second at most, whatever the load.
+const LINGER: Duration = Duration::from_secs(1);
 /// One export request, retries included.
 pub(super) const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long shutdown waits for the last batch.
@@ -83,14 +86,24 @@ async fn drain<E: SpanExporter>(
     stop: CancellationToken,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    loop {
-        // Whatever queued while the last batch was in flight goes out together.
+    'batches: loop {
         let n = tokio::select! {
             n = rx.recv_many(&mut batch, MAX_BATCH) => n,
             () = stop.cancelled() => break,
         };
         if n == 0 {
             return;
+        }
+        // The batch fills for a while before it goes.
+        let linger = tokio::time::sleep(LINGER);
+        tokio::pin!(linger);
+        while batch.len() < MAX_BATCH {
+            let room = MAX_BATCH - batch.len();
+            tokio::select! {
+                n = rx.recv_many(&mut batch, room) => if n == 0 { break },
+                () = &mut linger => break,
+                () = stop.cancelled() => break 'batches,
+            }
         }
         send(&exporter, &mut batch).await;
     }
@@ -219,6 +232,37 @@ mod tests {
             status: Status::Unset,
             instrumentation_scope: Default::default(),
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_goes_when_full_or_after_the_linger() {
+        let sent = Counting::default();
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(drain(rx, sent.clone(), stop.clone()));
+        let count = || sent.0.load(Ordering::Relaxed);
+        tx.send(span()).await.unwrap();
+        tokio::time::sleep(LINGER / 2).await;
+        assert_eq!(count(), 0, "a lone span waits for others");
+        tokio::time::sleep(LINGER).await;
+        assert_eq!(count(), 1, "and goes after the linger");
+        for _ in 0..MAX_BATCH {
+            tx.send(span()).await.unwrap();
+        }
+        // A full batch goes at once (no time passes).
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(count(), 1 + MAX_BATCH as u64);
+        tx.send(span()).await.unwrap();
+        tokio::task::yield_now().await;
+        stop.cancel();
+        task.await.unwrap();
+        assert_eq!(
+            count(),
+            2 + MAX_BATCH as u64,
+            "shutdown sends what is queued"
+        );
     }
 
     #[tokio::test]

@@ -3,11 +3,8 @@
 //! calls' ([`Held`]), an approval's wait ([`Wait`]) and a forward's client span ([`forward`]).
 //! Each is empty, and each method does nothing, when traces are off.
 
-use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{Link, SpanContext, SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_http::HeaderInjector;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::{on, TRACER};
@@ -15,7 +12,8 @@ use crate::turn::Usage;
 
 /// A place in a trace to start spans under; empty when traces are off.
 #[derive(Clone, Default)]
-pub struct Parent(pub(super) Option<Context>);
+// Boxed, so an execution that carries one stays a pointer bigger when traces are off.
+pub struct Parent(pub(super) Option<Box<Context>>);
 
 impl std::fmt::Debug for Parent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -33,7 +31,7 @@ impl Parent {
         if !on() {
             return Parent(None);
         }
-        Parent(Some(tracing::Span::current().context()))
+        Parent(Some(Box::new(tracing::Span::current().context())))
     }
 
     /// This one when it is set, else the current request's.
@@ -86,16 +84,17 @@ impl Open {
 
     /// A place under this span.
     pub fn parent(&self) -> Parent {
-        Parent(self.0.clone())
+        Parent(self.0.clone().map(Box::new))
     }
 
     /// This span's W3C `traceparent`, for a request it makes.
     pub fn traceparent(&self) -> Option<String> {
         let cx = self.0.as_ref()?;
-        let mut headers = ::http::HeaderMap::new();
-        TraceContextPropagator::new().inject_context(cx, &mut HeaderInjector(&mut headers));
-        let v = headers.get("traceparent")?.to_str().ok()?;
-        Some(v.to_string())
+        let span = cx.span();
+        let sc = span.span_context();
+        let flags = sc.trace_flags().to_u8();
+        sc.is_valid()
+            .then(|| format!("00-{}-{}-{flags:02x}", sc.trace_id(), sc.span_id()))
     }
 
     fn set(&self, attributes: Vec<KeyValue>) {
@@ -122,10 +121,6 @@ impl Open {
             span.end();
         }
     }
-
-    fn is_recording(&self) -> bool {
-        self.0.is_some()
-    }
 }
 
 /// What a leg's span says of it.
@@ -143,17 +138,17 @@ pub struct LegInfo<'a> {
 
 /// The span of one leg, under the execution's root, linked to the request that carries it
 /// when that is another. Usage reported during the leg is added up and set at its end.
-pub struct LegSpan {
+// One pointer when traces are off: an execution (and the leg's task) stays as small as it was.
+pub struct LegSpan(Option<Box<Leg>>);
+
+struct Leg {
     span: Open,
     usage: Usage,
 }
 
 impl LegSpan {
     pub fn none() -> LegSpan {
-        LegSpan {
-            span: Open(None),
-            usage: Usage::default(),
-        }
+        LegSpan(None)
     }
 
     pub fn start(root: &Parent, info: LegInfo<'_>) -> LegSpan {
@@ -184,27 +179,29 @@ impl LegSpan {
             KeyValue::new("turnstile.round", i64::from(info.round)),
         ];
         let name = format!("{op} {}", info.model);
-        LegSpan {
+        LegSpan(Some(Box::new(Leg {
             span: Open::start(&parent, name, SpanKind::Client, attributes, link),
             usage: Usage::default(),
-        }
+        })))
     }
 
     pub fn traceparent(&self) -> Option<String> {
-        self.span.traceparent()
+        self.0.as_ref()?.span.traceparent()
     }
 
     pub fn parent(&self) -> Parent {
-        self.span.parent()
+        self.0.as_ref().map(|l| l.span.parent()).unwrap_or_default()
     }
 
     /// One model request's usage, as the backend reported it.
     pub fn usage(&mut self, u: Usage) {
-        if self.span.is_recording() {
-            self.usage.add(u);
+        if let Some(l) = &mut self.0 {
+            l.usage.add(u);
         }
     }
+}
 
+impl Leg {
     fn usage_attributes(&self) -> Vec<KeyValue> {
         let u = &self.usage;
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
@@ -222,27 +219,29 @@ impl LegSpan {
             ),
         ]
     }
+}
 
+impl LegSpan {
     /// The leg ended with an answer (`stop`) or held calls (`tool_calls`).
     pub fn finish(self, reason: &'static str) {
-        if !self.span.is_recording() {
+        let Some(l) = self.0 else {
             return;
-        }
-        let mut attributes = self.usage_attributes();
+        };
+        let mut attributes = l.usage_attributes();
         attributes.push(KeyValue::new(
             "gen_ai.response.finish_reasons",
             opentelemetry::Value::Array(vec![opentelemetry::StringValue::from(reason)].into()),
         ));
-        self.span.end(attributes);
+        l.span.end(attributes);
     }
 
     /// The leg failed: `error.type` is the execution's end reason.
     pub fn fail(self, reason: &'static str) {
-        if !self.span.is_recording() {
+        let Some(l) = self.0 else {
             return;
-        }
-        self.span.set(self.usage_attributes());
-        self.span.fail(reason);
+        };
+        l.span.set(l.usage_attributes());
+        l.span.fail(reason);
     }
 }
 
@@ -250,11 +249,11 @@ impl LegSpan {
 /// tokens to the claim of the batch. Dropped unclaimed (expired, lost, cancelled), they end
 /// as failed.
 #[derive(Default)]
-pub struct Held(pub(super) Vec<Open>);
+pub struct Held(pub(super) Option<Box<Vec<Open>>>);
 
 impl Held {
     pub fn start<'a>(leg: &LegSpan, names: impl Iterator<Item = &'a str>, round: u32) -> Held {
-        if !leg.span.is_recording() {
+        if leg.0.is_none() {
             return Held::default();
         }
         let parent = leg.parent();
@@ -273,12 +272,12 @@ impl Held {
                 Open::start(&parent, span_name, SpanKind::Internal, attributes, None)
             })
             .collect();
-        Held(spans)
+        Held(Some(Box::new(spans)))
     }
 
     /// The client's results claimed the batch.
     pub fn answered(mut self) {
-        for span in self.0.drain(..) {
+        for span in self.0.take().into_iter().flat_map(|s| *s) {
             span.end(Vec::new());
         }
     }
@@ -286,7 +285,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        for span in self.0.drain(..) {
+        for span in self.0.take().into_iter().flat_map(|s| *s) {
             span.fail("unanswered");
         }
     }
