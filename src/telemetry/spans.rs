@@ -249,7 +249,7 @@ impl LegSpan {
 /// tokens to the claim of the batch. Dropped unclaimed (expired, lost, cancelled), they end
 /// as failed.
 #[derive(Default)]
-pub struct Held(pub(super) Option<Box<Vec<Open>>>);
+pub struct Held(pub(super) Option<Box<[Open]>>);
 
 impl Held {
     pub fn start<'a>(leg: &LegSpan, names: impl Iterator<Item = &'a str>, round: u32) -> Held {
@@ -272,12 +272,12 @@ impl Held {
                 Open::start(&parent, span_name, SpanKind::Internal, attributes, None)
             })
             .collect();
-        Held(Some(Box::new(spans)))
+        Held(Some(spans))
     }
 
     /// The client's results claimed the batch.
     pub fn answered(mut self) {
-        for span in self.0.take().into_iter().flat_map(|s| *s) {
+        for span in self.0.take().into_iter().flat_map(|s| s.into_vec()) {
             span.end(Vec::new());
         }
     }
@@ -285,7 +285,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        for span in self.0.take().into_iter().flat_map(|s| *s) {
+        for span in self.0.take().into_iter().flat_map(|s| s.into_vec()) {
             span.fail("unanswered");
         }
     }
