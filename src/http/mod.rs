@@ -24,7 +24,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 use std::sync::Arc;
-use tracing::Instrument;
 
 use self::caller::{authorization, Admitted, Caller};
 use self::turn::{turn, SurfaceError};
@@ -195,7 +194,7 @@ async fn trace_request(req: Request, next: Next) -> Response {
     if span.is_disabled() {
         return next.run(req).await;
     }
-    let resp = next.run(req).instrument(span.clone()).await;
+    let resp = crate::telemetry::in_request(span.clone(), next.run(req)).await;
     let status = resp.status().as_u16();
     span.record("http.response.status_code", i64::from(status));
     if let Some(code) = resp.extensions().get::<error::Code>() {

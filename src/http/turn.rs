@@ -193,8 +193,8 @@ pub(super) fn answered(
     mut resp: Response,
 ) -> Response {
     gw.metrics().ttfb.observe(a.arrived.elapsed());
-    if crate::telemetry::on() && !execution.is_empty() {
-        tracing::Span::current().record("gen_ai.conversation.id", execution.as_str());
+    if !execution.is_empty() {
+        crate::telemetry::record_execution(&execution);
     }
     resp.extensions_mut().insert(ExecutionId(execution));
     resp

@@ -17,7 +17,9 @@
 mod export;
 mod spans;
 
-pub use spans::{forward, Held, LegInfo, LegSpan, Open, Parent, Wait};
+pub use spans::{
+    forward, in_request, record_execution, Held, LegInfo, LegSpan, Open, Parent, Wait,
+};
 
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;

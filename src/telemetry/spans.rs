@@ -8,6 +8,34 @@ use opentelemetry::{Context, KeyValue};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::{on, TRACER};
+
+tokio::task_local! {
+    /// The request a task serves: its server span, set once around the handler. A task-local
+    /// rather than an entered `tracing` span: entering a span at every poll costs more than
+    /// the handful of reads that need it.
+    static REQUEST: Request;
+}
+
+struct Request {
+    span: tracing::Span,
+    cx: Context,
+}
+
+/// Runs `fut` (a request's handling) with `span` as its server span.
+pub async fn in_request<F: std::future::Future>(span: tracing::Span, fut: F) -> F::Output {
+    let cx = span.context();
+    REQUEST.scope(Request { span, cx }, fut).await
+}
+
+/// Records the execution a request served on its server span.
+pub fn record_execution(execution: &str) {
+    if !on() {
+        return;
+    }
+    let _ = REQUEST.try_with(|r| {
+        r.span.record("gen_ai.conversation.id", execution);
+    });
+}
 use crate::turn::Usage;
 
 /// A place in a trace to start spans under; empty when traces are off.
@@ -26,12 +54,14 @@ impl std::fmt::Debug for Parent {
 }
 
 impl Parent {
-    /// The request's server span (the current `tracing` span).
+    /// The server span of the request this task serves ([`in_request`]), else none: a span
+    /// started under it begins a trace of its own.
     pub fn current() -> Parent {
         if !on() {
             return Parent(None);
         }
-        Parent(Some(Box::new(tracing::Span::current().context())))
+        let cx = REQUEST.try_with(|r| r.cx.clone());
+        Parent(Some(Box::new(cx.unwrap_or_default())))
     }
 
     /// This one when it is set, else the current request's.
