@@ -3,6 +3,7 @@
 //! working folder. One server per test process, under a small shell that waits on its stdin:
 //! when the test process exits, the pipe closes and the shell stops Phoenix.
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
@@ -69,6 +70,10 @@ fn start() -> Option<Phoenix> {
         .env("DO_NOT_TRACK", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        // A group of its own: Phoenix signals its whole process group when it stops, which
+        // must not reach the tests (or the script that runs them).
+        .process_group(0)
         .spawn()
         .expect("spawn phoenix");
     let stdin = child.stdin.take().expect("stdin");
