@@ -109,4 +109,25 @@ mod tests {
         };
         assert_eq!(telemetry(ratio).unwrap_err().path, "telemetry.sample_ratio");
     }
+
+    #[test]
+    fn a_config_file_turns_traces_on_and_keeps_the_headers_variable_from_backends() {
+        use crate::config::tests::{base_toml, parse};
+        assert_eq!(parse(&base_toml()).unwrap().telemetry, None);
+        let on = format!(
+            "{}\n[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"\nheaders_env = \"OTLP_HEADERS\"\n",
+            base_toml()
+        );
+        let t = parse(&on).unwrap().telemetry.unwrap();
+        assert_eq!(t.traces_url, "http://127.0.0.1:4318/v1/traces");
+        assert_eq!(t.headers_env.as_deref(), Some("OTLP_HEADERS"));
+        let leak = on.replace(
+            "command = [\"./bin/demo\"]",
+            "command = [\"./bin/demo\"]\nenv_passthrough = [\"OTLP_HEADERS\"]",
+        );
+        let e = parse(&leak).unwrap_err();
+        assert_eq!(e.path, "backends.demo.env_passthrough");
+        let unknown = on.replace("headers_env", "header_env");
+        assert!(parse(&unknown).unwrap_err().path.starts_with("telemetry"));
+    }
 }
