@@ -436,3 +436,82 @@ async fn a_forward_to_the_owner_replica_is_a_client_span_the_owner_continues() {
     assert_eq!(attr_str(forward, "turnstile.replica.id"), "a");
     assert_no_secrets(&spans, &[CLUSTER_KEY]);
 }
+
+/// What a fake OTLP/HTTP collector received: each export's path and headers.
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, axum::http::HeaderMap)>>>;
+
+/// A collector that takes every export (an empty protobuf answer) and remembers it.
+async fn fake_collector() -> (String, Received) {
+    let seen = Received::default();
+    let keep = seen.clone();
+    let app = axum::Router::new().fallback(
+        move |uri: axum::http::Uri, headers: axum::http::HeaderMap| {
+            let keep = keep.clone();
+            async move {
+                keep.lock().unwrap().push((uri.path().to_string(), headers));
+                (
+                    [("content-type", "application/x-protobuf")],
+                    Vec::<u8>::new(),
+                )
+            }
+        },
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (url, seen)
+}
+
+#[tokio::test]
+async fn the_headers_variable_reaches_the_collector_and_nothing_else() {
+    let (collector, seen) = fake_collector().await;
+    let endpoint = format!("{collector}/otlp/v1/traces");
+    let key = "otlp-canary-key-9d41";
+    let opts = Opts {
+        env: vec![(
+            "TURNSTILE_TEST_OTLP_HEADERS".into(),
+            format!("x-api-key={key},x-team=blue%20team"),
+        )],
+        ..Opts::default()
+    };
+    let gw = Gateway::start_raw(opts, move |o, dir| {
+        config_text(o, dir)
+            + &telemetry(&endpoint)
+            + "headers_env = \"TURNSTILE_TEST_OTLP_HEADERS\"\n"
+    })
+    .await;
+    let (s, v) = gw
+        .chat(ALICE, &json!({"model": "echo", "messages": [user("hi")]}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (path, headers) =
+        wait_for("an export", async || seen.lock().unwrap().first().cloned()).await;
+    // A URL with a path is used as given.
+    assert_eq!(path, "/otlp/v1/traces");
+    assert_eq!(headers["content-type"], "application/x-protobuf");
+    assert_eq!(headers["x-api-key"], key);
+    assert_eq!(headers["x-team"], "blue team");
+    assert!(!gw.log().contains(key), "the export key reached the log");
+}
+
+#[tokio::test]
+async fn a_headers_variable_that_is_not_set_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = config_text(&Opts::default(), dir.path())
+        + &telemetry("http://127.0.0.1:9")
+        + "headers_env = \"TURNSTILE_TEST_OTLP_UNSET\"\n";
+    let path = dir.path().join("turnstile.toml");
+    std::fs::write(&path, text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env_remove("TURNSTILE_TEST_OTLP_UNSET")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("telemetry.headers_env") && stderr.contains("TURNSTILE_TEST_OTLP_UNSET"),
+        "{stderr}"
+    );
+}
