@@ -203,15 +203,7 @@ async fn trace_request(req: Request, next: Next) -> Response {
     if status >= 500 {
         span.record("otel.status_code", "error");
     }
-    resp.map(|body| {
-        axum::body::Body::from_stream(futures::StreamExt::map(
-            body.into_data_stream(),
-            move |chunk| {
-                let _open = &span;
-                chunk
-            },
-        ))
-    })
+    turn::holding(resp, Some(span))
 }
 
 /// Public (a scraper needs no credential), but only an approver's scrape names principals:

@@ -135,15 +135,15 @@ fn stream_place(gw: &Engine, a: &Admitted, stream: bool) -> Result<Option<Slot>,
     }
 }
 
-/// The response, holding `slot` until its body is done (sent, or dropped with the
-/// connection).
-pub(super) fn holding(resp: Response, slot: Option<Slot>) -> Response {
-    let Some(slot) = slot else {
+/// The response, holding `kept` (a stream's place, a trace span) until its body is done
+/// (sent, or dropped with the connection).
+pub(super) fn holding<T: Send + 'static>(resp: Response, kept: Option<T>) -> Response {
+    let Some(kept) = kept else {
         return resp;
     };
     resp.map(|body| {
         Body::from_stream(body.into_data_stream().map(move |chunk| {
-            let _held = &slot;
+            let _held = &kept;
             chunk
         }))
     })

@@ -8,6 +8,7 @@ use opentelemetry::{Context, KeyValue};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::{on, TRACER};
+use crate::turn::Usage;
 
 tokio::task_local! {
     /// The request a task serves: its server span, set once around the handler. A task-local
@@ -36,7 +37,6 @@ pub fn record_execution(execution: &str) {
         r.span.record("gen_ai.conversation.id", execution);
     });
 }
-use crate::turn::Usage;
 
 /// A place in a trace to start spans under; empty when traces are off.
 #[derive(Clone, Default)]

@@ -37,6 +37,24 @@ async fn traced_gateway(p: &Phoenix) -> Gateway {
     .await
 }
 
+/// A chat turn of alice's sent under the client's span `span` of trace `trace`; its 200 body.
+async fn traced_chat(gw: &Gateway, body: &Value, trace: &str, span: &str) -> Value {
+    let r = gw
+        .post(ALICE, body)
+        .header("traceparent", format!("00-{trace}-{span}-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+/// The span named `name`.
+fn named<'a>(spans: &'a [Value], name: &str) -> &'a Value {
+    let found = spans.iter().find(|s| s["name"] == name);
+    found.unwrap_or_else(|| panic!("no span {name} in {spans:?}"))
+}
+
 fn attr<'a>(span: &'a Value, key: &str) -> &'a Value {
     &span["attributes"][key]
 }
@@ -115,14 +133,7 @@ async fn a_held_round_trip_is_one_trace_in_phoenix() {
     let gw = traced_gateway(p).await;
     let prompt = format!("read {ARG_CANARY} {PROMPT_CANARY}");
     let req = tool_request("tool", &prompt);
-    let r = gw
-        .post(ALICE, &req)
-        .header("traceparent", format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let first: Value = r.json().await.unwrap();
+    let first = traced_chat(&gw, &req, CLIENT_TRACE, CLIENT_SPAN).await;
     let call = calls(&first)[0].clone();
     let token = call["id"].as_str().unwrap().to_string();
     assert!(token.starts_with("srct-"));
@@ -276,14 +287,8 @@ async fn an_approval_wait_is_a_span_with_its_decision() {
         },
     )
     .await;
-    let leg = spans
-        .iter()
-        .find(|s| s["name"] == "invoke_agent cmd-ask")
-        .unwrap();
-    let wait = spans
-        .iter()
-        .find(|s| s["name"] == "await_approval command")
-        .unwrap();
+    let leg = named(&spans, "invoke_agent cmd-ask");
+    let wait = named(&spans, "await_approval command");
     assert_eq!(parent_id(wait), span_id(leg));
     assert_eq!(trace_id(wait), trace_id(leg));
     assert_eq!(attr_str(wait, "turnstile.approval.kind"), "command");
@@ -306,14 +311,7 @@ async fn an_upstream_leg_is_a_chat_span_whose_traceparent_the_upstream_gets() {
     .await;
     let trace = "0af7651916cd43dd8448eb211c80319c";
     let req = tool_request("u-tool", PROMPT_CANARY);
-    let r = gw
-        .post(ALICE, &req)
-        .header("traceparent", format!("00-{trace}-b7ad6b7169203331-01"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let first: Value = r.json().await.unwrap();
+    let first = traced_chat(&gw, &req, trace, "b7ad6b7169203331").await;
     let next = continuation(&req, &first, |_, _| json!(RESULT_CANARY));
     let (s, _) = gw.chat(ALICE, &next).await;
     assert_eq!(s, 200);
@@ -344,10 +342,7 @@ async fn an_upstream_leg_is_a_chat_span_whose_traceparent_the_upstream_gets() {
 #[tokio::test]
 async fn a_dead_collector_drops_and_counts_spans_and_requests_go_on() {
     // A port nothing listens on.
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://127.0.0.1:{}", l.local_addr().unwrap().port())
-    };
+    let dead = format!("http://127.0.0.1:{}", crate::support::postgres::free_port());
     let gw = Gateway::start_raw(Opts::default(), move |o, dir| {
         config_text(o, dir) + &telemetry(&dead)
     })
@@ -396,13 +391,7 @@ async fn a_forward_to_the_owner_replica_is_a_client_span_the_owner_continues() {
     // The continuation reaches B, which relays it to A, the owner of the held turn.
     let trace = "5b8aa5a2d2c872e8321cf37308d69df2";
     let next = continuation(&req, &first, |_, _| json!(RESULT_CANARY));
-    let r = b
-        .post(ALICE, &next)
-        .header("traceparent", format!("00-{trace}-051581bf3cb55c13-01"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    traced_chat(&b, &next, trace, "051581bf3cb55c13").await;
 
     let spans = spans_of(
         p,
@@ -418,7 +407,7 @@ async fn a_forward_to_the_owner_replica_is_a_client_span_the_owner_continues() {
         |s| trace_id(s) == trace,
     )
     .await;
-    let forward = spans.iter().find(|s| s["name"] == "POST forward").unwrap();
+    let forward = named(&spans, "POST forward");
     let servers: Vec<&Value> = spans
         .iter()
         .filter(|s| s["name"] == "POST /v1/chat/completions")

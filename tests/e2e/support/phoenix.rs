@@ -25,11 +25,6 @@ fn command() -> Option<PathBuf> {
     bin.exists().then_some(bin)
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
 /// The process-wide Phoenix, started on first use; None (a loud skip, a failure in CI) when
 /// the venv has none.
 pub async fn server() -> Option<&'static Phoenix> {
@@ -54,7 +49,7 @@ pub async fn server() -> Option<&'static Phoenix> {
 fn start() -> Option<Phoenix> {
     let bin = command()?;
     let dir = tempfile::tempdir().expect("tempdir");
-    let (port, grpc) = (free_port(), free_port());
+    let (port, grpc) = (super::postgres::free_port(), super::postgres::free_port());
     let script = format!(
         "'{}' serve >'{}/phoenix.log' 2>&1 & pid=$!; cat >/dev/null; kill $pid; wait $pid",
         bin.display(),

@@ -75,7 +75,7 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
         .local_addr()
