@@ -108,6 +108,19 @@ pub fn chat(data: &[u8]) {
     expected["model"] = Value::from("m2");
     let got: Value = serde_json::from_slice(&spliced).expect("spliced body is JSON");
     assert_eq!(got, expected);
+    // On its way up a streamed body also asks for usage, and says if the client did not.
+    let up = crate::backend::upstream::native::upstream_body(&Bytes::copy_from_slice(data), Some("m2"))
+        .unwrap_or_else(|e| panic!("splice failed on an accepted body: {e}"));
+    let got: Value = serde_json::from_slice(&up.body).expect("spliced body is JSON");
+    let asked = expected["stream_options"]["include_usage"] == true;
+    if expected["stream"] == true && !asked {
+        if !expected["stream_options"].is_object() {
+            expected["stream_options"] = serde_json::json!({});
+        }
+        expected["stream_options"]["include_usage"] = true.into();
+    }
+    assert_eq!(got, expected);
+    assert_eq!(up.strip_usage, expected["stream"] == true && !asked);
 }
 
 pub fn responses(data: &[u8]) {

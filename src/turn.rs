@@ -327,6 +327,19 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// The gateway's own estimate of a model call that reported no usage: a token per four
+    /// bytes of what it was sent and of what it said, rounded up.
+    pub fn estimate(sent_bytes: usize, said_bytes: usize) -> Usage {
+        let prompt = sent_bytes.div_ceil(4) as u64;
+        let completion = said_bytes.div_ceil(4) as u64;
+        Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            ..Usage::default()
+        }
+    }
+
     /// Saturating: a backend's absurd count must not wrap a total.
     pub fn add(&mut self, other: Usage) {
         self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);

@@ -186,10 +186,23 @@ pub struct ContinuationLimits {
     pub max_kept_bytes_per_client: usize,
     /// How long a remote compaction's summary answers its handle.
     pub compaction_ttl: Duration,
+    pub compactions: CompactionLimits,
     pub tombstones_per_client: usize,
     pub max_rounds: u32,
     pub max_tool_result_bytes: usize,
     pub batch_debounce: Duration,
+}
+
+/// The bounds of remote compaction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CompactionLimits {
+    /// Compaction items one request may carry.
+    pub max_items: usize,
+    /// Stored summaries one principal keeps, and their bytes (its oldest go first).
+    pub max_per_client: usize,
+    pub max_bytes_per_client: u64,
+    /// A summary's length (a longer one is cut).
+    pub max_summary_bytes: usize,
 }
 
 impl Config {

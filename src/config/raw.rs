@@ -94,6 +94,17 @@ pub(super) const DEFAULT_MAX_KEPT_BYTES_PER_CLIENT: u64 = 64 << 20;
 /// `continuations.compaction_ttl_days`: how long a remote compaction's summary answers its
 /// handle.
 pub(super) const DEFAULT_COMPACTION_TTL_DAYS: u64 = 30;
+/// `continuations.max_compaction_items`: compaction items one request may carry (Codex
+/// sends one: a compaction summarises the earlier one with everything else).
+pub(super) const DEFAULT_MAX_COMPACTION_ITEMS: usize = 1;
+/// `continuations.max_compactions_per_client`: stored summaries one principal keeps (its
+/// oldest go first).
+pub(super) const DEFAULT_MAX_COMPACTIONS_PER_CLIENT: usize = 64;
+/// `continuations.max_compaction_bytes_per_client`: bytes of stored summaries one principal
+/// keeps (its oldest go first).
+pub(super) const DEFAULT_MAX_COMPACTION_BYTES_PER_CLIENT: u64 = 16 << 20;
+/// `continuations.max_summary_bytes`: a compaction summary longer than this is cut.
+pub(super) const DEFAULT_MAX_SUMMARY_BYTES: usize = 1 << 20;
 /// `continuations.tombstones_per_client`.
 pub(super) const DEFAULT_TOMBSTONES_PER_CLIENT: usize = 1024;
 /// `continuations.max_rounds`.
@@ -304,6 +315,10 @@ pub(super) struct RawContinuations {
     pub max_pending_per_client: usize,
     pub max_kept_bytes_per_client: u64,
     pub compaction_ttl_days: u64,
+    pub max_compaction_items: usize,
+    pub max_compactions_per_client: usize,
+    pub max_compaction_bytes_per_client: u64,
+    pub max_summary_bytes: usize,
     pub tombstones_per_client: usize,
     pub max_rounds: u32,
     pub max_tool_result_bytes: usize,
@@ -318,6 +333,10 @@ impl Default for RawContinuations {
             max_pending_per_client: DEFAULT_MAX_PENDING_PER_CLIENT,
             max_kept_bytes_per_client: DEFAULT_MAX_KEPT_BYTES_PER_CLIENT,
             compaction_ttl_days: DEFAULT_COMPACTION_TTL_DAYS,
+            max_compaction_items: DEFAULT_MAX_COMPACTION_ITEMS,
+            max_compactions_per_client: DEFAULT_MAX_COMPACTIONS_PER_CLIENT,
+            max_compaction_bytes_per_client: DEFAULT_MAX_COMPACTION_BYTES_PER_CLIENT,
+            max_summary_bytes: DEFAULT_MAX_SUMMARY_BYTES,
             tombstones_per_client: DEFAULT_TOMBSTONES_PER_CLIENT,
             max_rounds: DEFAULT_MAX_ROUNDS,
             max_tool_result_bytes: DEFAULT_MAX_TOOL_RESULT_BYTES,

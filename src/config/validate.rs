@@ -14,7 +14,7 @@ use super::raw::{
 };
 use super::{
     backends, err, jwt, ApprovalPolicy, ClientConfig, ClientLimits, Config, ConfigError,
-    ContinuationLimits, ContinuityConfig, Credential, JwtIssuer, ModelConfig, Rate, Role,
+    CompactionLimits, ContinuationLimits, ContinuityConfig, Credential, JwtIssuer, ModelConfig, Rate, Role,
     ServerConfig,
 };
 use crate::auth::jwt::{MAX_SUBJECT_BYTES, PRINCIPAL_PREFIX};
@@ -362,6 +362,10 @@ fn continuations(c: RawContinuations) -> Result<ContinuationLimits, ConfigError>
     positive(c.max_pending_per_client as u64, "max_pending_per_client")?;
     positive(c.max_kept_bytes_per_client, "max_kept_bytes_per_client")?;
     positive(c.compaction_ttl_days, "compaction_ttl_days")?;
+    positive(c.max_compaction_items as u64, "max_compaction_items")?;
+    positive(c.max_compactions_per_client as u64, "max_compactions_per_client")?;
+    positive(c.max_compaction_bytes_per_client, "max_compaction_bytes_per_client")?;
+    positive(c.max_summary_bytes as u64, "max_summary_bytes")?;
     positive(c.tombstones_per_client as u64, "tombstones_per_client")?;
     positive(c.max_rounds as u64, "max_rounds")?;
     positive(c.max_tool_result_bytes as u64, "max_tool_result_bytes")?;
@@ -372,6 +376,12 @@ fn continuations(c: RawContinuations) -> Result<ContinuationLimits, ConfigError>
         max_kept_bytes_per_client: usize::try_from(c.max_kept_bytes_per_client)
             .unwrap_or(usize::MAX),
         compaction_ttl: Duration::from_secs(c.compaction_ttl_days.saturating_mul(86_400)),
+        compactions: CompactionLimits {
+            max_items: c.max_compaction_items,
+            max_per_client: c.max_compactions_per_client,
+            max_bytes_per_client: c.max_compaction_bytes_per_client,
+            max_summary_bytes: c.max_summary_bytes,
+        },
         tombstones_per_client: c.tombstones_per_client,
         max_rounds: c.max_rounds,
         max_tool_result_bytes: c.max_tool_result_bytes,

@@ -13,6 +13,7 @@ use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 
 use super::EngineError;
 use crate::digest::sha256;
+use crate::config::CompactionLimits;
 use crate::store::{now_unix, CompactionRecord, Store};
 use crate::turn::{Fingerprint, Message, Role, ToolChoice, TurnInput};
 
@@ -101,14 +102,15 @@ pub(super) fn summary_turn(input: TurnInput) -> TurnInput {
     }
 }
 
-/// Keeps `summary` sealed behind a fresh handle for `principal` for `ttl_secs`; returns the
-/// handle.
+/// Keeps `summary` sealed behind a fresh handle for `principal` for `ttl_secs`, within the
+/// principal's bounds (its oldest summaries go first); returns the handle.
 pub(super) async fn keep(
     store: &Store,
     principal: &str,
     model: &str,
     summary: &str,
     ttl_secs: u64,
+    limits: &CompactionLimits,
 ) -> Result<String, EngineError> {
     let handle = crate::ids::new_id("cmp-");
     let sealed = seal(&handle, summary).ok_or(EngineError::TurnFailed)?;
@@ -121,27 +123,57 @@ pub(super) async fn keep(
         created_at: now,
         expires_at: now.saturating_add(ttl_secs),
     };
-    if let Err(e) = store.compaction_insert(&record).await {
+    let bounds = (limits.max_per_client, limits.max_bytes_per_client);
+    if let Err(e) = store.compaction_insert(&record, bounds).await {
         tracing::error!(error = %e, "could not keep a compaction summary");
         return Err(EngineError::Store);
     }
     Ok(handle)
 }
 
-/// The summary behind a compaction handle, if it is `principal`'s and has not expired.
+/// A summary as it was sealed, and what its text will weigh once opened.
+pub(super) struct Sealed(Vec<u8>);
+
+impl Sealed {
+    /// The length of the summary it holds (the sealed bytes less the 16-byte tag).
+    pub fn text_len(&self) -> usize {
+        self.0.len().saturating_sub(16)
+    }
+
+    /// The summary, if `handle` opens it.
+    pub fn open(self, handle: &str) -> Option<String> {
+        open(handle, &self.0)
+    }
+}
+
+/// The sealed summary behind a compaction handle, if it is `principal`'s and has not
+/// expired.
 pub(super) async fn lookup(
     store: &Store,
     principal: &str,
     handle: &str,
-) -> Result<Option<String>, EngineError> {
+) -> Result<Option<Sealed>, EngineError> {
     let digest = sha256(handle.as_bytes());
     match store.compaction_get(&digest, principal, now_unix()).await {
-        Ok(sealed) => Ok(sealed.and_then(|s| open(handle, &s))),
+        Ok(sealed) => Ok(sealed.map(Sealed)),
         Err(e) => {
             tracing::error!(error = %e, "could not read a compaction summary");
             Err(EngineError::Store)
         }
     }
+}
+
+/// `summary` cut to at most `max` bytes, on a character boundary.
+pub(super) fn bounded(mut summary: String, max: usize) -> String {
+    if summary.len() > max {
+        let mut at = max;
+        while !summary.is_char_boundary(at) {
+            at -= 1;
+        }
+        summary.truncate(at);
+        tracing::warn!(max, "a compaction summary was cut at max_summary_bytes");
+    }
+    summary
 }
 
 #[cfg(test)]
@@ -154,6 +186,13 @@ mod tests {
         assert!(!sealed.windows(b"summary".len()).any(|w| w == b"summary"));
         assert_eq!(open("cmp-a", &sealed).as_deref(), Some("the summary"));
         assert_eq!(open("cmp-b", &sealed), None);
+    }
+
+    #[test]
+    fn a_long_summary_is_cut_on_a_character_boundary() {
+        assert_eq!(bounded("abc".into(), 3), "abc");
+        assert_eq!(bounded("ab\u{e9}".into(), 3), "ab");
+        assert_eq!(Sealed(seal("cmp-a", "four").unwrap()).text_len(), 4);
     }
 
     #[test]

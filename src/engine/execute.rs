@@ -38,7 +38,7 @@ impl Engine {
         principal: &Principal,
         input: TurnInput,
     ) -> Result<Leg, EngineError> {
-        match self.execute_hop(principal, input, true).await? {
+        match self.execute_hop(principal, input, true, None).await? {
             Outcome::Leg(leg) => Ok(leg),
             // Unreachable: as `forwarded`, a turn held on another replica answers as lost
             // rather than forwarding (this caller cannot relay).
@@ -48,12 +48,14 @@ impl Engine {
 
     /// Runs one request: a fresh turn or the continuation of a suspended one, here or (a
     /// replica) on the replica that holds it. `forwarded` when another replica sent the
-    /// request here as the turn's owner (it is never forwarded again).
+    /// request here as the turn's owner (it is never forwarded again); `admitted` when the
+    /// request was admitted already (before its compaction items were read).
     pub async fn execute_hop(
         &self,
         principal: &Principal,
         mut input: TurnInput,
         forwarded: bool,
+        admitted: Option<admission::Slot>,
     ) -> Result<Outcome, EngineError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(EngineError::ShuttingDown);
@@ -61,7 +63,10 @@ impl Engine {
         let Some(c) = input.continuation.take() else {
             // Only fresh turns are limited: a continuation refused here would strand the
             // held turn it answers.
-            let slot = self.admit(principal).await?;
+            let slot = match admitted {
+                Some(slot) => slot,
+                None => self.admit(principal).await?,
+            };
             return self.fresh(principal, input, slot).await.map(Outcome::Leg);
         };
         let claimed = self.claim(principal, &input, &c, forwarded).await;
@@ -221,32 +226,104 @@ impl Engine {
         &self,
         principal: &Principal,
         input: TurnInput,
+        admitted: Option<admission::Slot>,
     ) -> Result<(String, Usage), EngineError> {
         let turn = compaction::summary_turn(input);
         let model = turn.model.clone();
-        let mut leg = self.execute(principal, turn).await?;
+        let leg = self.execute_hop(principal, turn, true, admitted).await?;
+        let Outcome::Leg(mut leg) = leg else {
+            return Err(EngineError::TurnFailed);
+        };
+        let limits = self.config().continuations.compactions;
         let mut summary = String::new();
         let usage = loop {
             match leg.events.recv().await {
-                Some(LegEvent::Delta(d)) => summary.push_str(&d),
+                // What lies past the bound is not kept (cut on a character boundary below).
+                Some(LegEvent::Delta(d)) if summary.len() <= limits.max_summary_bytes => {
+                    summary.push_str(&d)
+                }
                 Some(LegEvent::End { calls, usage }) if calls.is_empty() => break usage,
                 Some(LegEvent::End { .. }) | None => return Err(EngineError::TurnFailed),
                 Some(LegEvent::Error(e)) => return Err(e),
                 Some(_) => {}
             }
         };
+        let summary = compaction::bounded(summary.trim().to_string(), limits.max_summary_bytes);
         let ttl = self.config().continuations.compaction_ttl.as_secs();
         let store = &self.inner.store;
-        let handle = compaction::keep(store, &principal.id, &model, summary.trim(), ttl).await?;
+        let handle = compaction::keep(store, &principal.id, &model, &summary, ttl, &limits).await?;
         Ok((handle, usage))
     }
 
-    /// The summary behind a compaction handle, if it is `principal`'s and has not expired.
+    /// The summaries behind a request's compaction handles, each distinct handle read and
+    /// opened once. Bounded before anything costs: at most `max_compaction_items` items
+    /// (else 400); a fresh turn is admitted first (model 404, budget 402, rate 429; its slot
+    /// is returned for the turn), so a refused request reads nothing; and the conversation
+    /// they expand to must fit `max_body_bytes` (else 413), checked before any is opened.
     pub async fn compacted(
         &self,
         principal: &Principal,
-        handle: &str,
-    ) -> Result<Option<String>, EngineError> {
-        compaction::lookup(&self.inner.store, &principal.id, handle).await
+        ask: CompactionAsk<'_>,
+    ) -> Result<(Vec<(String, String)>, Option<admission::Slot>), ApiError> {
+        let cfg = self.config();
+        let max = cfg.continuations.compactions.max_items;
+        if ask.handles.len() > max {
+            let n = ask.handles.len();
+            return Err(ApiError::invalid(format!(
+                "A request may carry at most {max} compaction item(s); this one has {n}."
+            ))
+            .with_param("input"));
+        }
+        let limit = cfg.server.max_body_bytes;
+        let slot = match ask.fresh {
+            true => {
+                let granted = cfg.model(ask.model).is_some_and(|m| cfg.may_use(&principal.id, &m.id));
+                if !granted {
+                    return Err(EngineError::ModelNotFound(ask.model.to_string()).into());
+                }
+                drop(cfg);
+                Some(self.admit(principal).await?)
+            }
+            false => None,
+        };
+        let mut distinct: Vec<&str> = Vec::new();
+        for h in ask.handles {
+            if !distinct.contains(&h.as_str()) {
+                distinct.push(h);
+            }
+        }
+        let mut found = Vec::with_capacity(distinct.len());
+        let mut expanded = ask.body_bytes;
+        for handle in distinct {
+            let Some(sealed) = compaction::lookup(&self.inner.store, &principal.id, handle).await? else {
+                return Err(EngineError::from(ContinuationError::ResponseNotFound).into());
+            };
+            let uses = ask.handles.iter().filter(|h| *h == handle).count();
+            expanded = expanded.saturating_add(uses.saturating_mul(sealed.text_len()));
+            found.push((handle, sealed));
+        }
+        if expanded > limit {
+            return Err(ApiError::too_large(limit));
+        }
+        let mut summaries = Vec::with_capacity(found.len());
+        for (handle, sealed) in found {
+            let Some(text) = sealed.open(handle) else {
+                return Err(EngineError::from(ContinuationError::ResponseNotFound).into());
+            };
+            summaries.push((handle.to_string(), text));
+        }
+        Ok((summaries, slot))
     }
+}
+
+/// What [`Engine::compacted`] is asked.
+pub struct CompactionAsk<'a> {
+    /// The model the request names.
+    pub model: &'a str,
+    /// The handles as they occur in the request (a repeat counts again).
+    pub handles: &'a [String],
+    /// The request is a fresh turn (not a continuation, which is never limited).
+    pub fresh: bool,
+    /// The request's size before its items are expanded.
+    pub body_bytes: usize,
 }

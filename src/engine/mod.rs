@@ -45,7 +45,7 @@ pub use admission::Slot;
 pub use budget::CapView;
 pub use ending::EndReason;
 pub use error::{ContinuationError, EngineError, StartError};
-pub use execute::Outcome;
+pub use execute::{CompactionAsk, Outcome};
 pub use leg::{Leg, LegEvent};
 pub use placement::{ApprovalRoute, Owner, OwnerFate};
 

@@ -22,10 +22,7 @@ pub(super) async fn compact(
     let a = a?;
     let req = responses::read(&a.bytes)?;
     let kept = req.user_messages();
-    let host = Planner {
-        gw: &gw,
-        principal: &a.principal,
-    };
+    let host = Planner::new(&gw, &a.principal);
     let (prepared, _) = responses::prepare(req, a.arrived, &host, true).await?;
     let Prepared::Finished { id, output, usage } = prepared else {
         return Err(ApiError::upstream().into());

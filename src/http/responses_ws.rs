@@ -263,10 +263,7 @@ impl Socket {
                 &headers,
                 gw.replica_id().map(|_| Bytes::from(bytes.clone())),
             );
-            let host = Planner {
-                gw: &gw,
-                principal: &principal,
-            };
+            let host = Planner::new(&gw, &principal);
             let planned = match responses::read(&bytes) {
                 Ok(req) => responses::prepare(req, arrived, &host, false).await,
                 Err(e) => Err(e),
@@ -279,7 +276,7 @@ impl Socket {
                 }
                 Err(e) => return fail(e),
             };
-            match run(&gw, &principal, input, None, replay).await {
+            match run(&gw, &principal, input, (None, host.admitted()), replay).await {
                 Ok(Ran::Here(leg)) => leg_events(leg, framing, keepalive).await,
                 Ok(Ran::Relayed(resp)) => relayed_events(resp).await,
                 Err(e) => fail(e.into()),

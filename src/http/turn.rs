@@ -15,7 +15,8 @@ use futures::StreamExt;
 
 use super::{cluster, error, Admitted, ExecutionId};
 use crate::auth::Principal;
-use crate::engine::{Engine, EngineError, Leg, Outcome, Slot};
+use crate::engine::{CompactionAsk, Engine, EngineError, Leg, Outcome, Slot};
+use parking_lot::Mutex;
 use crate::error::ApiError;
 use crate::surface::{Answer, Host, Plan, Reply, Surface};
 use crate::turn::{TurnInput, Usage};
@@ -33,10 +34,7 @@ pub(super) async fn turn<S: Surface>(
     let req = S::read(std::mem::take(&mut a.bytes), a.arrived)?;
     let stream = S::streams(&req);
     let slot = stream_place(&gw, &a, stream)?;
-    let host = Planner {
-        gw: &gw,
-        principal: &a.principal,
-    };
+    let host = Planner::new(&gw, &a.principal);
     let (plan, framing) = S::plan(req, &host).await?;
     let input = match plan {
         Plan::Turn(input) => input,
@@ -45,7 +43,8 @@ pub(super) async fn turn<S: Surface>(
             return Ok(answered(&gw, &a, String::new(), resp));
         }
     };
-    let leg = match run(&gw, &a.principal, input, hop, (&uri, &headers, raw)).await? {
+    let replay = (&uri, &headers, raw);
+    let leg = match run(&gw, &a.principal, input, (hop, host.admitted()), replay).await? {
         Ran::Here(leg) => leg,
         Ran::Relayed(resp) => return Ok(holding(resp, slot)),
     };
@@ -86,19 +85,44 @@ impl<S: Surface> IntoResponse for SurfaceError<S> {
     }
 }
 
-/// What a surface may ask of the gateway while planning, for the request's principal.
+/// What a surface may ask of the gateway while planning, for the request's principal. A
+/// request admitted while planning (before its compaction items were read) keeps its slot
+/// here for its turn.
 pub(super) struct Planner<'a> {
-    pub gw: &'a Engine,
-    pub principal: &'a Principal,
+    gw: &'a Engine,
+    principal: &'a Principal,
+    slot: Mutex<Option<Slot>>,
+}
+
+impl<'a> Planner<'a> {
+    pub fn new(gw: &'a Engine, principal: &'a Principal) -> Self {
+        Planner {
+            gw,
+            principal,
+            slot: Mutex::new(None),
+        }
+    }
+
+    /// The slot of a request admitted while planning.
+    pub fn admitted(&self) -> Option<Slot> {
+        self.slot.lock().take()
+    }
 }
 
 impl Host for Planner<'_> {
-    fn compacted<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<Option<String>, ApiError>> {
-        Box::pin(async move { Ok(self.gw.compacted(self.principal, handle).await?) })
+    fn compacted<'a>(
+        &'a self,
+        ask: CompactionAsk<'a>,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, ApiError>> {
+        Box::pin(async move {
+            let (summaries, slot) = self.gw.compacted(self.principal, ask).await?;
+            *self.slot.lock() = slot;
+            Ok(summaries)
+        })
     }
 
     fn compact(&self, input: TurnInput) -> BoxFuture<'_, Result<(String, Usage), ApiError>> {
-        Box::pin(async move { Ok(self.gw.compact(self.principal, input).await?) })
+        Box::pin(async move { Ok(self.gw.compact(self.principal, input, self.admitted()).await?) })
     }
 }
 
@@ -156,15 +180,16 @@ pub(super) enum Ran {
 }
 
 /// Runs the turn, or relays the request to the replica that holds its turn. `raw` is the
-/// body as received (kept only on a replica, which may have to send it on).
+/// body as received (kept only on a replica, which may have to send it on); `admitted`, the
+/// slot of a request admitted while planning.
 pub(super) async fn run(
     gw: &Engine,
     principal: &Principal,
     input: TurnInput,
-    hop: Option<Extension<cluster::Hop>>,
+    (hop, admitted): (Option<Extension<cluster::Hop>>, Option<Slot>),
     replay: (&Uri, &HeaderMap, Option<Bytes>),
 ) -> Result<Ran, EngineError> {
-    match gw.execute_hop(principal, input, hop.is_some()).await? {
+    match gw.execute_hop(principal, input, hop.is_some(), admitted).await? {
         Outcome::Leg(leg) => Ok(Ran::Here(leg)),
         Outcome::Forward(owner) => {
             let (uri, headers, body) = replay;

@@ -16,8 +16,15 @@ pub struct CompactionRecord<'a> {
 }
 
 impl Store {
-    /// Stores a summary, and drops the expired ones in the same transaction.
-    pub async fn compaction_insert(&self, c: &CompactionRecord<'_>) -> Result<(), StoreError> {
+    /// Stores a summary, and drops in the same transaction the expired ones and the
+    /// principal's oldest beyond `keep` (a count and a number of sealed bytes; the new one
+    /// always stays).
+    pub async fn compaction_insert(
+        &self,
+        c: &CompactionRecord<'_>,
+        keep: (usize, u64),
+    ) -> Result<(), StoreError> {
+        let (count, bytes) = (keep.0 as u64, keep.1);
         self.db
             .tx(async |t| {
                 t.exec(
@@ -37,6 +44,20 @@ impl Store {
                     c.expires_at
                 ],
             ).await?;
+                t.exec(
+                    "DELETE FROM compactions WHERE principal = ?1 AND digest IN (
+                       SELECT digest FROM (
+                         SELECT digest,
+                                ROW_NUMBER() OVER w AS n,
+                                SUM(LENGTH(sealed)) OVER w AS kept
+                         FROM compactions WHERE principal = ?1
+                         WINDOW w AS (ORDER BY CASE WHEN digest = ?2 THEN 0 ELSE 1 END,
+                                      created_at DESC, digest ROWS UNBOUNDED PRECEDING)
+                       ) AS ranked
+                       WHERE n > ?3 OR (kept > ?4 AND digest <> ?2))",
+                    vals![c.principal, c.digest, count, bytes],
+                )
+                .await?;
                 Ok(())
             })
             .await
@@ -62,5 +83,60 @@ impl Store {
                 rows.first().map(|r| r.b(0)).transpose()
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record<'a>(digest: &'a [u8; 32], principal: &'a str, sealed: &'a [u8], at: u64) -> CompactionRecord<'a> {
+        CompactionRecord {
+            digest,
+            principal,
+            model: "m",
+            sealed,
+            created_at: at,
+            expires_at: at + 1000,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_principals_oldest_summaries_go_beyond_its_count_and_bytes() {
+        let store = Store::open_in_memory().await.unwrap();
+        let digests: Vec<[u8; 32]> = (0..5u8).map(|i| [i; 32]).collect();
+        let present = async |d: &[u8; 32], p: &str| {
+            store.compaction_get(d, p, 10).await.unwrap().is_some()
+        };
+        // Bob's row is never another principal's to evict.
+        store
+            .compaction_insert(&record(&[9; 32], "bob", &[0; 10], 1), (3, 100))
+            .await
+            .unwrap();
+        // All in one second: the one just written stays whatever the order.
+        for d in &digests[..4] {
+            store
+                .compaction_insert(&record(d, "alice", &[0; 10], 5), (3, 100))
+                .await
+                .unwrap();
+        }
+        let mut kept = 0;
+        for d in &digests[..4] {
+            kept += usize::from(present(d, "alice").await);
+        }
+        assert_eq!(kept, 3, "three by count");
+        assert!(present(&digests[3], "alice").await, "the newest stays");
+        // 85 bytes more: over 100 bytes, the oldest go until it fits.
+        store
+            .compaction_insert(&record(&digests[4], "alice", &[0; 85], 6), (3, 100))
+            .await
+            .unwrap();
+        assert!(present(&digests[4], "alice").await);
+        let mut kept = 0;
+        for d in &digests[..4] {
+            kept += usize::from(present(d, "alice").await);
+        }
+        assert_eq!(kept, 1, "85 + 10 + 10 > 100");
+        assert!(present(&[9; 32], "bob").await);
     }
 }

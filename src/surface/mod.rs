@@ -95,9 +95,12 @@ pub enum Answer {
 
 /// What a surface may ask of the gateway while planning, for the request's principal.
 pub trait Host: Sync {
-    /// The summary a compaction handle stands for; `None` when the principal has no such
-    /// handle.
-    fn compacted<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<Option<String>, ApiError>>;
+    /// The summaries a request's compaction handles stand for, by handle (see
+    /// [`crate::engine::Engine::compacted`]: bounded, and admitted first).
+    fn compacted<'a>(
+        &'a self,
+        ask: crate::engine::CompactionAsk<'a>,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, ApiError>>;
     /// Runs a summary turn: the handle of the compacted conversation and the turn's usage.
     fn compact(&self, input: TurnInput) -> BoxFuture<'_, Result<(String, Usage), ApiError>>;
 }

@@ -32,6 +32,7 @@ mod responses;
 mod responses_upstream;
 mod sdk;
 mod sdk_node;
+mod security_ii;
 mod store_pg;
 mod support;
 mod threads;

@@ -15,7 +15,7 @@ mod stream;
 pub(crate) mod translate;
 
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -23,6 +23,7 @@ use futures::future::BoxFuture;
 use serde_json::{json, Value};
 
 use self::client::Client;
+use self::native::Up;
 use super::{
     Backend, BackendError, BackendInfo, Hold, Holds, LegRequest, Resume, SessionStats, Turn,
     TurnControl, TurnEvent,
@@ -32,6 +33,10 @@ use crate::turn::TurnInput;
 
 pub struct Upstream {
     client: Client,
+    /// The backend's name, for the log.
+    name: Arc<str>,
+    /// An answer without usage was logged once.
+    warned_no_usage: Arc<AtomicBool>,
     /// Unix seconds of the last answered and the last failed request (0: none yet).
     last_answer: AtomicU64,
     last_failure: AtomicU64,
@@ -42,35 +47,51 @@ impl Upstream {
     pub fn new(name: &str, cfg: &UpstreamConfig) -> Result<Upstream, String> {
         Ok(Upstream {
             client: Client::new(name, cfg)?,
+            name: name.into(),
+            warned_no_usage: Arc::new(AtomicBool::new(false)),
             last_answer: AtomicU64::new(0),
             last_failure: AtomicU64::new(0),
         })
     }
 
-    /// A fresh leg's body: the client's own bytes (native) with only the `model` value
-    /// spliced, or a translation.
-    fn fresh_body(&self, leg: &LegRequest<'_>) -> Result<Bytes, BackendError> {
-        match (passthrough(leg.input), &leg.model.backend_model) {
-            (Some(raw), None) => Ok(raw.clone()),
-            (Some(raw), Some(bm)) => native::with_model(raw, bm).map_err(invalid),
-            (None, _) => encode(self.tree(leg)?),
+    /// A fresh leg's body: the client's own bytes (native) with only `model` and the usage
+    /// request spliced, or a translation.
+    fn fresh_body(&self, leg: &LegRequest<'_>) -> Result<Up, BackendError> {
+        match passthrough(leg.input) {
+            Some(raw) => {
+                native::upstream_body(raw, leg.model.backend_model.as_deref()).map_err(invalid)
+            }
+            None => encode(self.tree(leg)?.0),
         }
     }
 
-    /// The request body as a tree (a continuation's ids are restored in it), `model` renamed.
-    fn tree(&self, leg: &LegRequest<'_>) -> Result<Value, BackendError> {
+    /// The request body as a tree (a continuation's ids are restored in it), `model` renamed,
+    /// a stream asked for its usage; and whether the client's own body did not ask for it.
+    fn tree(&self, leg: &LegRequest<'_>) -> Result<(Value, bool), BackendError> {
+        let mut strip_usage = false;
         let mut body = match passthrough(leg.input) {
-            Some(raw) => serde_json::from_slice(raw).map_err(invalid)?,
+            Some(raw) => {
+                let mut body: Value = serde_json::from_slice(raw).map_err(invalid)?;
+                if body["stream"] == true && body["stream_options"]["include_usage"] != true {
+                    if !body["stream_options"].is_object() {
+                        body["stream_options"] = json!({});
+                    }
+                    body["stream_options"]["include_usage"] = json!(true);
+                    strip_usage = true;
+                }
+                body
+            }
             None => translate::chat_body(leg.input),
         };
         if let Some(bm) = &leg.model.backend_model {
             body["model"] = json!(bm);
         }
-        Ok(body)
+        Ok((body, strip_usage))
     }
 
-    async fn run(&self, body: Bytes, leg: &LegRequest<'_>) -> Result<Turn, BackendError> {
-        let sent = self.client.send(body, leg.traceparent.as_deref()).await;
+    async fn run(&self, up: Up, leg: &LegRequest<'_>) -> Result<Turn, BackendError> {
+        let sent_bytes = up.body.len();
+        let sent = self.client.send(up.body, leg.traceparent.as_deref()).await;
         let answered = matches!(sent, Ok(_) | Err(BackendError::Refused(_)));
         match answered {
             true => &self.last_answer,
@@ -81,19 +102,65 @@ impl Upstream {
         let ids = Arc::new(Mutex::new(Vec::new()));
         let native = (passthrough(leg.input).is_some(), leg.model.id.clone());
         let events = if leg.input.stream {
-            stream::events(&self.client, resp, native, ids.clone())
+            stream::events(&self.client, resp, native, up.strip_usage, ids.clone())
         } else {
             stream::whole(&self.client, resp, native, ids.clone())
         };
         let native = passthrough(leg.input).is_some();
-        // Accounting hears each usage report as it passes.
-        let meter = leg.meter.clone();
-        let events = futures::StreamExt::boxed(futures::StreamExt::inspect(events, move |ev| {
-            if let TurnEvent::Usage(u) = ev {
-                meter(*u);
-            }
+        // Accounting hears each usage report as it passes; an answer that ends without one
+        // is metered from the gateway's own estimate.
+        let mut metered = Metered {
+            meter: leg.meter.clone(),
+            sent_bytes,
+            said_bytes: 0,
+            reported: false,
+            warned: self.warned_no_usage.clone(),
+            backend: self.name.clone(),
+        };
+        let events = futures::StreamExt::boxed(futures::StreamExt::flat_map(events, move |ev| {
+            futures::stream::iter(metered.pass(ev))
         }));
         Ok(Turn::from_stream(events, Box::new(Ids(ids)), native))
+    }
+}
+
+/// What a leg reported of its usage, and what it said, for an estimate when it reports none.
+struct Metered {
+    meter: super::Meter,
+    sent_bytes: usize,
+    said_bytes: usize,
+    reported: bool,
+    /// The no-usage warning was logged (once per backend).
+    warned: Arc<AtomicBool>,
+    backend: Arc<str>,
+}
+
+impl Metered {
+    /// The event, preceded at the leg's end by the estimated usage when none was reported.
+    fn pass(&mut self, ev: TurnEvent) -> impl Iterator<Item = TurnEvent> {
+        let mut estimate = None;
+        match &ev {
+            TurnEvent::Usage(u) => {
+                self.reported = true;
+                (self.meter)(*u);
+            }
+            TurnEvent::Delta(t) | TurnEvent::Reasoning(t) => self.said_bytes += t.len(),
+            TurnEvent::ToolCall(c) => self.said_bytes += c.name.len() + c.arguments.len(),
+            TurnEvent::Completed | TurnEvent::Yield if !self.reported => {
+                self.reported = true;
+                let u = crate::turn::Usage::estimate(self.sent_bytes, self.said_bytes);
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        backend = %self.backend,
+                        "the upstream reported no usage for an answer; it is metered from the gateway's estimate (a token per 4 bytes sent and received)"
+                    );
+                }
+                (self.meter)(u);
+                estimate = Some(TurnEvent::Usage(u));
+            }
+            _ => {}
+        }
+        estimate.into_iter().chain(std::iter::once(ev))
     }
 }
 
@@ -113,8 +180,12 @@ fn invalid(e: serde_json::Error) -> BackendError {
     }
 }
 
-fn encode(body: Value) -> Result<Bytes, BackendError> {
-    serde_json::to_vec(&body).map(Bytes::from).map_err(invalid)
+fn encode(body: Value) -> Result<Up, BackendError> {
+    let body = serde_json::to_vec(&body).map(Bytes::from).map_err(invalid)?;
+    Ok(Up {
+        body,
+        strip_usage: false,
+    })
 }
 
 /// A leg's upstream call ids by invocation number (a leg's calls are numbered from 0).
@@ -182,9 +253,11 @@ impl Backend for Upstream {
             let Hold::Ids(ids) = hold else {
                 return Err(BackendError::Lost);
             };
-            let mut body = self.tree(&r.leg)?;
+            let (mut body, strip_usage) = self.tree(&r.leg)?;
             translate::restore_ids(&mut body, &r, &ids);
-            self.run(encode(body)?, &r.leg).await
+            let mut up = encode(body)?;
+            up.strip_usage = strip_usage;
+            self.run(up, &r.leg).await
         })
     }
 

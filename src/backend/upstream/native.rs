@@ -1,10 +1,13 @@
-//! Chat Completions bodies passed through byte for byte but for the `model` value: the
-//! client's request on its way up, and the upstream's answers (whole bodies and stream chunks)
-//! that carry no tool calls on their way down. A borrowing parse reads only what the gateway
-//! interprets (every other field is skipped, not built) and finds the `model` value's span,
-//! and the new name is spliced in its place.
+//! Chat Completions bodies passed through byte for byte but for a few spliced values: the
+//! client's request on its way up (`model` renamed; a streamed request always asks for the
+//! usage chunk, so every stream is metered), and the upstream's answers (whole bodies and
+//! stream chunks) that carry no tool calls on their way down (`model` renamed; the usage the
+//! gateway asked for and the client did not is cut out). A borrowing parse reads only what the
+//! gateway interprets (every other field is skipped, not built) and finds the spans to
+//! replace, and the new bytes are spliced in their place.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -13,17 +16,79 @@ use serde_json::value::RawValue;
 use crate::turn::Usage;
 
 #[derive(Deserialize)]
-struct ModelField<'a> {
+struct Fields<'a> {
     #[serde(borrow)]
     model: Option<&'a RawValue>,
+    #[serde(borrow)]
+    stream: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    stream_options: Option<&'a RawValue>,
 }
 
-/// `raw` with its top-level `model` value replaced by `model` (as a JSON string). A body
-/// without `model` gets none added.
+/// A member's value whatever it is, `null` included (a plain `Option` reads `null` as
+/// absent, and a `null` member still has a span to replace or cut).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// A passthrough body on its way up.
+#[derive(Debug)]
+pub struct Up {
+    pub body: Bytes,
+    /// The gateway asked for the streamed usage chunk the client did not ask for: it is
+    /// metered, then cut from what the client receives.
+    pub strip_usage: bool,
+}
+
+/// `raw` with its top-level `model` value replaced by `model` (as a JSON string; a body
+/// without `model` gets none added) and, when it streams without asking for usage,
+/// `stream_options.include_usage` set to true.
+pub fn upstream_body(raw: &Bytes, model: Option<&str>) -> Result<Up, serde_json::Error> {
+    object(raw)?;
+    let f: Fields<'_> = serde_json::from_slice(raw)?;
+    let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::with_capacity(2);
+    if let (Some(v), Some(m)) = (f.model, model) {
+        edits.push((span(raw, v), serde_json::to_vec(m)?));
+    }
+    let streamed = f.stream.is_some_and(|s| s.get() == "true");
+    let mut strip_usage = false;
+    if streamed {
+        match f.stream_options {
+            None => {
+                // After the opening brace: a streamed body has at least its `stream` member.
+                let at = raw.iter().position(|b| *b == b'{').unwrap_or(0) + 1;
+                edits.push((at..at, br#""stream_options":{"include_usage":true},"#.to_vec()));
+                strip_usage = true;
+            }
+            Some(o) => {
+                let mut options: serde_json::Value = serde_json::from_str(o.get())?;
+                if options["include_usage"] != true {
+                    if !options.is_object() {
+                        options = serde_json::json!({});
+                    }
+                    options["include_usage"] = true.into();
+                    edits.push((span(raw, o), serde_json::to_vec(&options)?));
+                    strip_usage = true;
+                }
+            }
+        }
+    }
+    Ok(Up {
+        body: rewrite(raw, edits),
+        strip_usage,
+    })
+}
+
+/// `raw` with its top-level `model` value replaced by `model`: [`upstream_body`] without
+/// the usage request (the fuzzer checks that nothing else moves).
 pub fn with_model(raw: &Bytes, model: &str) -> Result<Bytes, serde_json::Error> {
     object(raw)?;
-    let field: ModelField<'_> = serde_json::from_slice(raw)?;
-    splice(raw, field.model, model)
+    let f: Fields<'_> = serde_json::from_slice(raw)?;
+    let edits = match f.model {
+        Some(v) => vec![(span(raw, v), serde_json::to_vec(model)?)],
+        None => Vec::new(),
+    };
+    Ok(rewrite(raw, edits))
 }
 
 /// A struct also deserializes from an array; only an object is a body.
@@ -34,19 +99,68 @@ fn object(raw: &[u8]) -> Result<(), serde_json::Error> {
     Ok(())
 }
 
-/// `raw` with `value` (a span borrowed from it) replaced by `model` as a JSON string.
-fn splice(raw: &Bytes, value: Option<&RawValue>, model: &str) -> Result<Bytes, serde_json::Error> {
-    let Some(value) = value else {
-        return Ok(raw.clone());
-    };
+/// Where `value` (a span borrowed from `raw`) lies in `raw`.
+fn span(raw: &[u8], value: &RawValue) -> Range<usize> {
     // The raw value borrows from `raw`: its offset is the distance between the two.
     let start = value.get().as_ptr() as usize - raw.as_ptr() as usize;
-    let end = start + value.get().len();
-    let mut out = Vec::with_capacity(raw.len() + model.len() + 2);
-    out.extend_from_slice(&raw[..start]);
-    serde_json::to_writer(&mut out, model)?;
-    out.extend_from_slice(&raw[end..]);
-    Ok(out.into())
+    start..start + value.get().len()
+}
+
+/// `raw` with each range (ascending, disjoint) replaced by its bytes.
+fn rewrite(raw: &Bytes, mut edits: Vec<(Range<usize>, Vec<u8>)>) -> Bytes {
+    if edits.is_empty() {
+        return raw.clone();
+    }
+    edits.sort_by_key(|(r, _)| r.start);
+    let grown: usize = edits.iter().map(|(_, b)| b.len()).sum();
+    let mut out = Vec::with_capacity(raw.len() + grown);
+    let mut at = 0;
+    for (r, bytes) in edits {
+        out.extend_from_slice(&raw[at..r.start]);
+        out.extend_from_slice(&bytes);
+        at = r.end;
+    }
+    out.extend_from_slice(&raw[at..]);
+    out.into()
+}
+
+/// The whole member (`"key": value` and one separating comma) around the value at `value`,
+/// in an object `raw` that a JSON parser accepted.
+fn member(raw: &[u8], value: Range<usize>) -> Range<usize> {
+    let back = |mut i: usize| {
+        while i > 0 && raw[i - 1].is_ascii_whitespace() {
+            i -= 1;
+        }
+        i
+    };
+    // `value` <- ws <- ':' <- ws <- '"' key '"' (a key has no unescaped quote inside).
+    let colon = back(value.start) - 1;
+    let mut key = back(colon) - 1;
+    loop {
+        key -= 1;
+        if raw[key] == b'"' && raw[key - 1] != b'\\' {
+            break;
+        }
+    }
+    let before = back(key);
+    if raw[before - 1] == b',' {
+        return before - 1..value.end;
+    }
+    // The first member: take the comma after it, if any.
+    let mut after = value.end;
+    while after < raw.len() && raw[after].is_ascii_whitespace() {
+        after += 1;
+    }
+    match raw.get(after) {
+        Some(b',') => {
+            after += 1;
+            while after < raw.len() && raw[after].is_ascii_whitespace() {
+                after += 1;
+            }
+            key..after
+        }
+        _ => key..value.end,
+    }
 }
 
 /// What the gateway reads of an upstream answer (a whole body or one stream chunk).
@@ -56,8 +170,8 @@ struct Answer<'a> {
     model: Option<&'a RawValue>,
     #[serde(default, borrow)]
     choices: Option<Vec<Choice<'a>>>,
-    #[serde(default)]
-    usage: Option<WireUsage>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    usage: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -166,6 +280,8 @@ impl Native {
 pub struct Plain {
     /// The body (or chunk) with `model` renamed, to relay as it is.
     pub json: Bytes,
+    /// False for a usage chunk the client did not ask for: metered, not relayed.
+    pub relay: bool,
     pub text: String,
     pub reasoning: String,
     pub usage: Option<Usage>,
@@ -173,13 +289,13 @@ pub struct Plain {
     pub finish: Option<String>,
 }
 
-/// Reads an answer that carries no tool calls, `model` renamed to `model`; None when it has
-/// tool calls, or no `model`, or is not an object of this shape: the caller reads it as a
-/// tree.
-pub fn plain(raw: &Bytes, model: &str) -> Option<Plain> {
+/// Reads an answer that carries no tool calls, `model` renamed to `model` and, with
+/// `strip_usage`, its `usage` member cut out; None when it has tool calls, or no `model`, or
+/// is not an object of this shape: the caller reads it as a tree.
+pub fn plain(raw: &Bytes, model: &str, strip_usage: bool) -> Option<Plain> {
     object(raw).ok()?;
     let a: Answer<'_> = serde_json::from_slice(raw).ok()?;
-    a.model?;
+    let model_value = a.model?;
     let first = a.choices.as_ref().and_then(|c| c.first());
     let said = first.and_then(|c| c.message.as_ref().or(c.delta.as_ref()));
     let calls = a.choices.iter().flatten().any(|c| {
@@ -191,7 +307,35 @@ pub fn plain(raw: &Bytes, model: &str) -> Option<Plain> {
     if calls {
         return None;
     }
-    let usage = a.usage.map(|u| Usage {
+    let usage = match a.usage.filter(|u| u.get() != "null") {
+        Some(u) => Some(wire_usage(serde_json::from_str(u.get()).ok()?)),
+        None => None,
+    };
+    let mut edits = vec![(span(raw, model_value), serde_json::to_vec(model).ok()?)];
+    let mut relay = true;
+    if let Some(u) = a.usage.filter(|_| strip_usage) {
+        // The usage-only chunk goes; elsewhere only the member.
+        relay = a.choices.as_ref().is_some_and(|c| !c.is_empty());
+        edits.push((member(raw, span(raw, u)), Vec::new()));
+    }
+    Some(Plain {
+        text: said
+            .and_then(|s| s.content.as_deref())
+            .unwrap_or_default()
+            .to_string(),
+        reasoning: said
+            .and_then(|s| s.reasoning_content.as_deref())
+            .unwrap_or_default()
+            .to_string(),
+        usage,
+        finish: first.and_then(|c| c.finish_reason.as_deref().map(str::to_owned)),
+        json: rewrite(raw, edits),
+        relay,
+    })
+}
+
+fn wire_usage(u: WireUsage) -> Usage {
+    Usage {
         prompt_tokens: u.prompt_tokens,
         completion_tokens: u.completion_tokens,
         total_tokens: u.total_tokens,
@@ -210,20 +354,7 @@ pub fn plain(raw: &Bytes, model: &str) -> Option<Plain> {
             .completion_tokens_details
             .and_then(|d| d.reasoning_tokens)
             .unwrap_or(0),
-    });
-    Some(Plain {
-        text: said
-            .and_then(|s| s.content.as_deref())
-            .unwrap_or_default()
-            .to_string(),
-        reasoning: said
-            .and_then(|s| s.reasoning_content.as_deref())
-            .unwrap_or_default()
-            .to_string(),
-        usage,
-        finish: first.and_then(|c| c.finish_reason.as_deref().map(str::to_owned)),
-        json: splice(raw, a.model, model).ok()?,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -247,7 +378,7 @@ mod tests {
         let raw = Bytes::from_static(
             b"{\"id\":\"c\",\"model\":\"up\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"hi \\u00e9\"},\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6,\"total_tokens\":11,\"prompt_tokens_details\":{\"cached_tokens\":2},\"x\":null}}",
         );
-        let p = plain(&raw, "pub").unwrap();
+        let p = plain(&raw, "pub", false).unwrap();
         assert_eq!(p.text, "hi \u{e9}");
         assert_eq!(p.finish.as_deref(), Some("length"));
         let u = p.usage.unwrap();
@@ -263,7 +394,7 @@ mod tests {
         let chunk = Bytes::from_static(
             b"{\"model\":\"up\",\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":null}],\"usage\":null}",
         );
-        let p = plain(&chunk, "pub").unwrap();
+        let p = plain(&chunk, "pub", false).unwrap();
         assert_eq!(
             (p.text.as_str(), p.finish, p.usage.is_none()),
             ("a", None, true)
@@ -279,10 +410,10 @@ mod tests {
             b"{\"model\":\"u\",\"choices\":7}",
             b"{\"choices\":[]}",
         ] {
-            assert!(plain(&Bytes::copy_from_slice(body), "m").is_none());
+            assert!(plain(&Bytes::copy_from_slice(body), "m", false).is_none());
         }
         let nulled = Bytes::from_static(b"{\"model\":\"u\",\"choices\":[{\"message\":{\"content\":\"x\",\"tool_calls\":null}}]}");
-        assert!(plain(&nulled, "m").is_some());
+        assert!(plain(&nulled, "m", false).is_some());
     }
 
     #[test]
@@ -296,5 +427,67 @@ mod tests {
         assert_eq!(&with_model(&raw, "b").unwrap()[..], b"{\"n\":1}");
         assert!(with_model(&Bytes::from_static(b"{\"model\":\"a\""), "b").is_err());
         assert!(with_model(&Bytes::from_static(b"[1]"), "b").is_err());
+    }
+
+    #[test]
+    fn a_streamed_body_always_asks_for_usage_and_says_whether_the_client_did() {
+        let up = |raw: &'static [u8]| upstream_body(&Bytes::from_static(raw), Some("real")).unwrap();
+        let plain_body = up(b" {\"model\":\"pub\",\"stream\":true,\"messages\":[]}");
+        assert!(plain_body.strip_usage);
+        assert_eq!(
+            &plain_body.body[..],
+            &b" {\"stream_options\":{\"include_usage\":true},\"model\":\"real\",\"stream\":true,\"messages\":[]}"[..]
+        );
+        let asked = up(b"{\"model\":\"pub\",\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
+        assert!(!asked.strip_usage);
+        assert_eq!(
+            &asked.body[..],
+            &b"{\"model\":\"real\",\"stream\":true,\"stream_options\":{\"include_usage\":true}}"[..]
+        );
+        for declined in [
+            &b"{\"stream\":true,\"stream_options\":{\"include_usage\":false,\"x\":1},\"model\":\"pub\"}"[..],
+            b"{\"stream\":true,\"stream_options\":null,\"model\":\"pub\"}",
+        ] {
+            let u = upstream_body(&Bytes::copy_from_slice(declined), None).unwrap();
+            assert!(u.strip_usage);
+            let v: serde_json::Value = serde_json::from_slice(&u.body).unwrap();
+            assert_eq!(v["stream_options"]["include_usage"], true, "{v}");
+            assert_eq!(v["model"], "pub");
+        }
+        let whole = up(b"{\"model\":\"pub\",\"stream\":false}");
+        assert!(!whole.strip_usage);
+        assert_eq!(&whole.body[..], &b"{\"model\":\"real\",\"stream\":false}"[..]);
+    }
+
+    #[test]
+    fn usage_the_client_did_not_ask_for_is_cut_from_chunks() {
+        for (raw, want, relay) in [
+            (
+                &b"{\"id\":\"c\",\"model\":\"up\",\"choices\":[],\"usage\":{\"total_tokens\":3}}"[..],
+                &b"{\"id\":\"c\",\"model\":\"pub\",\"choices\":[]}"[..],
+                false,
+            ),
+            (
+                b"{\"usage\" : null , \"model\":\"up\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}",
+                b"{\"model\":\"pub\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}",
+                true,
+            ),
+            (
+                b"{\"model\":\"up\",\"choices\":[{\"delta\":{}}],\"us\\u0061ge\":null}",
+                b"{\"model\":\"pub\",\"choices\":[{\"delta\":{}}]}",
+                true,
+            ),
+        ] {
+            let p = plain(&Bytes::copy_from_slice(raw), "pub", true).unwrap();
+            assert_eq!(std::str::from_utf8(&p.json).unwrap(), std::str::from_utf8(want).unwrap());
+            assert_eq!(p.relay, relay);
+        }
+        let u = plain(
+            &Bytes::from_static(b"{\"model\":\"up\",\"choices\":[],\"usage\":{\"prompt_tokens\":2,\"total_tokens\":3}}"),
+            "pub",
+            true,
+        )
+        .unwrap();
+        assert_eq!(u.usage.map(|u| u.total_tokens), Some(3));
     }
 }

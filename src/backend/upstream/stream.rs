@@ -105,7 +105,7 @@ fn plain(p: Plain, native: bool, out: &mut VecDeque<TurnEvent>) {
     if !p.text.is_empty() {
         out.push_back(TurnEvent::Delta(p.text));
     }
-    if native {
+    if native && p.relay {
         let finish = p.finish.is_some();
         out.push_back(TurnEvent::Native(Native::Raw {
             json: p.json,
@@ -138,7 +138,7 @@ pub fn whole(
             }
             Ok(Ok(b)) => b,
         };
-        if let Some(p) = native::plain(&bytes, &model) {
+        if let Some(p) = native::plain(&bytes, &model, false) {
             plain(p, native, &mut out);
             out.push_back(TurnEvent::Completed);
             return out;
@@ -198,6 +198,8 @@ struct Relay {
     /// The leg's total deadline (`total_timeout_ms`).
     total: Instant,
     native: bool,
+    /// Cut the usage the client did not ask for from the relayed chunks.
+    strip_usage: bool,
     /// The name the client knows the model by, for the relayed chunks.
     model: String,
     ids: Ids,
@@ -209,17 +211,20 @@ struct Relay {
 }
 
 /// A streamed answer, event by event; each waits at most the idle timeout, the whole at most
-/// the total timeout.
+/// the total timeout. With `strip_usage`, usage is metered but not relayed (the gateway asked
+/// for it, the client did not).
 pub fn events(
     client: &Client,
     resp: super::client::Response,
     (native, model): (bool, String),
+    strip_usage: bool,
     ids: Ids,
 ) -> BoxStream<'static, TurnEvent> {
     let relay = Relay {
         events: client.events(resp),
         total: Instant::now() + client.total_timeout,
         native,
+        strip_usage,
         model,
         ids,
         calls: BTreeMap::new(),
@@ -267,7 +272,7 @@ impl Relay {
                 }
                 Some(Ok(SseEvent::Data(data))) => {
                     let data = bytes::Bytes::from(data);
-                    if let Some(p) = native::plain(&data, &self.model) {
+                    if let Some(p) = native::plain(&data, &self.model, self.strip_usage) {
                         let finish = p.finish.is_some();
                         plain(p, self.native, &mut self.out);
                         self.finished(finish);
@@ -297,6 +302,14 @@ impl Relay {
         }
         let mut finish = false;
         let mut forward = true;
+        if self.strip_usage {
+            if let Some(o) = chunk.as_object_mut() {
+                if o.remove("usage").is_some() {
+                    // The usage-only chunk goes whole; elsewhere only the member.
+                    forward = o.get("choices").and_then(Value::as_array).is_some_and(|c| !c.is_empty());
+                }
+            }
+        }
         if let Some(choice) = chunk.get_mut("choices").and_then(|c| c.get_mut(0)) {
             finish = choice["finish_reason"].as_str().is_some();
             if choice["finish_reason"] == "length" {

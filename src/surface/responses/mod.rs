@@ -25,6 +25,7 @@ use self::tools::ToolMap;
 use super::canonical::{echo_digest_of, exposed_echo, message_digest, tools_digest};
 use super::turn::{Detected, Parts, Projection};
 use crate::continuation::canonical::digest;
+use crate::engine::CompactionAsk;
 use crate::error::{ApiError, Param};
 use crate::turn::{Effort, Sampling, SurfaceId, TurnInput};
 
@@ -67,6 +68,9 @@ pub struct Request {
     generate: Option<bool>,
     #[serde(default)]
     prompt_cache_key: Option<Value>,
+    /// The body's size as it came (its compaction items not expanded).
+    #[serde(skip)]
+    body_bytes: usize,
 }
 
 /// What a request asks for.
@@ -88,6 +92,25 @@ impl Request {
     /// The client asked for the answer streamed.
     pub fn streams(&self) -> bool {
         self.stream.unwrap_or(false)
+    }
+
+    /// What resolving the request's compaction items asks of the engine (see
+    /// [`crate::engine::Engine::compacted`]).
+    pub fn compaction_ask<'a>(&'a self, handles: &'a [String]) -> CompactionAsk<'a> {
+        let items = self.input.as_array().map(Vec::as_slice).unwrap_or_default();
+        // Results for calls end a continuation's input: it is never limited.
+        let answers = items.last().is_some_and(|i| {
+            matches!(
+                i["type"].as_str(),
+                Some("function_call_output" | "custom_tool_call_output")
+            )
+        });
+        CompactionAsk {
+            model: &self.model,
+            handles,
+            fresh: !answers,
+            body_bytes: self.body_bytes,
+        }
     }
 
     /// The handles of the `compaction` items in `input` (their `encrypted_content`), to be
@@ -127,7 +150,9 @@ fn is_compaction(item: &Value) -> bool {
 
 /// Reads one request body (400 on a malformed one).
 pub fn read(body: &[u8]) -> Result<Request, ApiError> {
-    super::read_json(body)
+    let mut req: Request = super::read_json(body)?;
+    req.body_bytes = body.len();
+    Ok(req)
 }
 
 /// `input` with each compaction item as the user message of its summary, and a final

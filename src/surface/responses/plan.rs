@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::{framing, translate, Framing, Kind, Request};
-use crate::engine::{ContinuationError, EngineError, Leg};
+use crate::engine::Leg;
 use crate::error::{ApiError, Param};
 use crate::surface::{sse, Answer, Host, Plan, Reply, Surface};
 use crate::turn::{SurfaceId, TurnInput, Usage};
@@ -83,13 +83,11 @@ pub async fn prepare<H: Host>(
     host: &H,
     compact: bool,
 ) -> Result<(Prepared, Framing), ApiError> {
-    let mut summaries = Vec::new();
-    for handle in req.compactions() {
-        match host.compacted(&handle).await? {
-            Some(summary) => summaries.push((handle, summary)),
-            None => return Err(EngineError::from(ContinuationError::ResponseNotFound).into()),
-        }
-    }
+    let handles = req.compactions();
+    let summaries = match handles.is_empty() {
+        true => Vec::new(),
+        false => host.compacted(req.compaction_ask(&handles)).await?,
+    };
     let (input, framing, kind) = translate(req, &summaries, arrived)?;
     let id = || super::response_id(&crate::ids::new_id("exe-"));
     let prepared = match (kind, compact) {

@@ -5,7 +5,8 @@
 //! TLS (HTTP/2 or HTTP/1.1 by ALPN) with a certificate the test made; the next requests can be
 //! told to fail (`fail_next`: 503 with no body, `stall_next`: no headers for 5 s,
 //! `break_next`: a stream that goes silent after its second chunk, `hold_next`: no answer
-//! until the test calls `release`).
+//! until the test calls `release`). Like OpenAI, it streams usage only when
+//! `stream_options.include_usage` is set; `up-no-usage` never reports usage.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -304,6 +305,9 @@ async fn handle(
             })
             .collect();
         format!("Results: {}", results.join(", "))
+    } else if model == "up-long" {
+        // A summary as long as a model may make one: 256 KiB.
+        "s".repeat(256 << 10)
     } else {
         format!("echo: {}", last_user(&body))
     };
@@ -324,10 +328,13 @@ async fn handle(
             _ if model == "up-truncated" => "length",
             _ => "stop",
         };
-        return Json(json!({"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": model,
+        let mut answer = json!({"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": model,
             "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
-            "usage": usage(&model), "x_upstream_extra": {"kept": true}}))
-        .into_response();
+            "usage": usage(&model), "x_upstream_extra": {"kept": true}});
+        if model == "up-no-usage" {
+            answer.as_object_mut().unwrap().remove("usage");
+        }
+        return Json(answer).into_response();
     }
     let mut parts: Vec<(u64, String)> = vec![(
         0,
@@ -401,7 +408,8 @@ async fn handle(
         _ => "stop",
     };
     parts.push((0, chunk(&model, json!({}), Some(finish))));
-    if include_usage {
+    // `up-no-usage` never reports usage, asked or not.
+    if include_usage && model != "up-no-usage" {
         let u = json!({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": [], "usage": usage(&model)});
         parts.push((0, format!("data: {u}\n\n")));
     }
@@ -429,11 +437,19 @@ pub async fn gateway_on_fake_with(
     models: &'static [(&'static str, &'static str)],
     more: String,
 ) -> (super::Gateway, FakeUpstream) {
+    gateway_on_fake_edited(opts, models, move |s| s + &more).await
+}
+
+/// [`gateway_on_fake`] with its config text passed through `edit` first.
+pub async fn gateway_on_fake_edited(
+    opts: super::Opts,
+    models: &'static [(&'static str, &'static str)],
+    edit: impl FnOnce(String) -> String,
+) -> (super::Gateway, FakeUpstream) {
     let fake = FakeUpstream::start().await;
     let url = fake.url.clone();
     let gw = super::Gateway::start_raw(opts, move |o, dir| {
-        let mut s = super::config_text(o, dir);
-        s.push_str(&more);
+        let mut s = edit(super::config_text(o, dir));
         s.push_str(&format!(
             "\n[backends.up]\nkind = \"openai\"\nbase_url = \"{url}\"\napi_key_env = \"TURNSTILE_TEST_UPSTREAM_KEY\"\n"
         ));

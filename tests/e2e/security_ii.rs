@@ -1,0 +1,167 @@
+//! The second security review's findings (`docs/src/security.md`), each against the real
+//! binary: every streamed answer of an upstream is metered, compaction items are bounded
+//! before they cost anything, Responses WebSockets live inside the connection and kept-bytes
+//! bounds, the MCP bridge listener is bounded, cache keys are per principal, and scratch
+//! folders of a dead gateway are swept at start.
+
+use serde_json::{json, Value};
+
+use crate::support::fake_upstream::{gateway_on_fake_edited, FakeUpstream};
+use crate::support::*;
+
+/// A gateway on a fake upstream whose models are `u-echo` (usage only when asked, like
+/// OpenAI) and `u-quiet` (never any usage); alice may spend 10 tokens a day.
+async fn metered() -> (Gateway, FakeUpstream) {
+    gateway_on_fake_edited(
+        Opts::default(),
+        &[("u-echo", "up-echo"), ("u-quiet", "up-no-usage")],
+        |text| crate::budgets::priced(text, &[("alice", "{ tokens_per_day = 10 }")]),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_streamed_chat_without_include_usage_is_metered_and_the_client_sees_no_usage() {
+    let (gw, fake) = metered().await;
+    let (s, _, body) = gw
+        .chat_stream(ALICE, &json!({"model": "u-echo", "messages": [user("hi")]}))
+        .await;
+    assert_eq!(s, 200, "{body}");
+    let (events, done) = sse_events(&body);
+    assert_eq!(done, 1);
+    assert!(
+        events.iter().all(|e| e.get("usage").is_none()),
+        "the client did not ask for usage: {body}"
+    );
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "echo: hi");
+    // The gateway asked the upstream for it.
+    assert_eq!(fake.bodies()[0]["stream_options"]["include_usage"], true);
+
+    let (_, v) = get(&gw, ALICE, "/v1/usage").await;
+    assert_eq!(v["total"]["total_tokens"], 10, "{v}");
+    assert_eq!(v["total"]["requests"], 1, "{v}");
+    let (s, v) = gw
+        .chat(ALICE, &json!({"model": "u-echo", "messages": [user("again")]}))
+        .await;
+    assert_eq!((s.as_u16(), error_code(&v)), (402, "budget_exceeded".into()));
+
+    // A client that asked gets the usage chunk as the upstream sent it.
+    let (s, _, body) = gw
+        .chat_stream(
+            BOB,
+            &json!({"model": "u-echo", "messages": [user("hi")],
+                    "stream_options": {"include_usage": true}}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (events, _) = sse_events(&body);
+    assert_eq!(events.last().unwrap()["usage"]["total_tokens"], 10, "{body}");
+}
+
+#[tokio::test]
+async fn an_upstream_that_reports_no_usage_is_metered_from_an_estimate_logged_once() {
+    let (gw, _fake) = metered().await;
+    for _ in 0..2 {
+        let (s, _, _) = gw
+            .chat_stream(BOB, &json!({"model": "u-quiet", "messages": [user("hi")]}))
+            .await;
+        assert_eq!(s, 200);
+    }
+    let (s, v) = gw
+        .chat(BOB, &json!({"model": "u-quiet", "messages": [user("hi")]}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, v) = get(&gw, BOB, "/v1/usage").await;
+    assert_eq!(v["total"]["requests"], 3, "{v}");
+    let tokens = v["total"]["total_tokens"].as_u64().unwrap();
+    assert!(tokens >= 3 * 10, "estimated from the bytes: {v}");
+    let warned = gw.log().matches("reported no usage").count();
+    assert_eq!(warned, 1, "{}", gw.log());
+    // Alice's cap acts on an estimate too.
+    let (s, _, _) = gw
+        .chat_stream(ALICE, &json!({"model": "u-quiet", "messages": [user("hi")]}))
+        .await;
+    assert_eq!(s, 200);
+    let (s, v) = gw
+        .chat(ALICE, &json!({"model": "u-quiet", "messages": [user("hi")]}))
+        .await;
+    assert_eq!((s.as_u16(), error_code(&v)), (402, "budget_exceeded".into()));
+}
+
+/// The gateway's peak resident memory so far, in kB.
+fn peak_kb(gw: &Gateway) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", gw.pid())).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn compaction_items_are_bounded_and_read_only_after_admission() {
+    let (gw, _fake) = gateway_on_fake_edited(
+        Opts {
+            sqlite: true,
+            continuations: "max_compaction_items = 8",
+            ..Opts::default()
+        },
+        &[("u-echo", "up-echo"), ("u-long", "up-long")],
+        |text| crate::budgets::priced(text, &[("alice", "{ tokens_per_day = 1 }")]),
+    )
+    .await;
+    // A summary of 256 KiB (the model made it that long).
+    let compact = json!({"model": "u-long", "input": [
+        {"type": "message", "role": "user", "content": "remember this"}]});
+    let r = gw
+        .http
+        .post(format!("{}/v1/responses/compact", gw.url))
+        .bearer_auth(BOB)
+        .json(&compact)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let item = v["output"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(item["type"], "compaction", "{v}");
+    let with = |model: &str, copies: usize| {
+        let mut input = vec![item.clone(); copies];
+        input.push(json!({"type": "message", "role": "user", "content": "go on"}));
+        json!({"model": model, "input": input})
+    };
+
+    // A thousand copies of one handle: refused before any is read.
+    let before = peak_kb(&gw);
+    for model in ["nope", "u-echo"] {
+        let (s, v) = crate::support::responses::create(&gw, BOB, &with(model, 1000)).await;
+        assert_eq!((s, v["error"]["code"].as_str()), (400, Some("invalid_request")), "{v}");
+        assert_eq!(v["error"]["param"], "input", "{v}");
+    }
+    let grown = peak_kb(&gw).saturating_sub(before);
+    assert!(grown < 32 * 1024, "the gateway grew by {grown} kB");
+    // Eight copies fit the item cap but expand past max_body_bytes (1 MiB): 413.
+    let (s, v) = crate::support::responses::create(&gw, BOB, &with("u-echo", 8)).await;
+    assert_eq!((s, v["error"]["code"].as_str()), (413, Some("request_too_large")), "{v}");
+    // Once still works.
+    let (s, v) = crate::support::responses::create(&gw, BOB, &with("u-echo", 1)).await;
+    assert_eq!(s, 200, "{v}");
+
+    // With the summaries' table gone, a read would be 503: refused requests read nothing.
+    let (s, _) = gw.chat(ALICE, &json!({"model": "u-echo", "messages": [user("spend")]})).await;
+    assert_eq!(s, 200);
+    let db = gw.dir.path().join("turnstile.db");
+    let dropped = std::process::Command::new("python3")
+        .args(["-c", "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\nc.execute('DROP TABLE compactions')\nc.commit()"])
+        .arg(&db)
+        .status()
+        .unwrap();
+    assert!(dropped.success());
+    let (s, v) = crate::support::responses::create(&gw, BOB, &with("nope", 1)).await;
+    assert_eq!((s, v["error"]["code"].as_str()), (404, Some("model_not_found")), "{v}");
+    let (s, v) = crate::support::responses::create(&gw, ALICE, &with("u-echo", 1)).await;
+    assert_eq!((s, v["error"]["code"].as_str()), (402, Some("budget_exceeded")), "{v}");
+    let (s, v) = crate::support::responses::create(&gw, BOB, &with("u-echo", 1)).await;
+    assert_eq!((s, v["error"]["code"].as_str()), (503, Some("store_unavailable")), "{v}");
+}
