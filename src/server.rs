@@ -18,7 +18,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::Semaphore;
+use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use crate::config::{self, ServerConfig};
 use crate::engine::{Engine, StartError};
@@ -87,10 +89,10 @@ pub async fn serve(cfg: config::Config, config_path: &Path) -> Result<(), StartE
     let internal = internal.map(|l| {
         let stopping = gw.stopping();
         let app = crate::http::cluster::internal_router(state);
-        let cfg = server_cfg.clone();
-        tokio::spawn(async move { accept(l, app, &cfg, stopping.cancelled_owned()).await })
+        let bounds = Bounds::of(&server_cfg);
+        tokio::spawn(async move { accept(l, app, bounds, stopping.cancelled_owned()).await })
     });
-    accept(listener, app, &server_cfg, stop).await;
+    accept(listener, app, Bounds::of(&server_cfg), stop).await;
     if let Some(task) = internal {
         let _ = task.await;
     }
@@ -120,15 +122,36 @@ async fn internal_listener(gw: &Engine) -> Result<Option<TcpListener>, StartErro
     Ok(Some(l))
 }
 
+/// The bounds of one listener.
+pub struct Bounds {
+    /// Open connections at most (an upgraded one counts until its socket closes); shared, so
+    /// a listener serving more can be given more places.
+    pub places: Arc<Semaphore>,
+    /// A request head must arrive within this (an idle keep-alive connection is closed too).
+    pub header_read_timeout: Duration,
+    /// How long open connections may finish once `stop` resolved.
+    pub drain: Duration,
+}
+
+impl Bounds {
+    fn of(cfg: &ServerConfig) -> Bounds {
+        Bounds {
+            places: Arc::new(Semaphore::new(cfg.max_connections)),
+            header_read_timeout: cfg.header_read_timeout,
+            drain: cfg.shutdown_drain,
+        }
+    }
+}
+
 /// Accepts connections until `stop` resolves, then lets open ones finish for at most
-/// `shutdown_drain`.
-async fn accept(
+/// `bounds.drain`. Used by every listener of the gateway (the public one, the replicas'
+/// internal one and the MCP bridge).
+pub async fn accept(
     listener: TcpListener,
     app: axum::Router,
-    cfg: &ServerConfig,
+    bounds: Bounds,
     stop: impl Future<Output = ()>,
 ) {
-    let permits = Arc::new(Semaphore::new(cfg.max_connections));
     // The graceful drain by hand: hyper-util's `GracefulShutdown` does not take HTTP/1
     // connections with upgrades (the Responses WebSocket), and its auto builder would wait
     // for a first byte without the header-read timeout.
@@ -136,12 +159,12 @@ async fn accept(
     let connections = tokio_util::task::TaskTracker::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(cfg.header_read_timeout)
+        .header_read_timeout(bounds.header_read_timeout)
         .keep_alive(true);
     tokio::pin!(stop);
     loop {
         let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p {
+            p = bounds.places.clone().acquire_owned() => match p {
                 Ok(p) => p,
                 Err(_) => break,
             },
@@ -161,7 +184,11 @@ async fn accept(
         };
         // Small SSE writes must not wait for delayed ACKs.
         let _ = tcp.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let place = ConnectionPlace::new(permit, connections.token());
+        let service = Placed {
+            inner: TowerToHyperService::new(app.clone()),
+            place: place.clone(),
+        };
         let conn = http
             .serve_connection(TokioIo::new(tcp), service)
             .with_upgrades();
@@ -179,19 +206,69 @@ async fn accept(
                 // A peer that went away or was too slow: the client's problem, not ours.
                 tracing::debug!(error = %e, "connection ended");
             }
-            drop(permit);
+            // Freed here unless an upgraded socket took it over.
+            drop(place.take());
         });
     }
     drop(listener);
     let _ = draining.send(true);
     connections.close();
-    if tokio::time::timeout(cfg.shutdown_drain, connections.wait())
+    if tokio::time::timeout(bounds.drain, connections.wait())
         .await
         .is_err()
     {
         tracing::warn!(
-            seconds = cfg.shutdown_drain.as_secs(),
+            seconds = bounds.drain.as_secs(),
             "open connections outlived the shutdown drain; closing them"
         );
+    }
+}
+
+/// A connection's place among the listener's connections and in its drain. hyper's
+/// connection ends as soon as it hands an upgraded socket over, so a request asking for an
+/// upgrade carries the place (an extension) for its handler to keep for the socket's life.
+#[derive(Clone)]
+pub struct ConnectionPlace(Arc<Mutex<Option<Place>>>);
+
+/// A taken [`ConnectionPlace`]: the connection counts while it lives.
+pub struct Place {
+    _permit: OwnedSemaphorePermit,
+    _tracked: TaskTrackerToken,
+}
+
+impl ConnectionPlace {
+    fn new(permit: OwnedSemaphorePermit, tracked: TaskTrackerToken) -> Self {
+        ConnectionPlace(Arc::new(Mutex::new(Some(Place {
+            _permit: permit,
+            _tracked: tracked,
+        }))))
+    }
+
+    /// The place, once (the connection's own, or its upgraded socket's).
+    pub fn take(&self) -> Option<Place> {
+        self.0.lock().take()
+    }
+}
+
+/// A connection's service: requests asking for an upgrade carry its place.
+#[derive(Clone)]
+struct Placed<S> {
+    inner: S,
+    place: ConnectionPlace,
+}
+
+impl<S, B> hyper::service::Service<hyper::Request<B>> for Placed<S>
+where
+    S: hyper::service::Service<hyper::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, mut req: hyper::Request<B>) -> Self::Future {
+        if req.headers().contains_key(hyper::header::UPGRADE) {
+            req.extensions_mut().insert(self.place.clone());
+        }
+        self.inner.call(req)
     }
 }

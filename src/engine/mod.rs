@@ -302,6 +302,16 @@ impl Engine {
         }
     }
 
+    /// A principal's bytes kept beside its suspensions (a Responses socket's last
+    /// response), none yet: counted in its `max_kept_bytes_per_client` until dropped.
+    pub fn kept(&self, principal: &str) -> Kept {
+        Kept {
+            gw: self.clone(),
+            principal: principal.to_string(),
+            bytes: 0,
+        }
+    }
+
     /// Cancelled when shutdown begins (long-lived streams end on it).
     pub fn stopping(&self) -> CancellationToken {
         self.inner.shutdown.clone()
@@ -500,4 +510,29 @@ async fn open_store(cfg: &Config) -> Result<Store, StartError> {
         }
     };
     Ok(store?)
+}
+
+/// Bytes a principal keeps outside the suspensions, under the bound they share
+/// ([`Engine::kept`]); released when dropped.
+pub struct Kept {
+    gw: Engine,
+    principal: String,
+    bytes: usize,
+}
+
+impl Kept {
+    /// Keeps `bytes` instead; false, keeping what it kept, when that is over the bound.
+    pub fn resize(&mut self, bytes: usize) -> bool {
+        let ok = (self.gw.inner.suspensions).rekeep(&self.principal, self.bytes, bytes);
+        if ok {
+            self.bytes = bytes;
+        }
+        ok
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        self.resize(0);
+    }
 }

@@ -75,6 +75,12 @@ impl Suspensions {
         self.registry.suspended_of(principal)
     }
 
+    /// What a principal keeps beside its suspensions, under their bound (see
+    /// [`Registry::rekeep`]).
+    pub fn rekeep(&self, principal: &str, was: usize, now: usize) -> bool {
+        self.registry.rekeep(principal, was, now)
+    }
+
     /// An agent execution's start, before it runs (queued while the journal is behind).
     pub async fn started(&self, m: &ExecutionMeta) -> Result<(), StoreError> {
         self.journal.started(&m.id, &m.principal, &m.model).await

@@ -33,8 +33,9 @@ use super::turn::{run, Planner, Ran};
 use super::AppState;
 use crate::auth::Principal;
 use crate::backend::upstream::client::{SseEvent, SseSplitter};
-use crate::engine::Engine;
-use crate::engine::Slot;
+use crate::engine::{Engine, Kept, Slot};
+use crate::server::{ConnectionPlace, Place};
+use axum::Extension;
 use crate::error::{ApiError, ErrorCode};
 use crate::surface::responses::framing::{finished, Framer};
 use crate::surface::responses::{self, Prepared};
@@ -44,6 +45,7 @@ use crate::surface::responses::{self, Prepared};
 /// upgrading.
 pub(super) async fn upgrade(
     State(app): State<AppState>,
+    place: Option<Extension<ConnectionPlace>>,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
@@ -60,8 +62,12 @@ pub(super) async fn upgrade(
         Err(e) => return ApiError::from(e).into_response(),
     };
     let limit = gw.config().server.max_body_bytes;
+    // The connection's place among `max_connections`, kept until the socket closes (hyper's
+    // connection ends at the upgrade).
+    let place = place.and_then(|p| p.take());
     let socket = Socket {
         id: crate::ids::new_id("ws-"),
+        kept: gw.kept(&principal.id),
         gw,
         app,
         principal,
@@ -71,7 +77,7 @@ pub(super) async fn upgrade(
     };
     ws.max_message_size(limit)
         .max_frame_size(limit)
-        .on_upgrade(move |ws| socket.serve(ws, slot))
+        .on_upgrade(move |ws| socket.serve(ws, (slot, place)))
 }
 
 /// The socket's last completed response, for a `previous_response_id` naming it.
@@ -79,6 +85,8 @@ struct Previous {
     id: String,
     input: Vec<Value>,
     output: Vec<Value>,
+    /// Its size as sent and received, counted in the principal's kept bytes.
+    bytes: usize,
 }
 
 struct Socket {
@@ -91,12 +99,17 @@ struct Socket {
     /// what a continuation relayed to its owner replica carries.
     headers: HeaderMap,
     last: Option<Previous>,
+    /// What `last` and the input of the response in flight weigh, in the principal's
+    /// `max_kept_bytes_per_client`.
+    kept: Kept,
     responses: u64,
 }
 
 /// The events of the response in flight, and the input it will be remembered with.
 struct InFlight {
     input: Vec<Value>,
+    /// The input's size as received.
+    bytes: usize,
     events: BoxStream<'static, Value>,
 }
 
@@ -122,10 +135,10 @@ impl Closed {
 }
 
 impl Socket {
-    async fn serve(mut self, ws: WebSocket, slot: Slot) {
+    async fn serve(mut self, ws: WebSocket, places: (Slot, Option<Place>)) {
         tracing::info!(socket = %self.id, transport = "websocket", route = "/v1/responses", "socket opened");
         let why = self.exchange(ws).await;
-        drop(slot);
+        drop(places);
         tracing::info!(socket = %self.id, transport = "websocket", reason = why.as_str(), responses = self.responses, "socket closed");
     }
 
@@ -164,7 +177,8 @@ impl Socket {
                         }
                         Some(Ok(Message::Text(t))) => t,
                     };
-                    active = heard;
+                    // Only a response that starts keeps the socket from idling (below): junk
+                    // and refused messages do not.
                     if flight.is_some() {
                         let e = ApiError::new(ErrorCode::InvalidRequest, "A response is already in progress on this socket; send the next `response.create` after its `response.completed`.");
                         let _ = tx.send(text_frame(&error_event(e))).await;
@@ -185,25 +199,30 @@ impl Socket {
                     }
                 }
                 ev = next_event(&mut flight) => {
-                    active = Instant::now();
                     let Some(ev) = ev else {
-                        flight = None;
+                        self.forget_flight(flight.take());
                         continue;
                     };
+                    if ev["type"] != "error" {
+                        active = Instant::now();
+                    }
+                    let frame = ev.to_string();
+                    let mut unkept = None;
                     if ev["type"] == "response.completed" {
                         if let Some(f) = flight.take() {
                             self.responses += 1;
-                            self.last = Some(Previous {
-                                id: ev["response"]["id"].as_str().unwrap_or_default().to_string(),
-                                input: f.input,
-                                output: ev["response"]["output"].as_array().cloned().unwrap_or_default(),
-                            });
+                            unkept = self.remember(f, &ev, frame.len()).err();
                         }
                     } else if ev["type"] == "response.failed" || ev["type"] == "error" {
-                        flight = None;
+                        self.forget_flight(flight.take());
                     }
-                    if tx.send(text_frame(&ev)).await.is_err() {
+                    if tx.send(Message::Text(frame.into())).await.is_err() {
                         return Closed::Client;
+                    }
+                    if let Some(e) = unkept {
+                        if tx.send(text_frame(&error_event(e))).await.is_err() {
+                            return Closed::Client;
+                        }
                     }
                 }
                 _ = ping.tick() => {
@@ -221,6 +240,34 @@ impl Socket {
                 }
             }
         }
+    }
+
+    /// What the socket keeps once its response in flight ended without completing: its last
+    /// response alone.
+    fn forget_flight(&mut self, flight: Option<InFlight>) {
+        if flight.is_some() {
+            self.kept.resize(self.last.as_ref().map_or(0, |p| p.bytes));
+        }
+    }
+
+    /// Remembers a completed response (its input, and its output as `completed` carries it,
+    /// `frame_bytes` long) in place of the last one, within the principal's kept bytes; over
+    /// them the socket remembers nothing and says so.
+    fn remember(&mut self, f: InFlight, completed: &Value, frame_bytes: usize) -> Result<(), ApiError> {
+        let bytes = f.bytes.saturating_add(frame_bytes);
+        if !self.kept.resize(bytes) {
+            self.last = None;
+            self.kept.resize(0);
+            return Err(forgotten());
+        }
+        let response = &completed["response"];
+        self.last = Some(Previous {
+            id: response["id"].as_str().unwrap_or_default().to_string(),
+            input: f.input,
+            output: response["output"].as_array().cloned().unwrap_or_default(),
+            bytes,
+        });
+        Ok(())
     }
 
     /// Reads one `response.create` and starts its response. An error here is answered with
@@ -247,6 +294,12 @@ impl Socket {
         if bytes.len() > limit {
             return Err(ApiError::too_large(limit));
         }
+        // The input is kept beside the last response until this one completes.
+        let was = self.last.as_ref().map_or(0, |p| p.bytes);
+        if !self.kept.resize(was.saturating_add(bytes.len())) {
+            return Err(forgotten());
+        }
+        let size = bytes.len();
         // What the socket remembers if this response completes.
         let input = match body.remove("input") {
             Some(Value::Array(items)) => items,
@@ -284,6 +337,7 @@ impl Socket {
         };
         Ok(InFlight {
             input,
+            bytes: size,
             events: futures::stream::once(events).flatten().boxed(),
         })
     }
@@ -401,6 +455,14 @@ async fn relayed_events(resp: Response) -> BoxStream<'static, Value> {
 
 /// The `error` event of the WebSocket mode: the OpenAI error body, the status the HTTP route
 /// would have answered.
+/// The principal keeps its maximum of conversations in memory (`max_kept_bytes_per_client`).
+fn forgotten() -> ApiError {
+    ApiError::new(
+        ErrorCode::CapacityExhausted,
+        "This conversation is over what one client may keep in memory (max_kept_bytes_per_client); the socket remembers no response: send the whole input.",
+    )
+}
+
 fn error_event(e: ApiError) -> Value {
     let status = e.status();
     let mut v = responses::error_body(&e);
@@ -424,6 +486,7 @@ mod tests {
             output: vec![
                 json!({"type": "function_call", "call_id": "srct-x", "name": "f", "arguments": "{}"}),
             ],
+            bytes: 0,
         }
     }
 

@@ -165,3 +165,126 @@ async fn compaction_items_are_bounded_and_read_only_after_admission() {
     let (s, v) = crate::support::responses::create(&gw, BOB, &with("u-echo", 1)).await;
     assert_eq!((s, v["error"]["code"].as_str()), (503, Some("store_unavailable")), "{v}");
 }
+
+type Ws = tokio_tungstenite::WebSocketStream<
+    tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+>;
+
+/// A Responses WebSocket of `key`.
+async fn socket(gw: &Gateway, key: &str) -> Ws {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut upgrade = format!("{}/v1/responses", gw.url.replace("http://", "ws://"))
+        .into_client_request()
+        .unwrap();
+    let bearer = format!("Bearer {key}").parse().unwrap();
+    upgrade.headers_mut().insert("authorization", bearer);
+    tokio_tungstenite::connect_async(upgrade).await.expect("upgrade").0
+}
+
+/// Sends `message` and reads events until a terminal one, which it returns.
+async fn exchange(ws: &mut Ws, message: &Value) -> Value {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    ws.send(Message::Text(message.to_string().into())).await.unwrap();
+    wait_for("a terminal event", async || loop {
+        let Some(Ok(Message::Text(t))) = ws.next().await else {
+            return None;
+        };
+        let v: Value = serde_json::from_str(&t).unwrap();
+        if matches!(v["type"].as_str(), Some("response.completed" | "response.failed" | "error")) {
+            return Some(v);
+        }
+    })
+    .await
+}
+
+fn prewarm(bytes: usize) -> Value {
+    json!({"type": "response.create", "model": "echo", "generate": false,
+           "input": [{"type": "message", "role": "user", "content": "x".repeat(bytes)}]})
+}
+
+#[tokio::test]
+async fn a_websocket_holds_a_connection_place_for_its_life() {
+    let gw = Gateway::start_with(Opts {
+        server: "max_connections = 4\nmax_streams_per_client = 64",
+        ..Opts::default()
+    })
+    .await;
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        let mut ws = socket(&gw, ALICE).await;
+        assert_eq!(exchange(&mut ws, &prewarm(10)).await["type"], "response.completed");
+        open.push(ws);
+    }
+    // A fifth connection waits in the backlog while four sockets are open...
+    let fifth = tokio::spawn({
+        let url = gw.url.clone();
+        async move { reqwest::get(format!("{url}/healthz")).await.map(|r| r.status()) }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!fifth.is_finished(), "a fifth connection was served beside four sockets");
+    // ... and is served once one closes.
+    drop(open.pop());
+    let status = tokio::time::timeout(WAIT, fifth).await.unwrap().unwrap().unwrap();
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_sockets_remembered_conversation_counts_in_the_kept_bytes() {
+    let gw = Gateway::start_with(Opts {
+        server: "max_streams_per_client = 64",
+        continuations: "max_kept_bytes_per_client = 1000000",
+        ..Opts::default()
+    })
+    .await;
+    let mut first = socket(&gw, ALICE).await;
+    assert_eq!(exchange(&mut first, &prewarm(600_000)).await["type"], "response.completed");
+    let mut second = socket(&gw, ALICE).await;
+    let refused = exchange(&mut second, &prewarm(600_000)).await;
+    assert_eq!(refused["type"], "error", "{refused}");
+    assert_eq!(refused["status"], 429);
+    assert_eq!(refused["error"]["code"], "capacity_exhausted", "{refused}");
+    // Another principal's bound is its own; closing the first socket frees alice's.
+    let mut bobs = socket(&gw, BOB).await;
+    assert_eq!(exchange(&mut bobs, &prewarm(600_000)).await["type"], "response.completed");
+    drop(first);
+    wait_for("the first socket's bytes released", async || {
+        let v = exchange(&mut second, &prewarm(600_000)).await;
+        (v["type"] == "response.completed").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn only_a_response_keeps_a_websocket_from_idling() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let gw = Gateway::start_with(Opts {
+        server: "websocket_idle_timeout_seconds = 2",
+        ..Opts::default()
+    })
+    .await;
+    let mut ws = socket(&gw, ALICE).await;
+    let opened = std::time::Instant::now();
+    let mut junk = tokio::time::interval(std::time::Duration::from_millis(500));
+    let closed = tokio::time::timeout(WAIT, async {
+        loop {
+            tokio::select! {
+                _ = junk.tick() => {
+                    if ws.send(Message::Text("{}".into())).await.is_err() {
+                        return None;
+                    }
+                }
+                m = ws.next() => match m {
+                    Some(Ok(Message::Close(frame))) => return frame.map(|f| f.reason.to_string()),
+                    Some(Ok(_)) => {}
+                    _ => return None,
+                },
+            }
+        }
+    })
+    .await
+    .expect("the socket sending only junk was never closed");
+    assert_eq!(closed.as_deref(), Some("idle"));
+    assert!(opened.elapsed() < std::time::Duration::from_secs(10));
+}

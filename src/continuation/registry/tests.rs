@@ -256,3 +256,31 @@ async fn a_record_from_another_replica_goes_in_once_and_a_claim_lost_elsewhere_l
     assert_eq!(r.lookup("alice", &[[1; 32]]), Lookup::NotFound);
     assert_eq!((r.pending_count(), r.tombstone_count()), (0, 0));
 }
+
+#[test]
+fn bytes_kept_beside_the_batches_share_their_bound() {
+    let r = Registry::new(
+        Limits {
+            max_pending: 10,
+            max_pending_per_client: 10,
+            max_kept_bytes_per_client: 100,
+            tombstones_per_client: 10,
+        },
+        [],
+    );
+    let keeping = Batch {
+        parked: Fake {
+            alive: true,
+            kept: 30,
+        },
+        ..batch("alice", vec![[1; 32]], later())
+    };
+    let id = r.register(keeping).ok().unwrap();
+    assert!(r.rekeep("alice", 0, 60));
+    assert!(!r.rekeep("alice", 60, 71), "30 + 71 > 100");
+    assert!(r.rekeep("bob", 0, 100), "bob's own bound");
+    assert!(r.withdraw(id).is_some());
+    assert!(r.rekeep("alice", 60, 100), "grown in place once the batch went");
+    assert!(r.rekeep("alice", 100, 0));
+    assert!(r.rekeep("alice", 0, 100), "released");
+}
