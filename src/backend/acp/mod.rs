@@ -62,7 +62,7 @@ impl Acp {
     /// MCP server, so that a backend that cannot work is refused at gateway startup; sessions
     /// start on demand.
     pub async fn start(name: &str, cfg: AcpConfig) -> Result<Arc<Acp>, BackendError> {
-        let bridge = Bridge::shared(cfg.mcp_bridge)?;
+        let bridge = Bridge::shared(cfg.mcp_bridge, cfg.max_sessions)?;
         let mut acp = Acp {
             name: name.to_string(),
             places: Places::new(Permits::new(cfg.max_sessions, cfg.acquire_timeout)),

@@ -44,6 +44,16 @@ use crate::digest::sha256;
 /// The largest MCP request body the bridge reads (a tool call's arguments).
 const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
+/// Connections the bridge serves at once per agent session of the backends it serves (an
+/// MCP client's requests, its event stream and a reconnect), and at least
+/// [`MIN_CONNECTIONS`]: a local process cannot take the gateway's descriptors through it.
+pub const CONNECTIONS_PER_SESSION: usize = 4;
+const MIN_CONNECTIONS: usize = 16;
+
+/// Like the public listener's default: a connection that sends no request head within this
+/// is closed (idle ones too).
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The agent session an endpoint serves: what it lists and where its calls go.
 pub trait Host: Send + Sync + 'static {
     /// The client's tools of the session, as declared (MCP `Tool` objects).
@@ -79,6 +89,8 @@ pub struct Bridge {
     /// The address the listener is bound to (the configured one, with its port resolved).
     pub addr: SocketAddr,
     endpoints: Endpoints,
+    /// Its connections' places, grown by each backend that shares it.
+    places: Arc<tokio::sync::Semaphore>,
     shutdown: CancellationToken,
 }
 
@@ -86,22 +98,34 @@ pub struct Bridge {
 static RUNNING: Mutex<Vec<(SocketAddr, Weak<Bridge>)>> = Mutex::new(Vec::new());
 
 impl Bridge {
-    /// The bridge on `listen`: the running one, else a new listener.
-    pub fn shared(listen: SocketAddr) -> Result<Arc<Bridge>, BackendError> {
+    /// The bridge on `listen` (the running one, else a new listener), with places for the
+    /// connections of `sessions` more agent sessions.
+    pub fn shared(listen: SocketAddr, sessions: usize) -> Result<Arc<Bridge>, BackendError> {
+        let connections = sessions.saturating_mul(CONNECTIONS_PER_SESSION);
         let mut running = RUNNING.lock();
         running.retain(|(_, b)| b.strong_count() > 0);
         if let Some(b) = running.iter().find(|(a, _)| *a == listen) {
             if let Some(b) = b.1.upgrade() {
+                b.places.add_permits(connections);
                 return Ok(b);
             }
         }
-        let bridge = Arc::new(Bridge::bind(listen)?);
+        let bridge = Arc::new(Bridge::bind(listen, connections.max(MIN_CONNECTIONS))?);
         running.push((listen, Arc::downgrade(&bridge)));
         Ok(bridge)
     }
 
-    /// A new listener on `listen` (loopback only: the config refuses any other address).
-    pub fn bind(listen: SocketAddr) -> Result<Bridge, BackendError> {
+    /// A new listener on `listen` (loopback only: the config refuses any other address),
+    /// serving at most `connections` at once.
+    pub fn bind(listen: SocketAddr, connections: usize) -> Result<Bridge, BackendError> {
+        Bridge::bind_with(listen, connections, HEADER_READ_TIMEOUT)
+    }
+
+    fn bind_with(
+        listen: SocketAddr,
+        connections: usize,
+        header_read_timeout: std::time::Duration,
+    ) -> Result<Bridge, BackendError> {
         let unavailable = |e: std::io::Error| {
             BackendError::Unavailable(format!("mcp_bridge.listen {listen}: {e}"))
         };
@@ -114,19 +138,20 @@ impl Bridge {
         let app = axum::Router::new()
             .route("/mcp/{endpoint}", any(serve))
             .with_state(endpoints.clone());
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                r = axum::serve(listener, app) => if let Err(e) = r {
-                    tracing::warn!(error = %e, "the MCP bridge stopped");
-                },
-                () = stop.cancelled() => {}
-            }
-        });
-        tracing::info!(%addr, "MCP bridge listening");
+        let places = Arc::new(tokio::sync::Semaphore::new(connections));
+        // The public listener's accept loop: its connection bound and header-read timeout.
+        let bounds = crate::server::Bounds {
+            places: places.clone(),
+            header_read_timeout,
+            drain: std::time::Duration::from_secs(1),
+        };
+        let stop = shutdown.clone().cancelled_owned();
+        tokio::spawn(crate::server::accept(listener, app, bounds, stop));
+        tracing::info!(%addr, connections, "MCP bridge listening");
         Ok(Bridge {
             addr,
             endpoints,
+            places,
             shutdown,
         })
     }

@@ -122,7 +122,7 @@ impl Client {
 }
 
 async fn setup() -> (Arc<Bridge>, Arc<FakeHost>, Endpoint) {
-    let bridge = Arc::new(Bridge::bind("127.0.0.1:0".parse().unwrap()).unwrap());
+    let bridge = Arc::new(Bridge::bind("127.0.0.1:0".parse().unwrap(), 16).unwrap());
     let host = Arc::new(FakeHost::default());
     let weak: Weak<dyn Host> = Arc::downgrade(&(host.clone() as Arc<dyn Host>));
     let endpoint = bridge.open(weak);
@@ -317,4 +317,38 @@ async fn a_released_endpoint_is_gone_with_its_waiting_calls() {
         .post(json!({"jsonrpc": "2.0", "id": 6, "method": "tools/list"}))
         .await;
     assert_eq!(status, 401);
+}
+
+#[tokio::test]
+async fn the_listener_bounds_its_connections_and_closes_idle_ones() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let wait = std::time::Duration::from_secs(15);
+    let header_timeout = std::time::Duration::from_millis(300);
+    let loopback = "127.0.0.1:0".parse().unwrap();
+    let bridge = Bridge::bind_with(loopback, 4, header_timeout).unwrap();
+    // Four connections that send nothing take every place.
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(tokio::net::TcpStream::connect(bridge.addr).await.unwrap());
+    }
+    // A fifth waits for a place: its request is answered only once an idle one was closed.
+    let asked = tokio::time::Instant::now();
+    let mut fifth = tokio::net::TcpStream::connect(bridge.addr).await.unwrap();
+    fifth
+        .write_all(b"POST /mcp/nobody HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = [0u8; 12];
+    tokio::time::timeout(wait, fifth.read_exact(&mut answer))
+        .await
+        .expect("the fifth is answered")
+        .unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 401");
+    assert!(asked.elapsed() >= header_timeout, "served beside four connections");
+    // The idle ones were closed by the header-read timeout.
+    for mut c in idle {
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(wait, c.read(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "an idle connection stayed open");
+    }
 }
