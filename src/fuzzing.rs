@@ -109,8 +109,14 @@ pub fn chat(data: &[u8]) {
     let got: Value = serde_json::from_slice(&spliced).expect("spliced body is JSON");
     assert_eq!(got, expected);
     // On its way up a streamed body also asks for usage, and says if the client did not.
-    let up = crate::backend::upstream::native::upstream_body(&Bytes::copy_from_slice(data), Some("m2"))
+    use crate::backend::upstream::native::{scoped_cache_key, upstream_body, CACHE_HINTS};
+    let up = upstream_body(&Bytes::copy_from_slice(data), Some("m2"), "p")
         .unwrap_or_else(|e| panic!("splice failed on an accepted body: {e}"));
+    for hint in CACHE_HINTS {
+        if let Some(v) = expected.get(hint).filter(|v| !v.is_null()).cloned() {
+            expected[hint] = scoped_cache_key("p", &v);
+        }
+    }
     let got: Value = serde_json::from_slice(&up.body).expect("spliced body is JSON");
     let asked = expected["stream_options"]["include_usage"] == true;
     if expected["stream"] == true && !asked {

@@ -64,6 +64,9 @@ pub async fn build(name: &str, spec: &BackendSpec) -> Result<Arc<dyn Backend>, B
 /// Everything a backend needs to run one leg.
 pub struct LegRequest<'a> {
     pub execution_id: &'a str,
+    /// The principal it runs for: a stateless upstream, shared by every principal, scopes
+    /// the client's cache keys by it.
+    pub principal: &'a str,
     pub model: &'a ModelConfig,
     pub input: &'a TurnInput,
     /// Where the backend reports each model request's usage as it hears it, whichever way

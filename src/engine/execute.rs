@@ -186,6 +186,7 @@ impl Engine {
         self.inner.metrics.overhead.observe(input.arrived.elapsed());
         let leg = LegRequest {
             execution_id: &meta.id,
+            principal: &meta.principal,
             model,
             input: &*input,
             meter,

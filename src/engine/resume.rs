@@ -379,6 +379,7 @@ impl Engine {
         let resume = Resume {
             leg: LegRequest {
                 execution_id: &meta.id,
+                principal: &meta.principal,
                 model,
                 input: &*input,
                 meter,

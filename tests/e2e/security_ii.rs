@@ -288,3 +288,34 @@ async fn only_a_response_keeps_a_websocket_from_idling() {
     assert_eq!(closed.as_deref(), Some("idle"));
     assert!(opened.elapsed() < std::time::Duration::from_secs(10));
 }
+
+#[tokio::test]
+async fn cache_keys_reach_a_shared_upstream_scoped_to_each_principal() {
+    use crate::support::{messages, responses};
+    let (gw, fake) = gateway_on_fake_edited(Opts::default(), &[("u-echo", "up-echo")], |t| t).await;
+    for key in [ALICE, BOB, ALICE] {
+        let chat = json!({"model": "u-echo", "messages": [user("hi")],
+                          "prompt_cache_key": "victim-session-42", "user": "victim"});
+        assert_eq!(gw.chat(key, &chat).await.0, 200);
+        let mut resp = responses::request("u-echo", "hi");
+        resp["prompt_cache_key"] = json!("victim-session-42");
+        assert_eq!(responses::create(&gw, key, &resp).await.0, 200);
+        let mut msg = messages::request("u-echo", "hi");
+        msg["metadata"] = json!({"user_id": "user_victim_device_1"});
+        assert_eq!(messages::create(&gw, key, &msg).await.0, 200);
+    }
+    let seen = fake.bodies();
+    assert_eq!(seen.len(), 9);
+    let keys: Vec<&Value> = seen.iter().map(|b| &b["prompt_cache_key"]).collect();
+    for (i, k) in keys.iter().enumerate() {
+        let k = k.as_str().unwrap_or_else(|| panic!("no key in {}", seen[i]));
+        assert!(!k.contains("victim") && k.len() == 64, "{k}");
+    }
+    // Alice's three kinds of key differ from Bob's, and each is stable for her.
+    for surface in 0..3 {
+        assert_ne!(keys[surface], keys[3 + surface]);
+        assert_eq!(keys[surface], keys[6 + surface]);
+    }
+    assert_ne!(seen[0]["user"], seen[3]["user"]);
+    assert_eq!(seen[0]["user"], seen[6]["user"]);
+}

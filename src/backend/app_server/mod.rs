@@ -189,6 +189,7 @@ impl AppServer {
     async fn open_turn(&self, leg: LegRequest<'_>) -> Result<Turn, BackendError> {
         let LegRequest {
             execution_id,
+            principal: _,
             model,
             input,
             meter,

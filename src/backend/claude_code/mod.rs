@@ -212,6 +212,7 @@ impl ClaudeCode {
     async fn open_turn(&self, leg: LegRequest<'_>) -> Result<Turn, BackendError> {
         let LegRequest {
             execution_id,
+            principal: _,
             model,
             input,
             meter,

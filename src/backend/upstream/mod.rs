@@ -59,14 +59,16 @@ impl Upstream {
     fn fresh_body(&self, leg: &LegRequest<'_>) -> Result<Up, BackendError> {
         match passthrough(leg.input) {
             Some(raw) => {
-                native::upstream_body(raw, leg.model.backend_model.as_deref()).map_err(invalid)
+                let model = leg.model.backend_model.as_deref();
+                native::upstream_body(raw, model, leg.principal).map_err(invalid)
             }
             None => encode(self.tree(leg)?.0),
         }
     }
 
     /// The request body as a tree (a continuation's ids are restored in it), `model` renamed,
-    /// a stream asked for its usage; and whether the client's own body did not ask for it.
+    /// cache hints scoped to the principal, a stream asked for its usage; and whether the
+    /// client's own body did not ask for it.
     fn tree(&self, leg: &LegRequest<'_>) -> Result<(Value, bool), BackendError> {
         let mut strip_usage = false;
         let mut body = match passthrough(leg.input) {
@@ -85,6 +87,13 @@ impl Upstream {
         };
         if let Some(bm) = &leg.model.backend_model {
             body["model"] = json!(bm);
+        }
+        if let Some(o) = body.as_object_mut() {
+            for hint in native::CACHE_HINTS {
+                if let Some(v) = o.get_mut(hint).filter(|v| !v.is_null()) {
+                    *v = native::scoped_cache_key(leg.principal, v);
+                }
+            }
         }
         Ok((body, strip_usage))
     }

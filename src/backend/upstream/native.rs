@@ -23,6 +23,28 @@ struct Fields<'a> {
     stream: Option<&'a RawValue>,
     #[serde(default, borrow, deserialize_with = "present")]
     stream_options: Option<&'a RawValue>,
+    #[serde(borrow)]
+    prompt_cache_key: Option<&'a RawValue>,
+    #[serde(borrow)]
+    user: Option<&'a RawValue>,
+}
+
+/// The members of a Chat Completions request that providers bucket their prompt caches by.
+pub const CACHE_HINTS: [&str; 2] = ["prompt_cache_key", "user"];
+
+/// A client's cache hint as it reaches the shared upstream: a digest bound to the principal,
+/// so two principals never share a provider cache entry through the gateway (each keeps its
+/// own stable key).
+pub fn scoped_cache_key(principal: &str, hint: &serde_json::Value) -> serde_json::Value {
+    let text = match hint {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut material = b"turnstile cache key\0".to_vec();
+    material.extend_from_slice(principal.as_bytes());
+    material.push(0);
+    material.extend_from_slice(text.as_bytes());
+    hex::encode(crate::digest::sha256(&material)).into()
 }
 
 /// A member's value whatever it is, `null` included (a plain `Option` reads `null` as
@@ -41,14 +63,24 @@ pub struct Up {
 }
 
 /// `raw` with its top-level `model` value replaced by `model` (as a JSON string; a body
-/// without `model` gets none added) and, when it streams without asking for usage,
+/// without `model` gets none added), its cache hints scoped to `principal`
+/// ([`scoped_cache_key`]) and, when it streams without asking for usage,
 /// `stream_options.include_usage` set to true.
-pub fn upstream_body(raw: &Bytes, model: Option<&str>) -> Result<Up, serde_json::Error> {
+pub fn upstream_body(
+    raw: &Bytes,
+    model: Option<&str>,
+    principal: &str,
+) -> Result<Up, serde_json::Error> {
     object(raw)?;
     let f: Fields<'_> = serde_json::from_slice(raw)?;
     let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::with_capacity(2);
     if let (Some(v), Some(m)) = (f.model, model) {
         edits.push((span(raw, v), serde_json::to_vec(m)?));
+    }
+    for hint in [f.prompt_cache_key, f.user].into_iter().flatten() {
+        let value: serde_json::Value = serde_json::from_str(hint.get())?;
+        let scoped = serde_json::to_vec(&scoped_cache_key(principal, &value))?;
+        edits.push((span(raw, hint), scoped));
     }
     let streamed = f.stream.is_some_and(|s| s.get() == "true");
     let mut strip_usage = false;
@@ -431,7 +463,7 @@ mod tests {
 
     #[test]
     fn a_streamed_body_always_asks_for_usage_and_says_whether_the_client_did() {
-        let up = |raw: &'static [u8]| upstream_body(&Bytes::from_static(raw), Some("real")).unwrap();
+        let up = |raw: &'static [u8]| upstream_body(&Bytes::from_static(raw), Some("real"), "p").unwrap();
         let plain_body = up(b" {\"model\":\"pub\",\"stream\":true,\"messages\":[]}");
         assert!(plain_body.strip_usage);
         assert_eq!(
@@ -448,7 +480,7 @@ mod tests {
             &b"{\"stream\":true,\"stream_options\":{\"include_usage\":false,\"x\":1},\"model\":\"pub\"}"[..],
             b"{\"stream\":true,\"stream_options\":null,\"model\":\"pub\"}",
         ] {
-            let u = upstream_body(&Bytes::copy_from_slice(declined), None).unwrap();
+            let u = upstream_body(&Bytes::copy_from_slice(declined), None, "p").unwrap();
             assert!(u.strip_usage);
             let v: serde_json::Value = serde_json::from_slice(&u.body).unwrap();
             assert_eq!(v["stream_options"]["include_usage"], true, "{v}");
@@ -489,5 +521,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(u.usage.map(|u| u.total_tokens), Some(3));
+    }
+
+    #[test]
+    fn cache_hints_reach_the_upstream_scoped_to_the_principal() {
+        let raw = Bytes::from_static(
+            b"{\"model\":\"m\",\"prompt_cache_key\":\"victim-42\",\"user\":\"u1\",\"messages\":[]}",
+        );
+        let key = |p: &str| {
+            let up = upstream_body(&raw, None, p).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&up.body).unwrap();
+            (v["prompt_cache_key"].clone(), v["user"].clone(), v["messages"].clone())
+        };
+        let (alice, bob) = (key("alice"), key("bob"));
+        assert_ne!(alice.0, bob.0);
+        assert_ne!(alice.1, bob.1);
+        assert_eq!(alice, key("alice"), "stable for its principal");
+        assert_eq!(alice.0, scoped_cache_key("alice", &"victim-42".into()));
+        assert_eq!(alice.0.as_str().map(str::len), Some(64));
+        assert_eq!(alice.2, serde_json::json!([]));
     }
 }
