@@ -319,3 +319,25 @@ async fn cache_keys_reach_a_shared_upstream_scoped_to_each_principal() {
     assert_ne!(seen[0]["user"], seen[3]["user"]);
     assert_eq!(seen[0]["user"], seen[6]["user"]);
 }
+
+#[tokio::test]
+async fn scratch_folders_a_dead_gateway_left_are_swept_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let hex = "c9d5aa00c9d5aa00c9d5aa00c9d5aa00";
+    let stale = tmp.path().join(format!("turnstile-acp-{dead}-2-{hex}"));
+    let live = tmp.path().join(format!("turnstile-acp-{}-2-{hex}", std::process::id()));
+    for dir in [&stale, &live] {
+        std::fs::create_dir_all(dir.join("work")).unwrap();
+        std::fs::write(dir.join("work/transcript"), "what the agent wrote").unwrap();
+    }
+    let _gw = Gateway::start_with(Opts {
+        env: vec![("TMPDIR".into(), tmp.path().display().to_string())],
+        ..Opts::default()
+    })
+    .await;
+    assert!(!stale.exists(), "the dead gateway's folder is still there");
+    assert!(live.join("work/transcript").exists(), "a live process's folder went");
+}
