@@ -64,11 +64,21 @@ const MODELS: &[(&str, &str, &str)] = &[
     ("acp-parallel", "parallel", "{}"),
     ("acp-text", "text", "{}"),
     ("acp-bash-ask", "bash", r#"{ command = "ask" }"#),
+    ("acp-rounds", "rounds3", "{}"),
 ];
 
 /// A gateway with the agent as backend `agent` (its working folder `work/` in the gateway's
 /// folder) on a fresh fake; None when the agent is not installed.
 async fn rig(agent: Agent, opts: Opts) -> Option<(Fake, Gateway)> {
+    rig_edited(agent, opts, |s| s).await
+}
+
+/// [`rig`] with the config text passed through `edit`.
+async fn rig_edited(
+    agent: Agent,
+    opts: Opts,
+    edit: impl FnOnce(String) -> String + Send + 'static,
+) -> Option<(Fake, Gateway)> {
     let (bin, fake) = match agent {
         Agent::Gemini => (GEMINI.locate()?, Fake::Gemini(FakeGemini::start().await)),
         Agent::Claude => (
@@ -123,7 +133,7 @@ async fn rig(agent: Agent, opts: Opts) -> Option<(Fake, Gateway)> {
                 "\n[[models]]\nid = \"{id}\"\nbackend = \"agent\"\nbackend_model = \"{scenario}\"\napprovals = {approvals}\n"
             ));
         }
-        s
+        edit(s)
     })
     .await;
     Some((fake, gw))
@@ -216,6 +226,7 @@ for_each_agent!(
     an_expired_turn_ends_its_session,
     a_client_gone_mid_leg_cancels_the_session,
     a_killed_agent_loses_its_held_turn,
+    a_per_execution_cap_stops_the_agent_at_its_next_round,
 );
 
 async fn a_held_round_trip_on_chat_completions(agent: Agent) {
@@ -488,4 +499,32 @@ async fn a_killed_agent_loses_its_held_turn(agent: Agent) {
     // A fresh turn starts a fresh process.
     let (s, resp) = gw.chat(ALICE, &tool_request("acp-one", "again")).await;
     assert_eq!(s, 200, "{resp}");
+}
+
+/// ACP reports a prompt's usage only when it ends; the rounds before are metered as they end,
+/// so a per-execution cap stops the execution at the next continuation, as on other kinds.
+async fn a_per_execution_cap_stops_the_agent_at_its_next_round(agent: Agent) {
+    let edit = |s: String| {
+        crate::budgets::priced(s, &[("alice", "{ usd_per_execution = 5.0 }")]).replace(
+            "backend_model = \"rounds3\"\n",
+            "backend_model = \"rounds3\"\nprice = { input_per_mtok = 1000000.0, output_per_mtok = 1000000.0 }\n",
+        )
+    };
+    let Some((_fake, gw)) = rig_edited(agent, Opts::default(), edit).await else {
+        return;
+    };
+    let req = tool_request("acp-rounds", "read three files");
+    let (status, first) = gw.chat(ALICE, &req).await;
+    assert_eq!(status, 200, "{first}\n{}", gw.log());
+    assert_eq!(calls(&first).len(), 1, "{first}");
+    let next = continuation(&req, &first, |_, _| json!("one"));
+    let (status, v) = gw.chat(ALICE, &next).await;
+    assert_eq!(
+        (status.as_u16(), error_code(&v)),
+        (402, "budget_exceeded".into()),
+        "{v}\n{}",
+        gw.log()
+    );
+    // The stopped execution leaves no agent behind.
+    no_agent_left(&gw).await;
 }

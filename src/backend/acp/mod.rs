@@ -15,6 +15,7 @@
 //! rendered into the first `session/prompt`; a kept session gets only the new input. A
 //! session holds one of `max_sessions` places while its process lives.
 
+mod metering;
 mod permission;
 mod session;
 

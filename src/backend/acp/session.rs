@@ -15,6 +15,7 @@ use futures::channel::mpsc::UnboundedSender;
 use serde_json::{json, Value};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
+use super::metering::Metering;
 use super::permission;
 use crate::backend::agent::bridge::{Answered, Endpoint, Host};
 use crate::backend::agent::child::{Child, Output};
@@ -52,6 +53,8 @@ struct Route {
     prompt: u64,
     events: UnboundedSender<TurnEvent>,
     meter: Meter,
+    /// What the turn cost so far, metered as its rounds end.
+    metering: Metering,
     finished: bool,
     interrupted: bool,
 }
@@ -62,6 +65,15 @@ struct State {
     held: Vec<Held>,
     /// Text the client sent beside its results, for the next answer.
     beside: Vec<String>,
+}
+
+impl State {
+    /// Notes on the running turn's metering.
+    fn metering(&mut self, f: impl FnOnce(&mut Metering)) {
+        if let Some(r) = self.route.as_mut() {
+            f(&mut r.metering);
+        }
+    }
 }
 
 type Answer = oneshot::Sender<Result<Value, String>>;
@@ -170,12 +182,15 @@ impl Session {
     /// Starts a turn: `prompt` (text blocks) goes to the agent; its events go to `events`.
     pub fn open(&self, prompt: Vec<String>, events: UnboundedSender<TurnEvent>, meter: Meter) {
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let mut metering = Metering::default();
+        metering.sent(prompt.iter().map(String::len).sum());
         *self.state.lock() = State {
             route: Some(Route {
                 turn: self.next_turn.fetch_add(1, Ordering::Relaxed),
                 prompt: id,
                 events,
                 meter,
+                metering,
                 finished: false,
                 interrupted: false,
             }),
@@ -193,6 +208,17 @@ impl Session {
 
     fn live(state: &State) -> bool {
         state.route.as_ref().is_some_and(|r| !r.finished)
+    }
+
+    /// Meters `u` (what a round or the prompt's report adds) and reports it to the turn.
+    fn metered(&self, state: &mut State, u: Usage) {
+        if u.total_tokens == 0 && u.cached_tokens == 0 && u.cache_write_tokens == 0 {
+            return;
+        }
+        if let Some(r) = state.route.as_ref() {
+            (r.meter)(u);
+        }
+        self.emit(state, TurnEvent::Usage(u));
     }
 
     fn emit(&self, state: &mut State, ev: TurnEvent) {
@@ -228,12 +254,19 @@ impl Session {
         match update["sessionUpdate"].as_str().unwrap_or_default() {
             "agent_message_chunk" => {
                 if let Some(t) = text() {
+                    state.metering(|m| m.said(t.len()));
                     self.emit(&mut state, TurnEvent::Delta(t));
                 }
             }
             "agent_thought_chunk" => {
                 if let Some(t) = text() {
+                    state.metering(|m| m.said(t.len()));
                     self.emit(&mut state, TurnEvent::Reasoning(t));
+                }
+            }
+            "usage_update" => {
+                if let Some(used) = update["used"].as_u64() {
+                    state.metering(|m| m.context(used));
                 }
             }
             other => {
@@ -252,11 +285,10 @@ impl Session {
         let interrupted = state.route.as_ref().is_some_and(|r| r.interrupted);
         let ev = match result {
             Ok(result) => {
-                if let Some(usage) = usage(&result) {
-                    if let Some(r) = state.route.as_ref() {
-                        (r.meter)(usage);
-                    }
-                    self.emit(&mut state, TurnEvent::Usage(usage));
+                let report = usage(&result);
+                if let Some(r) = state.route.as_mut().filter(|r| !r.finished) {
+                    let rest = r.metering.rest(report);
+                    self.metered(&mut state, rest);
                 }
                 match result["stopReason"].as_str().unwrap_or_default() {
                     "end_turn" | "max_tokens" | "max_turn_requests" => TurnEvent::Completed,
@@ -345,6 +377,15 @@ impl Host for Session {
         if !runs || !self.settings.names.iter().any(|n| n == name) || !self.child.is_alive() {
             return false;
         }
+        // The round that asked for this call ends here: metered now, so a per-execution cap
+        // acts at the continuation.
+        let round = state.route.as_mut().map(|r| {
+            r.metering.said(name.len() + arguments.len());
+            r.metering.round()
+        });
+        if let Some(u) = round {
+            self.metered(&mut state, u);
+        }
         let invocation = self.next_invocation.fetch_add(1, Ordering::Relaxed);
         state.held.push(Held { invocation, answer });
         let call = HeldCall {
@@ -373,6 +414,9 @@ impl AgentSession for Session {
         }
         let held = state.held.swap_remove(pos);
         let beside = std::mem::take(&mut state.beside);
+        if let Some(r) = state.route.as_mut() {
+            r.metering.sent(text.len() + beside.iter().map(String::len).sum::<usize>());
+        }
         drop(state);
         held.answer
             .send(Answered {

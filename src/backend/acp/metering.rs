@@ -1,0 +1,121 @@
+//! What an ACP turn costs while it runs. ACP reports a turn's usage once, in its
+//! `session/prompt` response, and a held turn is one prompt across all its rounds; so the
+//! gateway meters each round as it ends (at the agent's call of a client tool) from what it
+//! saw: the context the agent last reported (`usage_update.used`, where the agent sends it),
+//! else a token per four bytes of everything exchanged so far, and for the output a token
+//! per four bytes the agent said. The prompt's own report then adds only what it has beyond
+//! that, so a per-execution cap can stop the execution at its next round.
+
+use crate::turn::Usage;
+
+#[derive(Debug, Default)]
+pub(super) struct Metering {
+    /// Metered so far in this prompt.
+    metered: Usage,
+    /// Bytes of the whole exchange so far (what the agent's context holds).
+    seen: usize,
+    /// Bytes the agent said since the last metered round.
+    said: usize,
+    /// Input reached the agent since the last metered round (a new model call reads it).
+    fresh: bool,
+    /// The context size the agent last reported.
+    context: Option<u64>,
+}
+
+impl Metering {
+    /// Text sent to the agent: the prompt, a result, text beside it.
+    pub fn sent(&mut self, bytes: usize) {
+        self.seen = self.seen.saturating_add(bytes);
+        self.fresh = true;
+    }
+
+    /// Text the agent said: its answer, thoughts, a call's arguments.
+    pub fn said(&mut self, bytes: usize) {
+        self.seen = self.seen.saturating_add(bytes);
+        self.said = self.said.saturating_add(bytes);
+    }
+
+    /// The agent's `usage_update`: its context holds `used` tokens now.
+    pub fn context(&mut self, used: u64) {
+        self.context = Some(used);
+    }
+
+    /// A round ended (the agent calls a client tool): what it cost, metered. Calls of one
+    /// model answer read no new input: only the first counts the input.
+    pub fn round(&mut self) -> Usage {
+        let prompt = match std::mem::take(&mut self.fresh) {
+            true => (self.context.take()).unwrap_or(self.seen.div_ceil(4) as u64),
+            false => 0,
+        };
+        let completion = std::mem::take(&mut self.said).div_ceil(4) as u64;
+        let u = Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            ..Usage::default()
+        };
+        self.metered.add(u);
+        u
+    }
+
+    /// The prompt ended with the agent's `report` (or none: the last round is estimated as
+    /// the others): what it adds to what the rounds metered.
+    pub fn rest(&mut self, report: Option<Usage>) -> Usage {
+        let Some(r) = report else {
+            self.fresh = true;
+            return self.round();
+        };
+        let m = &self.metered;
+        let u = Usage {
+            prompt_tokens: r.prompt_tokens.saturating_sub(m.prompt_tokens),
+            completion_tokens: r.completion_tokens.saturating_sub(m.completion_tokens),
+            total_tokens: r.total_tokens.saturating_sub(m.total_tokens),
+            cached_tokens: r.cached_tokens.saturating_sub(m.cached_tokens),
+            cache_write_tokens: r.cache_write_tokens.saturating_sub(m.cache_write_tokens),
+            reasoning_tokens: r.reasoning_tokens.saturating_sub(m.reasoning_tokens),
+        };
+        self.metered.add(u);
+        u
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_are_metered_as_they_end_and_the_report_adds_the_rest() {
+        let mut m = Metering::default();
+        m.sent(400); // the prompt
+        m.said(40); // a call's arguments
+        let first = m.round();
+        assert_eq!((first.prompt_tokens, first.completion_tokens), (110, 10));
+        // A parallel call of the same answer reads no new input.
+        m.said(8);
+        assert_eq!(m.round().prompt_tokens, 0);
+        // The agent says how full its context is: that is the next call's input.
+        m.sent(100);
+        m.context(700);
+        m.said(4);
+        let second = m.round();
+        assert_eq!((second.prompt_tokens, second.completion_tokens), (700, 1));
+        // The prompt's report: only what it has beyond the rounds.
+        let report = Usage {
+            prompt_tokens: 1000,
+            completion_tokens: 5,
+            total_tokens: 1005,
+            cached_tokens: 300,
+            ..Usage::default()
+        };
+        let rest = m.rest(Some(report));
+        assert_eq!(
+            (rest.prompt_tokens, rest.completion_tokens, rest.cached_tokens),
+            (190, 0, 300)
+        );
+        // Without a report, the last round is estimated like the others.
+        let mut m = Metering::default();
+        m.sent(8);
+        m.said(8);
+        assert_eq!(m.rest(None).total_tokens, 4 + 2);
+    }
+}
