@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
-use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::task_tracker::TaskTrackerToken;
 

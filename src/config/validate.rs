@@ -13,9 +13,9 @@ use super::raw::{
     RawClient, RawConfig, RawContinuations, RawContinuity, RawModel, DEFAULT_DECISION,
 };
 use super::{
-    backends, err, jwt, ApprovalPolicy, ClientConfig, ClientLimits, Config, ConfigError,
-    CompactionLimits, ContinuationLimits, ContinuityConfig, Credential, JwtIssuer, ModelConfig, Rate, Role,
-    ServerConfig,
+    backends, err, jwt, ApprovalPolicy, ClientConfig, ClientLimits, CompactionLimits, Config,
+    ConfigError, ContinuationLimits, ContinuityConfig, Credential, JwtIssuer, ModelConfig, Rate,
+    Role, ServerConfig,
 };
 use crate::auth::jwt::{MAX_SUBJECT_BYTES, PRINCIPAL_PREFIX};
 use crate::budget::{Budget, Price};
@@ -363,8 +363,14 @@ fn continuations(c: RawContinuations) -> Result<ContinuationLimits, ConfigError>
     positive(c.max_kept_bytes_per_client, "max_kept_bytes_per_client")?;
     positive(c.compaction_ttl_days, "compaction_ttl_days")?;
     positive(c.max_compaction_items as u64, "max_compaction_items")?;
-    positive(c.max_compactions_per_client as u64, "max_compactions_per_client")?;
-    positive(c.max_compaction_bytes_per_client, "max_compaction_bytes_per_client")?;
+    positive(
+        c.max_compactions_per_client as u64,
+        "max_compactions_per_client",
+    )?;
+    positive(
+        c.max_compaction_bytes_per_client,
+        "max_compaction_bytes_per_client",
+    )?;
     positive(c.max_summary_bytes as u64, "max_summary_bytes")?;
     positive(c.tombstones_per_client as u64, "tombstones_per_client")?;
     positive(c.max_rounds as u64, "max_rounds")?;

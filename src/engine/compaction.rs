@@ -12,8 +12,8 @@ use chacha20poly1305::aead::{Aead, KeyInit};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 
 use super::EngineError;
-use crate::digest::sha256;
 use crate::config::CompactionLimits;
+use crate::digest::sha256;
 use crate::store::{now_unix, CompactionRecord, Store};
 use crate::turn::{Fingerprint, Message, Role, ToolChoice, TurnInput};
 

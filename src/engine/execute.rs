@@ -278,7 +278,9 @@ impl Engine {
         let limit = cfg.server.max_body_bytes;
         let slot = match ask.fresh {
             true => {
-                let granted = cfg.model(ask.model).is_some_and(|m| cfg.may_use(&principal.id, &m.id));
+                let granted = cfg
+                    .model(ask.model)
+                    .is_some_and(|m| cfg.may_use(&principal.id, &m.id));
                 if !granted {
                     return Err(EngineError::ModelNotFound(ask.model.to_string()).into());
                 }
@@ -296,7 +298,8 @@ impl Engine {
         let mut found = Vec::with_capacity(distinct.len());
         let mut expanded = ask.body_bytes;
         for handle in distinct {
-            let Some(sealed) = compaction::lookup(&self.inner.store, &principal.id, handle).await? else {
+            let Some(sealed) = compaction::lookup(&self.inner.store, &principal.id, handle).await?
+            else {
                 return Err(EngineError::from(ContinuationError::ResponseNotFound).into());
             };
             let uses = ask.handles.iter().filter(|h| *h == handle).count();

@@ -34,11 +34,11 @@ use super::AppState;
 use crate::auth::Principal;
 use crate::backend::upstream::client::{SseEvent, SseSplitter};
 use crate::engine::{Engine, Kept, Slot};
-use crate::server::{ConnectionPlace, Place};
-use axum::Extension;
 use crate::error::{ApiError, ErrorCode};
+use crate::server::{ConnectionPlace, Place};
 use crate::surface::responses::framing::{finished, Framer};
 use crate::surface::responses::{self, Prepared};
+use axum::Extension;
 
 /// The upgrade: a plain GET is 405 (the route is POST); credentials are checked from the
 /// headers (401) and a place among the principal's open streams is taken (429) before
@@ -253,7 +253,12 @@ impl Socket {
     /// Remembers a completed response (its input, and its output as `completed` carries it,
     /// `frame_bytes` long) in place of the last one, within the principal's kept bytes; over
     /// them the socket remembers nothing and says so.
-    fn remember(&mut self, f: InFlight, completed: &Value, frame_bytes: usize) -> Result<(), ApiError> {
+    fn remember(
+        &mut self,
+        f: InFlight,
+        completed: &Value,
+        frame_bytes: usize,
+    ) -> Result<(), ApiError> {
         let bytes = f.bytes.saturating_add(frame_bytes);
         if !self.kept.resize(bytes) {
             self.last = None;

@@ -16,10 +16,10 @@ use futures::StreamExt;
 use super::{cluster, error, Admitted, ExecutionId};
 use crate::auth::Principal;
 use crate::engine::{CompactionAsk, Engine, EngineError, Leg, Outcome, Slot};
-use parking_lot::Mutex;
 use crate::error::ApiError;
 use crate::surface::{Answer, Host, Plan, Reply, Surface};
 use crate::turn::{TurnInput, Usage};
+use parking_lot::Mutex;
 
 /// `POST` on a turn route of surface `S`.
 pub(super) async fn turn<S: Surface>(
@@ -122,7 +122,12 @@ impl Host for Planner<'_> {
     }
 
     fn compact(&self, input: TurnInput) -> BoxFuture<'_, Result<(String, Usage), ApiError>> {
-        Box::pin(async move { Ok(self.gw.compact(self.principal, input, self.admitted()).await?) })
+        Box::pin(async move {
+            Ok(self
+                .gw
+                .compact(self.principal, input, self.admitted())
+                .await?)
+        })
     }
 }
 
@@ -189,7 +194,10 @@ pub(super) async fn run(
     (hop, admitted): (Option<Extension<cluster::Hop>>, Option<Slot>),
     replay: (&Uri, &HeaderMap, Option<Bytes>),
 ) -> Result<Ran, EngineError> {
-    match gw.execute_hop(principal, input, hop.is_some(), admitted).await? {
+    match gw
+        .execute_hop(principal, input, hop.is_some(), admitted)
+        .await?
+    {
         Outcome::Leg(leg) => Ok(Ran::Here(leg)),
         Outcome::Forward(owner) => {
             let (uri, headers, body) = replay;

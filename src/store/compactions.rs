@@ -90,7 +90,12 @@ impl Store {
 mod tests {
     use super::*;
 
-    fn record<'a>(digest: &'a [u8; 32], principal: &'a str, sealed: &'a [u8], at: u64) -> CompactionRecord<'a> {
+    fn record<'a>(
+        digest: &'a [u8; 32],
+        principal: &'a str,
+        sealed: &'a [u8],
+        at: u64,
+    ) -> CompactionRecord<'a> {
         CompactionRecord {
             digest,
             principal,
@@ -105,9 +110,8 @@ mod tests {
     async fn a_principals_oldest_summaries_go_beyond_its_count_and_bytes() {
         let store = Store::open_in_memory().await.unwrap();
         let digests: Vec<[u8; 32]> = (0..5u8).map(|i| [i; 32]).collect();
-        let present = async |d: &[u8; 32], p: &str| {
-            store.compaction_get(d, p, 10).await.unwrap().is_some()
-        };
+        let present =
+            async |d: &[u8; 32], p: &str| store.compaction_get(d, p, 10).await.unwrap().is_some();
         // Bob's row is never another principal's to evict.
         store
             .compaction_insert(&record(&[9; 32], "bob", &[0; 10], 1), (3, 100))

@@ -45,9 +45,15 @@ async fn a_streamed_chat_without_include_usage_is_metered_and_the_client_sees_no
     assert_eq!(v["total"]["total_tokens"], 10, "{v}");
     assert_eq!(v["total"]["requests"], 1, "{v}");
     let (s, v) = gw
-        .chat(ALICE, &json!({"model": "u-echo", "messages": [user("again")]}))
+        .chat(
+            ALICE,
+            &json!({"model": "u-echo", "messages": [user("again")]}),
+        )
         .await;
-    assert_eq!((s.as_u16(), error_code(&v)), (402, "budget_exceeded".into()));
+    assert_eq!(
+        (s.as_u16(), error_code(&v)),
+        (402, "budget_exceeded".into())
+    );
 
     // A client that asked gets the usage chunk as the upstream sent it.
     let (s, _, body) = gw
@@ -59,7 +65,11 @@ async fn a_streamed_chat_without_include_usage_is_metered_and_the_client_sees_no
         .await;
     assert_eq!(s, 200);
     let (events, _) = sse_events(&body);
-    assert_eq!(events.last().unwrap()["usage"]["total_tokens"], 10, "{body}");
+    assert_eq!(
+        events.last().unwrap()["usage"]["total_tokens"],
+        10,
+        "{body}"
+    );
 }
 
 #[tokio::test]
@@ -83,13 +93,22 @@ async fn an_upstream_that_reports_no_usage_is_metered_from_an_estimate_logged_on
     assert_eq!(warned, 1, "{}", gw.log());
     // Alice's cap acts on an estimate too.
     let (s, _, _) = gw
-        .chat_stream(ALICE, &json!({"model": "u-quiet", "messages": [user("hi")]}))
+        .chat_stream(
+            ALICE,
+            &json!({"model": "u-quiet", "messages": [user("hi")]}),
+        )
         .await;
     assert_eq!(s, 200);
     let (s, v) = gw
-        .chat(ALICE, &json!({"model": "u-quiet", "messages": [user("hi")]}))
+        .chat(
+            ALICE,
+            &json!({"model": "u-quiet", "messages": [user("hi")]}),
+        )
         .await;
-    assert_eq!((s.as_u16(), error_code(&v)), (402, "budget_exceeded".into()));
+    assert_eq!(
+        (s.as_u16(), error_code(&v)),
+        (402, "budget_exceeded".into())
+    );
 }
 
 /// The gateway's peak resident memory so far, in kB.
@@ -136,20 +155,33 @@ async fn compaction_items_are_bounded_and_read_only_after_admission() {
     let before = peak_kb(&gw);
     for model in ["nope", "u-echo"] {
         let (s, v) = crate::support::responses::create(&gw, BOB, &with(model, 1000)).await;
-        assert_eq!((s, v["error"]["code"].as_str()), (400, Some("invalid_request")), "{v}");
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (400, Some("invalid_request")),
+            "{v}"
+        );
         assert_eq!(v["error"]["param"], "input", "{v}");
     }
     let grown = peak_kb(&gw).saturating_sub(before);
     assert!(grown < 32 * 1024, "the gateway grew by {grown} kB");
     // Eight copies fit the item cap but expand past max_body_bytes (1 MiB): 413.
     let (s, v) = crate::support::responses::create(&gw, BOB, &with("u-echo", 8)).await;
-    assert_eq!((s, v["error"]["code"].as_str()), (413, Some("request_too_large")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (413, Some("request_too_large")),
+        "{v}"
+    );
     // Once still works.
     let (s, v) = crate::support::responses::create(&gw, BOB, &with("u-echo", 1)).await;
     assert_eq!(s, 200, "{v}");
 
     // With the summaries' table gone, a read would be 503: refused requests read nothing.
-    let (s, _) = gw.chat(ALICE, &json!({"model": "u-echo", "messages": [user("spend")]})).await;
+    let (s, _) = gw
+        .chat(
+            ALICE,
+            &json!({"model": "u-echo", "messages": [user("spend")]}),
+        )
+        .await;
     assert_eq!(s, 200);
     let db = gw.dir.path().join("turnstile.db");
     let dropped = std::process::Command::new("python3")
@@ -159,16 +191,27 @@ async fn compaction_items_are_bounded_and_read_only_after_admission() {
         .unwrap();
     assert!(dropped.success());
     let (s, v) = crate::support::responses::create(&gw, BOB, &with("nope", 1)).await;
-    assert_eq!((s, v["error"]["code"].as_str()), (404, Some("model_not_found")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (404, Some("model_not_found")),
+        "{v}"
+    );
     let (s, v) = crate::support::responses::create(&gw, ALICE, &with("u-echo", 1)).await;
-    assert_eq!((s, v["error"]["code"].as_str()), (402, Some("budget_exceeded")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (402, Some("budget_exceeded")),
+        "{v}"
+    );
     let (s, v) = crate::support::responses::create(&gw, BOB, &with("u-echo", 1)).await;
-    assert_eq!((s, v["error"]["code"].as_str()), (503, Some("store_unavailable")), "{v}");
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("store_unavailable")),
+        "{v}"
+    );
 }
 
-type Ws = tokio_tungstenite::WebSocketStream<
-    tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
->;
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// A Responses WebSocket of `key`.
 async fn socket(gw: &Gateway, key: &str) -> Ws {
@@ -178,20 +221,28 @@ async fn socket(gw: &Gateway, key: &str) -> Ws {
         .unwrap();
     let bearer = format!("Bearer {key}").parse().unwrap();
     upgrade.headers_mut().insert("authorization", bearer);
-    tokio_tungstenite::connect_async(upgrade).await.expect("upgrade").0
+    tokio_tungstenite::connect_async(upgrade)
+        .await
+        .expect("upgrade")
+        .0
 }
 
 /// Sends `message` and reads events until a terminal one, which it returns.
 async fn exchange(ws: &mut Ws, message: &Value) -> Value {
     use futures::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
-    ws.send(Message::Text(message.to_string().into())).await.unwrap();
+    ws.send(Message::Text(message.to_string().into()))
+        .await
+        .unwrap();
     wait_for("a terminal event", async || loop {
         let Some(Ok(Message::Text(t))) = ws.next().await else {
             return None;
         };
         let v: Value = serde_json::from_str(&t).unwrap();
-        if matches!(v["type"].as_str(), Some("response.completed" | "response.failed" | "error")) {
+        if matches!(
+            v["type"].as_str(),
+            Some("response.completed" | "response.failed" | "error")
+        ) {
             return Some(v);
         }
     })
@@ -213,19 +264,33 @@ async fn a_websocket_holds_a_connection_place_for_its_life() {
     let mut open = Vec::new();
     for _ in 0..4 {
         let mut ws = socket(&gw, ALICE).await;
-        assert_eq!(exchange(&mut ws, &prewarm(10)).await["type"], "response.completed");
+        assert_eq!(
+            exchange(&mut ws, &prewarm(10)).await["type"],
+            "response.completed"
+        );
         open.push(ws);
     }
     // A fifth connection waits in the backlog while four sockets are open...
     let fifth = tokio::spawn({
         let url = gw.url.clone();
-        async move { reqwest::get(format!("{url}/healthz")).await.map(|r| r.status()) }
+        async move {
+            reqwest::get(format!("{url}/healthz"))
+                .await
+                .map(|r| r.status())
+        }
     });
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert!(!fifth.is_finished(), "a fifth connection was served beside four sockets");
+    assert!(
+        !fifth.is_finished(),
+        "a fifth connection was served beside four sockets"
+    );
     // ... and is served once one closes.
     drop(open.pop());
-    let status = tokio::time::timeout(WAIT, fifth).await.unwrap().unwrap().unwrap();
+    let status = tokio::time::timeout(WAIT, fifth)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert_eq!(status, 200);
 }
 
@@ -238,7 +303,10 @@ async fn a_sockets_remembered_conversation_counts_in_the_kept_bytes() {
     })
     .await;
     let mut first = socket(&gw, ALICE).await;
-    assert_eq!(exchange(&mut first, &prewarm(600_000)).await["type"], "response.completed");
+    assert_eq!(
+        exchange(&mut first, &prewarm(600_000)).await["type"],
+        "response.completed"
+    );
     let mut second = socket(&gw, ALICE).await;
     let refused = exchange(&mut second, &prewarm(600_000)).await;
     assert_eq!(refused["type"], "error", "{refused}");
@@ -246,7 +314,10 @@ async fn a_sockets_remembered_conversation_counts_in_the_kept_bytes() {
     assert_eq!(refused["error"]["code"], "capacity_exhausted", "{refused}");
     // Another principal's bound is its own; closing the first socket frees alice's.
     let mut bobs = socket(&gw, BOB).await;
-    assert_eq!(exchange(&mut bobs, &prewarm(600_000)).await["type"], "response.completed");
+    assert_eq!(
+        exchange(&mut bobs, &prewarm(600_000)).await["type"],
+        "response.completed"
+    );
     drop(first);
     wait_for("the first socket's bytes released", async || {
         let v = exchange(&mut second, &prewarm(600_000)).await;
@@ -308,7 +379,9 @@ async fn cache_keys_reach_a_shared_upstream_scoped_to_each_principal() {
     assert_eq!(seen.len(), 9);
     let keys: Vec<&Value> = seen.iter().map(|b| &b["prompt_cache_key"]).collect();
     for (i, k) in keys.iter().enumerate() {
-        let k = k.as_str().unwrap_or_else(|| panic!("no key in {}", seen[i]));
+        let k = k
+            .as_str()
+            .unwrap_or_else(|| panic!("no key in {}", seen[i]));
         assert!(!k.contains("victim") && k.len() == 64, "{k}");
     }
     // Alice's three kinds of key differ from Bob's, and each is stable for her.
@@ -328,7 +401,9 @@ async fn scratch_folders_a_dead_gateway_left_are_swept_at_start() {
     gone.wait().unwrap();
     let hex = "c9d5aa00c9d5aa00c9d5aa00c9d5aa00";
     let stale = tmp.path().join(format!("turnstile-acp-{dead}-2-{hex}"));
-    let live = tmp.path().join(format!("turnstile-acp-{}-2-{hex}", std::process::id()));
+    let live = tmp
+        .path()
+        .join(format!("turnstile-acp-{}-2-{hex}", std::process::id()));
     for dir in [&stale, &live] {
         std::fs::create_dir_all(dir.join("work")).unwrap();
         std::fs::write(dir.join("work/transcript"), "what the agent wrote").unwrap();
@@ -339,5 +414,8 @@ async fn scratch_folders_a_dead_gateway_left_are_swept_at_start() {
     })
     .await;
     assert!(!stale.exists(), "the dead gateway's folder is still there");
-    assert!(live.join("work/transcript").exists(), "a live process's folder went");
+    assert!(
+        live.join("work/transcript").exists(),
+        "a live process's folder went"
+    );
 }

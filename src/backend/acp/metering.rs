@@ -109,7 +109,11 @@ mod tests {
         };
         let rest = m.rest(Some(report));
         assert_eq!(
-            (rest.prompt_tokens, rest.completion_tokens, rest.cached_tokens),
+            (
+                rest.prompt_tokens,
+                rest.completion_tokens,
+                rest.cached_tokens
+            ),
             (190, 0, 300)
         );
         // Without a report, the last round is estimated like the others.

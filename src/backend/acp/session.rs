@@ -415,7 +415,8 @@ impl AgentSession for Session {
         let held = state.held.swap_remove(pos);
         let beside = std::mem::take(&mut state.beside);
         if let Some(r) = state.route.as_mut() {
-            r.metering.sent(text.len() + beside.iter().map(String::len).sum::<usize>());
+            r.metering
+                .sent(text.len() + beside.iter().map(String::len).sum::<usize>());
         }
         drop(state);
         held.answer

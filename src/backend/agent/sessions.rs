@@ -291,7 +291,10 @@ fn sweep_scratch_in(tmp: &std::path::Path, proc: &std::path::Path) -> usize {
         }
     }
     if swept > 0 {
-        tracing::info!(folders = swept, "removed the scratch folders of gateways that are gone");
+        tracing::info!(
+            folders = swept,
+            "removed the scratch folders of gateways that are gone"
+        );
     }
     swept
 }
@@ -349,8 +352,11 @@ mod tests {
         }
         // A link named like a dead gateway's folder is not followed or removed.
         let target = tempfile::tempdir().unwrap();
-        std::os::unix::fs::symlink(target.path(), tmp.path().join(format!("turnstile-acp-999997-1-{hex}")))
-            .unwrap();
+        std::os::unix::fs::symlink(
+            target.path(),
+            tmp.path().join(format!("turnstile-acp-999997-1-{hex}")),
+        )
+        .unwrap();
         assert_eq!(sweep_scratch_in(tmp.path(), proc.path()), 2);
         let mut left: Vec<String> = std::fs::read_dir(tmp.path())
             .unwrap()
@@ -367,6 +373,9 @@ mod tests {
         want.sort();
         assert_eq!(left, want);
         assert!(target.path().exists());
-        assert_eq!(scratch_owner(&format!("turnstile-claude-code-7-1-{hex}")), Some(7));
+        assert_eq!(
+            scratch_owner(&format!("turnstile-claude-code-7-1-{hex}")),
+            Some(7)
+        );
     }
 }

@@ -190,7 +190,9 @@ fn invalid(e: serde_json::Error) -> BackendError {
 }
 
 fn encode(body: Value) -> Result<Up, BackendError> {
-    let body = serde_json::to_vec(&body).map(Bytes::from).map_err(invalid)?;
+    let body = serde_json::to_vec(&body)
+        .map(Bytes::from)
+        .map_err(invalid)?;
     Ok(Up {
         body,
         strip_usage: false,

@@ -89,7 +89,10 @@ pub fn upstream_body(
             None => {
                 // After the opening brace: a streamed body has at least its `stream` member.
                 let at = raw.iter().position(|b| *b == b'{').unwrap_or(0) + 1;
-                edits.push((at..at, br#""stream_options":{"include_usage":true},"#.to_vec()));
+                edits.push((
+                    at..at,
+                    br#""stream_options":{"include_usage":true},"#.to_vec(),
+                ));
                 strip_usage = true;
             }
             Some(o) => {
@@ -463,14 +466,17 @@ mod tests {
 
     #[test]
     fn a_streamed_body_always_asks_for_usage_and_says_whether_the_client_did() {
-        let up = |raw: &'static [u8]| upstream_body(&Bytes::from_static(raw), Some("real"), "p").unwrap();
+        let up = |raw: &'static [u8]| {
+            upstream_body(&Bytes::from_static(raw), Some("real"), "p").unwrap()
+        };
         let plain_body = up(b" {\"model\":\"pub\",\"stream\":true,\"messages\":[]}");
         assert!(plain_body.strip_usage);
         assert_eq!(
             &plain_body.body[..],
             &b" {\"stream_options\":{\"include_usage\":true},\"model\":\"real\",\"stream\":true,\"messages\":[]}"[..]
         );
-        let asked = up(b"{\"model\":\"pub\",\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
+        let asked =
+            up(b"{\"model\":\"pub\",\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
         assert!(!asked.strip_usage);
         assert_eq!(
             &asked.body[..],
@@ -488,7 +494,10 @@ mod tests {
         }
         let whole = up(b"{\"model\":\"pub\",\"stream\":false}");
         assert!(!whole.strip_usage);
-        assert_eq!(&whole.body[..], &b"{\"model\":\"real\",\"stream\":false}"[..]);
+        assert_eq!(
+            &whole.body[..],
+            &b"{\"model\":\"real\",\"stream\":false}"[..]
+        );
     }
 
     #[test]
@@ -531,7 +540,11 @@ mod tests {
         let key = |p: &str| {
             let up = upstream_body(&raw, None, p).unwrap();
             let v: serde_json::Value = serde_json::from_slice(&up.body).unwrap();
-            (v["prompt_cache_key"].clone(), v["user"].clone(), v["messages"].clone())
+            (
+                v["prompt_cache_key"].clone(),
+                v["user"].clone(),
+                v["messages"].clone(),
+            )
         };
         let (alice, bob) = (key("alice"), key("bob"));
         assert_ne!(alice.0, bob.0);

@@ -306,7 +306,10 @@ impl Relay {
             if let Some(o) = chunk.as_object_mut() {
                 if o.remove("usage").is_some() {
                     // The usage-only chunk goes whole; elsewhere only the member.
-                    forward = o.get("choices").and_then(Value::as_array).is_some_and(|c| !c.is_empty());
+                    forward = o
+                        .get("choices")
+                        .and_then(Value::as_array)
+                        .is_some_and(|c| !c.is_empty());
                 }
             }
         }

@@ -280,7 +280,10 @@ fn bytes_kept_beside_the_batches_share_their_bound() {
     assert!(!r.rekeep("alice", 60, 71), "30 + 71 > 100");
     assert!(r.rekeep("bob", 0, 100), "bob's own bound");
     assert!(r.withdraw(id).is_some());
-    assert!(r.rekeep("alice", 60, 100), "grown in place once the batch went");
+    assert!(
+        r.rekeep("alice", 60, 100),
+        "grown in place once the batch went"
+    );
     assert!(r.rekeep("alice", 100, 0));
     assert!(r.rekeep("alice", 0, 100), "released");
 }

@@ -344,11 +344,17 @@ async fn the_listener_bounds_its_connections_and_closes_idle_ones() {
         .expect("the fifth is answered")
         .unwrap();
     assert_eq!(&answer, b"HTTP/1.1 401");
-    assert!(asked.elapsed() >= header_timeout, "served beside four connections");
+    assert!(
+        asked.elapsed() >= header_timeout,
+        "served beside four connections"
+    );
     // The idle ones were closed by the header-read timeout.
     for mut c in idle {
         let mut buf = [0u8; 64];
         let read = tokio::time::timeout(wait, c.read(&mut buf)).await;
-        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "an idle connection stayed open");
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "an idle connection stayed open"
+        );
     }
 }
