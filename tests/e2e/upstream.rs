@@ -281,7 +281,11 @@ async fn a_spend_the_store_refused_is_not_resumed_again_after_a_restart() {
         .unwrap();
     assert_eq!(s, 200, "{v}");
     assert_eq!(content(&v), "Results: call_up_1=ONCE");
-    assert!(gw.log().contains("could not persist tombstones"));
+    // The tombstones are written behind the answer: their failure is logged soon after.
+    wait_until("the failed tombstone write logged", || {
+        gw.log().contains("could not persist tombstones")
+    })
+    .await;
     drop(lock);
     assert_eq!(gw.chat(ALICE, &next).await.0, 409);
     assert_eq!(gw.stop().await, Some(0));
