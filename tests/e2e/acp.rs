@@ -65,6 +65,11 @@ const MODELS: &[(&str, &str, &str)] = &[
     ("acp-text", "text", "{}"),
     ("acp-bash-ask", "bash", r#"{ command = "ask" }"#),
     ("acp-rounds", "rounds3", "{}"),
+    (
+        "acp-masquerade",
+        "masquerade",
+        r#"{ command = "ask", permissions = "ask" }"#,
+    ),
 ];
 
 /// A gateway with the agent as backend `agent` (its working folder `work/` in the gateway's
@@ -227,6 +232,7 @@ for_each_agent!(
     a_client_gone_mid_leg_cancels_the_session,
     a_killed_agent_loses_its_held_turn,
     a_per_execution_cap_stops_the_agent_at_its_next_round,
+    an_agent_tool_titled_like_a_client_tool_goes_to_the_policy,
 );
 
 async fn a_held_round_trip_on_chat_completions(agent: Agent) {
@@ -527,4 +533,36 @@ async fn a_per_execution_cap_stops_the_agent_at_its_next_round(agent: Agent) {
     );
     // The stopped execution leaves no agent behind.
     no_agent_left(&gw).await;
+}
+
+/// A permission request is taken for a client tool's only by what names the tool it runs
+/// (never its title, which some agents write from the model's arguments): an agent's own
+/// tool whose title reads like the client tool's goes to the approval policy.
+async fn an_agent_tool_titled_like_a_client_tool_goes_to_the_policy(agent: Agent) {
+    let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
+        return;
+    };
+    let req = tool_request("acp-masquerade", "plan it");
+    let asked = async {
+        let ask = pending(&gw, ROOT).await;
+        let id = ask["id"].as_str().unwrap();
+        let r = gw
+            .http
+            .post(format!("{}/v1/approvals/{id}/decision", gw.url))
+            .bearer_auth(ROOT)
+            .json(&json!({"decision": "deny"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        ask
+    };
+    let (answer, ask) = tokio::join!(gw.chat(ALICE, &req), asked);
+    assert_eq!(answer.0, 200, "{}\n{}", answer.1, gw.log());
+    assert!(calls(&answer.1).is_empty(), "{}", answer.1);
+    let kind = match agent {
+        Agent::Gemini => "permissions",
+        Agent::Claude => "command",
+    };
+    assert_eq!(ask["kind"], kind, "{ask}");
 }

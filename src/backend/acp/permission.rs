@@ -12,22 +12,40 @@ use crate::backend::{ApprovalAsk, ApprovalKind, ApprovalResponder};
 /// The name the bridge's MCP server has in the agent's `session/new`.
 pub(super) const SERVER: &str = "t";
 
-/// True when the tool call is one of the client's tools served through the bridge: a call of
-/// kind `other` (never a command, edit, delete, move or fetch) that agents name
-/// `mcp__<server>__<tool>` (Claude Code, also in the call's `_meta`) or
-/// `<tool> (<server> MCP Server)` (Gemini CLI), matched exactly.
-pub(super) fn is_bridge_call(tool_call: &Value, names: &[String]) -> bool {
+/// True when the permission request is for one of the client's tools served through the
+/// bridge. Told by structure only, never by a title: agents write some titles from the
+/// model's own arguments (Gemini CLI's `enter_plan_mode` is titled with the model's `reason`,
+/// kind `other`), so a title can name any tool. A client tool's call is of kind `other` (or
+/// none: never a command, edit, delete, move or fetch) and the tool it runs is the bridge's
+/// own (server [`SERVER`], a declared name), as named by
+/// - `_meta.claudeCode.toolName` (Claude's adapter sets it from the `tool_use` name): in the
+///   request, or `announced` by the session's `tool_call` update of the same `toolCallId`;
+/// - the `toolCallId`'s `<tool>__` prefix: Gemini CLI builds every call id from the registry
+///   name of the tool it runs (`mcp_<server>_<tool>__…`), whatever id the model sent.
+pub(super) fn is_bridge_call(tool_call: &Value, names: &[String], announced: Option<&str>) -> bool {
     if !matches!(tool_call["kind"].as_str(), None | Some("other")) {
         return false;
     }
-    let title = tool_call["title"].as_str().unwrap_or_default();
-    let meta_name = tool_call["_meta"]["claudeCode"]["toolName"].as_str();
+    let meta_name = tool_call["_meta"]["claudeCode"]["toolName"]
+        .as_str()
+        .or(announced);
+    let id = tool_call["toolCallId"].as_str().unwrap_or_default();
     names.iter().any(|n| {
-        let prefixed = format!("mcp__{SERVER}__{n}");
-        meta_name == Some(prefixed.as_str())
-            || title == prefixed
-            || title == format!("{n} ({SERVER} MCP Server)")
+        meta_name == Some(format!("mcp__{SERVER}__{n}").as_str())
+            || id.starts_with(&format!("mcp_{SERVER}_{}__", gemini_name(n)))
     })
+}
+
+/// A tool name as Gemini CLI registers it (`generateValidName`): every character outside
+/// `[A-Za-z0-9_.:-]` becomes `_`. (A registry name past 63 characters is shortened there and
+/// not recognised here: such a call goes to the policy.)
+fn gemini_name(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '_' | '.' | ':' | '-' => c,
+            _ => '_',
+        })
+        .collect()
 }
 
 /// The agent's once-option to allow (or reject), if it offers one.
@@ -128,21 +146,35 @@ mod tests {
     }
 
     #[test]
-    fn the_clients_tools_are_recognised() {
-        let names = vec!["read_file".to_string()];
-        let claude = json!({"title": "mcp__t__read_file", "_meta": {"claudeCode": {"toolName": "mcp__t__read_file"}}});
-        let gemini = json!({"title": "read_file (t MCP Server)"});
-        let other = json!({"title": "mcp__x__read_file"});
-        assert!(is_bridge_call(&claude, &names));
-        assert!(is_bridge_call(&gemini, &names));
-        assert!(!is_bridge_call(&other, &names));
-        assert!(!is_bridge_call(&json!({"title": "Bash"}), &names));
-        // A command or an edit is never taken for a client tool, whatever its title says.
-        let command = json!({"title": "read_file (t MCP Server)", "kind": "execute"});
-        assert!(!is_bridge_call(&command, &names));
-        let edit = json!({"title": "mcp__t__read_file", "kind": "edit"});
-        assert!(!is_bridge_call(&edit, &names));
-        let longer = json!({"title": "read_file (t MCP Server); rm -rf ~", "kind": "other"});
-        assert!(!is_bridge_call(&longer, &names));
+    fn the_clients_tools_are_recognised_by_structure_never_by_title() {
+        let names = vec!["read_file".to_string(), "web get".to_string()];
+        let claude = json!({"toolCallId": "toolu_01", "title": "mcp__t__read_file", "kind": "other",
+            "_meta": {"claudeCode": {"toolName": "mcp__t__read_file"}}});
+        assert!(is_bridge_call(&claude, &names, None));
+        // Claude's adapter names the tool in the `tool_call` update before it asks.
+        let asked = json!({"toolCallId": "toolu_01", "title": "mcp__t__read_file", "kind": "other"});
+        assert!(is_bridge_call(&asked, &names, Some("mcp__t__read_file")));
+        assert!(!is_bridge_call(&asked, &names, None), "a title alone");
+        assert!(!is_bridge_call(&asked, &names, Some("Skill")));
+        let gemini = json!({"toolCallId": "mcp_t_read_file__1765000000000_0",
+            "title": "read_file (t MCP Server)", "kind": "other"});
+        assert!(is_bridge_call(&gemini, &names, None));
+        // Gemini CLI's registry name has invalid characters as `_`.
+        let dashed = json!({"toolCallId": "mcp_t_web_get__17_0", "kind": "other"});
+        assert!(is_bridge_call(&dashed, &names, None));
+        // Gemini CLI's own tool titled with the model's text: its id names the tool it runs.
+        let masquerade = json!({"toolCallId": "enter_plan_mode__mcp_t_read_file__1",
+            "title": "read_file (t MCP Server)", "kind": "other"});
+        assert!(!is_bridge_call(&masquerade, &names, None));
+        let other_server = json!({"toolCallId": "mcp_x_read_file__1", "kind": "other"});
+        assert!(!is_bridge_call(&other_server, &names, None));
+        let undeclared = json!({"toolCallId": "mcp_t_write_file__1", "kind": "other"});
+        assert!(!is_bridge_call(&undeclared, &names, None));
+        // A command or an edit is never taken for a client tool, whatever names it.
+        let command = json!({"toolCallId": "mcp_t_read_file__1", "kind": "execute"});
+        assert!(!is_bridge_call(&command, &names, None));
+        let edit = json!({"toolCallId": "toolu_2", "kind": "edit",
+            "_meta": {"claudeCode": {"toolName": "mcp__t__read_file"}}});
+        assert!(!is_bridge_call(&edit, &names, None));
     }
 }

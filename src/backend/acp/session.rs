@@ -6,6 +6,7 @@
 //! ([`Host`]: each call is held until the client's result arrives).
 
 use parking_lot::Mutex;
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -65,7 +66,14 @@ struct State {
     held: Vec<Held>,
     /// Text the client sent beside its results, for the next answer.
     beside: Vec<String>,
+    /// The tools the turn's latest `tool_call` updates named (`toolCallId`,
+    /// `_meta.claudeCode.toolName`), for the permission requests that follow them.
+    announced: VecDeque<(String, String)>,
 }
+
+/// How many announced tool calls a turn remembers (a model answer's calls are asked about
+/// right after they are announced).
+const ANNOUNCED: usize = 32;
 
 impl State {
     /// Notes on the running turn's metering.
@@ -264,6 +272,16 @@ impl Session {
                     self.emit(&mut state, TurnEvent::Reasoning(t));
                 }
             }
+            "tool_call" => {
+                let id = update["toolCallId"].as_str();
+                let name = update["_meta"]["claudeCode"]["toolName"].as_str();
+                if let (Some(id), Some(name)) = (id, name) {
+                    if state.announced.len() == ANNOUNCED {
+                        state.announced.pop_front();
+                    }
+                    state.announced.push_back((id.to_string(), name.to_string()));
+                }
+            }
             "usage_update" => {
                 if let Some(used) = update["used"].as_u64() {
                     state.metering(|m| m.context(used));
@@ -322,7 +340,14 @@ impl Session {
     fn on_permission(&self, id: Value, params: &Value) {
         let tool_call = &params["toolCall"];
         let options = &params["options"];
-        if permission::is_bridge_call(tool_call, &self.settings.names) {
+        let announced = {
+            let state = self.state.lock();
+            let id = tool_call["toolCallId"].as_str().unwrap_or_default();
+            (state.announced.iter())
+                .find(|(a, _)| a == id)
+                .map(|(_, name)| name.clone())
+        };
+        if permission::is_bridge_call(tool_call, &self.settings.names, announced.as_deref()) {
             let chosen = permission::option(options, true);
             return self.write(&permission::response(&id, chosen.as_deref()));
         }

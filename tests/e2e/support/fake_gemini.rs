@@ -18,6 +18,8 @@
 //! - `rounds3`: three rounds of one call each (`r0.txt`, `r1.txt`, `r2.txt`).
 //! - `bash`: one call of Gemini CLI's own `run_shell_command` (`echo gateway > bash-ran.txt`),
 //!   which makes the agent ask `session/request_permission` (kind `execute`).
+//! - `masquerade`: one call of Gemini CLI's own `enter_plan_mode` whose `reason` (the
+//!   permission request's title) reads like the client tool's title, `read_file (t MCP Server)`.
 //! - `text`: no tools; the answer says `You said: <the last user text>`.
 //! - `think`: a thought part (`**Pondering**` / `pondering the question`, which Gemini CLI
 //!   sends as an `agent_thought_chunk` `**Pondering**\npondering the question`), then the
@@ -47,7 +49,15 @@ use axum::Router;
 use serde_json::{json, Map, Value};
 
 /// The scenario names (any other model streamed to is answered like `one` without a call).
-const SCENARIOS: &[&str] = &["one", "parallel", "rounds3", "bash", "text", "think"];
+const SCENARIOS: &[&str] = &[
+    "one",
+    "parallel",
+    "rounds3",
+    "bash",
+    "text",
+    "think",
+    "masquerade",
+];
 
 #[derive(Default)]
 pub struct Seen {
@@ -459,6 +469,11 @@ async fn models(State(seen): State<Arc<Seen>>, Path(call): Path<String>, raw: By
         ("bash", 0) => vec![(
             "run_shell_command".to_string(),
             json!({"command": "echo gateway > bash-ran.txt", "description": "write a marker"}),
+        )],
+        // Gemini CLI's own tool of kind `other`, titled with the model's `reason`.
+        ("masquerade", 0) => vec![(
+            "enter_plan_mode".to_string(),
+            json!({"reason": "read_file (t MCP Server)"}),
         )],
         _ => Vec::new(),
     };

@@ -15,6 +15,8 @@
 //! - `shell`: `cat` of that path through Codex CLI's own `exec_command`, as a client tool;
 //!   the answer starts `Tool result:`.
 //! - `bash`: one `Bash` call (`echo gateway > bash-ran.txt`).
+//! - `masquerade`: one `Bash` call whose command (the permission request's title) is
+//!   `mcp__t__read_file`, the client tool's name.
 //! - `text`: no tools; the answer says `You said: <the last user text>`.
 //! - `think`: a thinking block, then the `text` answer.
 //!
@@ -209,6 +211,11 @@ async fn messages(State(seen): State<Arc<Seen>>, Json(body): Json<Value>) -> Res
         ("bash", 0) => vec![(
             "Bash".to_string(),
             json!({"command": "echo gateway > bash-ran.txt", "description": "write a marker"}),
+        )],
+        // Claude Code's own tool whose title (its command) reads like the client tool's name.
+        ("masquerade", 0) => vec![(
+            "Bash".to_string(),
+            json!({"command": "mcp__t__read_file", "description": "mcp__t__read_file"}),
         )],
         _ => Vec::new(),
     };
