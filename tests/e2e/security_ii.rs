@@ -419,3 +419,30 @@ async fn scratch_folders_a_dead_gateway_left_are_swept_at_start() {
         "a live process's folder went"
     );
 }
+
+#[tokio::test]
+async fn a_principals_stored_summaries_are_bounded_its_oldest_going_first() {
+    use crate::support::responses;
+    let gw = Gateway::start_with(Opts {
+        continuations: "max_compactions_per_client = 2",
+        ..Opts::default()
+    })
+    .await;
+    let mut items = Vec::new();
+    for n in 0..3 {
+        let input = json!([{"type": "message", "role": "user", "content": format!("part {n}")},
+                           {"type": "compaction_trigger"}]);
+        let (s, r) = responses::create(&gw, BOB, &json!({"model": "echo", "input": input})).await;
+        assert_eq!(s, 200, "{r}");
+        items.push(r["output"][0].clone());
+    }
+    let works = async |item: &Value| {
+        let input = json!([item, {"type": "message", "role": "user", "content": "go on"}]);
+        let (s, r) = responses::create(&gw, BOB, &json!({"model": "echo", "input": input})).await;
+        assert!(s == 200 || s == 404, "{s} {r}");
+        s == 200
+    };
+    assert!(works(&items[2]).await, "the newest stays");
+    let older = u8::from(works(&items[0]).await) + u8::from(works(&items[1]).await);
+    assert_eq!(older, 1, "two kept in all");
+}

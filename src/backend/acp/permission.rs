@@ -152,7 +152,8 @@ mod tests {
             "_meta": {"claudeCode": {"toolName": "mcp__t__read_file"}}});
         assert!(is_bridge_call(&claude, &names, None));
         // Claude's adapter names the tool in the `tool_call` update before it asks.
-        let asked = json!({"toolCallId": "toolu_01", "title": "mcp__t__read_file", "kind": "other"});
+        let asked =
+            json!({"toolCallId": "toolu_01", "title": "mcp__t__read_file", "kind": "other"});
         assert!(is_bridge_call(&asked, &names, Some("mcp__t__read_file")));
         assert!(!is_bridge_call(&asked, &names, None), "a title alone");
         assert!(!is_bridge_call(&asked, &names, Some("Skill")));

@@ -279,7 +279,9 @@ impl Session {
                     if state.announced.len() == ANNOUNCED {
                         state.announced.pop_front();
                     }
-                    state.announced.push_back((id.to_string(), name.to_string()));
+                    state
+                        .announced
+                        .push_back((id.to_string(), name.to_string()));
                 }
             }
             "usage_update" => {
