@@ -4,7 +4,10 @@
 //! saw: the context the agent last reported (`usage_update.used`, where the agent sends it),
 //! else a token per four bytes of everything exchanged so far, and for the output a token
 //! per four bytes the agent said. The prompt's own report then adds only what it has beyond
-//! that, so a per-execution cap can stop the execution at its next round.
+//! that, so a per-execution cap can stop the execution at its next round. The report itself
+//! is read here too ([`reported`]).
+
+use serde_json::Value;
 
 use crate::turn::Usage;
 
@@ -20,6 +23,39 @@ pub(super) struct Metering {
     fresh: bool,
     /// The context size the agent last reported.
     context: Option<u64>,
+}
+
+/// A turn's usage as the prompt response reports it: ACP's `usage` (input tokens are the
+/// uncached ones; prompt tokens here are input plus cache reads and writes, as everywhere in
+/// the gateway), else Gemini CLI's `_meta.quota.token_count`.
+pub(super) fn reported(result: &Value) -> Option<Usage> {
+    let quota = &result["_meta"]["quota"]["token_count"];
+    if !result["usage"].is_object() && quota.is_object() {
+        let count = |k: &str| quota.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let (prompt, completion) = (count("input_tokens"), count("output_tokens"));
+        return Some(Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            ..Usage::default()
+        });
+    }
+    let u = &result["usage"];
+    let count = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+    if !u.is_object() {
+        return None;
+    }
+    let (read, write) = (count("cachedReadTokens"), count("cachedWriteTokens"));
+    let prompt = count("inputTokens") + read + write;
+    let completion = count("outputTokens");
+    Some(Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: prompt + completion,
+        cached_tokens: read,
+        cache_write_tokens: write,
+        reasoning_tokens: count("thoughtTokens"),
+    })
 }
 
 impl Metering {
@@ -82,6 +118,27 @@ impl Metering {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_turns_usage_from_acp_or_gemini_clis_quota() {
+        let acp = json!({"stopReason": "end_turn", "usage": {"inputTokens": 200, "outputTokens": 40,
+            "cachedReadTokens": 100, "cachedWriteTokens": 14, "totalTokens": 354}});
+        let u = reported(&acp).unwrap();
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens, u.total_tokens),
+            (314, 40, 354)
+        );
+        assert_eq!((u.cached_tokens, u.cache_write_tokens), (100, 14));
+        let gemini = json!({"stopReason": "end_turn", "_meta": {"quota": {"token_count":
+            {"input_tokens": 200, "output_tokens": 40}}}});
+        let u = reported(&gemini).unwrap();
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens, u.total_tokens),
+            (200, 40, 240)
+        );
+        assert!(reported(&json!({"stopReason": "cancelled"})).is_none());
+    }
 
     #[test]
     fn rounds_are_metered_as_they_end_and_the_report_adds_the_rest() {

@@ -305,7 +305,7 @@ impl Session {
         let interrupted = state.route.as_ref().is_some_and(|r| r.interrupted);
         let ev = match result {
             Ok(result) => {
-                let report = usage(&result);
+                let report = super::metering::reported(&result);
                 if let Some(r) = state.route.as_mut().filter(|r| !r.finished) {
                     let rest = r.metering.rest(report);
                     self.metered(&mut state, rest);
@@ -518,39 +518,6 @@ impl AgentSession for Session {
     }
 }
 
-/// A turn's usage as the prompt response reports it: ACP's `usage` (input tokens are the
-/// uncached ones; prompt tokens here are input plus cache reads and writes, as everywhere in
-/// the gateway), else Gemini CLI's `_meta.quota.token_count`.
-fn usage(result: &Value) -> Option<Usage> {
-    let quota = &result["_meta"]["quota"]["token_count"];
-    if !result["usage"].is_object() && quota.is_object() {
-        let count = |k: &str| quota.get(k).and_then(Value::as_u64).unwrap_or(0);
-        let (prompt, completion) = (count("input_tokens"), count("output_tokens"));
-        return Some(Usage {
-            prompt_tokens: prompt,
-            completion_tokens: completion,
-            total_tokens: prompt + completion,
-            ..Usage::default()
-        });
-    }
-    let u = &result["usage"];
-    let count = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
-    if !u.is_object() {
-        return None;
-    }
-    let (read, write) = (count("cachedReadTokens"), count("cachedWriteTokens"));
-    let prompt = count("inputTokens") + read + write;
-    let completion = count("outputTokens");
-    Some(Usage {
-        prompt_tokens: prompt,
-        completion_tokens: completion,
-        total_tokens: prompt + completion,
-        cached_tokens: read,
-        cache_write_tokens: write,
-        reasoning_tokens: count("thoughtTokens"),
-    })
-}
-
 impl Output for Session {
     fn line(self: &Arc<Self>, line: &[u8]) {
         let Ok(msg) = serde_json::from_slice::<Value>(line) else {
@@ -601,30 +568,5 @@ impl Output for Session {
                 alive.fetch_sub(1, Ordering::SeqCst);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_turns_usage_from_acp_or_gemini_clis_quota() {
-        let acp = json!({"stopReason": "end_turn", "usage": {"inputTokens": 200, "outputTokens": 40,
-            "cachedReadTokens": 100, "cachedWriteTokens": 14, "totalTokens": 354}});
-        let u = usage(&acp).unwrap();
-        assert_eq!(
-            (u.prompt_tokens, u.completion_tokens, u.total_tokens),
-            (314, 40, 354)
-        );
-        assert_eq!((u.cached_tokens, u.cache_write_tokens), (100, 14));
-        let gemini = json!({"stopReason": "end_turn", "_meta": {"quota": {"token_count":
-            {"input_tokens": 200, "output_tokens": 40}}}});
-        let u = usage(&gemini).unwrap();
-        assert_eq!(
-            (u.prompt_tokens, u.completion_tokens, u.total_tokens),
-            (200, 40, 240)
-        );
-        assert!(usage(&json!({"stopReason": "cancelled"})).is_none());
     }
 }
