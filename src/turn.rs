@@ -296,6 +296,9 @@ pub enum Wire {
 pub struct Passthrough {
     pub wire: Wire,
     pub body: bytes::Bytes,
+    /// The body has cache hints (`prompt_cache_key`, `user`) that a shared upstream must
+    /// receive scoped to the principal.
+    pub cache_hints: bool,
 }
 
 /// Sampling options as the client gave them (values relayed as sent; `None` when absent or

@@ -57,13 +57,18 @@ impl Upstream {
     /// A fresh leg's body: the client's own bytes (native) with only `model` and the usage
     /// request spliced, or a translation.
     fn fresh_body(&self, leg: &LegRequest<'_>) -> Result<Up, BackendError> {
-        match passthrough(leg.input) {
-            Some(raw) => {
-                let model = leg.model.backend_model.as_deref();
-                native::upstream_body(raw, model, leg.principal).map_err(invalid)
-            }
-            None => encode(self.tree(leg)?.0),
+        let Some(p) = passthrough(leg.input) else {
+            return encode(self.tree(leg)?.0);
+        };
+        let model = leg.model.backend_model.as_deref();
+        if model.is_none() && !leg.input.stream && !p.cache_hints {
+            // Nothing to splice: the plain relay reads no byte of the body.
+            return Ok(Up {
+                body: p.body.clone(),
+                strip_usage: false,
+            });
         }
+        native::upstream_body(&p.body, model, leg.principal).map_err(invalid)
     }
 
     /// The request body as a tree (a continuation's ids are restored in it), `model` renamed,
@@ -72,8 +77,8 @@ impl Upstream {
     fn tree(&self, leg: &LegRequest<'_>) -> Result<(Value, bool), BackendError> {
         let mut strip_usage = false;
         let mut body = match passthrough(leg.input) {
-            Some(raw) => {
-                let mut body: Value = serde_json::from_slice(raw).map_err(invalid)?;
+            Some(p) => {
+                let mut body: Value = serde_json::from_slice(&p.body).map_err(invalid)?;
                 if body["stream"] == true && body["stream_options"]["include_usage"] != true {
                     if !body["stream_options"].is_object() {
                         body["stream_options"] = json!({});
@@ -118,23 +123,26 @@ impl Upstream {
         let native = passthrough(leg.input).is_some();
         // Accounting hears each usage report as it passes; an answer that ends without one
         // is metered from the gateway's own estimate.
-        let mut metered = Metered {
+        let events = Box::pin(Metered {
+            events,
+            then: None,
             meter: leg.meter.clone(),
             sent_bytes,
             said_bytes: 0,
             reported: false,
             warned: self.warned_no_usage.clone(),
             backend: self.name.clone(),
-        };
-        let events = futures::StreamExt::boxed(futures::StreamExt::flat_map(events, move |ev| {
-            futures::stream::iter(metered.pass(ev))
-        }));
+        });
         Ok(Turn::from_stream(events, Box::new(Ids(ids)), native))
     }
 }
 
-/// What a leg reported of its usage, and what it said, for an estimate when it reports none.
+/// A leg's events, metered: each usage report as it passes, and at the end of an answer
+/// that reported none, the gateway's estimate (sent before the end, as a report).
 struct Metered {
+    events: futures::stream::BoxStream<'static, TurnEvent>,
+    /// The end event held back while its estimate goes first.
+    then: Option<TurnEvent>,
     meter: super::Meter,
     sent_bytes: usize,
     said_bytes: usize,
@@ -144,10 +152,25 @@ struct Metered {
     backend: Arc<str>,
 }
 
+impl futures::Stream for Metered {
+    type Item = TurnEvent;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<TurnEvent>> {
+        if let Some(ev) = self.then.take() {
+            return std::task::Poll::Ready(Some(ev));
+        }
+        let ev = std::task::ready!(self.events.as_mut().poll_next(cx));
+        std::task::Poll::Ready(ev.map(|ev| self.pass(ev)))
+    }
+}
+
 impl Metered {
-    /// The event, preceded at the leg's end by the estimated usage when none was reported.
-    fn pass(&mut self, ev: TurnEvent) -> impl Iterator<Item = TurnEvent> {
-        let mut estimate = None;
+    /// The event to send now: `ev`, or the estimate (then `ev` next) when `ev` ends an
+    /// answer that reported no usage.
+    fn pass(&mut self, ev: TurnEvent) -> TurnEvent {
         match &ev {
             TurnEvent::Usage(u) => {
                 self.reported = true;
@@ -165,21 +188,21 @@ impl Metered {
                     );
                 }
                 (self.meter)(u);
-                estimate = Some(TurnEvent::Usage(u));
+                self.then = Some(ev);
+                return TurnEvent::Usage(u);
             }
             _ => {}
         }
-        estimate.into_iter().chain(std::iter::once(ev))
+        ev
     }
 }
 
 /// The client's own body, when it is in the wire this upstream speaks.
-fn passthrough(input: &crate::turn::TurnInput) -> Option<&Bytes> {
+fn passthrough(input: &crate::turn::TurnInput) -> Option<&crate::turn::Passthrough> {
     input
         .passthrough
         .as_ref()
         .filter(|p| p.wire == crate::turn::Wire::ChatCompletions)
-        .map(|p| &p.body)
 }
 
 fn invalid(e: serde_json::Error) -> BackendError {

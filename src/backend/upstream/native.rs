@@ -73,14 +73,14 @@ pub fn upstream_body(
 ) -> Result<Up, serde_json::Error> {
     object(raw)?;
     let f: Fields<'_> = serde_json::from_slice(raw)?;
-    let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::with_capacity(2);
+    let mut edits: Vec<(Range<usize>, Put<'_>)> = Vec::new();
     if let (Some(v), Some(m)) = (f.model, model) {
-        edits.push((span(raw, v), serde_json::to_vec(m)?));
+        edits.push((span(raw, v), Put::Str(m)));
     }
     for hint in [f.prompt_cache_key, f.user].into_iter().flatten() {
         let value: serde_json::Value = serde_json::from_str(hint.get())?;
         let scoped = serde_json::to_vec(&scoped_cache_key(principal, &value))?;
-        edits.push((span(raw, hint), scoped));
+        edits.push((span(raw, hint), Put::Bytes(scoped)));
     }
     let streamed = f.stream.is_some_and(|s| s.get() == "true");
     let mut strip_usage = false;
@@ -89,10 +89,8 @@ pub fn upstream_body(
             None => {
                 // After the opening brace: a streamed body has at least its `stream` member.
                 let at = raw.iter().position(|b| *b == b'{').unwrap_or(0) + 1;
-                edits.push((
-                    at..at,
-                    br#""stream_options":{"include_usage":true},"#.to_vec(),
-                ));
+                let ask = br#""stream_options":{"include_usage":true},"#.to_vec();
+                edits.push((at..at, Put::Bytes(ask)));
                 strip_usage = true;
             }
             Some(o) => {
@@ -102,14 +100,14 @@ pub fn upstream_body(
                         options = serde_json::json!({});
                     }
                     options["include_usage"] = true.into();
-                    edits.push((span(raw, o), serde_json::to_vec(&options)?));
+                    edits.push((span(raw, o), Put::Bytes(serde_json::to_vec(&options)?)));
                     strip_usage = true;
                 }
             }
         }
     }
     Ok(Up {
-        body: rewrite(raw, edits),
+        body: rewrite(raw, &mut edits)?,
         strip_usage,
     })
 }
@@ -119,11 +117,10 @@ pub fn upstream_body(
 pub fn with_model(raw: &Bytes, model: &str) -> Result<Bytes, serde_json::Error> {
     object(raw)?;
     let f: Fields<'_> = serde_json::from_slice(raw)?;
-    let edits = match f.model {
-        Some(v) => vec![(span(raw, v), serde_json::to_vec(model)?)],
-        None => Vec::new(),
-    };
-    Ok(rewrite(raw, edits))
+    match f.model {
+        Some(v) => rewrite(raw, &mut [(span(raw, v), Put::Str(model))]),
+        None => Ok(raw.clone()),
+    }
 }
 
 /// A struct also deserializes from an array; only an object is a body.
@@ -141,22 +138,31 @@ fn span(raw: &[u8], value: &RawValue) -> Range<usize> {
     start..start + value.get().len()
 }
 
-/// `raw` with each range (ascending, disjoint) replaced by its bytes.
-fn rewrite(raw: &Bytes, mut edits: Vec<(Range<usize>, Vec<u8>)>) -> Bytes {
+/// What replaces a span.
+enum Put<'b> {
+    /// A string, written as JSON.
+    Str(&'b str),
+    Bytes(Vec<u8>),
+}
+
+/// `raw` with each range (disjoint) replaced.
+fn rewrite(raw: &Bytes, edits: &mut [(Range<usize>, Put<'_>)]) -> Result<Bytes, serde_json::Error> {
     if edits.is_empty() {
-        return raw.clone();
+        return Ok(raw.clone());
     }
-    edits.sort_by_key(|(r, _)| r.start);
-    let grown: usize = edits.iter().map(|(_, b)| b.len()).sum();
-    let mut out = Vec::with_capacity(raw.len() + grown);
+    edits.sort_unstable_by_key(|(r, _)| r.start);
+    let mut out = Vec::with_capacity(raw.len() + 64);
     let mut at = 0;
-    for (r, bytes) in edits {
+    for (r, put) in edits.iter() {
         out.extend_from_slice(&raw[at..r.start]);
-        out.extend_from_slice(&bytes);
+        match put {
+            Put::Str(s) => serde_json::to_writer(&mut out, s)?,
+            Put::Bytes(b) => out.extend_from_slice(b),
+        }
         at = r.end;
     }
     out.extend_from_slice(&raw[at..]);
-    out.into()
+    Ok(out.into())
 }
 
 /// The whole member (`"key": value` and one separating comma) around the value at `value`,
@@ -198,15 +204,27 @@ fn member(raw: &[u8], value: Range<usize>) -> Range<usize> {
     }
 }
 
-/// What the gateway reads of an upstream answer (a whole body or one stream chunk).
+/// What the gateway reads of an upstream answer (a whole body or one stream chunk). Its
+/// `usage` is read as a [`WireUsage`], or as a [`Member`] when it is to be cut out.
 #[derive(Deserialize)]
-struct Answer<'a> {
+struct Answer<'a, U> {
     #[serde(borrow)]
     model: Option<&'a RawValue>,
     #[serde(default, borrow)]
     choices: Option<Vec<Choice<'a>>>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    usage: Option<&'a RawValue>,
+    #[serde(default)]
+    usage: U,
+}
+
+/// A member's value whatever it is, `null` included, found in the same read (only the one
+/// usage chunk of a stream is then read again, as a [`WireUsage`]).
+#[derive(Default)]
+struct Member<'a>(Option<&'a RawValue>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Member<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        present(d).map(Member)
+    }
 }
 
 #[derive(Deserialize)]
@@ -329,11 +347,32 @@ pub struct Plain {
 /// is not an object of this shape: the caller reads it as a tree.
 pub fn plain(raw: &Bytes, model: &str, strip_usage: bool) -> Option<Plain> {
     object(raw).ok()?;
-    let a: Answer<'_> = serde_json::from_slice(raw).ok()?;
-    let model_value = a.model?;
-    let first = a.choices.as_ref().and_then(|c| c.first());
+    if !strip_usage {
+        let a: Answer<'_, Option<WireUsage>> = serde_json::from_slice(raw).ok()?;
+        let usage = a.usage.map(wire_usage);
+        return read(raw, model, (a.model, a.choices), usage, None);
+    }
+    let a: Answer<'_, Member<'_>> = serde_json::from_slice(raw).ok()?;
+    let usage = match a.usage.0.filter(|u| u.get() != "null") {
+        Some(u) => Some(wire_usage(serde_json::from_str(u.get()).ok()?)),
+        None => None,
+    };
+    let cut = a.usage.0.map(|u| member(raw, span(raw, u)));
+    read(raw, model, (a.model, a.choices), usage, cut)
+}
+
+/// [`plain`] once the answer is read: `cut` is the usage member to take out.
+fn read(
+    raw: &Bytes,
+    model: &str,
+    (model_value, choices): (Option<&RawValue>, Option<Vec<Choice<'_>>>),
+    usage: Option<Usage>,
+    cut: Option<Range<usize>>,
+) -> Option<Plain> {
+    let model_value = model_value?;
+    let first = choices.as_ref().and_then(|c| c.first());
     let said = first.and_then(|c| c.message.as_ref().or(c.delta.as_ref()));
-    let calls = a.choices.iter().flatten().any(|c| {
+    let calls = choices.iter().flatten().any(|c| {
         [&c.message, &c.delta]
             .into_iter()
             .flatten()
@@ -342,17 +381,18 @@ pub fn plain(raw: &Bytes, model: &str, strip_usage: bool) -> Option<Plain> {
     if calls {
         return None;
     }
-    let usage = match a.usage.filter(|u| u.get() != "null") {
-        Some(u) => Some(wire_usage(serde_json::from_str(u.get()).ok()?)),
-        None => None,
+    let mut edits = [
+        (span(raw, model_value), Put::Str(model)),
+        (0..0, Put::Bytes(Vec::new())),
+    ];
+    let relay = cut.is_none() || choices.as_ref().is_some_and(|c| !c.is_empty());
+    let n = match cut {
+        Some(member) => {
+            edits[1].0 = member;
+            2
+        }
+        None => 1,
     };
-    let mut edits = vec![(span(raw, model_value), serde_json::to_vec(model).ok()?)];
-    let mut relay = true;
-    if let Some(u) = a.usage.filter(|_| strip_usage) {
-        // The usage-only chunk goes; elsewhere only the member.
-        relay = a.choices.as_ref().is_some_and(|c| !c.is_empty());
-        edits.push((member(raw, span(raw, u)), Vec::new()));
-    }
     Some(Plain {
         text: said
             .and_then(|s| s.content.as_deref())
@@ -364,7 +404,8 @@ pub fn plain(raw: &Bytes, model: &str, strip_usage: bool) -> Option<Plain> {
             .to_string(),
         usage,
         finish: first.and_then(|c| c.finish_reason.as_deref().map(str::to_owned)),
-        json: rewrite(raw, edits),
+        json: rewrite(raw, &mut edits[..n]).ok()?,
+        // The usage-only chunk goes whole; elsewhere only the member.
         relay,
     })
 }

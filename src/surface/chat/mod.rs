@@ -91,6 +91,7 @@ pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiE
             .unwrap_or(false),
     };
     let effort = Effort::read(req.reasoning_effort.as_ref(), "reasoning_effort")?;
+    let cache_hints = req.prompt_cache_key.is_some() || req.user.is_some();
     let messages: Vec<Message> = req.messages.iter().map(neutral_message).collect();
     let detected = detect(&messages)?;
     let tool_choice = tool_choice(req.tool_choice.as_ref());
@@ -116,6 +117,7 @@ pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         passthrough: Some(Passthrough {
             wire: Wire::ChatCompletions,
             body,
+            cache_hints,
         }),
         sampling: Sampling::default(),
         arrived,

@@ -24,6 +24,11 @@ pub struct ChatRequest {
     pub parallel_tool_calls: Option<bool>,
     #[serde(default)]
     pub reasoning_effort: Option<Value>,
+    /// Cache hints, only noticed (a shared upstream receives them scoped to the principal).
+    #[serde(default)]
+    pub prompt_cache_key: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    pub user: Option<serde::de::IgnoredAny>,
 }
 
 fn null_as_false<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
