@@ -305,21 +305,6 @@ impl<P: Parked> Registry<P> {
             .collect()
     }
 
-    /// Changes what `principal` keeps outside any batch (a socket's last response) from `was`
-    /// to `now` bytes, under the bound its batches share; false, changing nothing, over it.
-    pub fn rekeep(&self, principal: &str, was: usize, now: usize) -> bool {
-        let mut g = self.inner.lock();
-        let other = g.kept.get(principal).map_or(0, |k| k.saturating_sub(was));
-        if now > was && other.saturating_add(now) > self.limits.max_kept_bytes_per_client {
-            return false;
-        }
-        match other + now {
-            0 => g.kept.remove(principal),
-            n => g.kept.insert(principal.to_string(), n),
-        };
-        true
-    }
-
     /// Adds a batch within the bounds; on success its id (the caller records it durably,
     /// and withdraws it if that fails). A refusal hands the batch back (boxed: rare).
     pub fn register(&self, b: Batch<P>) -> Result<u64, Box<Batch<P>>> {
@@ -609,5 +594,6 @@ fn push_tomb<P>(
     }
 }
 
+mod kept;
 #[cfg(test)]
 mod tests;

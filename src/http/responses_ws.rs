@@ -14,8 +14,9 @@
 //! changes nothing. The socket closing while a leg runs is a client disconnect (the leg is
 //! interrupted); closing while the turn is held changes nothing (it may continue on another
 //! socket or over HTTP). Bounded by the body limit (per message, and for an expanded
-//! conversation), an idle timeout, pings, and the principal's open-stream bound, which the
-//! socket holds a place in for its lifetime.
+//! conversation), an idle timeout that only a response resets, pings, and for the socket's
+//! lifetime a place among the listener's `max_connections` and among the principal's open
+//! streams; what it remembers counts in the principal's kept bytes.
 
 use std::time::Duration;
 
