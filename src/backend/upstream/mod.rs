@@ -9,7 +9,7 @@
 //! scoped to the principal (`native.rs`), and its answer's chunks are passed back as
 //! `TurnEvent::Native` for that surface to relay; any other surface's turn is translated
 //! (`translate.rs`). Every leg is metered, from the upstream's reports or, when it sends none,
-//! the gateway's estimate ([`Metered`]).
+//! the gateway's estimate (`Metered`).
 
 pub(crate) mod client;
 pub(crate) mod native;

@@ -46,7 +46,7 @@ const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 /// Connections the bridge serves at once per agent session of the backends it serves (an
 /// MCP client's requests, its event stream and a reconnect), and at least
-/// [`MIN_CONNECTIONS`]: a local process cannot take the gateway's descriptors through it.
+/// `MIN_CONNECTIONS`: a local process cannot take the gateway's descriptors through it.
 pub const CONNECTIONS_PER_SESSION: usize = 4;
 const MIN_CONNECTIONS: usize = 16;
 
