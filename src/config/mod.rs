@@ -230,6 +230,12 @@ impl Config {
         self.grant(id).is_some_and(|g| g.may_use(model))
     }
 
+    /// The model `model` names, if it exists and principal `id` may use it (else the two
+    /// are indistinguishable: 404 `model_not_found`).
+    pub fn usable_model(&self, id: &str, model: &str) -> Option<&ModelConfig> {
+        self.model(model).filter(|m| self.may_use(id, &m.id))
+    }
+
     /// What `turnstile check` and the start warn about, without refusing the config: a USD
     /// cap on a principal that may use a model with no price (its usage counts $0).
     pub fn warnings(&self) -> Vec<String> {

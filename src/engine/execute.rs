@@ -142,8 +142,7 @@ impl Engine {
         }
         let cfg = self.config();
         let model = cfg
-            .model(&input.model)
-            .filter(|m| cfg.may_use(&principal.id, &m.id))
+            .usable_model(&principal.id, &input.model)
             .ok_or_else(|| EngineError::ModelNotFound(input.model.clone()))?;
         let backend = self
             .backend(&model.backend)
@@ -278,10 +277,7 @@ impl Engine {
         let limit = cfg.server.max_body_bytes;
         let slot = match ask.fresh {
             true => {
-                let granted = cfg
-                    .model(ask.model)
-                    .is_some_and(|m| cfg.may_use(&principal.id, &m.id));
-                if !granted {
+                if cfg.usable_model(&principal.id, ask.model).is_none() {
                     return Err(EngineError::ModelNotFound(ask.model.to_string()).into());
                 }
                 drop(cfg);

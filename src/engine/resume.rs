@@ -242,7 +242,7 @@ impl Engine {
         let positions = check(&view, input, c, cfg.continuations.max_tool_result_bytes)?;
 
         // Authority under the current config, for the original model.
-        let allowed = cfg.model(&view.model).is_some() && cfg.may_use(&principal.id, &view.model);
+        let allowed = cfg.usable_model(&principal.id, &view.model).is_some();
         if !allowed {
             if let Some(s) = suspensions.settle(view.batch, Reason::Revoked) {
                 tracing::info!(execution = %s.execution_id, "grant revoked while suspended; turn interrupted");

@@ -79,17 +79,14 @@ impl Metering {
     /// A round ended (the agent calls a client tool): what it cost, metered. Calls of one
     /// model answer read no new input: only the first counts the input.
     pub fn round(&mut self) -> Usage {
-        let prompt = match std::mem::take(&mut self.fresh) {
-            true => (self.context.take()).unwrap_or(self.seen.div_ceil(4) as u64),
-            false => 0,
-        };
-        let completion = std::mem::take(&mut self.said).div_ceil(4) as u64;
-        let u = Usage {
-            prompt_tokens: prompt,
-            completion_tokens: completion,
-            total_tokens: prompt + completion,
-            ..Usage::default()
-        };
+        let fresh = std::mem::take(&mut self.fresh);
+        let read = if fresh { self.seen } else { 0 };
+        let mut u = Usage::estimate(read, std::mem::take(&mut self.said));
+        // The context the agent last reported is what a new call reads, when it says so.
+        if let Some(used) = fresh.then(|| self.context.take()).flatten() {
+            u.prompt_tokens = used;
+            u.total_tokens = used + u.completion_tokens;
+        }
         self.metered.add(u);
         u
     }

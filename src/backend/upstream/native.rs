@@ -112,17 +112,6 @@ pub fn upstream_body(
     })
 }
 
-/// `raw` with its top-level `model` value replaced by `model`: [`upstream_body`] without
-/// the usage request (the fuzzer checks that nothing else moves).
-pub fn with_model(raw: &Bytes, model: &str) -> Result<Bytes, serde_json::Error> {
-    object(raw)?;
-    let f: Fields<'_> = serde_json::from_slice(raw)?;
-    match f.model {
-        Some(v) => rewrite(raw, &mut [(span(raw, v), Put::Str(model))]),
-        None => Ok(raw.clone()),
-    }
-}
-
 /// A struct also deserializes from an array; only an object is a body.
 fn object(raw: &[u8]) -> Result<(), serde_json::Error> {
     if raw.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -442,7 +431,7 @@ mod tests {
         let raw = Bytes::from_static(
             b"{ \"messages\" : [{\"role\":\"user\",\"content\":\"model\"}],\n  \"model\":\"pub\" , \"temperature\": 1.0e0, \"x\": {\"model\": 1} }",
         );
-        let out = with_model(&raw, "real \"m\"").unwrap();
+        let out = upstream_body(&raw, Some("real \"m\""), "p").unwrap().body;
         assert_eq!(
             std::str::from_utf8(&out).unwrap(),
             "{ \"messages\" : [{\"role\":\"user\",\"content\":\"model\"}],\n  \"model\":\"real \\\"m\\\"\" , \"temperature\": 1.0e0, \"x\": {\"model\": 1} }"
@@ -496,13 +485,16 @@ mod tests {
     fn escaped_and_missing_and_invalid() {
         let raw = Bytes::from_static(b"{\"mod\\u0065l\":\"a\",\"n\":1}");
         assert_eq!(
-            &with_model(&raw, "b").unwrap()[..],
+            &upstream_body(&raw, Some("b"), "p").unwrap().body[..],
             b"{\"mod\\u0065l\":\"b\",\"n\":1}"
         );
         let raw = Bytes::from_static(b"{\"n\":1}");
-        assert_eq!(&with_model(&raw, "b").unwrap()[..], b"{\"n\":1}");
-        assert!(with_model(&Bytes::from_static(b"{\"model\":\"a\""), "b").is_err());
-        assert!(with_model(&Bytes::from_static(b"[1]"), "b").is_err());
+        assert_eq!(
+            &upstream_body(&raw, Some("b"), "p").unwrap().body[..],
+            b"{\"n\":1}"
+        );
+        assert!(upstream_body(&Bytes::from_static(b"{\"model\":\"a\""), Some("b"), "p").is_err());
+        assert!(upstream_body(&Bytes::from_static(b"[1]"), Some("b"), "p").is_err());
     }
 
     #[test]
