@@ -13,6 +13,8 @@ pub enum ErrorCode {
     ModelNotFound,
     InvalidRequest,
     UnsupportedToolChoice,
+    /// A structured-output request (a JSON schema) the model's backend cannot honour.
+    UnsupportedResponseFormat,
     RequestTooLarge,
     RequestTimeout,
     ContinuationNotFound,
@@ -50,7 +52,10 @@ impl ErrorCode {
         match self {
             InvalidApiKey => 401,
             ModelNotFound | ContinuationNotFound | ApprovalNotFound | NotFound => 404,
-            InvalidRequest | UnsupportedToolChoice | ContinuationMismatch => 400,
+            InvalidRequest
+            | UnsupportedToolChoice
+            | UnsupportedResponseFormat
+            | ContinuationMismatch => 400,
             RequestTooLarge => 413,
             RequestTimeout => 408,
             ContinuationAlreadyResolved | ApprovalAlreadyDecided => 409,
@@ -74,6 +79,7 @@ impl ErrorCode {
             ModelNotFound => "model_not_found",
             InvalidRequest => "invalid_request",
             UnsupportedToolChoice => "unsupported_tool_choice",
+            UnsupportedResponseFormat => "unsupported_response_format",
             RequestTooLarge => "request_too_large",
             RequestTimeout => "request_timeout",
             ContinuationNotFound => "continuation_not_found",
@@ -114,6 +120,7 @@ impl ErrorCode {
             | ReplicaUnavailable | Internal => "server_error",
             InvalidRequest
             | UnsupportedToolChoice
+            | UnsupportedResponseFormat
             | RequestTooLarge
             | RequestTimeout
             | ContinuationAlreadyResolved
@@ -136,8 +143,10 @@ pub struct ApiError {
     pub param: Option<Param>,
     /// For `UpstreamRejected`: the upstream's status, type, code and param, relayed as is.
     pub upstream: Option<Box<UpstreamDetail>>,
-    /// For `RateLimited`: whole seconds for the `Retry-After` header.
+    /// For `RateLimited` and `BudgetExceeded`: whole seconds for the `Retry-After` header.
     pub retry_after: Option<u64>,
+    /// For `BudgetExceeded`: the cap reached (a surface may describe it in headers).
+    pub exceeded: Option<crate::budget::Exceeded>,
     /// Extra top-level body members (the settled approval of a 409).
     pub extra: Option<Box<(&'static str, serde_json::Value)>>,
 }
@@ -150,6 +159,8 @@ pub enum Param {
     Conversation,
     Tools,
     ToolChoice,
+    /// The structured-output request (a JSON schema for the answer).
+    ResponseFormat,
     Model,
     /// The requested reasoning effort.
     Effort,
@@ -180,6 +191,7 @@ impl ApiError {
             param: None,
             upstream: None,
             retry_after: None,
+            exceeded: None,
             extra: None,
         }
     }

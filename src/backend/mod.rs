@@ -391,9 +391,12 @@ pub enum BackendError {
         message: String,
         param: crate::error::Param,
     },
-    /// A `tool_choice` this backend cannot enforce.
+    /// A forced `tool_choice` on an agent of this kind, which decides for itself.
     #[error("unsupported tool_choice")]
-    UnsupportedToolChoice,
+    UnsupportedToolChoice { kind: &'static str },
+    /// A structured-output request this backend cannot honour, and why.
+    #[error("unsupported response_format")]
+    UnsupportedResponseFormat(&'static str),
 }
 
 /// An upstream's rejection: its status, message, type, code and param (never its URL or key).

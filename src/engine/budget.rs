@@ -33,6 +33,16 @@ pub struct CapView {
     pub resets_at: Option<u64>,
 }
 
+/// A principal's standing against one of its caps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Standing {
+    pub cap: Cap,
+    /// Used over the cap's limit (1 or more once reached).
+    pub fraction: f64,
+    /// Unix seconds when the cap's window starts again.
+    pub resets_at: u64,
+}
+
 /// How many principals [`OverCaps`] remembers at most.
 const MAX_OVER_CAPS: usize = 10_000;
 
@@ -84,8 +94,9 @@ impl Engine {
     }
 
     /// A fresh turn of a principal at or over a daily, monthly or token cap of `budget` (its
-    /// budget under the current config) is refused: 402 `budget_exceeded` (`Retry-After`
-    /// until the end of the day for a daily cap). A store that cannot say fails closed (503).
+    /// budget under the current config) is refused: 402 `budget_exceeded` (429
+    /// `billing_error` on Messages), `Retry-After` until the cap resets. A store that cannot
+    /// say fails closed (503).
     pub(super) async fn within_budget(
         &self,
         principal: &str,
@@ -114,12 +125,9 @@ impl Engine {
             "fresh turn refused by a budget cap"
         );
         self.inner.metrics.budget_refusal(exceeded.cap.as_str());
-        let daily = exceeded.cap != Cap::UsdPerMonth;
         Err(EngineError::BudgetExceeded {
             exceeded,
-            retry_after_secs: daily
-                .then(|| exceeded.resets_at.map(|at| at.saturating_sub(now).max(1)))
-                .flatten(),
+            retry_after_secs: exceeded.resets_at.map(|at| at.saturating_sub(now).max(1)),
         })
     }
 
@@ -145,6 +153,33 @@ impl Engine {
         }
         let spent = price.and(meta.spent.clone());
         (self.inner.ledger).meter(&meta.principal, &meta.model, price, spent)
+    }
+
+    /// Where `principal` stands against its fullest cap that gates fresh turns (the one that
+    /// resets last among equals), for the surfaces that report it on every answer; `None`
+    /// without such a cap, or when the store cannot say (the answer goes without it).
+    pub async fn standing(&self, principal: &str) -> Option<Standing> {
+        if !self.budget_of(principal).gates_fresh() {
+            return None;
+        }
+        let caps = match self.budget_view(principal).await {
+            Ok(caps) => caps,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read usage totals for a budget standing");
+                return None;
+            }
+        };
+        caps.iter()
+            .filter_map(|c| {
+                let (used, resets_at) = (c.used?, c.resets_at?);
+                let fraction = used as f64 / c.limit.max(1) as f64;
+                Some(Standing {
+                    cap: c.cap,
+                    fraction,
+                    resets_at,
+                })
+            })
+            .max_by(|a, b| (a.fraction.total_cmp(&b.fraction)).then(a.resets_at.cmp(&b.resets_at)))
     }
 
     /// The caps of `principal` and what is left of each, in config order of

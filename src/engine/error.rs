@@ -81,7 +81,8 @@ pub enum EngineError {
     #[error("owner replica unreachable")]
     ReplicaUnavailable,
     /// A budget cap of the principal is reached: a fresh turn refused, or an execution
-    /// stopped at its per-execution cap. `retry_after_secs` for a daily cap.
+    /// stopped at its per-execution cap. `retry_after_secs` until the cap resets (none for a
+    /// per-execution cap).
     #[error("budget cap reached ({})", exceeded.cap.as_str())]
     BudgetExceeded {
         exceeded: Exceeded,
@@ -204,11 +205,20 @@ fn backend(e: BackendError) -> ApiError {
             e
         }
         BackendError::Invalid { message, param } => ApiError::invalid(message).with_param(param),
-        BackendError::UnsupportedToolChoice => ApiError::new(
+        BackendError::UnsupportedToolChoice { kind } => ApiError::new(
             ErrorCode::UnsupportedToolChoice,
-            "This model supports tool_choice \"auto\" and \"none\" only.",
+            format!(
+                "A forced tool choice cannot be honoured on this model: it runs on an agent \
+                 backend (`{kind}`) that decides for itself whether to call a tool, and its \
+                 held turn can only offer your tools. Send tool_choice \"auto\" or \"none\"; \
+                 forced choices work on models served by an OpenAI-compatible upstream."
+            ),
         )
         .with_param(Param::ToolChoice),
+        BackendError::UnsupportedResponseFormat(why) => {
+            ApiError::new(ErrorCode::UnsupportedResponseFormat, why)
+                .with_param(Param::ResponseFormat)
+        }
         BackendError::Unavailable(_) | BackendError::Rejected(_) => ApiError::upstream(),
     }
 }
@@ -268,7 +278,7 @@ impl From<EngineError> for ApiError {
             } => {
                 let resets = match exceeded.resets_at {
                     Some(at) => format!(
-                        "; it resets at {}T00:00:00Z",
+                        "; it resets at {}T00:00:00Z (an administrator can raise it sooner)",
                         crate::store::date_of(crate::store::day_of(at))
                     ),
                     None => "; the execution was stopped".into(),
@@ -281,7 +291,9 @@ impl From<EngineError> for ApiError {
                         exceeded.amount()
                     ),
                 );
-                e.retry_after = retry_after_secs;
+                // A stopped execution's cap never resets: a new turn may start at once.
+                e.retry_after = Some(retry_after_secs.unwrap_or(0));
+                e.exceeded = Some(exceeded);
                 e
             }
             EngineError::ReplicaUnavailable => {

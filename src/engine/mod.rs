@@ -42,7 +42,7 @@ mod timer;
 
 pub use activity::{BackendView, SuspendedView, ThreadView};
 pub use admission::Slot;
-pub use budget::CapView;
+pub use budget::{CapView, Standing};
 pub use ending::EndReason;
 pub use error::{ContinuationError, EngineError, StartError};
 pub use execute::{CompactionAsk, Outcome};

@@ -18,13 +18,15 @@ pub struct Code(pub &'static str);
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = chat::error_body(&self);
-        render(self, body)
+        let status = self.status();
+        render(self, status, body)
     }
 }
 
-/// The response of `e` with `body` (a surface's shape of it).
-pub(super) fn render(e: ApiError, body: Value) -> Response {
-    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+/// The response of `e` with `status` and `body` (a surface's rendering of it). Every 429
+/// says when to come back (`Retry-After`, 1 s unless the error knows better).
+pub(super) fn render(e: ApiError, status: u16, body: Value) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut resp = (status, axum::Json(body)).into_response();
     resp.headers_mut().insert(
         "x-turnstile-error-code",
@@ -43,7 +45,11 @@ pub(super) fn render(e: ApiError, body: Value) -> Response {
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
-    if let Some(secs) = e.retry_after {
+    let retry_after = match status {
+        StatusCode::TOO_MANY_REQUESTS => Some(e.retry_after.unwrap_or(1)),
+        _ => e.retry_after,
+    };
+    if let Some(secs) = retry_after {
         resp.headers_mut()
             .insert("retry-after", HeaderValue::from(secs));
     }
@@ -62,5 +68,8 @@ mod tests {
         let resp = e.into_response();
         assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(resp.headers()["retry-after"], "2");
+        // Every 429 says when to come back.
+        let resp = ApiError::new(ErrorCode::CapacityExhausted, "busy").into_response();
+        assert_eq!(resp.headers()["retry-after"], "1");
     }
 }

@@ -124,14 +124,20 @@ async fn messages_routes_speak_anthropic_errors_and_take_x_api_key() {
         .as_str()
         .unwrap()
         .starts_with("invalid_api_key: "));
-    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    // A model the caller may not use (here: none) is 400, as Claude Code's gateway protocol
+    // says, on both routes.
+    let body = r#"{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
     let (s, v) = send(&app, post(Some("sk-a"), "/v1/messages", body)).await;
-    assert_eq!(s, StatusCode::NOT_FOUND);
-    assert_eq!(v["error"]["type"], "not_found_error");
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("model_not_found: "));
     let (s, v) = send(&app, post(Some("sk-a"), "/v1/messages/count_tokens", body)).await;
     assert_eq!(
         (s, v["error"]["type"].as_str()),
-        (StatusCode::NOT_FOUND, Some("not_found_error"))
+        (StatusCode::BAD_REQUEST, Some("invalid_request_error"))
     );
     let (s, v) = send(
         &app,
@@ -355,4 +361,54 @@ async fn approvals_filter_by_reason_and_refuse_an_unknown_one() {
     let (s, v) = send(&app, get_req("/v1/approvals?reason=bored", Some("sk-a"))).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert_eq!(v["error"]["param"], "reason");
+}
+
+/// Claude Code's gateway protocol, the rows a router without backends can answer: a 401 it
+/// must not retry, `max_tokens` required (not on `count_tokens`), `safeguards` refused by
+/// name, unknown body fields and betas never the reason for a refusal.
+#[tokio::test]
+async fn messages_follow_the_claude_code_gateway_protocol() {
+    let (app, _d) = app().await;
+    let post = |key: Option<&str>, path: &str, body: &'static str| {
+        let mut b = HttpRequest::post(path)
+            .header("content-type", "application/json")
+            .header("anthropic-beta", "some-future-beta-2099-01-01,another")
+            .header("x-stainless-retry-count", "0");
+        if let Some(k) = key {
+            b = b.header("x-api-key", k);
+        }
+        b.body(Body::from(body)).unwrap()
+    };
+    let resp = app
+        .clone()
+        .oneshot(post(Some("sk-wrong"), "/v1/messages", "{}"))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    let body =
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"future_field":{"a":1}}"#;
+    let (s, v) = send(&app, post(Some("sk-a"), "/v1/messages", body)).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        v["error"]["message"],
+        "invalid_request: max_tokens: Field required"
+    );
+    // `count_tokens` takes no `max_tokens`: the same body gets as far as the model.
+    let (_, v) = send(&app, post(Some("sk-a"), "/v1/messages/count_tokens", body)).await;
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("model_not_found: "));
+    let body = r#"{"model":"m","max_tokens":8,"safeguards":{"auto_mode":{}},
+                   "messages":[{"role":"user","content":"hi"}]}"#;
+    let (s, v) = send(&app, post(Some("sk-a"), "/v1/messages", body)).await;
+    assert_eq!(
+        (s, v["error"]["type"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_request_error"))
+    );
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("safeguards"));
 }

@@ -53,11 +53,17 @@ pub(super) async fn turn<S: Surface>(
         true => Reply::Stream(S::stream(leg, framing, a.cfg.server.keepalive).await?),
         false => Reply::Whole(S::collect(leg, framing).await?),
     };
-    Ok(answered(&gw, &a, execution, holding(response(reply), slot)))
+    let mut resp = response(reply);
+    if S::REPORTS_STANDING {
+        if let Some(standing) = gw.standing(&a.principal.id).await {
+            S::standing_headers(&standing, resp.headers_mut());
+        }
+    }
+    Ok(answered(&gw, &a, execution, holding(resp, slot)))
 }
 
-/// An error on a route of surface `S`: its body in `S`'s shape, and `x-should-retry: false`
-/// where a retry cannot succeed (409, 410) if `S`'s SDKs read it.
+/// An error on a route of surface `S`: its status, body and headers as `S`'s clients read
+/// them.
 pub struct SurfaceError<S>(pub ApiError, PhantomData<fn() -> S>);
 
 impl<S> From<ApiError> for SurfaceError<S> {
@@ -75,12 +81,11 @@ impl<S> From<EngineError> for SurfaceError<S> {
 impl<S: Surface> IntoResponse for SurfaceError<S> {
     fn into_response(self) -> Response {
         let body = S::error_body(&self.0);
-        let futile = S::SAYS_FUTILE && matches!(self.0.status(), 409 | 410);
-        let mut resp = error::render(self.0, body);
-        if futile {
-            resp.headers_mut()
-                .insert("x-should-retry", HeaderValue::from_static("false"));
-        }
+        let status = S::error_status(&self.0);
+        let mut headers = HeaderMap::new();
+        S::error_headers(&self.0, &mut headers);
+        let mut resp = error::render(self.0, status, body);
+        resp.headers_mut().extend(headers);
         resp
     }
 }

@@ -23,16 +23,17 @@ use tokio::time::Instant;
 pub use self::chat::Chat;
 pub use self::messages::Messages;
 pub use self::responses::Responses;
-use crate::engine::Leg;
+use crate::engine::{Leg, Standing};
 use crate::error::{ApiError, Param};
 use crate::turn::{SurfaceId, TurnInput, Usage};
+use http::HeaderMap;
 
 /// One client API.
 pub trait Surface: Send + Sync + 'static {
     const ID: SurfaceId;
-    /// Whether a refusal that a retry cannot change (409, 410) says so to the client's SDK
-    /// (`x-should-retry: false`), which would otherwise retry it.
-    const SAYS_FUTILE: bool = false;
+    /// Whether a successful answer reports the caller's standing against its budget caps
+    /// ([`Surface::standing_headers`]).
+    const REPORTS_STANDING: bool = false;
     /// A request read from its body: shapes checked, nothing looked up yet.
     type Request: Send;
     /// What framing the answer needs besides the leg.
@@ -69,6 +70,19 @@ pub trait Surface: Send + Sync + 'static {
 
     /// The error body in this surface's shape.
     fn error_body(e: &ApiError) -> Value;
+
+    /// The status of an error on this surface, where its clients' contract differs from the
+    /// neutral one ([`ApiError::status`]).
+    fn error_status(e: &ApiError) -> u16 {
+        e.status()
+    }
+
+    /// Headers this surface's clients read on an error, beyond `Retry-After`.
+    fn error_headers(_e: &ApiError, _headers: &mut HeaderMap) {}
+
+    /// Headers of a successful answer that tell the caller where it stands against its
+    /// fullest budget cap.
+    fn standing_headers(_standing: &Standing, _headers: &mut HeaderMap) {}
 }
 
 /// What a request comes to.
@@ -111,6 +125,7 @@ pub fn openai_field(p: Param) -> &'static str {
         Param::Conversation => "messages",
         Param::Tools => "tools",
         Param::ToolChoice => "tool_choice",
+        Param::ResponseFormat => "response_format",
         Param::Model => "model",
         Param::Effort => "reasoning_effort",
         Param::Field(name) => name,

@@ -82,6 +82,8 @@ check(r.content and r.content[0].type == "text", f"content[0]: {r.content}")
 check("You said: hello sdk" in r.content[0].text, f"text: {r.content[0].text!r}")
 check(r.stop_reason == "end_turn", f"stop_reason {r.stop_reason!r}")
 check(type(r.usage.input_tokens) is int and type(r.usage.output_tokens) is int, f"usage: {r.usage}")
+check(r.content[0].citations is None and r.usage.service_tier == "standard", f"full shape: {r}")
+check(r.usage.cache_creation is not None and r.usage.server_tool_use is None, f"usage: {r.usage}")
 
 # 2. System prompt as a string and as text blocks with cache_control.
 r = client.messages.create(model="echo", max_tokens=100, system="Be brief.", messages=[user("sys str")])
@@ -188,9 +190,11 @@ e = expect_error(anthropic.AuthenticationError, "bad key", lambda: bad.messages.
     model="echo", max_tokens=100, messages=[user("x")]))
 check(e.status_code == 401, f"bad key status {e.status_code}")
 check_error(e, "authentication_error")
-e = expect_error(anthropic.NotFoundError, "unknown model", lambda: client.messages.create(
+check(e.response.headers.get("x-should-retry") == "false", "a 401 must say it is not worth retrying")
+# A model the caller may not use is 400, as Claude Code's gateway protocol says.
+e = expect_error(anthropic.BadRequestError, "unknown model", lambda: client.messages.create(
     model="no-such-model", max_tokens=100, messages=[user("x")]))
-check_error(e, "not_found_error")
+check_error(e, "invalid_request_error")
 e = expect_error(anthropic.BadRequestError, "empty messages", lambda: client.messages.create(
     model="echo", max_tokens=100, messages=[]))
 check(e.status_code == 400, f"empty messages status {e.status_code}")

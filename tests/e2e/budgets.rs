@@ -61,13 +61,53 @@ async fn refused_everywhere(gw: &Gateway, key: &str, model: &str, cap: &str) {
         "{message}"
     );
 
-    let (s, v) = responses::create(gw, key, &responses::request(model, "hi")).await;
-    assert_eq!((s, error_code(&v)), (402, "budget_exceeded".into()), "{v}");
+    let r = responses::post(gw, key, &responses::request(model, "hi")).await;
+    assert_eq!(r.status(), 402);
+    assert_eq!(r.headers()["retry-after"], retry.to_string().as_str());
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(error_code(&v), "budget_exceeded", "{v}");
 
-    let (s, v) = messages::create(gw, key, &messages::request(model, "hi")).await;
-    assert_eq!(s, 402, "{v}");
+    // Claude Code's gateway protocol: 429 `billing_error`, not to be retried, with the
+    // blocked-request headers.
+    let r = messages::post(gw, key, &messages::request(model, "hi")).await;
+    assert_eq!(r.status(), 429);
+    let h = r.headers().clone();
+    let v: Value = r.json().await.unwrap();
+    schema::check(schema::Wire::MessageError, &v);
     assert_eq!(v["error"]["type"], "billing_error", "{v}");
     assert_eq!(messages::code(&v), "budget_exceeded");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("resets at"), "{message}");
+    assert_eq!(h["retry-after"], retry.to_string().as_str());
+    assert_eq!(h["x-should-retry"], "false");
+    let reset: u64 = h["anthropic-ratelimit-unified-reset"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(reset.is_multiple_of(86_400), "a UTC midnight");
+    for (name, value) in [
+        ("anthropic-ratelimit-unified-status", "rejected"),
+        ("anthropic-ratelimit-unified-overage-period", "daily"),
+        ("anthropic-ratelimit-unified-overage-utilization", "1"),
+        (
+            "anthropic-ratelimit-unified-overage-surpassed-threshold",
+            "1",
+        ),
+        (
+            "anthropic-ratelimit-unified-overage-disabled-reason",
+            "org_spend_cap_reached",
+        ),
+    ] {
+        assert_eq!(h[name], value, "{name}");
+    }
+    assert_eq!(
+        h["anthropic-ratelimit-unified-overage-reset"],
+        h["anthropic-ratelimit-unified-reset"]
+    );
+    assert!(h
+        .get("anthropic-ratelimit-unified-representative-claim")
+        .is_none());
 }
 
 async fn ok_turn(gw: &Gateway, key: &str, model: &str) {
@@ -259,4 +299,67 @@ async fn an_issuers_budget_is_each_of_its_subjects_default() {
     ok_turn(&gw, &kim, "echo").await;
     let (_, v) = get(&gw, &kim, "/v1/usage").await;
     assert_eq!(v["budget"]["tokens_per_day"]["remaining"], 0, "{v}");
+}
+
+/// Claude Code's gateway protocol: every successful Messages answer of a capped caller says
+/// where it stands against its fullest cap (`allowed`, then `allowed_warning` past 75%, the
+/// threshold it passed, the reset); an uncapped caller's answers carry none of it.
+#[tokio::test]
+async fn a_capped_callers_messages_answers_carry_its_standing() {
+    let gw = gateway(&[("alice", "{ usd_per_day = 1.25, usd_per_month = 100.0 }")]).await;
+    let standing = async |key: &str| {
+        let r = messages::post(&gw, key, &messages::request("echo", "hi")).await;
+        assert_eq!(r.status(), 200);
+        let h = r.headers().clone();
+        schema::check(schema::Wire::Message, &r.json().await.unwrap());
+        h
+    };
+    let h = standing(ALICE).await;
+    assert_eq!(h["anthropic-ratelimit-unified-status"], "allowed");
+    assert_eq!(h["anthropic-ratelimit-unified-overage-status"], "allowed");
+    assert_eq!(
+        h["anthropic-ratelimit-unified-representative-claim"],
+        "overage"
+    );
+    assert_eq!(h["anthropic-ratelimit-unified-overage-utilization"], "0.00");
+    assert!(h
+        .get("anthropic-ratelimit-unified-overage-surpassed-threshold")
+        .is_none());
+    // $1 of $1.25 today (80%), 1% of the month: the day is the fullest cap.
+    ok_turn(&gw, ALICE, "p-echo").await;
+    wait_for("the spend on the ledger", async || {
+        let (_, v) = get(&gw, ALICE, "/v1/usage").await;
+        (v["budget"]["usd_per_day"]["used"] == 1.0).then_some(())
+    })
+    .await;
+    let h = standing(ALICE).await;
+    assert_eq!(h["anthropic-ratelimit-unified-status"], "allowed_warning");
+    assert_eq!(
+        h["anthropic-ratelimit-unified-overage-status"],
+        "allowed_warning"
+    );
+    assert_eq!(h["anthropic-ratelimit-unified-overage-utilization"], "0.80");
+    assert_eq!(
+        h["anthropic-ratelimit-unified-overage-surpassed-threshold"],
+        "0.75"
+    );
+    let reset: u64 = h["anthropic-ratelimit-unified-reset"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        reset.is_multiple_of(86_400) && reset > now && reset <= now + 86_400,
+        "{reset}"
+    );
+    let h = standing(CAROL).await;
+    assert!(
+        h.keys()
+            .all(|k| !k.as_str().starts_with("anthropic-ratelimit")),
+        "{h:?}"
+    );
 }

@@ -20,6 +20,7 @@ mod compaction;
 mod connections;
 mod console;
 mod continuation;
+mod contracts;
 mod core;
 mod crash;
 mod flood;

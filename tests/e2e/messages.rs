@@ -385,12 +385,13 @@ async fn credentials_and_anthropic_error_shapes() {
     let (s, v) = create(
         &gw,
         ALICE,
-        &json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
+        &json!({"model": "nope", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}),
     )
     .await;
+    // Claude Code's gateway protocol: a model the caller may not use is 400.
     assert_eq!(
         (s, v["error"]["type"].as_str()),
-        (404, Some("not_found_error"))
+        (400, Some("invalid_request_error"))
     );
     assert_eq!(code(&v), "model_not_found");
     let (s, v) = create(&gw, ALICE, &json!({"model": "echo", "messages": []})).await;
@@ -421,7 +422,7 @@ async fn credentials_and_anthropic_error_shapes() {
     let (s, v) = create(&gw, ALICE, &effort).await;
     assert_eq!((s, code(&v)), (400, "invalid_request".into()), "{v}");
     // Client-owned tool history cannot enter an agent's turn.
-    let own = json!({"model": "echo", "messages": [
+    let own = json!({"model": "echo", "max_tokens": 8, "messages": [
         {"role": "user", "content": "x"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "r"}]}]});
@@ -495,7 +496,7 @@ async fn count_tokens_and_the_anthropic_model_list() {
         json!({"model": "tool", "messages": [{"role": "user", "content": "x"}]}),
     )
     .await;
-    assert_eq!((s, code(&v)), (404, "model_not_found".into()));
+    assert_eq!((s, code(&v)), (400, "model_not_found".into()));
     let (s, v) = count("sk-nobody", json!({})).await;
     assert_eq!((s, code(&v)), (401, "invalid_api_key".into()));
     // No turn was started by counting.

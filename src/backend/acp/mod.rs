@@ -333,7 +333,13 @@ impl Backend for Acp {
     }
 
     fn validate(&self, input: &TurnInput) -> Result<(), BackendError> {
-        super::agent::validate(input)
+        super::agent::validate(
+            input,
+            "acp",
+            super::agent::Structured::Refused(
+                "The Agent Client Protocol has no structured-output request: this model cannot give its answer in your schema. Use a model served by app-server (Codex) or an OpenAI-compatible upstream.",
+            ),
+        )
     }
 
     fn start<'a>(&'a self, leg: LegRequest<'a>) -> BoxFuture<'a, Result<Turn, BackendError>> {

@@ -54,13 +54,27 @@ pub fn redact(v: Value) -> Value {
     }
 }
 
-/// What every agent kind refuses: an agent cannot be forced to call a tool, takes only
-/// well-formed function tools, and needs a user message as the turn's input.
-pub fn validate(input: &TurnInput) -> Result<(), BackendError> {
+/// Whether an agent kind can give its answer in a JSON schema the client asked for.
+#[derive(Debug, Clone, Copy)]
+pub enum Structured {
+    /// A turn takes a schema for its final answer (Codex's `outputSchema`).
+    Schema,
+    /// It cannot: why, for the 400.
+    Refused(&'static str),
+}
+
+/// What every agent kind refuses: an agent cannot be forced to call a tool (`kind` names it
+/// in the 400), takes only well-formed function tools, gives a schema'd answer only where
+/// `structured` says so, and needs a user message as the turn's input.
+pub fn validate(
+    input: &TurnInput,
+    kind: &'static str,
+    structured: Structured,
+) -> Result<(), BackendError> {
     match input.tool_choice {
         ToolChoice::Auto | ToolChoice::None => {}
         ToolChoice::Required | ToolChoice::Named(_) => {
-            return Err(BackendError::UnsupportedToolChoice)
+            return Err(BackendError::UnsupportedToolChoice { kind })
         }
         ToolChoice::Invalid => {
             return Err(BackendError::Invalid {
@@ -74,6 +88,18 @@ pub fn validate(input: &TurnInput) -> Result<(), BackendError> {
         message: why.clone(),
         param: Param::Tools,
     })?;
+    if let Some(format) = &input.sampling.response_format {
+        match structured {
+            Structured::Refused(why) => return Err(BackendError::UnsupportedResponseFormat(why)),
+            Structured::Schema if output_schema(format).is_none() => {
+                return Err(BackendError::UnsupportedResponseFormat(
+                    "This model's agent takes a JSON schema for its answer, not JSON mode \
+                     without one: give a `json_schema` format with its `schema`.",
+                ))
+            }
+            Structured::Schema => {}
+        }
+    }
     if input.client_tool_history {
         // The agent ran those calls itself or never: results for ids it did not issue
         // cannot enter its turn.
@@ -83,6 +109,13 @@ pub fn validate(input: &TurnInput) -> Result<(), BackendError> {
         });
     }
     render::input_index(&input.messages).map(|_| ())
+}
+
+/// The JSON schema of a structured-output request (the Chat Completions shape of
+/// `Sampling::response_format`), if it has one.
+pub fn output_schema(format: &Value) -> Option<&Value> {
+    let schema = &format["json_schema"]["schema"];
+    (format["type"] == "json_schema" && schema.is_object()).then_some(schema)
 }
 
 /// Continues a live turn with the client's answers: the text the client sent beside its
@@ -108,4 +141,44 @@ pub async fn answer(backend: &str, hold: Hold, r: Resume<'_>) -> Result<Turn, Ba
             .answer_tool(invocations[a.call], a.text, !a.failed)?;
     }
     Ok(turn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn input(v: Value) -> TurnInput {
+        let t = tokio::time::Instant::now();
+        crate::surface::chat::parse(v.to_string().into(), t)
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn a_forced_choice_is_refused_naming_the_kind_and_a_schema_only_where_taken() {
+        let forced = input(
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"}),
+        );
+        let e = validate(&forced, "acp", Structured::Schema).unwrap_err();
+        assert_eq!(e, BackendError::UnsupportedToolChoice { kind: "acp" });
+        let format = |f: Value| {
+            input(
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                         "response_format": f}),
+            )
+        };
+        let schema = format(json!({"type": "json_schema", "json_schema": {"name": "a",
+            "schema": {"type": "object"}}}));
+        assert!(validate(&schema, "app-server", Structured::Schema).is_ok());
+        let refused = validate(&schema, "acp", Structured::Refused("no"));
+        assert_eq!(refused, Err(BackendError::UnsupportedResponseFormat("no")));
+        let mode = format(json!({"type": "json_object"}));
+        let e = validate(&mode, "app-server", Structured::Schema).unwrap_err();
+        assert!(matches!(e, BackendError::UnsupportedResponseFormat(_)));
+        // Plain text is no request for structure.
+        let text = format(json!({"type": "text"}));
+        assert!(validate(&text, "acp", Structured::Refused("no")).is_ok());
+    }
 }

@@ -256,6 +256,11 @@ impl AppServer {
         if let Some(e) = input.effort {
             params["effort"] = json!(e.as_str());
         }
+        // This turn only: the final answer in the client's schema (checked by `validate`).
+        let format = input.sampling.response_format.as_ref();
+        if let Some(schema) = format.and_then(super::agent::output_schema) {
+            params["outputSchema"] = schema.clone();
+        }
         let result = turn.proc.call("turn/start", params).await?;
         turn.turn = result["turn"]["id"]
             .as_str()
@@ -328,7 +333,7 @@ impl Backend for AppServer {
     }
 
     fn validate(&self, input: &TurnInput) -> Result<(), BackendError> {
-        super::agent::validate(input)
+        super::agent::validate(input, "app-server", super::agent::Structured::Schema)
     }
 
     fn start<'a>(&'a self, leg: LegRequest<'a>) -> BoxFuture<'a, Result<Turn, BackendError>> {

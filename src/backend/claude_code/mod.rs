@@ -293,7 +293,13 @@ impl Backend for ClaudeCode {
     }
 
     fn validate(&self, input: &TurnInput) -> Result<(), BackendError> {
-        super::agent::validate(input)
+        super::agent::validate(
+            input,
+            "claude-code",
+            super::agent::Structured::Refused(
+                "Claude Code takes a JSON schema per process (`--json-schema`), not per turn of a kept session: this model cannot give its answer in your schema. Use a model served by app-server (Codex) or an OpenAI-compatible upstream.",
+            ),
+        )
     }
 
     fn start<'a>(&'a self, leg: LegRequest<'a>) -> BoxFuture<'a, Result<Turn, BackendError>> {

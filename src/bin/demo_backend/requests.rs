@@ -159,7 +159,7 @@ pub(crate) fn turn_start(ctx: &Ctx, id: &Value, p: &Value) {
     let turn_id = uuid();
     spy(
         json!({"event": "turn_start", "thread": thread_id, "turn": turn_id, "input": texts,
-               "effort": p["effort"]}),
+               "effort": p["effort"], "outputSchema": p["outputSchema"]}),
     );
     let text = texts.last().copied().unwrap_or("").to_owned();
     // Like a backend logging verbosely: its stderr quotes the input (the gateway must not
@@ -171,6 +171,7 @@ pub(crate) fn turn_start(ctx: &Ctx, id: &Value, p: &Value) {
         scenario,
         text,
         tools: thread.tools.clone(),
+        schema: p.get("outputSchema").filter(|s| s.is_object()).cloned(),
     };
     let active = ActiveTurn {
         id: turn_id.clone(),

@@ -2,7 +2,8 @@
 //!
 //! Chosen by `thread/start.model` (default `echo`), overridable per turn by a `scenario=NAME`
 //! token in the turn's last text input. Other directives: `delay=MS`, `tool=NAME`, `arg=VALUE`.
-//! - `echo`: streams `You said: <text>`.
+//! - `echo`: streams `You said: <text>`; with the turn's `outputSchema`, a JSON document of
+//!   that shape instead (every property, strings saying `You said: <text>`).
 //! - `tool` / `text_then_tool`: (`Let me check.` first, then) one `item/tool/call`; streams
 //!   `Tool result: <output>`. The argument is `arg=VALUE` or the first absolute path of the
 //!   text, under the tool's first required property; a shell tool (`cmd` / `command`) gets
@@ -56,6 +57,8 @@ pub(crate) struct TurnSpec {
     pub(crate) scenario: String,
     pub(crate) text: String,
     pub(crate) tools: Vec<ToolSpec>,
+    /// The turn's `outputSchema`: the final answer is a JSON document of that shape.
+    pub(crate) schema: Option<Value>,
 }
 
 impl TurnSpec {
@@ -100,7 +103,11 @@ impl TurnSpec {
 
 pub(crate) async fn run_scenario(turn: &Turn, spec: &TurnSpec) -> Step {
     let echo = |turn: &Turn| {
-        turn.stream_text(&format!("You said: {}", spec.text))?;
+        let said = format!("You said: {}", spec.text);
+        match &spec.schema {
+            Some(schema) => turn.stream_text(&conforming(schema, &said).to_string())?,
+            None => turn.stream_text(&said)?,
+        }
         turn.report_usage()?;
         turn.complete()
     };
@@ -196,6 +203,30 @@ pub(crate) async fn run_scenario(turn: &Turn, spec: &TurnSpec) -> Step {
             approval(turn, spec.scenario == "file_approval").await
         }
         _ => echo(turn),
+    }
+}
+
+/// A document of `schema`'s shape: every property present, strings saying `said`, the first
+/// value of an enum, zero, `true`, empty arrays.
+fn conforming(schema: &Value, said: &str) -> Value {
+    if let Some(first) = schema["enum"].as_array().and_then(|e| e.first()) {
+        return first.clone();
+    }
+    match schema["type"].as_str() {
+        Some("object") => {
+            let props = schema["properties"].as_object();
+            let filled = props.into_iter().flatten();
+            Value::Object(
+                filled
+                    .map(|(k, v)| (k.clone(), conforming(v, said)))
+                    .collect(),
+            )
+        }
+        Some("array") => json!([]),
+        Some("integer" | "number") => json!(0),
+        Some("boolean") => json!(true),
+        Some("null") => Value::Null,
+        _ => json!(said),
     }
 }
 

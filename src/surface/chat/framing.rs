@@ -204,6 +204,7 @@ pub async fn collect(mut leg: Leg) -> Result<Answer, ApiError> {
                             .collect();
                         body["choices"][0]["message"]["tool_calls"] = Value::Array(list);
                     }
+                    super::wire::conform(&mut body);
                     return Ok(Answer::Json(body));
                 }
                 let content = if text.is_empty() && !calls.is_empty() {

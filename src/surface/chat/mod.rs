@@ -119,7 +119,12 @@ pub fn parse(body: Bytes, arrived: Instant) -> Result<(TurnInput, Framing), ApiE
             body,
             cache_hints,
         }),
-        sampling: Sampling::default(),
+        // The rest of the sampling options reach an upstream in the body as sent; an agent
+        // backend honours a JSON schema or refuses it (`backend::agent::validate`).
+        sampling: Sampling {
+            response_format: structured(req.response_format),
+            ..Sampling::default()
+        },
         arrived,
     };
     Ok((parts.build(), framing))
@@ -146,6 +151,11 @@ pub fn neutral_message(m: &wire::Message) -> Message {
         tool_call_id: m.tool_call_id.clone(),
         is_error: false,
     }
+}
+
+/// A structured-output request: `response_format` unless absent, null or plain `text`.
+pub fn structured(format: Option<Value>) -> Option<Value> {
+    format.filter(|f| !f.is_null() && f["type"] != "text")
 }
 
 fn tool_choice(v: Option<&Value>) -> ToolChoice {

@@ -24,6 +24,8 @@ pub struct ChatRequest {
     pub parallel_tool_calls: Option<bool>,
     #[serde(default)]
     pub reasoning_effort: Option<Value>,
+    #[serde(default)]
+    pub response_format: Option<Value>,
     /// Cache hints, only noticed (a shared upstream receives them scoped to the principal).
     #[serde(default)]
     pub prompt_cache_key: Option<serde::de::IgnoredAny>,
@@ -154,6 +156,7 @@ pub fn completion(
         message.insert("tool_calls".into(), Value::Array(calls));
     }
     message.insert("refusal".into(), Value::Null);
+    message.insert("annotations".into(), json!([]));
     json!({
         "id": meta.id,
         "object": "chat.completion",
@@ -162,8 +165,26 @@ pub fn completion(
         "choices": [{"index": 0, "message": message, "logprobs": null,
                      "finish_reason": finish_reason}],
         "usage": usage_json(usage),
-        "system_fingerprint": null,
     })
+}
+
+/// An upstream's whole answer made to say what the published schema requires, as OpenAI
+/// itself answers (the relay does the same in bytes: `backend::upstream::native::plain`): no
+/// null `system_fingerprint`, and every message with `refusal` and `annotations`.
+pub fn conform(body: &mut Value) {
+    let Some(o) = body.as_object_mut() else {
+        return;
+    };
+    if o.get("system_fingerprint").is_some_and(Value::is_null) {
+        o.remove("system_fingerprint");
+    }
+    let choices = o.get_mut("choices").and_then(Value::as_array_mut);
+    for c in choices.into_iter().flatten() {
+        if let Some(m) = c.get_mut("message").and_then(Value::as_object_mut) {
+            m.entry("refusal").or_insert(Value::Null);
+            m.entry("annotations").or_insert_with(|| json!([]));
+        }
+    }
 }
 
 /// One `chat.completion.chunk` with a single choice. `with_usage_null` adds `"usage":null`, as
@@ -179,7 +200,6 @@ pub fn chunk(
         "object": "chat.completion.chunk",
         "created": meta.created,
         "model": meta.model,
-        "system_fingerprint": null,
         "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
     });
     if with_usage_null {
@@ -195,7 +215,6 @@ pub fn usage_chunk(meta: &ResponseMeta, usage: Usage) -> Value {
         "object": "chat.completion.chunk",
         "created": meta.created,
         "model": meta.model,
-        "system_fingerprint": null,
         "choices": [],
         "usage": usage_json(usage),
     })

@@ -24,14 +24,34 @@ use crate::error::ApiError;
 use crate::surface::sse;
 use crate::turn::{ExposedCall, Usage};
 
-/// Anthropic's usage: `input_tokens` excludes the tokens read from and written to the cache.
+/// Anthropic's usage, every member of the reference's: `input_tokens` excludes the tokens
+/// read from and written to the cache; cache writes count as 5-minute ones; no server tool
+/// runs here; the tier is the standard one; no geography or speed is chosen.
 fn usage_json(u: Usage) -> Value {
+    let mut v = delta_usage(u);
+    v["cache_creation"] = json!({"ephemeral_5m_input_tokens": u.cache_write_tokens,
+                                 "ephemeral_1h_input_tokens": 0});
+    v["service_tier"] = json!("standard");
+    v["inference_geo"] = Value::Null;
+    v["speed"] = Value::Null;
+    v
+}
+
+/// The usage of a `message_delta` event (Anthropic's `MessageDeltaUsage`).
+fn delta_usage(u: Usage) -> Value {
     json!({
         "input_tokens": u.prompt_tokens.saturating_sub(u.cached_tokens + u.cache_write_tokens),
         "cache_creation_input_tokens": u.cache_write_tokens,
         "cache_read_input_tokens": u.cached_tokens,
         "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"thinking_tokens": u.reasoning_tokens},
+        "server_tool_use": null,
     })
+}
+
+/// A text block as Anthropic answers it (`citations` is required, and null here).
+fn text_block(text: &str) -> Value {
+    json!({"type": "text", "text": text, "citations": null})
 }
 
 fn stop_reason(calls: &[ExposedCall], truncated: bool) -> &'static str {
@@ -45,13 +65,14 @@ fn stop_reason(calls: &[ExposedCall], truncated: bool) -> &'static str {
 }
 
 fn tool_use(c: &ExposedCall) -> Value {
-    json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input_of(&c.arguments)})
+    json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input_of(&c.arguments),
+           "caller": {"type": "direct"}})
 }
 
 fn message(id: &str, model: &str, content: Vec<Value>, stop: Option<&str>, usage: Usage) -> Value {
     json!({"id": id, "type": "message", "role": "assistant", "model": model,
-           "content": content, "stop_reason": stop, "stop_sequence": null,
-           "usage": usage_json(usage)})
+           "content": content, "stop_reason": stop, "stop_sequence": null, "stop_details": null,
+           "container": null, "diagnostics": null, "usage": usage_json(usage)})
 }
 
 /// The signature of a thinking block the gateway shows (opaque to clients, never checked).
@@ -169,7 +190,7 @@ impl sse::Frame for Framer {
                     event(
                         &mut out,
                         "content_block_start",
-                        json!({"index": self.blocks - 1, "content_block": {"type": "text", "text": ""}}),
+                        json!({"index": self.blocks - 1, "content_block": text_block("")}),
                     );
                 }
                 event(
@@ -190,8 +211,9 @@ impl sse::Frame for Framer {
                 event(
                     &mut out,
                     "message_delta",
-                    json!({"delta": {"stop_reason": stop_reason(&calls, self.truncated), "stop_sequence": null},
-                           "usage": usage_json(usage)}),
+                    json!({"delta": {"stop_reason": stop_reason(&calls, self.truncated), "stop_sequence": null,
+                                     "stop_details": null, "container": null},
+                           "usage": delta_usage(usage)}),
                 );
                 event(&mut out, "message_stop", json!({}));
                 return (out, true);
@@ -225,8 +247,12 @@ pub async fn stream(
         pending: String::new(),
         truncated: false,
     };
-    sse::stream(leg, framer, keepalive).await
+    // Claude Code's gateway protocol: a `ping` in every 10 s of silence at the latest.
+    sse::stream(leg, framer, keepalive.min(MAX_SILENCE)).await
 }
+
+/// The longest silence a stream keeps before a `ping`.
+const MAX_SILENCE: Duration = Duration::from_secs(10);
 
 /// Non-streaming: waits for the leg's end and answers one message object.
 pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> {
@@ -249,7 +275,7 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
                     _ => {}
                 }
                 if !visible(&text).is_empty() {
-                    content.push(json!({"type": "text", "text": text}));
+                    content.push(text_block(&text));
                 }
                 content.extend(calls.iter().map(tool_use));
                 let stop = stop_reason(&calls, truncated);
@@ -260,35 +286,29 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
     Err(ApiError::upstream())
 }
 
-/// The Anthropic error type of a status.
-fn error_type(status: u16) -> &'static str {
-    match status {
-        401 => "authentication_error",
-        402 => "billing_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        503 => "overloaded_error",
-        504 => "timeout_error",
-        s if s >= 500 => "api_error",
-        _ => "invalid_request_error",
-    }
+/// The Anthropic error body: `{"type":"error","error":{"type","message"}}`, the message led
+/// by Turnstile's stable code (`continuation_not_found: ...`). An upstream's own rejection is
+/// relayed with its text alone: Claude Code's recovery keys on it (`prompt is too long`
+/// starts its compaction), and an OpenAI-style context-length refusal is worded that way.
+pub fn error_body(e: &ApiError) -> Value {
+    let kind = super::headers::error_type(e, super::headers::status(e));
+    let message = match &e.upstream {
+        Some(u) => upstream_message(&e.message, u.code.as_deref()),
+        None => format!("{}: {}", e.code.as_str(), e.message),
+    };
+    json!({"type": "error", "error": {"type": kind, "message": message}})
 }
 
-/// The Anthropic error body: `{"type":"error","error":{"type","message"}}`, the message led
-/// by Turnstile's stable code (`continuation_not_found: ...`); an upstream's own rejection
-/// keeps its code.
-pub fn error_body(e: &ApiError) -> Value {
-    let code = e
-        .upstream
-        .as_ref()
-        .and_then(|u| u.code.as_deref())
-        .unwrap_or(e.code.as_str());
-    json!({"type": "error", "error": {
-        "type": error_type(e.status()),
-        "message": format!("{code}: {}", e.message),
-    }})
+/// An upstream's refusal as Anthropic's clients match it.
+fn upstream_message(text: &str, code: Option<&str>) -> String {
+    let lower = text.to_ascii_lowercase();
+    let too_long = code == Some("context_length_exceeded")
+        || lower.contains("maximum context length")
+        || lower.contains("context window");
+    match too_long && !lower.contains("prompt is too long") {
+        true => format!("prompt is too long: {text}"),
+        false => text.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -473,5 +493,34 @@ mod tests {
         let ev = events(&text);
         assert_eq!(ev[0].0, "error");
         assert_eq!(ev[0].1["error"]["type"], "api_error");
+    }
+
+    /// A silent stream (a held approval, a long pause) pings at least every 10 s, even with
+    /// a longer configured keep-alive.
+    #[tokio::test(start_paused = true)]
+    async fn silence_is_broken_by_a_ping_every_ten_seconds() {
+        use futures::StreamExt;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let leg = Leg {
+            execution_id: "exe-1".into(),
+            created: 0,
+            model: "m".into(),
+            round: 0,
+            native: false,
+            events: rx,
+        };
+        let framing = Framing {
+            stream: true,
+            model: "m".into(),
+            thinking: Thinking::Hidden,
+        };
+        let started = tokio::time::Instant::now();
+        let mut body = stream(leg, framing, Duration::from_secs(60)).await.unwrap();
+        let opening = body.next().await.unwrap().unwrap();
+        assert!(String::from_utf8_lossy(&opening).contains("message_start"));
+        let ping = body.next().await.unwrap().unwrap();
+        assert_eq!(&ping[..], b"event: ping\ndata: {\"type\":\"ping\"}\n\n");
+        assert_eq!(started.elapsed(), Duration::from_secs(20));
+        drop(tx);
     }
 }

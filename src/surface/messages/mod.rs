@@ -17,6 +17,7 @@
 pub mod blocks;
 pub mod echo;
 pub mod framing;
+mod headers;
 
 use std::time::Duration;
 
@@ -30,9 +31,10 @@ use super::canonical::{message_digest, tools_digest};
 use super::turn::{Parts, Projection};
 use super::{openai_field, sse, Answer, Host, Plan, Surface};
 use crate::continuation::canonical::digest;
-use crate::engine::Leg;
+use crate::engine::{Leg, Standing};
 use crate::error::{ApiError, ErrorCode, Param};
 use crate::turn::{Effort, Sampling, SurfaceId, ToolChoice, ToolDef, TurnInput};
+use http::HeaderMap;
 
 #[derive(Debug, Deserialize)]
 struct Request {
@@ -59,6 +61,9 @@ struct Request {
     top_p: Option<Value>,
     #[serde(default)]
     thinking: Option<Value>,
+    /// Auto mode's request for a provider-side safety check (refused: none here runs it).
+    #[serde(default)]
+    safeguards: Option<serde::de::IgnoredAny>,
     #[serde(default)]
     metadata: Option<Value>,
 }
@@ -140,12 +145,17 @@ pub struct Messages;
 
 impl Surface for Messages {
     const ID: SurfaceId = SurfaceId::Messages;
-    const SAYS_FUTILE: bool = true;
+    const REPORTS_STANDING: bool = true;
     type Request = (TurnInput, Framing);
     type Framing = Framing;
 
     fn read(body: Bytes, arrived: Instant) -> Result<Self::Request, ApiError> {
-        parse(&body, arrived)
+        let (input, framing) = parse(&body, arrived)?;
+        // Anthropic's own answer to a body without it (`count_tokens` takes none).
+        if input.sampling.max_tokens.is_none() {
+            return Err(ApiError::invalid("max_tokens: Field required").with_param("max_tokens"));
+        }
+        Ok((input, framing))
     }
 
     fn streams(req: &Self::Request) -> bool {
@@ -167,12 +177,25 @@ impl Surface for Messages {
     fn field(p: Param) -> &'static str {
         match p {
             Param::Effort => "output_config.effort",
+            Param::ResponseFormat => "output_config.format",
             p => openai_field(p),
         }
     }
 
     fn error_body(e: &ApiError) -> Value {
         framing::error_body(e)
+    }
+
+    fn error_status(e: &ApiError) -> u16 {
+        headers::status(e)
+    }
+
+    fn error_headers(e: &ApiError, h: &mut HeaderMap) {
+        headers::on_error(e, h)
+    }
+
+    fn standing_headers(s: &Standing, h: &mut HeaderMap) {
+        headers::on_answer(s, h)
     }
 }
 
@@ -190,6 +213,12 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
             "each message must be an object with `role` \"user\", \"assistant\" or \"system\" and `content`",
         )
         .with_param(Param::Conversation));
+    }
+    if req.safeguards.is_some() {
+        return Err(ApiError::invalid(
+            "safeguards: this gateway has no provider that runs auto mode's safety check or answers `safeguard_results`; send the request without `safeguards`",
+        )
+        .with_param("safeguards"));
     }
     let raw_effort = req.output_config.as_ref().map(|o| &o["effort"]);
     let (shown, thought) = thinking(req.thinking.as_ref())?;
@@ -364,7 +393,20 @@ fn sampling(req: &Request) -> Sampling {
         top_p: set(&req.top_p),
         stop: set(&req.stop_sequences),
         cache_key,
-        response_format: None,
+        response_format: req
+            .output_config
+            .as_ref()
+            .and_then(|o| output_format(&o["format"])),
+    }
+}
+
+/// `output_config.format` in the Chat Completions shape of a structured-output request.
+fn output_format(f: &Value) -> Option<Value> {
+    match f["type"].as_str() {
+        None if f.is_null() => None,
+        Some("json_schema") => Some(json!({"type": "json_schema", "json_schema": {
+            "name": "output", "schema": f["schema"], "strict": true}})),
+        _ => Some(f.clone()),
     }
 }
 

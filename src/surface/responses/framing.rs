@@ -83,6 +83,8 @@ fn response(
     o.insert("object".into(), json!("response"));
     o.insert("created_at".into(), json!(leg.created));
     o.insert("status".into(), json!(status));
+    let completed = (status == "completed").then(crate::store::now_unix);
+    o.insert("completed_at".into(), json!(completed));
     o.insert("error".into(), Value::Null);
     o.insert("incomplete_details".into(), Value::Null);
     o.extend(f.envelope.iter().map(|(k, v)| (k.clone(), v.clone())));

@@ -68,6 +68,17 @@ pub struct Request {
     generate: Option<bool>,
     #[serde(default)]
     prompt_cache_key: Option<Value>,
+    /// Echoed in the response object only (no backend here takes them).
+    #[serde(default)]
+    presence_penalty: Option<Value>,
+    #[serde(default)]
+    frequency_penalty: Option<Value>,
+    #[serde(default)]
+    top_logprobs: Option<Value>,
+    #[serde(default)]
+    max_tool_calls: Option<Value>,
+    #[serde(default)]
+    safety_identifier: Option<Value>,
     /// The body's size as it came (its compaction items not expanded).
     #[serde(skip)]
     body_bytes: usize,
@@ -310,7 +321,9 @@ fn sampling(req: &Request) -> Sampling {
             Some(json!({"type": "json_schema", "json_schema": {
                 "name": f["name"], "schema": f["schema"], "strict": f["strict"]}}))
         }
-        _ => None,
+        // A format the gateway does not know is still a request for structure.
+        Some("text") | None => None,
+        Some(_) => format.cloned(),
     };
     Sampling {
         max_tokens: set(&req.max_output_tokens),
@@ -322,9 +335,14 @@ fn sampling(req: &Request) -> Sampling {
     }
 }
 
-/// The request fields a response object shows.
+/// The request fields a response object shows: every member the Open Responses
+/// specification requires, sampling parameters as the request gave them or at their
+/// documented defaults (never null), and the neutral values of what no backend here has
+/// (`docs/src/conformance.md`).
 fn envelope(req: &Request, parallel: bool) -> Map<String, Value> {
     let opt = |v: &Option<Value>| v.clone().unwrap_or(Value::Null);
+    let number =
+        |v: &Option<Value>, default: Value| v.clone().filter(Value::is_number).unwrap_or(default);
     let reasoning = req.reasoning.clone().unwrap_or_default();
     let mut e = Map::new();
     e.insert("model".into(), json!(req.model));
@@ -341,7 +359,7 @@ fn envelope(req: &Request, parallel: bool) -> Map<String, Value> {
         json!({"effort": reasoning["effort"], "summary": reasoning["summary"]}),
     );
     e.insert("store".into(), json!(req.store.unwrap_or(true)));
-    e.insert("temperature".into(), opt(&req.temperature));
+    e.insert("temperature".into(), number(&req.temperature, json!(1.0)));
     e.insert(
         "text".into(),
         req.text
@@ -353,9 +371,30 @@ fn envelope(req: &Request, parallel: bool) -> Map<String, Value> {
         req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
     );
     e.insert("tools".into(), json!(req.tools.clone().unwrap_or_default()));
-    e.insert("top_p".into(), opt(&req.top_p));
+    e.insert("top_p".into(), number(&req.top_p, json!(1.0)));
+    let integer = |v: &Option<Value>| v.clone().filter(Value::is_u64);
+    let string = |v: &Option<Value>| v.clone().filter(Value::is_string);
+    e.insert(
+        "presence_penalty".into(),
+        number(&req.presence_penalty, json!(0.0)),
+    );
+    e.insert(
+        "frequency_penalty".into(),
+        number(&req.frequency_penalty, json!(0.0)),
+    );
+    let logprobs = integer(&req.top_logprobs).unwrap_or(json!(0));
+    e.insert("top_logprobs".into(), logprobs);
+    let calls = integer(&req.max_tool_calls).unwrap_or(Value::Null);
+    e.insert("max_tool_calls".into(), calls);
+    // Every response here runs in the foreground, on the backend's one tier.
+    e.insert("background".into(), json!(false));
+    e.insert("service_tier".into(), json!("default"));
     e.insert("truncation".into(), json!("disabled"));
-    e.insert("user".into(), opt(&req.user));
+    e.insert("user".into(), string(&req.user).unwrap_or(Value::Null));
+    let safety = string(&req.safety_identifier).unwrap_or(Value::Null);
+    e.insert("safety_identifier".into(), safety);
+    let key = string(&req.prompt_cache_key).unwrap_or(Value::Null);
+    e.insert("prompt_cache_key".into(), key);
     e
 }
 
@@ -364,6 +403,7 @@ pub fn field(p: Param) -> &'static str {
     match p {
         Param::Conversation => "input",
         Param::Effort => "reasoning.effort",
+        Param::ResponseFormat => "text.format",
         p => super::openai_field(p),
     }
 }

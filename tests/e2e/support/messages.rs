@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 
+use super::schema::{self, Wire};
 use super::Gateway;
 
 pub async fn post(gw: &Gateway, key: &str, body: &Value) -> reqwest::Response {
@@ -24,10 +25,12 @@ pub async fn post(gw: &Gateway, key: &str, body: &Value) -> reqwest::Response {
 /// Non-streaming: status and body.
 pub async fn create(gw: &Gateway, key: &str, body: &Value) -> (u16, Value) {
     let (status, text) = create_text(gw, key, body).await;
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or_else(|_| panic!("non-JSON {text}")),
-    )
+    let v = serde_json::from_str(&text).unwrap_or_else(|_| panic!("non-JSON {text}"));
+    match status {
+        200 => schema::check(Wire::Message, &v),
+        _ => schema::check(Wire::MessageError, &v),
+    }
+    (status, v)
 }
 
 pub async fn create_text(gw: &Gateway, key: &str, body: &Value) -> (u16, String) {
@@ -46,6 +49,7 @@ pub async fn stream(gw: &Gateway, key: &str, body: &Value) -> (u16, Vec<Value>, 
     let status = r.status().as_u16();
     if status != 200 {
         let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        schema::check(Wire::MessageError, &v);
         return (status, vec![v.clone()], v);
     }
     assert_eq!(r.headers()["content-type"], "text/event-stream");
@@ -62,9 +66,12 @@ pub async fn stream(gw: &Gateway, key: &str, body: &Value) -> (u16, Vec<Value>, 
             .unwrap();
         let v: Value = serde_json::from_str(data).unwrap();
         assert_eq!(name, v["type"].as_str(), "{block}");
-        if v["type"] != "ping" {
-            events.push(v);
+        match v["type"].as_str() {
+            Some("ping") => continue,
+            Some("error") => schema::check(Wire::MessageError, &v),
+            _ => schema::check(Wire::MessageEvent, &v),
         }
+        events.push(v);
     }
     let message = rebuild(&events, &text);
     (status, events, message)

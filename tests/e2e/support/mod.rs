@@ -11,6 +11,7 @@ pub mod node;
 pub mod phoenix;
 pub mod postgres;
 pub mod responses;
+pub mod schema;
 pub mod tls;
 
 use std::io::{BufRead, BufReader};
@@ -401,6 +402,7 @@ impl Gateway {
         let status = resp.status();
         let text = resp.text().await.expect("body");
         let v = serde_json::from_str(&text).unwrap_or_else(|_| panic!("non-JSON body {text:?}"));
+        schema::check_openai(status.as_u16(), &v, schema::Wire::ChatCompletion);
         (status, v)
     }
 
@@ -416,6 +418,14 @@ impl Gateway {
             .map(|v| v.to_str().unwrap_or_default().to_string())
             .unwrap_or_default();
         let text = resp.text().await.expect("body");
+        if status == 200 {
+            for e in sse_events(&text).0 {
+                match e.get("error") {
+                    Some(_) => schema::check(schema::Wire::OpenAiError, &e),
+                    None => schema::check(schema::Wire::ChatChunk, &e),
+                }
+            }
+        }
         (status, ct, text)
     }
 }

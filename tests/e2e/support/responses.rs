@@ -3,6 +3,7 @@
 
 use serde_json::{json, Value};
 
+use super::schema::{self, Wire};
 use super::Gateway;
 
 pub async fn post(gw: &Gateway, key: &str, body: &Value) -> reqwest::Response {
@@ -15,13 +16,12 @@ pub async fn post(gw: &Gateway, key: &str, body: &Value) -> reqwest::Response {
         .expect("send")
 }
 
-/// Non-streaming: status and body.
+/// Non-streaming: status and body (checked against the published schema).
 pub async fn create(gw: &Gateway, key: &str, body: &Value) -> (u16, Value) {
     let (status, text) = create_text(gw, key, body).await;
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or_else(|_| panic!("non-JSON {text}")),
-    )
+    let v = serde_json::from_str(&text).unwrap_or_else(|_| panic!("non-JSON {text}"));
+    schema::check_openai(status, &v, Wire::Response);
+    (status, v)
 }
 
 pub async fn create_text(gw: &Gateway, key: &str, body: &Value) -> (u16, String) {
@@ -37,10 +37,9 @@ pub async fn stream(gw: &Gateway, key: &str, body: &Value) -> (u16, Vec<Value>) 
     let r = post(gw, key, &body).await;
     let status = r.status().as_u16();
     if status != 200 {
-        return (
-            status,
-            vec![serde_json::from_str(&r.text().await.unwrap()).unwrap()],
-        );
+        let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+        schema::check(Wire::OpenAiError, &v);
+        return (status, vec![v]);
     }
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     let text = r.text().await.unwrap();
@@ -58,6 +57,7 @@ pub async fn stream(gw: &Gateway, key: &str, body: &Value) -> (u16, Vec<Value>) 
         assert_eq!(name, v["type"].as_str(), "{block}");
         assert_eq!(v["sequence_number"], events.len() as u64, "{text}");
         assert!(v.get("error").is_none() || v["type"] == "error", "{v}");
+        schema::check(Wire::ResponseEvent, &v);
         events.push(v);
     }
     let terminal = events

@@ -203,6 +203,9 @@ struct Answer<'a, U> {
     choices: Option<Vec<Choice<'a>>>,
     #[serde(default)]
     usage: U,
+    /// Cut when null (the published schema allows a string or nothing).
+    #[serde(default, borrow)]
+    system_fingerprint: Member<'a>,
 }
 
 /// A member's value whatever it is, `null` included, found in the same read (only the one
@@ -218,8 +221,9 @@ impl<'de: 'a, 'a> Deserialize<'de> for Member<'a> {
 
 #[derive(Deserialize)]
 struct Choice<'a> {
+    /// Kept whole: members the published schema requires are added to it when missing.
     #[serde(default, borrow)]
-    message: Option<Said<'a>>,
+    message: Option<&'a RawValue>,
     #[serde(default, borrow)]
     delta: Option<Said<'a>>,
     #[serde(default, borrow)]
@@ -238,6 +242,10 @@ struct Said<'a> {
     reasoning_content: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     tool_calls: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    refusal: Member<'a>,
+    #[serde(default, borrow)]
+    annotations: Member<'a>,
 }
 
 #[derive(Deserialize, Default)]
@@ -339,7 +347,8 @@ pub fn plain(raw: &Bytes, model: &str, strip_usage: bool) -> Option<Plain> {
     if !strip_usage {
         let a: Answer<'_, Option<WireUsage>> = serde_json::from_slice(raw).ok()?;
         let usage = a.usage.map(wire_usage);
-        return read(raw, model, (a.model, a.choices), usage, None);
+        let parts = (a.model, a.choices, a.system_fingerprint);
+        return read(raw, model, parts, usage, None);
     }
     let a: Answer<'_, Member<'_>> = serde_json::from_slice(raw).ok()?;
     let usage = match a.usage.0.filter(|u| u.get() != "null") {
@@ -347,56 +356,90 @@ pub fn plain(raw: &Bytes, model: &str, strip_usage: bool) -> Option<Plain> {
         None => None,
     };
     let cut = a.usage.0.map(|u| member(raw, span(raw, u)));
-    read(raw, model, (a.model, a.choices), usage, cut)
+    let parts = (a.model, a.choices, a.system_fingerprint);
+    read(raw, model, parts, usage, cut)
 }
 
-/// [`plain`] once the answer is read: `cut` is the usage member to take out.
+/// A read answer's `model`, `choices` and `system_fingerprint`.
+type Parts<'a> = (Option<&'a RawValue>, Option<Vec<Choice<'a>>>, Member<'a>);
+
+/// [`plain`] once the answer is read: `cut` is the usage member to take out. What the
+/// published schema requires of a whole answer is made true on the way: a null
+/// `system_fingerprint` is cut, and a message without `refusal` or `annotations` gets them
+/// (null and empty), as OpenAI itself answers.
 fn read(
     raw: &Bytes,
     model: &str,
-    (model_value, choices): (Option<&RawValue>, Option<Vec<Choice<'_>>>),
+    (model_value, choices, fingerprint): Parts<'_>,
     usage: Option<Usage>,
     cut: Option<Range<usize>>,
 ) -> Option<Plain> {
     let model_value = model_value?;
-    let first = choices.as_ref().and_then(|c| c.first());
-    let said = first.and_then(|c| c.message.as_ref().or(c.delta.as_ref()));
-    let calls = choices.iter().flatten().any(|c| {
-        [&c.message, &c.delta]
-            .into_iter()
-            .flatten()
-            .any(|s| s.tool_calls.is_some_and(|t| t.get() != "null"))
-    });
-    if calls {
-        return None;
-    }
-    let mut edits = [
-        (span(raw, model_value), Put::Str(model)),
-        (0..0, Put::Bytes(Vec::new())),
-    ];
-    let relay = cut.is_none() || choices.as_ref().is_some_and(|c| !c.is_empty());
-    let n = match cut {
-        Some(member) => {
-            edits[1].0 = member;
-            2
+    let choices = choices.unwrap_or_default();
+    let finish = choices.first().and_then(|c| c.finish_reason.clone());
+    let relay = cut.is_none() || !choices.is_empty();
+    let mut edits = vec![(span(raw, model_value), Put::Str(model))];
+    let mut said = None;
+    for (i, c) in choices.into_iter().enumerate() {
+        let s = match (c.message, c.delta) {
+            (Some(m), _) => {
+                let s: Said<'_> = serde_json::from_str(m.get()).ok()?;
+                complete(raw, m, &s, &mut edits);
+                Some(s)
+            }
+            (None, delta) => delta,
+        };
+        if s.as_ref()
+            .is_some_and(|s| s.tool_calls.is_some_and(|t| t.get() != "null"))
+        {
+            return None;
         }
-        None => 1,
-    };
+        if i == 0 {
+            said = s;
+        }
+    }
+    if let Some(f) = fingerprint.0.filter(|f| f.get() == "null") {
+        edits.push((member(raw, span(raw, f)), Put::Bytes(Vec::new())));
+    }
+    if let Some(member) = cut {
+        edits.push((member, Put::Bytes(Vec::new())));
+    }
     Some(Plain {
         text: said
+            .as_ref()
             .and_then(|s| s.content.as_deref())
             .unwrap_or_default()
             .to_string(),
         reasoning: said
+            .as_ref()
             .and_then(|s| s.reasoning_content.as_deref())
             .unwrap_or_default()
             .to_string(),
         usage,
-        finish: first.and_then(|c| c.finish_reason.as_deref().map(str::to_owned)),
-        json: rewrite(raw, &mut edits[..n]).ok()?,
+        finish: finish.map(Cow::into_owned),
+        json: rewrite(raw, &mut edits).ok()?,
         // The usage-only chunk goes whole; elsewhere only the member.
         relay,
     })
+}
+
+/// The members a whole answer's `message` (at `m` in `raw`) lacks of those the published
+/// schema requires, added before its closing brace.
+fn complete<'r>(raw: &[u8], m: &RawValue, s: &Said<'_>, edits: &mut Vec<(Range<usize>, Put<'r>)>) {
+    let missing: &[u8] = match (s.refusal.0.is_some(), s.annotations.0.is_some()) {
+        (true, true) => return,
+        (false, true) => br#""refusal":null"#,
+        (true, false) => br#""annotations":[]"#,
+        (false, false) => br#""refusal":null,"annotations":[]"#,
+    };
+    let at = span(raw, m).end - 1;
+    let empty = m.get()[1..m.get().len() - 1].trim().is_empty();
+    let mut put = Vec::with_capacity(missing.len() + 1);
+    if !empty {
+        put.push(b',');
+    }
+    put.extend_from_slice(missing);
+    edits.push((at..at, Put::Bytes(put)));
 }
 
 fn wire_usage(u: WireUsage) -> Usage {
@@ -423,168 +466,4 @@ fn wire_usage(u: WireUsage) -> Usage {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_model_value_changes() {
-        let raw = Bytes::from_static(
-            b"{ \"messages\" : [{\"role\":\"user\",\"content\":\"model\"}],\n  \"model\":\"pub\" , \"temperature\": 1.0e0, \"x\": {\"model\": 1} }",
-        );
-        let out = upstream_body(&raw, Some("real \"m\""), "p").unwrap().body;
-        assert_eq!(
-            std::str::from_utf8(&out).unwrap(),
-            "{ \"messages\" : [{\"role\":\"user\",\"content\":\"model\"}],\n  \"model\":\"real \\\"m\\\"\" , \"temperature\": 1.0e0, \"x\": {\"model\": 1} }"
-        );
-    }
-
-    #[test]
-    fn a_plain_answer_is_read_without_a_tree_and_relayed_as_sent() {
-        let raw = Bytes::from_static(
-            b"{\"id\":\"c\",\"model\":\"up\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"hi \\u00e9\"},\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6,\"total_tokens\":11,\"prompt_tokens_details\":{\"cached_tokens\":2},\"x\":null}}",
-        );
-        let p = plain(&raw, "pub", false).unwrap();
-        assert_eq!(p.text, "hi \u{e9}");
-        assert_eq!(p.finish.as_deref(), Some("length"));
-        let u = p.usage.unwrap();
-        assert_eq!(
-            (u.prompt_tokens, u.cached_tokens, u.total_tokens),
-            (5, 2, 11)
-        );
-        let back: serde_json::Value = serde_json::from_slice(&p.json).unwrap();
-        let mut want: serde_json::Value = serde_json::from_slice(&raw).unwrap();
-        want["model"] = "pub".into();
-        assert_eq!(back, want);
-        // A chunk: the delta's text, no usage, no finish.
-        let chunk = Bytes::from_static(
-            b"{\"model\":\"up\",\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":null}],\"usage\":null}",
-        );
-        let p = plain(&chunk, "pub", false).unwrap();
-        assert_eq!(
-            (p.text.as_str(), p.finish, p.usage.is_none()),
-            ("a", None, true)
-        );
-    }
-
-    #[test]
-    fn an_answer_with_tool_calls_is_not_plain() {
-        for body in [
-            &b"{\"model\":\"u\",\"choices\":[{\"message\":{\"content\":null,\"tool_calls\":[{\"id\":\"x\"}]}}]}"[..],
-            b"{\"model\":\"u\",\"choices\":[{\"delta\":{\"tool\\u005fcalls\":[{\"index\":0}]}}]}",
-            b"[1]",
-            b"{\"model\":\"u\",\"choices\":7}",
-            b"{\"choices\":[]}",
-        ] {
-            assert!(plain(&Bytes::copy_from_slice(body), "m", false).is_none());
-        }
-        let nulled = Bytes::from_static(b"{\"model\":\"u\",\"choices\":[{\"message\":{\"content\":\"x\",\"tool_calls\":null}}]}");
-        assert!(plain(&nulled, "m", false).is_some());
-    }
-
-    #[test]
-    fn escaped_and_missing_and_invalid() {
-        let raw = Bytes::from_static(b"{\"mod\\u0065l\":\"a\",\"n\":1}");
-        assert_eq!(
-            &upstream_body(&raw, Some("b"), "p").unwrap().body[..],
-            b"{\"mod\\u0065l\":\"b\",\"n\":1}"
-        );
-        let raw = Bytes::from_static(b"{\"n\":1}");
-        assert_eq!(
-            &upstream_body(&raw, Some("b"), "p").unwrap().body[..],
-            b"{\"n\":1}"
-        );
-        assert!(upstream_body(&Bytes::from_static(b"{\"model\":\"a\""), Some("b"), "p").is_err());
-        assert!(upstream_body(&Bytes::from_static(b"[1]"), Some("b"), "p").is_err());
-    }
-
-    #[test]
-    fn a_streamed_body_always_asks_for_usage_and_says_whether_the_client_did() {
-        let up = |raw: &'static [u8]| {
-            upstream_body(&Bytes::from_static(raw), Some("real"), "p").unwrap()
-        };
-        let plain_body = up(b" {\"model\":\"pub\",\"stream\":true,\"messages\":[]}");
-        assert!(plain_body.strip_usage);
-        assert_eq!(
-            &plain_body.body[..],
-            &b" {\"stream_options\":{\"include_usage\":true},\"model\":\"real\",\"stream\":true,\"messages\":[]}"[..]
-        );
-        let asked =
-            up(b"{\"model\":\"pub\",\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
-        assert!(!asked.strip_usage);
-        assert_eq!(
-            &asked.body[..],
-            &b"{\"model\":\"real\",\"stream\":true,\"stream_options\":{\"include_usage\":true}}"[..]
-        );
-        for declined in [
-            &b"{\"stream\":true,\"stream_options\":{\"include_usage\":false,\"x\":1},\"model\":\"pub\"}"[..],
-            b"{\"stream\":true,\"stream_options\":null,\"model\":\"pub\"}",
-        ] {
-            let u = upstream_body(&Bytes::copy_from_slice(declined), None, "p").unwrap();
-            assert!(u.strip_usage);
-            let v: serde_json::Value = serde_json::from_slice(&u.body).unwrap();
-            assert_eq!(v["stream_options"]["include_usage"], true, "{v}");
-            assert_eq!(v["model"], "pub");
-        }
-        let whole = up(b"{\"model\":\"pub\",\"stream\":false}");
-        assert!(!whole.strip_usage);
-        assert_eq!(
-            &whole.body[..],
-            &b"{\"model\":\"real\",\"stream\":false}"[..]
-        );
-    }
-
-    #[test]
-    fn usage_the_client_did_not_ask_for_is_cut_from_chunks() {
-        for (raw, want, relay) in [
-            (
-                &b"{\"id\":\"c\",\"model\":\"up\",\"choices\":[],\"usage\":{\"total_tokens\":3}}"[..],
-                &b"{\"id\":\"c\",\"model\":\"pub\",\"choices\":[]}"[..],
-                false,
-            ),
-            (
-                b"{\"usage\" : null , \"model\":\"up\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}",
-                b"{\"model\":\"pub\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}",
-                true,
-            ),
-            (
-                b"{\"model\":\"up\",\"choices\":[{\"delta\":{}}],\"us\\u0061ge\":null}",
-                b"{\"model\":\"pub\",\"choices\":[{\"delta\":{}}]}",
-                true,
-            ),
-        ] {
-            let p = plain(&Bytes::copy_from_slice(raw), "pub", true).unwrap();
-            assert_eq!(std::str::from_utf8(&p.json).unwrap(), std::str::from_utf8(want).unwrap());
-            assert_eq!(p.relay, relay);
-        }
-        let u = plain(
-            &Bytes::from_static(b"{\"model\":\"up\",\"choices\":[],\"usage\":{\"prompt_tokens\":2,\"total_tokens\":3}}"),
-            "pub",
-            true,
-        )
-        .unwrap();
-        assert_eq!(u.usage.map(|u| u.total_tokens), Some(3));
-    }
-
-    #[test]
-    fn cache_hints_reach_the_upstream_scoped_to_the_principal() {
-        let raw = Bytes::from_static(
-            b"{\"model\":\"m\",\"prompt_cache_key\":\"victim-42\",\"user\":\"u1\",\"messages\":[]}",
-        );
-        let key = |p: &str| {
-            let up = upstream_body(&raw, None, p).unwrap();
-            let v: serde_json::Value = serde_json::from_slice(&up.body).unwrap();
-            (
-                v["prompt_cache_key"].clone(),
-                v["user"].clone(),
-                v["messages"].clone(),
-            )
-        };
-        let (alice, bob) = (key("alice"), key("bob"));
-        assert_ne!(alice.0, bob.0);
-        assert_ne!(alice.1, bob.1);
-        assert_eq!(alice, key("alice"), "stable for its principal");
-        assert_eq!(alice.0, scoped_cache_key("alice", &"victim-42".into()));
-        assert_eq!(alice.0.as_str().map(str::len), Some(64));
-        assert_eq!(alice.2, serde_json::json!([]));
-    }
-}
+mod tests;
