@@ -255,18 +255,20 @@ async fn a_json_schema_reaches_an_upstream_as_its_response_format_on_every_surfa
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_json_schema_reaches_the_real_codex_models_text_format() {
+async fn a_json_schema_reaches_the_real_codex_models_text_format_on_every_surface() {
     let Some(bin) = codex_bin() else { return };
     let answer = r#"{"answer":"forty-two","count":42}"#;
-    let model = FakeResponses::queue(vec![Reply::text(answer, 2)]).await;
+    let replies = SURFACES.iter().map(|_| Reply::text(answer, 2)).collect();
+    let model = FakeResponses::queue(replies).await;
     let rig = Rig::start(&bin, &model, Setup::default()).await;
-    let (s, v) = rig.chat(&structured("chat", "codex")).await;
-    assert_eq!(s, 200, "{v}\n{}", rig.log_tail());
-    assert_eq!(content(&v), answer);
-    let seen = model.requests();
-    let format = &seen[0]["text"]["format"];
-    assert_eq!(format["type"], "json_schema", "{}", seen[0]);
-    assert_eq!(format["schema"], schema(), "{}", seen[0]);
+    for (i, surface) in SURFACES.iter().enumerate() {
+        let text = answer_text(&rig.gw, surface, &structured(surface, "codex")).await;
+        assert_eq!(text, answer, "{surface}\n{}", rig.log_tail());
+        let seen = model.requests();
+        let format = &seen[i]["text"]["format"];
+        assert_eq!(format["type"], "json_schema", "{surface}: {}", seen[i]);
+        assert_eq!(format["schema"], schema(), "{surface}: {}", seen[i]);
+    }
 }
 
 /// Claude Code's gateway protocol on a running model: unknown body fields and betas never fail

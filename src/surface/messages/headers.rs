@@ -213,6 +213,12 @@ mod tests {
             (status(&e), error_type(&e, 400)),
             (400, "invalid_request_error")
         );
+        let revoked = ApiError::new(ErrorCode::UnauthorizedTarget, "revoked");
+        assert_eq!(error_type(&revoked, status(&revoked)), "permission_error");
+        let big = ApiError::too_large(1);
+        assert_eq!(error_type(&big, status(&big)), "request_too_large");
+        let busy = ApiError::new(ErrorCode::StoreUnavailable, "busy");
+        assert_eq!(error_type(&busy, status(&busy)), "api_error");
         let mut h = HeaderMap::new();
         on_error(&ApiError::unauthenticated(), &mut h);
         assert_eq!(h["x-should-retry"], "false");
