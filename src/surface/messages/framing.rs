@@ -15,39 +15,16 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::echo::{input_of, visible};
+use super::wire::{DeltaUsage, Message};
 use super::{message_id, Framing, Thinking};
 use crate::engine::{Leg, LegEvent};
 use crate::error::ApiError;
 use crate::surface::sse;
 use crate::turn::{ExposedCall, Usage};
-
-/// Anthropic's usage, every member of the reference's: `input_tokens` excludes the tokens
-/// read from and written to the cache; cache writes count as 5-minute ones; no server tool
-/// runs here; the tier is the standard one; no geography or speed is chosen.
-fn usage_json(u: Usage) -> Value {
-    let mut v = delta_usage(u);
-    v["cache_creation"] = json!({"ephemeral_5m_input_tokens": u.cache_write_tokens,
-                                 "ephemeral_1h_input_tokens": 0});
-    v["service_tier"] = json!("standard");
-    v["inference_geo"] = Value::Null;
-    v["speed"] = Value::Null;
-    v
-}
-
-/// The usage of a `message_delta` event (Anthropic's `MessageDeltaUsage`).
-fn delta_usage(u: Usage) -> Value {
-    json!({
-        "input_tokens": u.prompt_tokens.saturating_sub(u.cached_tokens + u.cache_write_tokens),
-        "cache_creation_input_tokens": u.cache_write_tokens,
-        "cache_read_input_tokens": u.cached_tokens,
-        "output_tokens": u.completion_tokens,
-        "output_tokens_details": {"thinking_tokens": u.reasoning_tokens},
-        "server_tool_use": null,
-    })
-}
 
 /// A text block as Anthropic answers it (`citations` is required, and null here).
 fn text_block(text: &str) -> Value {
@@ -67,12 +44,6 @@ fn stop_reason(calls: &[ExposedCall], truncated: bool) -> &'static str {
 fn tool_use(c: &ExposedCall) -> Value {
     json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input_of(&c.arguments),
            "caller": {"type": "direct"}})
-}
-
-fn message(id: &str, model: &str, content: Vec<Value>, stop: Option<&str>, usage: Usage) -> Value {
-    json!({"id": id, "type": "message", "role": "assistant", "model": model,
-           "content": content, "stop_reason": stop, "stop_sequence": null, "stop_details": null,
-           "container": null, "diagnostics": null, "usage": usage_json(usage)})
 }
 
 /// The signature of a thinking block the gateway shows (opaque to clients, never checked).
@@ -168,8 +139,9 @@ impl Framer {
 impl sse::Frame for Framer {
     fn opening(&mut self) -> String {
         let mut out = String::new();
-        let m = message(&self.id, &self.model, Vec::new(), None, Usage::default());
-        event(&mut out, "message_start", json!({"message": m}));
+        let m = Message::new(&self.id, &self.model, &[], None, Usage::default());
+        let start = json!({"type": "message_start", "message": m});
+        out.push_str(&format!("event: message_start\ndata: {start}\n\n"));
         out
     }
 
@@ -213,7 +185,7 @@ impl sse::Frame for Framer {
                     "message_delta",
                     json!({"delta": {"stop_reason": stop_reason(&calls, self.truncated), "stop_sequence": null,
                                      "stop_details": null, "container": null},
-                           "usage": delta_usage(usage)}),
+                           "usage": DeltaUsage::from(usage)}),
                 );
                 event(&mut out, "message_stop", json!({}));
                 return (out, true);
@@ -255,7 +227,7 @@ pub async fn stream(
 const MAX_SILENCE: Duration = Duration::from_secs(10);
 
 /// Non-streaming: waits for the leg's end and answers one message object.
-pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> {
+pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Bytes, ApiError> {
     let id = message_id(&leg.execution_id, leg.round);
     let mut text = String::new();
     let mut thought: Option<String> = None;
@@ -279,7 +251,10 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
                 }
                 content.extend(calls.iter().map(tool_use));
                 let stop = stop_reason(&calls, truncated);
-                return Ok(message(&id, &framing.model, content, Some(stop), usage));
+                let m = Message::new(&id, &framing.model, &content, Some(stop), usage);
+                return serde_json::to_vec(&m)
+                    .map(Bytes::from)
+                    .map_err(|_| ApiError::upstream());
             }
         }
     }

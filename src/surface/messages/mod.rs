@@ -18,6 +18,7 @@ pub mod blocks;
 pub mod echo;
 pub mod framing;
 mod headers;
+mod wire;
 
 use std::time::Duration;
 
@@ -171,7 +172,7 @@ impl Surface for Messages {
     }
 
     async fn collect(leg: Leg, f: Framing) -> Result<Answer, ApiError> {
-        framing::collect(leg, f).await.map(Answer::Json)
+        framing::collect(leg, f).await.map(Answer::Raw)
     }
 
     fn field(p: Param) -> &'static str {

@@ -72,13 +72,13 @@ fn message_item(id: &str, text: &str, status: &str) -> Value {
 
 /// The response object around `output`.
 fn response(
-    f: &Framing,
+    envelope: Map<String, Value>,
     leg: &LegMeta,
     status: &str,
     output: Vec<Value>,
     usage: Option<Usage>,
 ) -> Value {
-    let mut o = Map::new();
+    let mut o = Map::with_capacity(envelope.len() + 9);
     o.insert("id".into(), json!(leg.id));
     o.insert("object".into(), json!("response"));
     o.insert("created_at".into(), json!(leg.created));
@@ -87,7 +87,7 @@ fn response(
     o.insert("completed_at".into(), json!(completed));
     o.insert("error".into(), Value::Null);
     o.insert("incomplete_details".into(), Value::Null);
-    o.extend(f.envelope.iter().map(|(k, v)| (k.clone(), v.clone())));
+    o.extend(envelope);
     o.insert("output".into(), Value::Array(output));
     o.insert("usage".into(), usage.map_or(Value::Null, usage_json));
     Value::Object(o)
@@ -217,7 +217,8 @@ impl Framer {
     /// `response.created` and `response.in_progress`.
     pub fn opening(&mut self) -> Vec<Value> {
         let mut out = Vec::new();
-        let r = response(&self.f, &self.leg, "in_progress", Vec::new(), None);
+        let envelope = self.f.envelope.clone();
+        let r = response(envelope, &self.leg, "in_progress", Vec::new(), None);
         self.event(&mut out, "response.created", json!({"response": r}));
         self.event(&mut out, "response.in_progress", json!({"response": r}));
         out
@@ -328,7 +329,9 @@ impl Framer {
                     self.call(&mut out, c);
                 }
                 let output = std::mem::take(&mut self.output);
-                let r = response(&self.f, &self.leg, "completed", output, Some(usage));
+                // The last response object of the stream takes the envelope.
+                let envelope = std::mem::take(&mut self.f.envelope);
+                let r = response(envelope, &self.leg, "completed", output, Some(usage));
                 self.event(&mut out, "response.completed", json!({"response": r}));
                 return (out, true);
             }
@@ -337,7 +340,8 @@ impl Framer {
                 self.close_message(&mut out);
                 let body = error_body(&ApiError::from(e));
                 let output = std::mem::take(&mut self.output);
-                let mut r = response(&self.f, &self.leg, "failed", output, None);
+                let envelope = std::mem::take(&mut self.f.envelope);
+                let mut r = response(envelope, &self.leg, "failed", output, None);
                 r["error"] =
                     json!({"code": body["error"]["code"], "message": body["error"]["message"]});
                 self.event(&mut out, "response.failed", json!({"response": r}));
@@ -365,7 +369,8 @@ pub fn finished(framing: Framing, id: &str, output: Vec<Value>, usage: Usage) ->
         f.output.push(item);
     }
     let output = std::mem::take(&mut f.output);
-    let r = response(&f.f, &f.leg, "completed", output, Some(usage));
+    let envelope = std::mem::take(&mut f.f.envelope);
+    let r = response(envelope, &f.leg, "completed", output, Some(usage));
     f.event(&mut out, "response.completed", json!({"response": r}));
     out
 }
@@ -404,7 +409,8 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
                     ));
                 }
                 output.extend(calls.iter().map(|c| call_item(c, &framing)));
-                return Ok(response(&framing, &meta, "completed", output, Some(usage)));
+                let envelope = framing.envelope;
+                return Ok(response(envelope, &meta, "completed", output, Some(usage)));
             }
         }
     }

@@ -344,7 +344,7 @@ fn envelope(req: &Request, parallel: bool) -> Map<String, Value> {
     let number =
         |v: &Option<Value>, default: Value| v.clone().filter(Value::is_number).unwrap_or(default);
     let reasoning = req.reasoning.clone().unwrap_or_default();
-    let mut e = Map::new();
+    let mut e = Map::with_capacity(32);
     e.insert("model".into(), json!(req.model));
     e.insert("instructions".into(), json!(req.instructions));
     e.insert("max_output_tokens".into(), opt(&req.max_output_tokens));
