@@ -18,6 +18,7 @@ pub mod blocks;
 pub mod echo;
 pub mod framing;
 mod headers;
+mod tools;
 mod wire;
 
 use std::time::Duration;
@@ -28,13 +29,14 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use self::echo::{client_echo, exposed_echo};
+use self::tools::{without_cache_control, Choice};
 use super::canonical::{message_digest, tools_digest};
 use super::turn::{Parts, Projection};
 use super::{openai_field, sse, Answer, Host, Plan, Surface};
 use crate::continuation::canonical::digest;
 use crate::engine::{Leg, Standing};
-use crate::error::{ApiError, ErrorCode, Param};
-use crate::turn::{Effort, Sampling, SurfaceId, ToolChoice, ToolDef, TurnInput};
+use crate::error::{ApiError, Param};
+use crate::turn::{Effort, Sampling, SurfaceId, ToolChoice, TurnInput};
 use http::HeaderMap;
 
 #[derive(Debug, Deserialize)]
@@ -232,7 +234,7 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
     let stream = req.stream.unwrap_or(false);
     let tools = match choice.neutral {
         ToolChoice::None => Ok(Vec::new()),
-        _ => tools(tools_in),
+        _ => tools::tools(tools_in),
     };
     let parts = Parts {
         surface: SurfaceId::Messages,
@@ -287,95 +289,6 @@ fn effort(v: Option<&Value>) -> Result<Option<Effort>, ApiError> {
             _ => return Err(bad()),
         })),
         Some(_) => Err(bad()),
-    }
-}
-
-/// A client-owned tool: no `type`, or `"custom"`.
-fn is_custom(tool: &Value) -> bool {
-    matches!(tool.get("type"), None | Some(Value::Null)) || tool["type"] == "custom"
-}
-
-fn without_cache_control(tool: &Value) -> Value {
-    let mut t = tool.clone();
-    if let Some(o) = t.as_object_mut() {
-        o.remove("cache_control");
-    }
-    t
-}
-
-/// The client-owned tools, or why they cannot be read.
-fn tools(tools: &[Value]) -> Result<Vec<ToolDef>, String> {
-    let mut out: Vec<ToolDef> = Vec::new();
-    for t in tools.iter().filter(|t| is_custom(t)) {
-        let name = t["name"]
-            .as_str()
-            .filter(|n| !n.is_empty())
-            .ok_or("each tool needs a `name`")?;
-        if out.iter().any(|d| d.name == name) {
-            return Err(format!("duplicate tool name `{name}`"));
-        }
-        out.push(ToolDef {
-            name: name.to_string(),
-            description: t["description"].as_str().unwrap_or_default().to_string(),
-            parameters: t
-                .get("input_schema")
-                .filter(|s| s.is_object())
-                .cloned()
-                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-        });
-    }
-    Ok(out)
-}
-
-/// The request's `tool_choice`: neutral, its canonical form for the digest, and whether it
-/// disables parallel tool use.
-struct Choice {
-    neutral: ToolChoice,
-    canonical: Value,
-    disable_parallel: bool,
-}
-
-impl Choice {
-    fn read(v: Option<&Value>, tools: &[Value]) -> Result<Choice, ApiError> {
-        let Some(o) = v.filter(|v| !v.is_null()) else {
-            return Ok(Choice {
-                neutral: ToolChoice::Auto,
-                canonical: json!({"type": "auto", "disable_parallel_tool_use": false}),
-                disable_parallel: false,
-            });
-        };
-        let disable_parallel = o["disable_parallel_tool_use"].as_bool().unwrap_or(false);
-        let name = o["name"].as_str().unwrap_or_default();
-        let neutral = match o["type"].as_str() {
-            Some("auto") => ToolChoice::Auto,
-            Some("any") => ToolChoice::Required,
-            Some("none") => ToolChoice::None,
-            Some("tool") => {
-                let server = tools.iter().find(|t| t["name"] == name && !is_custom(t));
-                if let Some(t) = server {
-                    return Err(ApiError::new(
-                        ErrorCode::UnsupportedToolChoice,
-                        format!(
-                            "`tool_choice` forces the server tool `{name}` ({}), which this gateway does not run.",
-                            t["type"].as_str().unwrap_or("typed")
-                        ),
-                    )
-                    .with_param("tool_choice"));
-                }
-                ToolChoice::Named(name.to_string())
-            }
-            _ => ToolChoice::Invalid,
-        };
-        let mut canonical =
-            json!({"type": o["type"], "disable_parallel_tool_use": disable_parallel});
-        if matches!(neutral, ToolChoice::Named(_)) {
-            canonical["name"] = json!(name);
-        }
-        Ok(Choice {
-            neutral,
-            canonical,
-            disable_parallel,
-        })
     }
 }
 
@@ -439,6 +352,7 @@ pub fn estimate_tokens(input: &TurnInput) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorCode;
 
     const T: &str = "srct-0123456789abcdef0123456789abcdef";
 
