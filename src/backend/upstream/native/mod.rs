@@ -432,6 +432,10 @@ fn complete<'r>(raw: &[u8], m: &RawValue, s: &Said<'_>, edits: &mut Vec<(Range<u
         (true, false) => br#""annotations":[]"#,
         (false, false) => br#""refusal":null,"annotations":[]"#,
     };
+    // Only an object takes members (serde reads a struct from an array too).
+    if !m.get().starts_with('{') {
+        return;
+    }
     let at = span(raw, m).end - 1;
     let empty = m.get()[1..m.get().len() - 1].trim().is_empty();
     let mut put = Vec::with_capacity(missing.len() + 1);

@@ -201,4 +201,7 @@ fn a_whole_answer_gets_what_the_schema_requires_and_loses_a_null_fingerprint() {
         v["choices"][0]["message"]["annotations"],
         serde_json::json!([])
     );
+    // A message that is no object is left as the upstream wrote it.
+    let raw = Bytes::from_static(br#"{"model":"up","choices":[{"message":[]}]}"#);
+    assert_eq!(plain(&raw, "up", false).unwrap().json, raw);
 }
