@@ -90,7 +90,9 @@ pub fn chat(data: &[u8]) {
     // Read as an upstream's answer on its way back, it stays JSON whatever the relay adds
     // (a message's missing `refusal` and `annotations`) or cuts (usage, a null fingerprint).
     let raw = Bytes::copy_from_slice(data);
-    if let Some(p) = crate::backend::upstream::native::plain(&raw, "m2", data.len() % 2 == 0) {
+    if let Some(p) =
+        crate::backend::upstream::native::plain(&raw, "m2", data.len().is_multiple_of(2))
+    {
         if serde_json::from_slice::<Value>(data).is_ok() {
             serde_json::from_slice::<Value>(&p.json).expect("a relayed answer is JSON");
         }
