@@ -26,6 +26,7 @@ use futures::stream::BoxStream;
 use crate::config::{BackendSpec, ModelConfig};
 use crate::turn::{Continuation, TurnInput, Usage};
 
+use self::agent::AgentBackend;
 pub use self::upstream::native::Native;
 
 /// What a backend says of itself.
@@ -56,8 +57,10 @@ pub async fn build(name: &str, spec: &BackendSpec) -> Result<Arc<dyn Backend>, B
         BackendSpec::OpenAi(cfg) => {
             Arc::new(upstream::Upstream::new(name, cfg).map_err(BackendError::Unavailable)?)
         }
-        BackendSpec::ClaudeCode(cfg) => claude_code::ClaudeCode::start(name, cfg.clone()).await?,
-        BackendSpec::Acp(cfg) => acp::Acp::start(name, cfg.clone()).await?,
+        BackendSpec::ClaudeCode(cfg) => {
+            AgentBackend::start(name, claude_code::ClaudeCode::new(cfg.clone())).await?
+        }
+        BackendSpec::Acp(cfg) => AgentBackend::start(name, acp::Acp::new(cfg.clone())?).await?,
     })
 }
 

@@ -104,7 +104,7 @@ pub struct Engine {
 impl Engine {
     /// Starts every backend the config names, then the engine.
     pub async fn start(cfg: Config, config_path: Option<PathBuf>) -> Result<Engine, StartError> {
-        backend::agent::sessions::sweep_scratch();
+        backend::agent::scratch::sweep_scratch();
         let mut backends: BTreeMap<String, Arc<dyn Backend>> = BTreeMap::new();
         for (name, spec) in &cfg.backends {
             let backend =

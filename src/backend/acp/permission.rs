@@ -2,11 +2,8 @@
 //! once at once: the client owns them), and otherwise the approval ask the policy answers with
 //! one of the agent's own once-options. An "always" option is never chosen.
 
-use std::sync::Weak;
-
 use serde_json::{json, Value};
 
-use super::session::Session;
 use crate::backend::{ApprovalAsk, ApprovalKind, ApprovalResponder};
 
 /// The name the bridge's MCP server has in the agent's `session/new`.
@@ -71,13 +68,13 @@ pub(super) fn response(id: &Value, chosen: Option<&str>) -> Value {
 
 /// The approval ask for the agent's own tool call: `execute` is a command (its
 /// `rawInput.command`, else its title), `edit`, `delete` and `move` a file change, anything
-/// else permissions; the action digest covers the kind, title and input.
+/// else permissions; the action digest covers the kind, title and input. The decision
+/// reaches `reply` as the option chosen (None: the agent offered no once-option of that side).
 pub(super) fn ask(
-    session: Weak<Session>,
     cwd: &str,
-    id: Value,
     tool_call: &Value,
     options: &Value,
+    reply: impl FnOnce(Option<String>) + Send + 'static,
 ) -> ApprovalAsk {
     let acp_kind = tool_call["kind"].as_str().unwrap_or("other");
     let title = &tool_call["title"];
@@ -105,16 +102,8 @@ pub(super) fn ask(
         &json!({"kind": acp_kind, "title": title, "input": input}),
     );
     let (allow, reject) = (option(options, true), option(options, false));
-    let responder = ApprovalResponder::new(move |approve| {
-        let Some(s) = session.upgrade() else { return };
-        // After `session/cancel` a pending request is answered `cancelled` (as ACP asks).
-        let chosen = match (s.cancelling(), approve) {
-            (true, _) => None,
-            (false, true) => allow,
-            (false, false) => reject,
-        };
-        s.write(&response(&id, chosen.as_deref()));
-    });
+    let responder =
+        ApprovalResponder::new(move |approve| reply(if approve { allow } else { reject }));
     ApprovalAsk {
         kind,
         summary: crate::backend::agent::redact(summary),

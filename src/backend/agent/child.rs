@@ -277,6 +277,25 @@ impl Child {
     }
 }
 
+/// `command --version`, run with the child's environment and nothing to read: the version
+/// the program reports.
+pub async fn version(cfg: &ChildConfig) -> Result<String, BackendError> {
+    let mut cmd = command(cfg);
+    cmd.arg("--version").stdin(Stdio::null());
+    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .map_err(|_| BackendError::Unavailable("`--version` did not answer in 30 s".into()))?
+        .map_err(|e| BackendError::Unavailable(format!("cannot start {}: {e}", cfg.command[0])))?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || text.is_empty() {
+        return Err(BackendError::Unavailable(format!(
+            "`{} --version` failed ({})",
+            cfg.command[0], out.status
+        )));
+    }
+    Ok(text)
+}
+
 /// The child's command: the config's argv, cwd and `env`, plus only the variables of the
 /// gateway's environment that `env_passthrough` names (the config's resolved pass list). It
 /// leads a process group of its own, so that what it starts can be killed with it.

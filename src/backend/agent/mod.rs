@@ -5,13 +5,18 @@
 //! (`app_server/`, Codex's JSON-RPC) adds only its protocol: what it writes to the child, what
 //! its lines mean, how a turn is held and released.
 
+mod backend;
 pub mod bridge;
 pub mod child;
 pub mod lines;
+pub mod places;
 pub mod pool;
 pub mod render;
-pub mod sessions;
+pub mod scratch;
+pub mod session;
 mod stdin;
+
+pub use self::backend::{AgentBackend, Opening, Protocol};
 
 use serde_json::Value;
 

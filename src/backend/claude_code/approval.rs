@@ -2,25 +2,20 @@
 //! (every use of an enabled built-in, even one it would let run) or `can_use_tool`, and the
 //! model's approval policy answers in the shape of the request.
 
-use std::sync::Weak;
-
 use serde_json::{json, Value};
 
 use super::control;
-use super::session::Session;
 use crate::backend::{ApprovalAsk, ApprovalKind, ApprovalResponder};
 
 /// The approval ask for a built-in about to run: a redacted summary for the approver (`Bash`
 /// is a command, the file tools a file change, anything else permissions), the digest of the
-/// tool and its input, and a responder that answers the request the CLI sent.
+/// tool and its input, and a responder that hands the decision to `reply` (which answers
+/// the request the CLI sent).
 pub(super) fn ask(
-    session: Weak<Session>,
     cwd: &str,
-    id: &str,
     tool: &str,
     input: &Value,
-    use_id: &str,
-    answer: Answer,
+    reply: impl FnOnce(bool) + Send + 'static,
 ) -> ApprovalAsk {
     let kind = match tool {
         "Bash" => ApprovalKind::Command,
@@ -37,14 +32,7 @@ pub(super) fn ask(
     };
     let action_digest =
         crate::continuation::canonical::digest(&json!({"tool": tool, "input": input}));
-    let (id, input, use_id) = (id.to_string(), input.clone(), use_id.to_string());
-    let responder = ApprovalResponder::new(move |approve| {
-        let Some(s) = session.upgrade() else { return };
-        if approve {
-            s.allowed(use_id);
-        }
-        s.child.send(answer.write(&id, approve, &input));
-    });
+    let responder = ApprovalResponder::new(reply);
     ApprovalAsk {
         kind,
         summary: crate::backend::agent::redact(summary),
