@@ -208,7 +208,7 @@ fn check_agents(cfg: &turnstile::config::Config) -> ExitCode {
     };
     let mut status = ExitCode::SUCCESS;
     for (name, c) in claude {
-        match runtime.block_on(turnstile::backend::agent::child::version(&c.child)) {
+        match runtime.block_on(turnstile::backend::agent::child::version(&c.agent.child)) {
             Ok(v) => println!("backend {name} (claude-code): {v}"),
             Err(e) => {
                 eprintln!("error: backend {name} (claude-code): {e}");

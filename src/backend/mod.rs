@@ -26,7 +26,6 @@ use futures::stream::BoxStream;
 use crate::config::{BackendSpec, ModelConfig};
 use crate::turn::{Continuation, TurnInput, Usage};
 
-use self::agent::AgentBackend;
 pub use self::upstream::native::Native;
 
 /// What a backend says of itself.
@@ -57,10 +56,12 @@ pub async fn build(name: &str, spec: &BackendSpec) -> Result<Arc<dyn Backend>, B
         BackendSpec::OpenAi(cfg) => {
             Arc::new(upstream::Upstream::new(name, cfg).map_err(BackendError::Unavailable)?)
         }
-        BackendSpec::ClaudeCode(cfg) => {
-            AgentBackend::start(name, claude_code::ClaudeCode::new(cfg.clone())).await?
+        BackendSpec::ClaudeCode(c) => {
+            agent::AgentBackend::start(name, &c.agent, claude_code::ClaudeCode::new(c)).await?
         }
-        BackendSpec::Acp(cfg) => AgentBackend::start(name, acp::Acp::new(cfg.clone())?).await?,
+        BackendSpec::Acp(c) => {
+            agent::AgentBackend::start(name, &c.agent, acp::Acp::new(c)?).await?
+        }
     })
 }
 

@@ -36,10 +36,7 @@ use serde::Deserialize;
 
 pub use crate::auth::grant::{ClientLimits, Rate, Role};
 pub use crate::auth::jwt::JwtIssuer;
-pub use backends::{
-    AcpConfig, AppServerConfig, BackendSpec, ChildConfig, ClaudeCodeConfig, CodexThread,
-    UpstreamConfig, DEFAULT_ENV_PASSTHROUGH,
-};
+pub use backends::*;
 pub use cluster::{ClusterConfig, StoreConfig};
 pub use telemetry::TelemetryConfig;
 

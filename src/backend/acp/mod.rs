@@ -36,9 +36,12 @@ pub struct Acp {
 
 impl Acp {
     /// The protocol, its bridge listening.
-    pub fn new(cfg: AcpConfig) -> Result<Acp, BackendError> {
-        let bridge = Bridge::shared(cfg.mcp_bridge, cfg.max_sessions)?;
-        Ok(Acp { cfg, bridge })
+    pub fn new(cfg: &AcpConfig) -> Result<Acp, BackendError> {
+        let bridge = Bridge::shared(cfg.mcp_bridge, cfg.agent.max_sessions)?;
+        Ok(Acp {
+            cfg: cfg.clone(),
+            bridge,
+        })
     }
 }
 

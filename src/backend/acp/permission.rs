@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use crate::backend::{ApprovalAsk, ApprovalKind, ApprovalResponder};
+use crate::backend::{ApprovalAsk, ApprovalKind};
 
 /// The name the bridge's MCP server has in the agent's `session/new`.
 pub(super) const SERVER: &str = "t";
@@ -98,18 +98,10 @@ pub(super) fn ask(
             json!({"tool": title, "kind": acp_kind, "input": input, "backend_reason": Value::Null})
         }
     };
-    let action_digest = crate::continuation::canonical::digest(
-        &json!({"kind": acp_kind, "title": title, "input": input}),
-    );
+    let action = json!({"kind": acp_kind, "title": title, "input": input});
     let (allow, reject) = (option(options, true), option(options, false));
-    let responder =
-        ApprovalResponder::new(move |approve| reply(if approve { allow } else { reject }));
-    ApprovalAsk {
-        kind,
-        summary: crate::backend::agent::redact(summary),
-        action_digest,
-        responder,
-    }
+    let decided = move |approve| reply(if approve { allow } else { reject });
+    crate::backend::agent::approval(kind, summary, &action, decided)
 }
 
 #[cfg(test)]

@@ -19,10 +19,9 @@ use tokio::sync::oneshot;
 use super::metering::Metering;
 use super::{config_option, env_auth, permission, Acp};
 use crate::backend::agent::bridge::{Answered, Endpoint, Host};
-use crate::backend::agent::session::{Session, Settings, State};
-use crate::backend::agent::{mcp_tools, AgentBackend, Opening, Protocol, Structured};
-use crate::backend::{BackendError, HeldCall, TurnEvent};
-use crate::config::ChildConfig;
+use crate::backend::agent::session::{Session, State};
+use crate::backend::agent::{mcp_tools, Opening, Protocol, Structured};
+use crate::backend::{BackendError, TurnEvent};
 use crate::error::Param;
 use crate::turn::{Effort, ToolDef, Usage};
 
@@ -115,26 +114,12 @@ impl Protocol for Acp {
     type Held = oneshot::Sender<Answered>;
     type Extra = Extra;
 
-    fn child(&self) -> &ChildConfig {
-        &self.cfg.child
-    }
-
-    fn places(&self) -> (usize, Duration) {
-        (self.cfg.max_sessions, self.cfg.acquire_timeout)
-    }
-
     /// One agent process started to check that it speaks ACP and takes an HTTP MCP server:
     /// the name and version its `initialize` reports.
-    async fn version(backend: &AgentBackend<Self>) -> Result<String, BackendError> {
-        let settings = Settings {
-            model: None,
-            effort: None,
-            names: Vec::new(),
-            tools: Vec::new(),
-        };
-        // Dropped unfinished, the start ends the session.
-        let starting = backend.launch(settings, None).await?;
-        let init = initialize(starting.session()).await?;
+    const PROBE: bool = true;
+
+    async fn probe(session: &Arc<Agent>) -> Result<String, BackendError> {
+        let init = initialize(session).await?;
         let agent = &init["agentInfo"];
         let version = format!(
             "{} {}",
@@ -152,15 +137,10 @@ impl Protocol for Acp {
         mcp_tools(tools, str::to_string)
     }
 
-    fn prepare(&self, child: &mut ChildConfig, scratch: &Path, _opening: Option<&Opening<'_>>) {
-        for (k, v) in [
-            ("HOME", scratch.display().to_string()),
-            // Claude Code's per-call limit for MCP tools (ms): a held call waits as long as
-            // its continuation lives, which the gateway bounds.
-            ("MCP_TOOL_TIMEOUT", "86400000".into()),
-        ] {
-            child.env.entry(k.into()).or_insert(v);
-        }
+    /// Claude Code's per-call limit for MCP tools (ms), for Claude's adapter: a held call
+    /// waits as long as its continuation lives, which the gateway bounds.
+    fn env(_scratch: &Path) -> Vec<(&'static str, String)> {
+        vec![("MCP_TOOL_TIMEOUT", "86400000".into())]
     }
 
     /// `initialize`, a sign-in by a variable the child has, `session/new` with the client's
@@ -171,7 +151,7 @@ impl Protocol for Acp {
         opening: &'a Opening<'a>,
     ) -> Result<(), BackendError> {
         let init = initialize(session).await?;
-        let child = &self.cfg.child;
+        let child = &self.cfg.agent.child;
         let has = |var: &str| {
             child.env.contains_key(var)
                 || (child.env_passthrough.iter().any(|p| p == var)
@@ -353,8 +333,7 @@ fn on_update(session: &Agent, update: &Value) {
 /// The `session/prompt` response: the turn's usage, then its end.
 fn on_prompt_done(session: &Agent, result: Result<Value, String>) {
     let mut state = session.state();
-    let interrupted = state.route.as_ref().is_some_and(|r| r.interrupted);
-    let ev = match result {
+    let outcome = match result {
         Ok(result) => {
             let report = super::metering::reported(&result);
             if state.live() {
@@ -362,15 +341,13 @@ fn on_prompt_done(session: &Agent, result: Result<Value, String>) {
                 metered(&state, rest);
             }
             match result["stopReason"].as_str().unwrap_or_default() {
-                "end_turn" | "max_tokens" | "max_turn_requests" => TurnEvent::Completed,
-                _ if interrupted => TurnEvent::Interrupted,
-                other => TurnEvent::Failed(format!("the agent's turn ended: {other}")),
+                "end_turn" | "max_tokens" | "max_turn_requests" => Ok(()),
+                other => Err(format!("the agent's turn ended: {other}")),
             }
         }
-        Err(_) if interrupted => TurnEvent::Interrupted,
-        Err(e) => TurnEvent::Failed(format!("the agent's turn failed: {e}")),
+        Err(e) => Err(format!("the agent's turn failed: {e}")),
     };
-    state.end(ev);
+    state.finish(outcome);
 }
 
 fn on_request(session: &Agent, id: Value, method: &str, params: &Value) {
@@ -407,20 +384,12 @@ fn on_permission(session: &Agent, id: Value, params: &Value) {
         let chosen = permission::option(options, true);
         return write(session, &permission::response(&id, chosen.as_deref()));
     }
-    let me = session.me();
-    let reply = move |chosen: Option<String>| {
-        let Some(s) = me.upgrade() else { return };
+    let reply = session.later(move |s: &Agent, chosen: Option<String>| {
         // After `session/cancel` a pending request is answered `cancelled` (as ACP asks).
         let chosen = chosen.filter(|_| !s.state().cancelling());
-        write(&s, &permission::response(&id, chosen.as_deref()));
-    };
-    let ask = permission::ask(&session.cwd, tool_call, options, reply);
-    let state = session.state();
-    match state.live() {
-        true => state.emit(TurnEvent::Approval(Box::new(ask))),
-        // No turn owns the session: the responder's drop declines.
-        false => drop(ask),
-    }
+        write(s, &permission::response(&id, chosen.as_deref()));
+    });
+    session.ask(permission::ask(&session.cwd, tool_call, options, reply));
 }
 
 /// `backend_model` through what the agent advertises: its session models
@@ -493,11 +462,7 @@ impl Host for Agent {
         state.turn.metering.said(name.len() + arguments.len());
         let round = state.turn.metering.round();
         metered(&state, round);
-        let call = HeldCall {
-            invocation: self.hold(&mut state, answer),
-            name: name.to_string(),
-            arguments,
-        };
+        let call = self.hold(&mut state, answer, name, arguments);
         state.emit(TurnEvent::ToolCall(call));
         true
     }

@@ -1,12 +1,14 @@
 //! One session of a kind whose session is one process (`claude_code`, `acp`): the lifecycle
 //! every such kind shares, written once. [`Session`] owns the child, its place in
 //! `max_sessions`, the scratch folder, our requests waiting for their answer, the running
-//! turn's route with its held calls, and the release and reap; the kind's [`Protocol`] adds
-//! what its lines mean and how a held call is answered, and keeps what it needs per turn in
-//! [`State::turn`] and per session in [`Session::extra`].
+//! turn's route with its held calls, and the release and reap. A kind is a [`Protocol`]: what
+//! its process is started with, its handshake, what its lines mean and how a held call is
+//! answered; it keeps what it needs per turn in [`State::turn`] and per session in
+//! [`Session::extra`].
 
 use parking_lot::{Mutex, MutexGuard};
-use std::path::PathBuf;
+use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -15,18 +17,122 @@ use futures::channel::mpsc::UnboundedSender;
 use serde_json::Value;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use super::backend::Protocol;
 use super::child::{Child, Output};
 use super::places::AgentSession;
-use crate::backend::{BackendError, Meter, TurnEvent};
-use crate::turn::{Effort, Usage};
+use super::render::Rendered;
+use super::turns::Structured;
+use crate::backend::{ApprovalAsk, BackendError, HeldCall, Meter, TurnEvent};
+use crate::config::ModelConfig;
+use crate::turn::{Effort, ToolDef, TurnInput, Usage};
+
+/// What a new session is opened for: the turn's model and input, and the instructions the
+/// conversation gives (for a protocol that takes them at the handshake).
+pub struct Opening<'a> {
+    pub model: &'a ModelConfig,
+    pub input: &'a TurnInput,
+    pub instructions: Option<&'a str>,
+}
+
+/// A one-process-per-session agent's protocol: the part of a kind that differs.
+pub trait Protocol: Send + Sync + Sized + 'static {
+    /// Its config `kind`, as `describe` and the 400s name it.
+    const KIND: &'static str;
+    /// Who runs its model, as traces name it.
+    const PROVIDER: &'static str;
+    /// The agent, as errors name it ("claude", "the agent").
+    const AGENT: &'static str;
+    /// The scratch folder's kind part, and the folders made in it (`work` is the working
+    /// folder unless the config sets `cwd`).
+    const SCRATCH: (&'static str, &'static [&'static str]);
+    /// Whether a turn can give its answer in a client's JSON schema.
+    const STRUCTURED: Structured;
+    /// The client's tool names as the kind keeps them (a kept session must match them).
+    type Names: PartialEq + Default + Send + Sync + 'static;
+    /// What the protocol keeps of a running turn.
+    type Turn: Default + Send + 'static;
+    /// How one held call is answered.
+    type Held: Send + 'static;
+    /// What the protocol keeps of a session.
+    type Extra: Default + Send + Sync + 'static;
+
+    /// Whether the agent's version, checked at gateway startup (so that a backend that cannot
+    /// start is refused then), is what [`Protocol::probe`] finds in a started session rather
+    /// than what `command --version` prints.
+    const PROBE: bool = false;
+
+    /// The agent's version as a session started for it alone reports it.
+    fn probe(
+        _session: &Arc<Session<Self>>,
+    ) -> impl Future<Output = Result<String, BackendError>> + Send {
+        async {
+            Err(BackendError::Unavailable(
+                "the agent cannot be probed".into(),
+            ))
+        }
+    }
+
+    /// The client's tools as the kind names them, and as its MCP server declares them.
+    fn names(&self, tools: &[ToolDef]) -> Self::Names;
+    fn declare(names: &Self::Names, tools: &[ToolDef]) -> Vec<Value>;
+
+    /// The variables a session's process gets besides the configured ones and `HOME` (its
+    /// scratch folder), unless the config sets them.
+    fn env(scratch: &Path) -> Vec<(&'static str, String)>;
+
+    /// The command line of a session opened for `opening`: by default the configured one.
+    fn argv(&self, _command: &mut Vec<String>, _opening: &Opening<'_>) {}
+
+    /// Makes a started session ready for turns.
+    fn handshake<'a>(
+        &'a self,
+        session: &'a Arc<Session<Self>>,
+        opening: &'a Opening<'a>,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send + 'a;
+
+    /// A new session's first prompt: by default the instructions, the history and the input.
+    fn first_prompt(rendered: Rendered) -> Vec<String> {
+        let mut parts: Vec<String> = rendered.instructions.into_iter().collect();
+        parts.extend(rendered.history);
+        parts.extend(rendered.input);
+        parts
+    }
+
+    /// A turn opens with `prompt`: the line to write, and what the protocol keeps of it.
+    fn begin(session: &Session<Self>, turn: &mut Self::Turn, prompt: Vec<String>) -> String;
+
+    /// One line of the agent's output.
+    fn line(session: &Arc<Session<Self>>, line: &[u8]);
+
+    /// A held call is being answered with `text` (and `beside`), under the turn's lock.
+    fn answering(_turn: &mut Self::Turn, _text: &str, _beside: &[String]) {}
+
+    /// Answers a held call; false if it could not be delivered.
+    fn answer(
+        session: &Session<Self>,
+        held: Self::Held,
+        text: &str,
+        failed: bool,
+        beside: Vec<String>,
+    ) -> bool;
+
+    /// Asks the agent to stop the running turn (asked once per turn).
+    fn interrupt(session: &Session<Self>);
+
+    /// Ends the session's process: by default its group is killed at once.
+    fn release(session: &Session<Self>) {
+        session.child.close();
+    }
+
+    /// The process is gone: what the protocol kept of the session goes too.
+    fn ended(_session: &Session<Self>) {}
+}
 
 /// How long a request to the agent (its handshake, a model choice) may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What a session was started with; a kept session continues only a turn that asks the same
 /// model, effort and tool names.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Settings<N> {
     pub model: Option<String>,
     pub effort: Option<Effort>,
@@ -101,6 +207,17 @@ impl<P: Protocol> State<P> {
         };
         r.finished = true;
         let _ = r.events.unbounded_send(ev);
+    }
+
+    /// Ends the turn once: completed, else interrupted if it was asked to stop, else failed
+    /// with `why`.
+    pub fn finish(&mut self, outcome: Result<(), String>) {
+        let interrupted = self.route.as_ref().is_some_and(|r| r.interrupted);
+        self.end(match outcome {
+            Ok(()) => TurnEvent::Completed,
+            Err(_) if interrupted => TurnEvent::Interrupted,
+            Err(why) => TurnEvent::Failed(why),
+        });
     }
 
     /// Forgets the held calls `gone` picks (the agent gave up on them).
@@ -253,11 +370,44 @@ impl<P: Protocol> Session<P> {
         self.write(line);
     }
 
-    /// Holds a client call the agent waits on, answered later by `how`: its invocation.
-    pub fn hold(&self, state: &mut State<P>, how: P::Held) -> u64 {
+    /// Holds a call of the client's tool `name` the agent waits on, answered later by `how`:
+    /// the call as the turn hands it on.
+    pub fn hold(
+        &self,
+        state: &mut State<P>,
+        how: P::Held,
+        name: &str,
+        arguments: String,
+    ) -> HeldCall {
         let invocation = self.next_invocation.fetch_add(1, Ordering::Relaxed);
         state.held.push((invocation, how));
-        invocation
+        HeldCall {
+            invocation,
+            name: name.to_string(),
+            arguments,
+        }
+    }
+
+    /// Hands an approval ask to the running turn; with none, the ask is dropped and its
+    /// responder declines.
+    pub fn ask(&self, ask: ApprovalAsk) {
+        let state = self.state.lock();
+        if state.live() {
+            state.emit(TurnEvent::Approval(Box::new(ask)));
+        }
+    }
+
+    /// `reply` for a later answer (an approver's decision), run only while the session lives.
+    pub fn later<T>(
+        &self,
+        reply: impl FnOnce(&Session<P>, T) + Send + 'static,
+    ) -> impl FnOnce(T) + Send + 'static {
+        let me = self.me.clone();
+        move |answer| {
+            if let Some(s) = me.upgrade() {
+                reply(&s, answer);
+            }
+        }
     }
 }
 

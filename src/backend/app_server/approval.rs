@@ -2,17 +2,17 @@
 //! approval asks: a redacted summary for the approver, the digest of the action without its
 //! ids, and a responder that answers in the shape each method expects.
 
-use std::sync::Arc;
-
 use serde_json::{json, Value};
 
-use super::process::Proc;
-use super::rpc;
-use crate::backend::{ApprovalAsk, ApprovalKind, ApprovalResponder};
+use crate::backend::{ApprovalAsk, ApprovalKind};
 
-/// Builds the approval event for a backend side-effect request; its responder writes
+/// Builds the approval event for a backend side-effect request; its responder hands `reply`
 /// the answer in the shape the method expects.
-pub(super) fn ask(proc: &Arc<Proc>, id: Value, method: &str, params: &Value) -> ApprovalAsk {
+pub(super) fn ask(
+    method: &str,
+    params: &Value,
+    reply: impl FnOnce(Value) + Send + 'static,
+) -> ApprovalAsk {
     let kind = match method {
         "item/commandExecution/requestApproval" => ApprovalKind::Command,
         "item/fileChange/requestApproval" => ApprovalKind::FileChange,
@@ -41,14 +41,12 @@ pub(super) fn ask(proc: &Arc<Proc>, id: Value, method: &str, params: &Value) -> 
             o.remove(k);
         }
     }
-    let action_digest =
-        crate::continuation::canonical::digest(&json!({"method": method, "action": action}));
+    let action = json!({"method": method, "action": action});
     let granted = params
         .get("permissions")
         .cloned()
         .unwrap_or_else(|| json!({}));
-    let proc = Arc::downgrade(proc);
-    let responder = ApprovalResponder::new(move |approve| {
+    let decided = move |approve| {
         let answer = match (kind, approve) {
             (ApprovalKind::Command | ApprovalKind::FileChange, true) => {
                 json!({"decision": "accept"})
@@ -63,14 +61,7 @@ pub(super) fn ask(proc: &Arc<Proc>, id: Value, method: &str, params: &Value) -> 
             (ApprovalKind::Elicitation, true) => json!({"action": "accept", "content": null}),
             (ApprovalKind::Elicitation, false) => json!({"action": "decline", "content": null}),
         };
-        if let Some(p) = proc.upgrade() {
-            p.send(rpc::response(&id, answer));
-        }
-    });
-    ApprovalAsk {
-        kind,
-        summary: crate::backend::agent::redact(summary),
-        action_digest,
-        responder,
-    }
+        reply(answer);
+    };
+    crate::backend::agent::approval(kind, summary, &action, decided)
 }

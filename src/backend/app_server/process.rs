@@ -467,7 +467,13 @@ impl Proc {
                 | "mcpServer/elicitation/request",
                 route,
             ) => {
-                let ask = super::approval::ask(self, id, method, params);
+                let proc = Arc::downgrade(self);
+                let reply = move |answer| {
+                    if let Some(p) = proc.upgrade() {
+                        p.send(rpc::response(&id, answer));
+                    }
+                };
+                let ask = super::approval::ask(method, params, reply);
                 match route.filter(|r| !r.finished.load(Ordering::SeqCst)) {
                     Some(route) => route.emit(TurnEvent::Approval(Box::new(ask))),
                     // No execution owns the thread: the responder's drop declines.

@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 
 use super::control;
-use crate::backend::{ApprovalAsk, ApprovalKind, ApprovalResponder};
+use crate::backend::{ApprovalAsk, ApprovalKind};
 
 /// The approval ask for a built-in about to run: a redacted summary for the approver (`Bash`
 /// is a command, the file tools a file change, anything else permissions), the digest of the
@@ -30,15 +30,8 @@ pub(super) fn ask(
             "backend_reason": Value::Null}),
         _ => json!({"tool": tool, "input": input, "backend_reason": Value::Null}),
     };
-    let action_digest =
-        crate::continuation::canonical::digest(&json!({"tool": tool, "input": input}));
-    let responder = ApprovalResponder::new(reply);
-    ApprovalAsk {
-        kind,
-        summary: crate::backend::agent::redact(summary),
-        action_digest,
-        responder,
-    }
+    let action = json!({"tool": tool, "input": input});
+    crate::backend::agent::approval(kind, summary, &action, reply)
 }
 
 /// Which request a policy decision answers.

@@ -25,13 +25,12 @@ pub struct ClaudeCode {
 }
 
 impl ClaudeCode {
-    pub fn new(cfg: ClaudeCodeConfig) -> ClaudeCode {
-        ClaudeCode { cfg }
+    pub fn new(cfg: &ClaudeCodeConfig) -> ClaudeCode {
+        ClaudeCode { cfg: cfg.clone() }
     }
 
-    /// The flags the gateway needs, after the configured command.
-    fn argv(&self, model: &ModelConfig, input: &TurnInput, names: &Names) -> Vec<String> {
-        let mut argv = self.cfg.child.command.clone();
+    /// The flags the gateway needs, after the configured command (`argv`).
+    fn flags(&self, argv: &mut Vec<String>, model: &ModelConfig, input: &TurnInput, names: &Names) {
         let mcp = json!({"mcpServers": {names::SERVER: {"type": "sdk", "name": names::SERVER}}});
         let (enabled, denied) = builtins(&self.cfg.builtin_tools, &model.approvals);
         for flag in [
@@ -66,7 +65,6 @@ impl ClaudeCode {
         if let Some(e) = input.effort {
             argv.extend(["--effort".into(), effort(e).into()]);
         }
-        argv
     }
 }
 

@@ -11,10 +11,8 @@
 //! that waits behind a built-in arrives later, and the engine's debounce sends what came).
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -23,9 +21,8 @@ use super::control::{self, Frame};
 use super::names::Names;
 use super::ClaudeCode;
 use crate::backend::agent::session::{Session, State};
-use crate::backend::agent::{mcp_tools, AgentBackend, Opening, Protocol, Structured};
+use crate::backend::agent::{mcp_tools, Opening, Protocol, Structured};
 use crate::backend::{BackendError, HeldCall, TurnEvent};
-use crate::config::ChildConfig;
 use crate::turn::{ToolDef, Usage};
 
 type Claude = Session<ClaudeCode>;
@@ -71,20 +68,6 @@ impl Protocol for ClaudeCode {
     type Held = Held;
     type Extra = ();
 
-    fn child(&self) -> &ChildConfig {
-        &self.cfg.child
-    }
-
-    fn places(&self) -> (usize, Duration) {
-        (self.cfg.max_sessions, self.cfg.acquire_timeout)
-    }
-
-    fn version(
-        backend: &AgentBackend<Self>,
-    ) -> impl Future<Output = Result<String, BackendError>> + Send {
-        crate::backend::agent::child::version(&backend.protocol().cfg.child)
-    }
-
     fn names(&self, tools: &[ToolDef]) -> Names {
         Names::new(
             tools.iter().map(|t| t.name.as_str()),
@@ -96,22 +79,20 @@ impl Protocol for ClaudeCode {
         mcp_tools(tools, |n| names.declared(n).to_string())
     }
 
-    fn prepare(&self, child: &mut ChildConfig, scratch: &Path, opening: Option<&Opening<'_>>) {
-        if let Some(o) = opening {
-            let tools = o.input.tools.as_deref().unwrap_or_default();
-            child.command = self.argv(o.model, o.input, &self.names(tools));
-        }
-        for (k, v) in [
-            ("HOME", scratch.display().to_string()),
+    fn env(scratch: &Path) -> Vec<(&'static str, String)> {
+        vec![
             (
                 "CLAUDE_CONFIG_DIR",
                 scratch.join(".claude").display().to_string(),
             ),
             ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
             ("DISABLE_AUTOUPDATER", "1".into()),
-        ] {
-            child.env.entry(k.into()).or_insert(v);
-        }
+        ]
+    }
+
+    fn argv(&self, command: &mut Vec<String>, o: &Opening<'_>) {
+        let tools = o.input.tools.as_deref().unwrap_or_default();
+        self.flags(command, o.model, o.input, &self.names(tools));
     }
 
     /// `initialize`, with the policy hook when built-ins are enabled and the instructions
@@ -325,14 +306,11 @@ fn on_call(session: &Claude, id: &str, rpc_id: Value, params: &Value) {
         request: id.to_string(),
         rpc_id,
     };
-    let call = HeldCall {
-        invocation: session.hold(&mut state, held),
-        name: name.to_string(),
-        arguments: match &params["arguments"] {
-            Value::Null => "{}".to_string(),
-            v => v.to_string(),
-        },
+    let arguments = match &params["arguments"] {
+        Value::Null => "{}".to_string(),
+        v => v.to_string(),
     };
+    let call = session.hold(&mut state, held, name, arguments);
     let use_id = params["_meta"]["claudecode/toolUseId"].as_str();
     match use_id.filter(|u| state.turn.batch.iter().any(|b| b == u)) {
         // A call of the session's own model message: part of its batch.
@@ -356,35 +334,24 @@ fn decide(session: &Claude, id: &str, tool: &str, input: &Value, use_id: &str, a
     {
         return session.write(answer.write(id, true, input));
     }
-    let me = session.me();
     let (request, written, use_id) = (id.to_string(), input.clone(), use_id.to_string());
-    let reply = move |approve: bool| {
-        let Some(s) = me.upgrade() else { return };
+    let reply = session.later(move |s: &Claude, approve: bool| {
         if approve && !use_id.is_empty() {
             s.state().turn.allowed.insert(use_id);
         }
         s.write(answer.write(&request, approve, &written));
-    };
-    let ask = approval::ask(&session.cwd, tool, input, reply);
-    let state = session.state();
-    match state.live() {
-        true => state.emit(TurnEvent::Approval(Box::new(ask))),
-        // No turn owns the session: the responder's drop declines.
-        false => drop(ask),
-    }
+    });
+    session.ask(approval::ask(&session.cwd, tool, input, reply));
 }
 
 fn on_result(session: &Claude, subtype: &str, is_error: bool) {
     let mut state = session.state();
-    let interrupted = state.route.as_ref().is_some_and(|r| r.interrupted);
     // Calls the turn never got to are answered by nobody now.
     state.turn.kept_back.clear();
-    let ev = match (subtype, is_error) {
-        ("success", false) => TurnEvent::Completed,
-        _ if interrupted => TurnEvent::Interrupted,
-        _ => TurnEvent::Failed(format!("claude turn ended: {subtype}")),
-    };
-    state.end(ev);
+    state.finish(match (subtype, is_error) {
+        ("success", false) => Ok(()),
+        _ => Err(format!("claude turn ended: {subtype}")),
+    });
 }
 
 fn count(u: &Value, k: &str) -> Option<u64> {

@@ -1,12 +1,58 @@
 //! What every agent kind's section says about its child process: the program, its
-//! environment (built from an allowlist, never the gateway's own) and its working folder.
-//! The keys are listed in each kind's raw struct (serde cannot flatten into a
-//! `deny_unknown_fields` struct); [`child`] validates them the same way for every kind.
+//! environment (built from an allowlist, never the gateway's own), its working folder and how
+//! many sessions may live. The keys are declared once, by [`section!`] in each kind's raw
+//! struct (serde cannot flatten into a `deny_unknown_fields` struct); [`child`] and
+//! [`sessions`] validate them the same way for every kind.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use super::super::raw::{DEFAULT_ACQUIRE_TIMEOUT_MS, DEFAULT_MAX_SESSIONS};
 use super::super::{err, resolve, ConfigError};
+
+/// An agent kind's raw section: the child keys every agent kind takes (`command`, `env`,
+/// `env_passthrough`, `cwd`, `max_sessions`), then the kind's own keys. A
+/// `deny_unknown_fields` struct, so a key of another kind is refused by serde.
+macro_rules! section {
+    ($raw:ident { $($key:ident: $ty:ty),* $(,)? }) => {
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub(in crate::config) struct $raw {
+            pub command: Option<Vec<String>>,
+            pub env: Option<std::collections::BTreeMap<String, String>>,
+            pub env_passthrough: Option<Vec<String>>,
+            pub cwd: Option<String>,
+            pub max_sessions: Option<usize>,
+            $(pub $key: $ty,)*
+        }
+
+        impl $raw {
+            /// The child keys as written (taken out of the section).
+            fn child_keys(&mut self) -> super::agent::RawChild {
+                super::agent::RawChild {
+                    command: self.command.take(),
+                    env: self.env.take(),
+                    env_passthrough: self.env_passthrough.take(),
+                    cwd: self.cwd.take(),
+                    max_sessions: self.max_sessions.take(),
+                }
+            }
+        }
+    };
+}
+pub(super) use section;
+
+/// What a one-process-per-session kind's section says of its sessions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// The program and its arguments. No `cwd` here: each session gets the configured folder
+    /// or a scratch one of its own.
+    pub child: ChildConfig,
+    /// Every agent process (live, held and idle) takes one.
+    pub max_sessions: usize,
+    pub acquire_timeout: Duration,
+}
 
 /// An agent backend's child process, as the config describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +73,7 @@ pub(super) struct RawChild {
     pub env: Option<BTreeMap<String, String>>,
     pub env_passthrough: Option<Vec<String>>,
     pub cwd: Option<String>,
+    pub max_sessions: Option<usize>,
 }
 
 /// What an agent backend's child gets of the gateway's environment without asking: enough to
@@ -122,9 +169,20 @@ fn env_keys(arg: &str) -> Vec<String> {
         .collect()
 }
 
+/// The sessions of a one-process-per-session kind: its child and `max_sessions`, validated.
+pub(super) fn sessions(name: &str, raw: RawChild, base: &Path) -> Result<AgentConfig, ConfigError> {
+    let raw_max = raw.max_sessions;
+    let child = child(name, raw, base, &[])?;
+    Ok(AgentConfig {
+        child,
+        max_sessions: max_sessions(name, raw_max)?,
+        acquire_timeout: Duration::from_millis(DEFAULT_ACQUIRE_TIMEOUT_MS),
+    })
+}
+
 /// `backends.NAME.max_sessions` of an agent kind: at least 1, default `DEFAULT_MAX_SESSIONS`.
 pub(super) fn max_sessions(name: &str, raw: Option<usize>) -> Result<usize, ConfigError> {
-    match raw.unwrap_or(super::super::raw::DEFAULT_MAX_SESSIONS) {
+    match raw.unwrap_or(DEFAULT_MAX_SESSIONS) {
         0 => Err(err(
             format!("backends.{name}.max_sessions"),
             "must be greater than 0",

@@ -1,18 +1,15 @@
 //! `kind = "app-server"`: a pool of `codex app-server` processes speaking JSON-RPC on stdio,
 //! and the Codex thread settings a model may carry (`approval_policy`, `sandbox`).
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Deserialize;
-
 use super::super::raw::{
-    RawModel, DEFAULT_ACQUIRE_TIMEOUT_MS, DEFAULT_MAX_SESSIONS, DEFAULT_PROCESSES,
-    DEFAULT_RECYCLE_AFTER_THREADS,
+    RawModel, DEFAULT_ACQUIRE_TIMEOUT_MS, DEFAULT_PROCESSES, DEFAULT_RECYCLE_AFTER_THREADS,
 };
 use super::super::{err, ConfigError};
-use super::agent::{child, ChildConfig, RawChild};
+use super::agent::{child, max_sessions, section, ChildConfig};
+use super::Kind;
 
 /// The names of `codex app-server`'s own tools (0.169.0). Its tool router claims them even
 /// when the feature behind one is switched off (a dynamic tool of that name is dropped, or its
@@ -32,19 +29,12 @@ pub const DEFAULT_RESERVED_TOOL_NAMES: &[&str] = &[
     "web_search",
 ];
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(in crate::config) struct RawAppServer {
-    pub command: Option<Vec<String>>,
-    pub env: Option<BTreeMap<String, String>>,
-    pub env_passthrough: Option<Vec<String>>,
-    pub cwd: Option<String>,
-    pub max_sessions: Option<usize>,
-    pub processes: Option<usize>,
-    pub acquire_timeout_ms: Option<u64>,
-    pub reserved_tool_names: Option<Vec<String>>,
-    pub recycle_after_threads: Option<u64>,
-}
+section!(RawAppServer {
+    processes: Option<usize>,
+    acquire_timeout_ms: Option<u64>,
+    reserved_tool_names: Option<Vec<String>>,
+    recycle_after_threads: Option<u64>,
+});
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppServerConfig {
@@ -70,23 +60,24 @@ pub struct CodexThread {
     pub sandbox: Option<String>,
 }
 
-pub(super) fn validate(
-    name: &str,
-    b: RawAppServer,
-    base: &Path,
-) -> Result<AppServerConfig, ConfigError> {
-    let at = |k: &str| format!("backends.{name}.{k}");
-    let raw_child = RawChild {
-        command: b.command,
-        env: b.env,
-        env_passthrough: b.env_passthrough,
-        cwd: b.cwd,
-    };
-    let child = child(name, raw_child, base, &["CODEX_HOME"])?;
-    let max_sessions = b.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS);
-    if max_sessions == 0 {
-        return Err(err(at("max_sessions"), "must be greater than 0"));
+impl Kind for AppServerConfig {
+    type Raw = RawAppServer;
+
+    fn validate(name: &str, b: RawAppServer, base: &Path) -> Result<Self, ConfigError> {
+        validate(name, b, base)
     }
+
+    fn child(&self) -> Option<&ChildConfig> {
+        Some(&self.child)
+    }
+}
+
+fn validate(name: &str, mut b: RawAppServer, base: &Path) -> Result<AppServerConfig, ConfigError> {
+    let at = |k: &str| format!("backends.{name}.{k}");
+    let keys = b.child_keys();
+    let raw_max = keys.max_sessions;
+    let child = child(name, keys, base, &["CODEX_HOME"])?;
+    let max_sessions = max_sessions(name, raw_max)?;
     let recycle_after_threads = b
         .recycle_after_threads
         .unwrap_or(DEFAULT_RECYCLE_AFTER_THREADS);

@@ -1,19 +1,15 @@
 //! `[backends.NAME]`: one section per backend, its `kind` choosing which keys it takes. Each
 //! kind is a file here: its raw section (a `deny_unknown_fields` struct, so a key of another
-//! kind is refused by serde), its validated config and its validator. [`BackendSpec`] is the
-//! frozen result, one variant per kind; `crate::backend::build` turns it into a running
-//! backend. A new kind is a file here, a variant of [`RawBackend`] and [`BackendSpec`], a row
-//! of [`KINDS`] and its arm in `backend::build`.
+//! kind is refused by serde), its validated config and its validator ([`Kind`]).
+//! [`BackendSpec`] is the frozen result, one variant per kind; `crate::backend::build` turns
+//! it into a running backend. A new kind is a file here, a row of [`kinds!`] and its arm in
+//! `backend::build`.
 //!
 //! An internally tagged enum is read as a whole before its tag is known, and serde then
 //! reports its errors at the section (`backends.NAME`); [`section_error`] re-reads that one
 //! section to name the key, and words a key of another kind or an unknown `kind` as such.
 
-mod acp;
 mod agent;
-mod app_server;
-mod claude_code;
-mod openai;
 #[cfg(test)]
 mod tests;
 
@@ -28,68 +24,98 @@ use serde_path_to_error::{Path as KeyPath, Segment};
 use super::raw::RawModel;
 use super::{err, ConfigError};
 
-pub use acp::AcpConfig;
-pub use agent::{ChildConfig, DEFAULT_ENV_PASSTHROUGH};
-pub use app_server::{AppServerConfig, CodexThread};
-pub use claude_code::ClaudeCodeConfig;
-pub use openai::UpstreamConfig;
+pub use agent::{AgentConfig, ChildConfig, DEFAULT_ENV_PASSTHROUGH};
+pub use app_server::CodexThread;
 
-#[derive(Debug, Deserialize)]
-#[serde(tag = "kind")]
-pub(super) enum RawBackend {
-    #[serde(rename = "app-server")]
-    AppServer(app_server::RawAppServer),
-    #[serde(rename = "openai")]
-    OpenAi(openai::RawOpenAi),
-    #[serde(rename = "claude-code")]
-    ClaudeCode(claude_code::RawClaudeCode),
-    #[serde(rename = "acp")]
-    Acp(acp::RawAcp),
+/// What a kind's file gives: its raw section and how it is validated, and its child process
+/// (an agent kind's).
+pub(in crate::config) trait Kind: Sized {
+    type Raw: serde::de::DeserializeOwned;
+    fn validate(name: &str, raw: Self::Raw, base: &Path) -> Result<Self, ConfigError>;
+    fn child(&self) -> Option<&ChildConfig> {
+        None
+    }
 }
 
-/// One validated `[backends.NAME]` section.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BackendSpec {
+/// Declares the kinds, one row each (the variant, the file and its validated config, the
+/// `kind` value): the raw section enum, [`BackendSpec`], [`KINDS`], `kind()`, `child()`
+/// and the validation are generated from these rows alone.
+macro_rules! kinds {
+    ($($(#[$doc:meta])* $variant:ident($file:ident::$config:ident) = $kind:literal,)*) => {
+        $(mod $file;)*
+        $(pub use $file::$config;)*
+
+        #[derive(Debug, Deserialize)]
+        #[serde(tag = "kind")]
+        pub(super) enum RawBackend {
+            $(#[serde(rename = $kind)] $variant(<$config as Kind>::Raw),)*
+        }
+
+        /// One validated `[backends.NAME]` section.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum BackendSpec {
+            $($(#[$doc])* $variant($config),)*
+        }
+
+        const KINDS: &[KindRow] = &[$(KindRow {
+            name: $kind,
+            keys: keys_of::<<$config as Kind>::Raw>,
+            read: read_as::<<$config as Kind>::Raw>,
+        },)*];
+
+        impl BackendSpec {
+            /// Its `kind` value.
+            pub fn kind(&self) -> &'static str {
+                match self {
+                    $(BackendSpec::$variant(_) => $kind,)*
+                }
+            }
+
+            /// The child process of an agent kind (None for an HTTP upstream).
+            pub fn child(&self) -> Option<&ChildConfig> {
+                match self {
+                    $(BackendSpec::$variant(c) => c.child(),)*
+                }
+            }
+        }
+
+        /// Validates every section, in name order.
+        pub(super) fn backends(
+            raw: BTreeMap<String, RawBackend>,
+            base: &Path,
+        ) -> Result<BTreeMap<String, BackendSpec>, ConfigError> {
+            raw.into_iter()
+                .map(|(name, b)| {
+                    let spec = match b {
+                        $(RawBackend::$variant(b) => {
+                            BackendSpec::$variant(<$config as Kind>::validate(&name, b, base)?)
+                        })*
+                    };
+                    Ok((name, spec))
+                })
+                .collect()
+        }
+    };
+}
+
+kinds! {
     /// `kind = "app-server"`: `codex app-server` processes holding turns.
-    AppServer(AppServerConfig),
+    AppServer(app_server::AppServerConfig) = "app-server",
     /// `kind = "openai"`: a stateless OpenAI-compatible HTTP upstream.
-    OpenAi(UpstreamConfig),
+    OpenAi(openai::UpstreamConfig) = "openai",
     /// `kind = "claude-code"`: Claude Code processes holding turns, one per session.
-    ClaudeCode(ClaudeCodeConfig),
+    ClaudeCode(claude_code::ClaudeCodeConfig) = "claude-code",
     /// `kind = "acp"`: Agent Client Protocol agents holding turns, one process per session.
-    Acp(AcpConfig),
+    Acp(acp::AcpConfig) = "acp",
 }
 
 /// A kind as [`section_error`] reads it: its `kind` value, the keys its section takes, and
 /// its section read alone.
-struct Kind {
+struct KindRow {
     name: &'static str,
     keys: fn() -> &'static [&'static str],
     read: fn(toml::Value) -> Option<serde_path_to_error::Error<toml::de::Error>>,
 }
-
-const KINDS: &[Kind] = &[
-    Kind {
-        name: "app-server",
-        keys: keys_of::<app_server::RawAppServer>,
-        read: read_as::<app_server::RawAppServer>,
-    },
-    Kind {
-        name: "openai",
-        keys: keys_of::<openai::RawOpenAi>,
-        read: read_as::<openai::RawOpenAi>,
-    },
-    Kind {
-        name: "claude-code",
-        keys: keys_of::<claude_code::RawClaudeCode>,
-        read: read_as::<claude_code::RawClaudeCode>,
-    },
-    Kind {
-        name: "acp",
-        keys: keys_of::<acp::RawAcp>,
-        read: read_as::<acp::RawAcp>,
-    },
-];
 
 /// The error of reading `section` as a `T`, with its key path.
 fn read_as<T: serde::de::DeserializeOwned>(
@@ -99,26 +125,6 @@ fn read_as<T: serde::de::DeserializeOwned>(
 }
 
 impl BackendSpec {
-    /// Its `kind` value.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            BackendSpec::AppServer(_) => "app-server",
-            BackendSpec::OpenAi(_) => "openai",
-            BackendSpec::ClaudeCode(_) => "claude-code",
-            BackendSpec::Acp(_) => "acp",
-        }
-    }
-
-    /// The child process of an agent kind (None for an HTTP upstream).
-    pub fn child(&self) -> Option<&ChildConfig> {
-        match self {
-            BackendSpec::AppServer(c) => Some(&c.child),
-            BackendSpec::ClaudeCode(c) => Some(&c.child),
-            BackendSpec::Acp(c) => Some(&c.child),
-            BackendSpec::OpenAi(_) => None,
-        }
-    }
-
     /// `[mcp_bridge] listen`, for the kinds that serve the client's tools through it.
     pub(super) fn set_mcp_bridge(&mut self, listen: std::net::SocketAddr) {
         if let BackendSpec::Acp(c) = self {
@@ -154,28 +160,6 @@ impl BackendSpec {
             }
         }
     }
-}
-
-/// Validates every section, in name order.
-pub(super) fn backends(
-    raw: BTreeMap<String, RawBackend>,
-    base: &Path,
-) -> Result<BTreeMap<String, BackendSpec>, ConfigError> {
-    raw.into_iter()
-        .map(|(name, b)| {
-            let spec = match b {
-                RawBackend::AppServer(b) => {
-                    BackendSpec::AppServer(app_server::validate(&name, b, base)?)
-                }
-                RawBackend::OpenAi(b) => BackendSpec::OpenAi(openai::validate(&name, b, base)?),
-                RawBackend::ClaudeCode(b) => {
-                    BackendSpec::ClaudeCode(claude_code::validate(&name, b, base)?)
-                }
-                RawBackend::Acp(b) => BackendSpec::Acp(acp::validate(&name, b, base)?),
-            };
-            Ok((name, spec))
-        })
-        .collect()
 }
 
 /// When serde failed at `backends.NAME` or `backends.NAME.kind` (`path`), the error of that

@@ -10,6 +10,7 @@ use super::super::raw::{
     DEFAULT_MAX_IDLE_CONNECTIONS, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TOTAL_TIMEOUT_MS,
 };
 use super::super::{err, resolve, ConfigError};
+use super::Kind;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,11 +43,15 @@ pub struct UpstreamConfig {
     pub max_response_bytes: usize,
 }
 
-pub(super) fn validate(
-    name: &str,
-    b: RawOpenAi,
-    base: &Path,
-) -> Result<UpstreamConfig, ConfigError> {
+impl Kind for UpstreamConfig {
+    type Raw = RawOpenAi;
+
+    fn validate(name: &str, b: RawOpenAi, base: &Path) -> Result<Self, ConfigError> {
+        validate(name, b, base)
+    }
+}
+
+fn validate(name: &str, b: RawOpenAi, base: &Path) -> Result<UpstreamConfig, ConfigError> {
     let at = |k: &str| format!("backends.{name}.{k}");
     let base_url = b
         .base_url

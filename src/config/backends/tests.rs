@@ -169,20 +169,21 @@ fn a_claude_code_backend_takes_exactly_its_keys() {
     let BackendSpec::ClaudeCode(cc) = &cfg.backends["cc"] else {
         panic!("cc is a claude-code backend");
     };
-    assert_eq!(cc.child.command, ["claude"]);
+    assert_eq!(cc.agent.child.command, ["claude"]);
     assert_eq!(
-        cc.child.env["ANTHROPIC_BASE_URL"],
+        cc.agent.child.env["ANTHROPIC_BASE_URL"],
         "https://api.anthropic.com"
     );
     assert!(cc
+        .agent
         .child
         .env_passthrough
         .contains(&"ANTHROPIC_API_KEY".to_string()));
     assert_eq!(
-        cc.child.cwd.as_deref(),
+        cc.agent.child.cwd.as_deref(),
         Some(Path::new("/etc/turnstile/work"))
     );
-    assert_eq!((cc.max_sessions, cc.builtin_tools.len()), (8, 2));
+    assert_eq!((cc.agent.max_sessions, cc.builtin_tools.len()), (8, 2));
     // Defaults: no built-in, a scratch folder per session.
     let minimal = "[backends.cc]\nkind = \"claude-code\"\ncommand = [\"claude\"]\n";
     let cfg = parse(&base_toml().replace("[backends.demo]", &format!("{minimal}[backends.demo]")))
@@ -190,8 +191,8 @@ fn a_claude_code_backend_takes_exactly_its_keys() {
     let BackendSpec::ClaudeCode(cc) = &cfg.backends["cc"] else {
         panic!("cc is a claude-code backend");
     };
-    assert!(cc.builtin_tools.is_empty() && cc.child.cwd.is_none());
-    assert_eq!(cc.max_sessions, 16);
+    assert!(cc.builtin_tools.is_empty() && cc.agent.child.cwd.is_none());
+    assert_eq!(cc.agent.max_sessions, 16);
 
     for (extra, want) in [
         ("processes = 2", "config backends.cc.processes: not valid for kind `claude-code`"),
@@ -221,7 +222,7 @@ fn an_acp_backend_takes_exactly_its_keys_and_the_bridge_is_loopback() {
     let Some(BackendSpec::Acp(acp)) = cfg.backends.get("ag") else {
         panic!("an acp backend: {:?}", cfg.backends);
     };
-    assert_eq!(acp.child.command, ["gemini", "--acp"]);
+    assert_eq!(acp.agent.child.command, ["gemini", "--acp"]);
     assert_eq!(acp.mcp_bridge.to_string(), "127.0.0.1:0");
     let with_bridge = format!("[mcp_bridge]\nlisten = \"[::1]:7000\"\n{text}");
     let Some(BackendSpec::Acp(acp)) = parse(&with_bridge).unwrap().backends.get("ag").cloned()
