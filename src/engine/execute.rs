@@ -18,7 +18,7 @@ use crate::config;
 use crate::error::ApiError;
 use crate::ids::new_id;
 use crate::store::now_unix;
-use crate::telemetry::{LegInfo, LegSpan, Parent};
+use crate::telemetry::Parent;
 use crate::turn::{TurnInput, Usage};
 
 /// Where a request's turn runs.
@@ -171,17 +171,7 @@ impl Engine {
                 return Err(EngineError::Store);
             }
         }
-        let span = LegSpan::start(
-            &meta.trace,
-            LegInfo {
-                agent: holds == Holds::Turn,
-                provider: info.provider,
-                model: &model.id,
-                execution_id: &meta.id,
-                response_id: input.response_id,
-                round: 0,
-            },
-        );
+        let span = meta.leg_span(holds, &info, &model.id, input, 0);
         self.inner.metrics.overhead.observe(input.arrived.elapsed());
         let leg = LegRequest {
             execution_id: &meta.id,

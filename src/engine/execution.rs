@@ -7,10 +7,11 @@ use tokio::time::Instant;
 
 use super::admission::Slot;
 use super::ledger::Spent;
-use crate::backend::{HeldCall, Hold, Holds, Turn};
-use crate::continuation::Parked;
-use crate::telemetry::{Held, LegSpan, Parent};
-use crate::turn::{DigestFn, EchoFn, Fingerprint, Message, SurfaceId, TurnInput};
+use crate::backend::{BackendInfo, HeldCall, Hold, Holds, Turn};
+use crate::continuation::{Batch, Digests, Parked};
+use crate::store::now_unix;
+use crate::telemetry::{Held, LegInfo, LegSpan, Parent};
+use crate::turn::{DigestFn, EchoFn, ExposedCall, Fingerprint, Message, SurfaceId, TurnInput};
 
 /// The identity of an execution, shared by every state it goes through.
 #[derive(Debug, Clone)]
@@ -24,6 +25,28 @@ pub struct ExecutionMeta {
     pub spent: Spent,
     /// Its root in a trace (the request that started it); empty when traces are off.
     pub trace: Parent,
+}
+
+impl ExecutionMeta {
+    /// The span of the execution's leg `round` on a backend described by `info`.
+    pub fn leg_span(
+        &self,
+        holds: Holds,
+        info: &BackendInfo,
+        model: &str,
+        input: &TurnInput,
+        round: u32,
+    ) -> LegSpan {
+        let leg = LegInfo {
+            agent: holds == Holds::Turn,
+            provider: info.provider,
+            model,
+            execution_id: &self.id,
+            response_id: input.response_id,
+            round,
+        };
+        LegSpan::start(&self.trace, leg)
+    }
 }
 
 /// A running execution. Owns the backend turn: dropping it interrupts the turn (if still
@@ -64,6 +87,81 @@ pub struct Suspended {
     pub tools: Vec<String>,
     /// The spans of the held calls, ended by the claim.
     pub held: Held,
+}
+
+impl Suspended {
+    /// A running execution parked behind a batch of fresh `tokens`: its turn suspended on
+    /// the backend's `invocations` for the `exposed` calls; with the leg's span, for the
+    /// ending.
+    pub fn park(
+        exec: Execution,
+        invocations: Vec<u64>,
+        exposed: &[ExposedCall],
+        history: Option<History>,
+        tokens: Vec<[u8; 32]>,
+        digests: Digests,
+    ) -> (Batch<Suspended>, LegSpan) {
+        let Execution {
+            meta,
+            holds,
+            deadline,
+            rounds,
+            turn,
+            backlog,
+            slot,
+            span,
+            ..
+        } = exec;
+        let hold = turn.suspend(invocations);
+        // Each held call's span starts as its batch is parked, just before its token goes out.
+        let held = Held::start(&span, exposed.iter().map(|c| c.name.as_str()), rounds);
+        let parked = Suspended {
+            holds,
+            deadline,
+            rounds: rounds + 1,
+            // A durable record holds no live-execution slot while suspended.
+            slot: if hold.is_durable() { None } else { slot },
+            hold,
+            backlog,
+            history,
+            suspended_at: Some(now_unix()),
+            tools: exposed.iter().map(|c| c.name.clone()).collect(),
+            held,
+            meta,
+        };
+        let batch = Batch {
+            principal: parked.meta.principal.clone(),
+            execution_id: parked.meta.id.clone(),
+            model: parked.meta.model.clone(),
+            surface: parked.meta.surface,
+            deadline,
+            tokens,
+            digests,
+            parked,
+        };
+        (batch, span)
+    }
+
+    /// What reinstating a claimed stateless suspension needs (its ids are all its hold, so a
+    /// copy can go back behind its tokens if the forward fails); None for a held turn.
+    pub fn reinstatable(&self) -> Option<Suspended> {
+        let Hold::Ids(ids) = &self.hold else {
+            return None;
+        };
+        Some(Suspended {
+            meta: self.meta.clone(),
+            holds: self.holds,
+            deadline: self.deadline,
+            rounds: self.rounds,
+            hold: Hold::Ids(ids.clone()),
+            backlog: self.backlog.clone(),
+            slot: None,
+            history: self.history.clone(),
+            suspended_at: self.suspended_at,
+            tools: self.tools.clone(),
+            held: Held::default(),
+        })
+    }
 }
 
 impl Parked for Suspended {

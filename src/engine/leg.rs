@@ -21,9 +21,9 @@ use super::execution::{Execution, ExecutionMeta, History, LegContext, Suspended}
 use super::suspensions::Refusal;
 use super::{Engine, EngineError};
 use crate::backend::{HeldCall, Holds, TurnEvent};
-use crate::continuation::{token, Batch, Digests, Settled};
-use crate::store::now_unix;
-use crate::telemetry::{Held, LegSpan};
+use crate::budget::{Budget, Exceeded};
+use crate::continuation::{token, Digests, Settled};
+use crate::telemetry::LegSpan;
 use crate::turn::{Call, ExposedCall, Message, Role, Usage};
 
 /// What a leg sends to its surface, in order: deltas, then exactly one `End` or `Error`.
@@ -66,6 +66,82 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
+/// What a leg has gathered of its turn so far.
+struct Gathered {
+    text: String,
+    usage: Usage,
+    calls: Vec<HeldCall>,
+    /// When the calls collected so far go out as a batch.
+    flush_at: Option<Instant>,
+    budget: Option<Budget>,
+    crossed: Option<Exceeded>,
+}
+
+/// What the leg does next.
+enum Next {
+    Go,
+    Suspend,
+    Complete,
+    Stop(Stop),
+}
+
+/// Why a running execution ends early.
+enum Stop {
+    /// The client hears the error; the execution ends for the reason.
+    Fail(EngineError, EndReason),
+    /// The client went away: nobody to tell.
+    Gone,
+}
+
+/// A batch's calls with their fresh tokens: what the client sees, the tokens' digests, and
+/// the backend's invocation numbers, in one order.
+struct Minted {
+    exposed: Vec<ExposedCall>,
+    tokens: Vec<[u8; 32]>,
+    invocations: Vec<u64>,
+}
+
+impl Minted {
+    fn new(calls: Vec<HeldCall>) -> Minted {
+        let mut m = Minted {
+            exposed: Vec::with_capacity(calls.len()),
+            tokens: Vec::with_capacity(calls.len()),
+            invocations: Vec::with_capacity(calls.len()),
+        };
+        for call in calls {
+            let (tok, digest) = token::new_token();
+            m.tokens.push(digest);
+            m.invocations.push(call.invocation);
+            m.exposed.push(ExposedCall {
+                id: tok,
+                name: call.name,
+                arguments: call.arguments,
+            });
+        }
+        m
+    }
+}
+
+/// The assistant message of a suspended leg: its text and the calls it exposed.
+fn assistant(text: String, exposed: &[ExposedCall]) -> Message {
+    Message {
+        role: Role::Assistant,
+        text,
+        images: Vec::new(),
+        name: None,
+        tool_calls: exposed
+            .iter()
+            .map(|c| Call {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            })
+            .collect(),
+        tool_call_id: None,
+        is_error: false,
+    }
+}
+
 impl Engine {
     /// Starts the leg task and hands back its stream.
     pub(super) fn drive(&self, exec: Execution, ctx: LegContext) -> Leg {
@@ -87,143 +163,172 @@ impl Engine {
 
     async fn run_leg(&self, mut exec: Execution, ctx: LegContext, tx: mpsc::Sender<LegEvent>) {
         let debounce = self.config().continuations.batch_debounce;
-        let mut text = String::new();
-        let mut usage = Usage::default();
-        let mut calls: Vec<HeldCall> = exec.backlog.drain(..).collect();
-        let mut flush_at = (!calls.is_empty()).then(|| Instant::now() + debounce);
-        let deadline = exec.deadline;
-        // The execution's spend crossed its per-execution cap at a report of this leg: its
-        // next model request (the next report) stops it. The cap is read once per leg, and
-        // only for a priced execution.
-        let budget = (exec.meta.spent.is_some())
-            .then(|| self.budget_of(&exec.meta.principal))
-            .filter(|b| b.usd_per_execution.is_some());
-        let mut crossed = None;
-        let stopping = self.inner.shutdown.clone();
-        let fail = |exec: Execution, e: EngineError, reason: EndReason| {
-            let tx = tx.clone();
-            async move {
-                let _ = tx.send(LegEvent::Error(e)).await;
-                self.end(
-                    &exec.meta.clone(),
-                    exec.journaled,
-                    reason,
-                    Leftover::Running(exec),
-                )
-                .await;
-            }
+        let calls: Vec<HeldCall> = exec.backlog.drain(..).collect();
+        let mut got = Gathered {
+            flush_at: (!calls.is_empty()).then(|| Instant::now() + debounce),
+            calls,
+            text: String::new(),
+            usage: Usage::default(),
+            // The execution's spend crossed its per-execution cap at a report of this leg:
+            // its next model request (the next report) stops it. The cap is read once per
+            // leg, and only for a priced execution.
+            budget: (exec.meta.spent.is_some())
+                .then(|| self.budget_of(&exec.meta.principal))
+                .filter(|b| b.usd_per_execution.is_some()),
+            crossed: None,
         };
+        let deadline = exec.deadline;
+        let stopping = self.inner.shutdown.clone();
         loop {
-            let event = tokio::select! {
+            let next = tokio::select! {
                 biased;
-                _ = stopping.cancelled() => {
-                    return fail(exec, EngineError::ShuttingDown, EndReason::Cancelled).await;
-                }
+                _ = stopping.cancelled() => Next::Stop(Stop::Fail(EngineError::ShuttingDown, EndReason::Cancelled)),
                 _ = tx.closed() => {
                     tracing::info!(execution = %exec.meta.id, "client went away mid-leg; interrupting the turn");
-                    let meta = exec.meta.clone();
-                    return self.end(&meta, exec.journaled, EndReason::Cancelled, Leftover::Running(exec)).await;
+                    Next::Stop(Stop::Gone)
                 }
-                _ = tokio::time::sleep_until(deadline) => {
-                    return fail(exec, EngineError::Deadline, EndReason::Expired).await;
-                }
-                _ = sleep_until_opt(flush_at) => {
-                    return self.suspend(exec, ctx, calls, text, usage, tx).await;
-                }
-                ev = exec.turn.next_event() => ev,
+                _ = tokio::time::sleep_until(deadline) => Next::Stop(Stop::Fail(EngineError::Deadline, EndReason::Expired)),
+                _ = sleep_until_opt(got.flush_at) => Next::Suspend,
+                ev = exec.turn.next_event() => self.on_event(&mut exec, &mut got, ev, debounce, &tx).await,
             };
-            match event {
-                Some(TurnEvent::Delta(d)) => {
-                    text.push_str(&d);
-                    // A send error means the client left; the next loop turn sees `closed`.
-                    let _ = tx.send(LegEvent::Delta(d)).await;
-                }
-                Some(TurnEvent::Reasoning(r)) => {
-                    let _ = tx.send(LegEvent::Reasoning(r)).await;
-                }
-                Some(TurnEvent::Native(v)) => {
-                    let _ = tx.send(LegEvent::Native(v)).await;
-                }
-                Some(TurnEvent::ToolCall(call)) => {
-                    calls.push(call);
-                    if exec.holds == Holds::Turn {
-                        flush_at.get_or_insert_with(|| Instant::now() + debounce);
-                    }
-                }
-                Some(TurnEvent::Usage(u)) => {
-                    usage.add(u);
-                    exec.span.usage(u);
-                    if let Some(exceeded) = crossed {
-                        tracing::info!(execution = %exec.meta.id, "per-execution spend cap reached; turn interrupted");
-                        let e = self.execution_stopped(exceeded);
-                        return fail(exec, e, EndReason::BudgetExceeded).await;
-                    }
-                    if let (Some(b), Some(spent)) = (&budget, &exec.meta.spent) {
-                        crossed = b.execution_reached(spent.load(Ordering::Relaxed));
-                    }
-                }
-                Some(TurnEvent::Truncated) => {
-                    let _ = tx.send(LegEvent::Truncated).await;
-                }
-                Some(TurnEvent::Approval(ask)) => {
-                    let (cfg, i) = (self.config(), &self.inner);
-                    let (at, meta) = (exec.span.parent(), &exec.meta);
-                    let notice =
-                        approval_policy::apply(&cfg, &i.store, &i.approvals, meta, *ask, &at).await;
-                    if let Some(n) = notice {
-                        let _ = tx.send(LegEvent::Notice(n)).await;
-                    }
-                }
-                Some(TurnEvent::Yield) if !calls.is_empty() => {
+            match next {
+                Next::Go => {}
+                Next::Suspend => {
+                    let Gathered {
+                        calls, text, usage, ..
+                    } = got;
                     return self.suspend(exec, ctx, calls, text, usage, tx).await;
                 }
-                // An agent's batch already went out with the debounce: its turn goes on.
-                Some(TurnEvent::Yield) if exec.holds == Holds::Turn => {}
-                Some(TurnEvent::Completed | TurnEvent::Yield) => {
-                    // The thread is kept before the client learns the answer is complete,
-                    // so its next request finds it.
-                    let Execution {
-                        meta,
-                        holds,
-                        journaled,
-                        turn,
-                        slot,
-                        span,
-                        ..
-                    } = exec;
-                    (self.inner.threads).keep(&self.config(), &meta, holds, ctx, &text, turn);
-                    let _ = tx
-                        .send(LegEvent::End {
-                            calls: Vec::new(),
-                            usage,
-                        })
-                        .await;
-                    span.finish("stop");
-                    return self
-                        .end(&meta, journaled, EndReason::Completed, Leftover::Slot(slot))
-                        .await;
-                }
-                Some(TurnEvent::Failed(detail)) => {
-                    tracing::warn!(execution = %exec.meta.id, detail_len = detail.len(), "backend turn failed");
-                    return fail(exec, EngineError::TurnFailed, EndReason::Failed).await;
-                }
-                Some(TurnEvent::TimedOut) => {
-                    tracing::warn!(execution = %exec.meta.id, "backend timed out mid-leg");
-                    return fail(exec, EngineError::TurnTimedOut, EndReason::Failed).await;
-                }
-                Some(TurnEvent::Interrupted) => {
-                    return fail(exec, EngineError::TurnFailed, EndReason::Interrupted).await;
-                }
-                Some(TurnEvent::Lost(why)) => {
-                    tracing::warn!(execution = %exec.meta.id, %why, "backend lost mid-leg");
-                    return fail(exec, EngineError::TurnFailed, EndReason::Lost).await;
-                }
-                None => return fail(exec, EngineError::TurnFailed, EndReason::Lost).await,
+                Next::Complete => return self.complete(exec, ctx, got, tx).await,
+                Next::Stop(stop) => return self.stop(exec, stop, &tx).await,
             }
         }
     }
 
-    /// Parks the execution behind fresh tokens and ends the leg with `tool_calls`.
+    /// What one backend event does to the leg.
+    async fn on_event(
+        &self,
+        exec: &mut Execution,
+        got: &mut Gathered,
+        event: Option<TurnEvent>,
+        debounce: std::time::Duration,
+        tx: &mpsc::Sender<LegEvent>,
+    ) -> Next {
+        // A send error means the client left; the next loop turn sees `closed`.
+        let fail = |e, reason| Next::Stop(Stop::Fail(e, reason));
+        match event {
+            Some(TurnEvent::Delta(d)) => {
+                got.text.push_str(&d);
+                let _ = tx.send(LegEvent::Delta(d)).await;
+            }
+            Some(TurnEvent::Reasoning(r)) => {
+                let _ = tx.send(LegEvent::Reasoning(r)).await;
+            }
+            Some(TurnEvent::Native(v)) => {
+                let _ = tx.send(LegEvent::Native(v)).await;
+            }
+            Some(TurnEvent::ToolCall(call)) => {
+                got.calls.push(call);
+                if exec.holds == Holds::Turn {
+                    got.flush_at
+                        .get_or_insert_with(|| Instant::now() + debounce);
+                }
+            }
+            Some(TurnEvent::Usage(u)) => {
+                got.usage.add(u);
+                exec.span.usage(u);
+                if let Some(exceeded) = got.crossed {
+                    tracing::info!(execution = %exec.meta.id, "per-execution spend cap reached; turn interrupted");
+                    let e = self.execution_stopped(exceeded);
+                    return fail(e, EndReason::BudgetExceeded);
+                }
+                if let (Some(b), Some(spent)) = (&got.budget, &exec.meta.spent) {
+                    got.crossed = b.execution_reached(spent.load(Ordering::Relaxed));
+                }
+            }
+            Some(TurnEvent::Truncated) => {
+                let _ = tx.send(LegEvent::Truncated).await;
+            }
+            Some(TurnEvent::Approval(ask)) => {
+                let (cfg, i) = (self.config(), &self.inner);
+                let (at, meta) = (exec.span.parent(), &exec.meta);
+                let notice =
+                    approval_policy::apply(&cfg, &i.store, &i.approvals, meta, *ask, &at).await;
+                if let Some(n) = notice {
+                    let _ = tx.send(LegEvent::Notice(n)).await;
+                }
+            }
+            Some(TurnEvent::Yield) if !got.calls.is_empty() => return Next::Suspend,
+            // An agent's batch already went out with the debounce: its turn goes on.
+            Some(TurnEvent::Yield) if exec.holds == Holds::Turn => {}
+            Some(TurnEvent::Completed | TurnEvent::Yield) => return Next::Complete,
+            Some(TurnEvent::Failed(detail)) => {
+                tracing::warn!(execution = %exec.meta.id, detail_len = detail.len(), "backend turn failed");
+                return fail(EngineError::TurnFailed, EndReason::Failed);
+            }
+            Some(TurnEvent::TimedOut) => {
+                tracing::warn!(execution = %exec.meta.id, "backend timed out mid-leg");
+                return fail(EngineError::TurnTimedOut, EndReason::Failed);
+            }
+            Some(TurnEvent::Interrupted) => {
+                return fail(EngineError::TurnFailed, EndReason::Interrupted)
+            }
+            Some(TurnEvent::Lost(why)) => {
+                tracing::warn!(execution = %exec.meta.id, %why, "backend lost mid-leg");
+                return fail(EngineError::TurnFailed, EndReason::Lost);
+            }
+            None => return fail(EngineError::TurnFailed, EndReason::Lost),
+        }
+        Next::Go
+    }
+
+    /// The turn completed: its thread is kept before the client learns the answer is
+    /// complete (so its next request finds it), then the leg ends with `stop`.
+    async fn complete(
+        &self,
+        exec: Execution,
+        ctx: LegContext,
+        got: Gathered,
+        tx: mpsc::Sender<LegEvent>,
+    ) {
+        let Execution {
+            meta,
+            holds,
+            journaled,
+            turn,
+            slot,
+            span,
+            ..
+        } = exec;
+        (self.inner.threads).keep(&self.config(), &meta, holds, ctx, &got.text, turn);
+        let end = LegEvent::End {
+            calls: Vec::new(),
+            usage: got.usage,
+        };
+        let _ = tx.send(end).await;
+        span.finish("stop");
+        self.end(&meta, journaled, EndReason::Completed, Leftover::Slot(slot))
+            .await;
+    }
+
+    /// Ends a running execution early: the client hears the error (unless it is gone).
+    async fn stop(&self, exec: Execution, stop: Stop, tx: &mpsc::Sender<LegEvent>) {
+        let reason = match stop {
+            Stop::Fail(e, reason) => {
+                let _ = tx.send(LegEvent::Error(e)).await;
+                reason
+            }
+            Stop::Gone => EndReason::Cancelled,
+        };
+        let meta = exec.meta.clone();
+        self.end(&meta, exec.journaled, reason, Leftover::Running(exec))
+            .await;
+    }
+
+    /// Parks the execution behind fresh tokens and ends the leg with `tool_calls`: the round
+    /// bounded and the execution journaled, a token minted per exposed call, the echo digested
+    /// and the history extended, the turn parked, the batch registered; only then do the
+    /// tokens go out.
     pub(super) async fn suspend(
         &self,
         mut exec: Execution,
@@ -233,158 +338,56 @@ impl Engine {
         usage: Usage,
         tx: mpsc::Sender<LegEvent>,
     ) {
-        let cfg = self.config();
-        let max_rounds = cfg.continuations.max_rounds;
-        let refuse = |exec: Execution, e: EngineError, reason: EndReason| {
-            let tx = tx.clone();
-            async move {
-                let _ = tx.send(LegEvent::Error(e)).await;
-                self.end(
-                    &exec.meta.clone(),
-                    exec.journaled,
-                    reason,
-                    Leftover::Running(exec),
-                )
-                .await;
-            }
-        };
-        if exec.rounds >= max_rounds {
-            return refuse(
-                exec,
-                EngineError::MaxRounds(max_rounds),
-                EndReason::MaxRounds,
-            )
-            .await;
-        }
-        if tx.is_closed() {
-            let meta = exec.meta.clone();
-            return self
-                .end(
-                    &meta,
-                    exec.journaled,
-                    EndReason::Cancelled,
-                    Leftover::Running(exec),
-                )
-                .await;
-        }
-        if !exec.journaled {
-            let m = &exec.meta;
-            if let Err(e) = self.inner.suspensions.started_now(m).await {
-                tracing::error!(execution = %m.id, error = %e, "store unavailable; no token exposed");
-                return refuse(exec, EngineError::Store, EndReason::StoreUnavailable).await;
-            }
-            exec.journaled = true;
+        if let Err(stop) = self.may_suspend(&mut exec, &tx).await {
+            return self.stop(exec, stop, &tx).await;
         }
         if !ctx.parallel && calls.len() > 1 {
             exec.backlog.extend(calls.drain(1..));
         }
-
-        let mut exposed = Vec::with_capacity(calls.len());
-        let mut tokens = Vec::with_capacity(calls.len());
-        let mut invocations = Vec::with_capacity(calls.len());
-        for call in calls {
-            let (tok, digest) = token::new_token();
-            tokens.push(digest);
-            invocations.push(call.invocation);
-            exposed.push(ExposedCall {
-                id: tok,
-                name: call.name,
-                arguments: call.arguments,
-            });
-        }
+        let minted = Minted::new(calls);
         let digests = Digests {
             tools: ctx.fingerprint.tools,
             tool_choice: ctx.fingerprint.tool_choice,
             prefix: ctx.fingerprint.prefix,
-            echo: (ctx.echo)(&text, &exposed),
+            echo: (ctx.echo)(&text, &minted.exposed),
         };
         let history = ctx.keeps_history.then(|| {
             let mut h = History {
                 digests: ctx.digests,
                 messages: ctx.messages,
             };
-            let assistant = Message {
-                role: Role::Assistant,
-                text: text.clone(),
-                images: Vec::new(),
-                name: None,
-                tool_calls: exposed
-                    .iter()
-                    .map(|c| Call {
-                        id: c.id.clone(),
-                        name: c.name.clone(),
-                        arguments: c.arguments.clone(),
-                    })
-                    .collect(),
-                tool_call_id: None,
-                is_error: false,
-            };
+            let assistant = assistant(text, &minted.exposed);
             h.digests.push((ctx.digest)(&assistant));
             if let Some(m) = h.messages.as_mut() {
                 m.push(assistant);
             }
             h
         });
-        let Execution {
-            meta,
-            holds,
-            deadline,
-            rounds,
-            turn,
-            backlog,
-            slot,
-            span,
-            ..
-        } = exec;
-        let hold = turn.suspend(invocations);
-        let tools = exposed.iter().map(|c| c.name.clone()).collect();
-        // Each held call's span starts as its batch is parked, just before its token goes out.
-        let held = Held::start(&span, exposed.iter().map(|c| c.name.as_str()), rounds);
-        let parked = Suspended {
-            meta: meta.clone(),
-            holds,
-            deadline,
-            rounds: rounds + 1,
-            // A durable record holds no live-execution slot while suspended.
-            slot: if hold.is_durable() { None } else { slot },
-            hold,
-            backlog,
-            history,
-            suspended_at: Some(now_unix()),
-            tools,
-            held,
-        };
-        let batch = Batch {
-            principal: meta.principal.clone(),
-            execution_id: meta.id.clone(),
-            model: meta.model.clone(),
-            surface: meta.surface,
-            deadline,
+        let Minted {
+            exposed,
             tokens,
-            digests,
-            parked,
-        };
-        match self.inner.suspensions.suspend(batch).await {
-            Ok(()) => {}
-            Err(Refusal::Capacity(refused)) => {
-                span.fail(EndReason::Capacity.as_str());
-                let _ = tx
-                    .send(LegEvent::Error(EngineError::SuspensionCapacity))
-                    .await;
-                return self
-                    .end(&meta, true, EndReason::Capacity, Leftover::Batch(refused))
-                    .await;
-            }
-            Err(Refusal::Store(withdrawn)) => {
-                span.fail(EndReason::StoreUnavailable.as_str());
-                let _ = tx.send(LegEvent::Error(EngineError::Store)).await;
-                let left = withdrawn.map_or(Leftover::Nothing, Leftover::Batch);
-                return self
-                    .end(&meta, true, EndReason::StoreUnavailable, left)
-                    .await;
-            }
+            invocations,
+        } = minted;
+        let (batch, span) = Suspended::park(exec, invocations, &exposed, history, tokens, digests);
+        let (meta, calls) = (batch.parked.meta.clone(), exposed.len());
+        if let Err(refused) = self.inner.suspensions.suspend(batch).await {
+            let (error, reason, left) = match refused {
+                Refusal::Capacity(b) => (
+                    EngineError::SuspensionCapacity,
+                    EndReason::Capacity,
+                    Leftover::Batch(b),
+                ),
+                Refusal::Store(withdrawn) => (
+                    EngineError::Store,
+                    EndReason::StoreUnavailable,
+                    withdrawn.map_or(Leftover::Nothing, Leftover::Batch),
+                ),
+            };
+            span.fail(reason.as_str());
+            let _ = tx.send(LegEvent::Error(error)).await;
+            return self.end(&meta, true, reason, left).await;
         }
-        tracing::debug!(execution = %meta.id, calls = exposed.len(), "execution suspended");
+        tracing::debug!(execution = %meta.id, calls, "execution suspended");
         let _ = tx
             .send(LegEvent::End {
                 calls: exposed,
@@ -392,6 +395,32 @@ impl Engine {
             })
             .await;
         span.finish("tool_calls");
+    }
+
+    /// Whether the execution may suspend once more: within its rounds, its client still
+    /// there, and its start journaled (so no token goes out that the store cannot answer).
+    async fn may_suspend(
+        &self,
+        exec: &mut Execution,
+        tx: &mpsc::Sender<LegEvent>,
+    ) -> Result<(), Stop> {
+        let max_rounds = self.config().continuations.max_rounds;
+        if exec.rounds >= max_rounds {
+            let e = EngineError::MaxRounds(max_rounds);
+            return Err(Stop::Fail(e, EndReason::MaxRounds));
+        }
+        if tx.is_closed() {
+            return Err(Stop::Gone);
+        }
+        if !exec.journaled {
+            let m = &exec.meta;
+            if let Err(e) = self.inner.suspensions.started_now(m).await {
+                tracing::error!(execution = %m.id, error = %e, "store unavailable; no token exposed");
+                return Err(Stop::Fail(EngineError::Store, EndReason::StoreUnavailable));
+            }
+            exec.journaled = true;
+        }
+        Ok(())
     }
 
     /// Ends an execution: its approvals are cancelled first, then what still holds its turn

@@ -14,18 +14,18 @@
 //! mid-forward, or the spend could not be written) is settled `lost` at the next start: the
 //! outcome is unknown, so the gateway fails closed rather than answer twice.
 
-use crate::telemetry::{LegInfo, LegSpan};
+use crate::telemetry::LegSpan;
 use std::collections::HashMap;
 
 use tokio::time::Instant;
 
 use super::ending::{EndReason, Leftover};
-use super::execution::{Execution, History, LegContext, Suspended};
+use super::execution::{Execution, ExecutionMeta, History, LegContext, Suspended};
 use super::leg::Leg;
 use super::suspensions::Taken;
 use super::{ContinuationError, Engine, EngineError};
 use crate::auth::Principal;
-use crate::backend::{Answer, Hold, Holds, LegRequest, Resume};
+use crate::backend::{Answer, BackendError, Holds, LegRequest, Resume, Turn};
 use crate::continuation::canonical::digest_of_digests;
 use crate::continuation::{Batch, Digests, Lookup, PendingView, Reason};
 use crate::turn::{Continuation, TurnInput};
@@ -295,12 +295,7 @@ impl Engine {
             positions,
             batch,
         } = claimed;
-        let durable = s.hold.is_durable();
-        // What reinstating a stateless batch needs back (its ids are all its hold).
-        let kept = durable.then(|| match &s.hold {
-            Hold::Ids(ids) => (ids.clone(), s.history.clone()),
-            Hold::Live { .. } => (Vec::new(), None),
-        });
+        let again = s.reinstatable();
         if c.bound.is_some() {
             expand(&mut input, &mut c, s.history.take().unwrap_or_default());
         }
@@ -310,27 +305,9 @@ impl Engine {
             .model(&s.meta.model)
             .and_then(|m| Some((m, self.backend(&m.backend)?)));
         let Some((model, backend)) = backend else {
-            if durable {
-                self.inner.suspensions.spend(&batch, Reason::Lost).await;
-            }
-            self.end(&s.meta.clone(), true, EndReason::Lost, Leftover::Parked(s))
-                .await;
-            return Err(EngineError::TurnFailed);
+            return Err(self.unservable(s, &batch, again.is_some()).await);
         };
-        let mut answers: Vec<Answer> = positions
-            .results
-            .iter()
-            .zip(&c.results)
-            .map(|(&call, &(_, message))| Answer {
-                call,
-                message,
-                text: &input.messages[message].text,
-                failed: input.messages[message].is_error,
-            })
-            .collect();
-        // Answered in the order the calls were made, whatever order the results came in: an
-        // agent that lists results as their calls complete then lists them as it made them.
-        answers.sort_by_key(|a| a.call);
+        let answers = answers(&positions.results, c, input);
         let Suspended {
             mut meta,
             holds,
@@ -339,43 +316,18 @@ impl Engine {
             hold,
             backlog,
             slot,
-            history: _,
-            suspended_at,
-            tools,
             held,
+            ..
         } = s;
         // The claim ends the client's part of the round.
         held.answered();
+        let durable = again.is_some();
         let reinstate = Reinstate {
             engine: self.clone(),
-            batch: kept.map(|(ids, history)| {
-                batch.join(Suspended {
-                    meta: meta.clone(),
-                    holds,
-                    deadline,
-                    rounds,
-                    hold: Hold::Ids(ids),
-                    backlog: backlog.clone(),
-                    slot: None,
-                    history,
-                    suspended_at,
-                    tools: tools.clone(),
-                    held: Default::default(),
-                })
-            }),
+            batch: again.map(|parked| batch.join(parked)),
         };
         let meter = self.meter(&mut meta, model.price);
-        let span = LegSpan::start(
-            &meta.trace,
-            LegInfo {
-                agent: holds == Holds::Turn,
-                provider: backend.describe().provider,
-                model: &model.id,
-                execution_id: &meta.id,
-                response_id: input.response_id,
-                round: rounds,
-            },
-        );
+        let span = meta.leg_span(holds, &backend.describe(), &model.id, input, rounds);
         let resume = Resume {
             leg: LegRequest {
                 execution_id: &meta.id,
@@ -391,37 +343,15 @@ impl Engine {
             echo_calls: positions.calls,
         };
         self.inner.metrics.overhead.observe(input.arrived.elapsed());
-        let turn = match backend.resume(hold, resume).await {
-            Ok(t) => {
-                reinstate.spend().await;
-                t
-            }
-            Err(e) if reinstate.batch.is_some() => {
-                // Nothing reached the client and nothing is held: the batch goes back.
-                tracing::info!(execution = %meta.id, error = %e, "forward failed before the upstream answered; the tokens stay pending");
-                span.fail("unavailable");
-                reinstate.put_back().await;
-                return Err(e.into());
-            }
-            Err(e) => {
-                tracing::warn!(execution = %meta.id, error = %e, "resume failed");
-                let reason = match holds {
-                    Holds::Turn => EndReason::Lost,
-                    Holds::Nothing => EndReason::Failed,
-                };
-                span.fail(reason.as_str());
-                self.end(&meta, true, reason, Leftover::Nothing).await;
-                return Err(e.into());
-            }
-        };
+        let resumed = backend.resume(hold, resume).await;
+        let (turn, span) = (self.resumed(resumed, reinstate, &meta, holds, span)).await?;
         tracing::debug!(execution = %meta.id, results = c.results.len(), "continuation claimed; held calls answered");
         let exec = Execution {
             // A stateless execution is a new request each leg: it gets a fresh deadline and a
             // live-execution slot while it runs.
-            deadline: if durable {
-                Instant::now() + cfg.continuations.execution_ttl
-            } else {
-                deadline
+            deadline: match durable {
+                true => Instant::now() + cfg.continuations.execution_ttl,
+                false => deadline,
             },
             slot: slot.or_else(|| Some(self.inner.limiter.hold(&meta.principal))),
             meta,
@@ -435,6 +365,71 @@ impl Engine {
         let ctx = LegContext::of(input, holds);
         Ok(self.drive(exec, ctx))
     }
+
+    /// A claimed suspension whose model or backend is gone (a reload removed it): its record
+    /// is spent and the execution ends as lost.
+    async fn unservable(&self, s: Suspended, batch: &Batch<()>, durable: bool) -> EngineError {
+        if durable {
+            self.inner.suspensions.spend(batch, Reason::Lost).await;
+        }
+        self.end(&s.meta.clone(), true, EndReason::Lost, Leftover::Parked(s))
+            .await;
+        EngineError::TurnFailed
+    }
+
+    /// The backend's answer to the resume: the claim spent once it took the results; a
+    /// stateless batch the upstream never saw goes back behind its tokens; any other failure
+    /// ends the execution.
+    async fn resumed(
+        &self,
+        resumed: Result<Turn, BackendError>,
+        reinstate: Reinstate,
+        meta: &ExecutionMeta,
+        holds: Holds,
+        span: LegSpan,
+    ) -> Result<(Turn, LegSpan), EngineError> {
+        match resumed {
+            Ok(t) => {
+                reinstate.spend().await;
+                Ok((t, span))
+            }
+            Err(e) if reinstate.batch.is_some() => {
+                // Nothing reached the client and nothing is held: the batch goes back.
+                tracing::info!(execution = %meta.id, error = %e, "forward failed before the upstream answered; the tokens stay pending");
+                span.fail("unavailable");
+                reinstate.put_back().await;
+                Err(e.into())
+            }
+            Err(e) => {
+                tracing::warn!(execution = %meta.id, error = %e, "resume failed");
+                let reason = match holds {
+                    Holds::Turn => EndReason::Lost,
+                    Holds::Nothing => EndReason::Failed,
+                };
+                span.fail(reason.as_str());
+                self.end(meta, true, reason, Leftover::Nothing).await;
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// The client's results as the backend takes them, in the order the calls were made,
+/// whatever order the results came in: an agent that lists results as their calls complete
+/// then lists them as it made them.
+fn answers<'a>(calls: &[usize], c: &Continuation, input: &'a TurnInput) -> Vec<Answer<'a>> {
+    let mut answers: Vec<Answer> = calls
+        .iter()
+        .zip(&c.results)
+        .map(|(&call, &(_, message))| Answer {
+            call,
+            message,
+            text: &input.messages[message].text,
+            failed: input.messages[message].is_error,
+        })
+        .collect();
+    answers.sort_by_key(|a| a.call);
+    answers
 }
 
 /// Expands a continuation by reference into the whole conversation the suspension kept:
