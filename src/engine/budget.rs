@@ -1,6 +1,6 @@
 //! Budgets: a principal's spend caps, applied where executions start and go on.
 //!
-//! - **Daily, monthly and token caps gate fresh turns** ([`Engine::within_budget`]): the
+//! - **Daily, monthly and token caps gate fresh turns** ([`Budgets::within`]): the
 //!   principal's totals are the store's plus this process's unwritten deltas, read under the
 //!   current config. A refusal consumes nothing. The report that crosses a cap never fails
 //!   its own turn: running executions finish and held turns are answered.
@@ -16,10 +16,12 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use super::execution::ExecutionMeta;
-use super::{Engine, EngineError};
+use super::ledger::Ledger;
+use super::EngineError;
 use crate::backend::Meter;
 use crate::budget::{month_start, resets_on, Budget, Cap, Exceeded, Price, Used};
-use crate::store::{day_of, StoreError};
+use crate::metrics::Metrics;
+use crate::store::{day_of, Store, StoreError};
 
 /// One cap of a principal and what is left of it.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,20 +73,34 @@ impl OverCaps {
     }
 }
 
-impl Engine {
-    /// The principal's caps under the current config (none when it has no grant).
-    pub(super) fn budget_of(&self, principal: &str) -> Budget {
-        let cfg = self.config();
-        cfg.grant(principal)
-            .map(|g| g.limits.budget)
-            .unwrap_or_default()
+/// The budget checks, an engine part that owns their state: the usage ledger (this process's
+/// unwritten deltas), the store it adds to, and the principals known to be over a cap.
+pub(super) struct Budgets {
+    ledger: Arc<Ledger>,
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
+    over_caps: OverCaps,
+}
+
+impl Budgets {
+    pub fn new(store: Arc<Store>, metrics: Arc<Metrics>) -> Budgets {
+        Budgets {
+            ledger: Ledger::new(metrics.clone()),
+            store,
+            metrics,
+            over_caps: OverCaps::default(),
+        }
+    }
+
+    /// Writes the usage deltas to the store.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.ledger.flush(&self.store).await
     }
 
     /// What the principal used today and this month (UTC), on day `today`.
     async fn used(&self, principal: &str, today: u32) -> Result<Used, StoreError> {
-        let (ledger, store) = (&self.inner.ledger, &self.inner.store);
-        let t = ledger
-            .used(store, principal, month_start(today), today)
+        let t = (self.ledger)
+            .used(&self.store, principal, month_start(today), today)
             .await?;
         Ok(Used {
             tokens_today: t.tokens_today,
@@ -97,14 +113,9 @@ impl Engine {
     /// budget under the current config) is refused: 402 `budget_exceeded` (429
     /// `billing_error` on Messages), `Retry-After` until the cap resets. A store that cannot
     /// say fails closed (503).
-    pub(super) async fn within_budget(
-        &self,
-        principal: &str,
-        budget: &Budget,
-    ) -> Result<(), EngineError> {
-        let now = self.inner.ledger.now();
-        let over = &self.inner.over_caps;
-        let exceeded = match over.get(principal, budget, now) {
+    pub async fn within(&self, principal: &str, budget: &Budget) -> Result<(), EngineError> {
+        let now = self.ledger.now();
+        let exceeded = match self.over_caps.get(principal, budget, now) {
             Some(known) => known,
             None => {
                 let today = day_of(now);
@@ -115,7 +126,7 @@ impl Engine {
                 let Some(exceeded) = budget.reached(&used, today) else {
                     return Ok(());
                 };
-                over.put(principal, *budget, exceeded, now);
+                self.over_caps.put(principal, *budget, exceeded, now);
                 exceeded
             }
         };
@@ -124,21 +135,16 @@ impl Engine {
             cap = exceeded.cap.as_str(),
             "fresh turn refused by a budget cap"
         );
-        self.inner.metrics.budget_refusal(exceeded.cap.as_str());
+        self.metrics.budget_refusal(exceeded.cap.as_str());
         Err(EngineError::BudgetExceeded {
             exceeded,
             retry_after_secs: exceeded.resets_at.map(|at| at.saturating_sub(now).max(1)),
         })
     }
 
-    /// The per-execution cap, when an execution has spent `nanos`.
-    pub(super) fn execution_over(&self, principal: &str, nanos: u64) -> Option<Exceeded> {
-        self.budget_of(principal).execution_reached(nanos)
-    }
-
     /// An execution stopped at its per-execution cap: counted, and its error.
-    pub(super) fn execution_stopped(&self, exceeded: Exceeded) -> EngineError {
-        self.inner.metrics.budget_refusal(exceeded.cap.as_str());
+    pub fn stopped(&self, exceeded: Exceeded) -> EngineError {
+        self.metrics.budget_refusal(exceeded.cap.as_str());
         EngineError::BudgetExceeded {
             exceeded,
             retry_after_secs: None,
@@ -147,22 +153,23 @@ impl Engine {
 
     /// The meter of a leg of `meta`'s execution. A priced model's meter also adds to the
     /// execution's spend, which it starts on the first priced leg.
-    pub(super) fn meter(&self, meta: &mut ExecutionMeta, price: Option<Price>) -> Meter {
+    pub fn meter(&self, meta: &mut ExecutionMeta, price: Option<Price>) -> Meter {
         if price.is_some() && meta.spent.is_none() {
             meta.spent = Some(Arc::new(AtomicU64::new(0)));
         }
         let spent = price.and(meta.spent.clone());
-        (self.inner.ledger).meter(&meta.principal, &meta.model, price, spent)
+        self.ledger
+            .meter(&meta.principal, &meta.model, price, spent)
     }
 
-    /// Where `principal` stands against its fullest cap that gates fresh turns (the one that
-    /// resets last among equals), for the surfaces that report it on every answer; `None`
-    /// without such a cap, or when the store cannot say (the answer goes without it).
-    pub async fn standing(&self, principal: &str) -> Option<Standing> {
-        if !self.budget_of(principal).gates_fresh() {
+    /// Where `principal` stands against its fullest cap of `budget` that gates fresh turns
+    /// (the one that resets last among equals); `None` without such a cap, or when the store
+    /// cannot say (the answer goes without it).
+    pub async fn standing(&self, principal: &str, budget: &Budget) -> Option<Standing> {
+        if !budget.gates_fresh() {
             return None;
         }
-        let caps = match self.budget_view(principal).await {
+        let caps = match self.view(principal, budget).await {
             Ok(caps) => caps,
             // Debug only: a store that is down would otherwise log once per answer (a fresh
             // turn's own budget check already fails closed and logs it).
@@ -184,10 +191,9 @@ impl Engine {
             .max_by(|a, b| (a.fraction.total_cmp(&b.fraction)).then(a.resets_at.cmp(&b.resets_at)))
     }
 
-    /// The caps of `principal` and what is left of each, in config order of
+    /// The caps of `budget` and what `principal` has left of each, in the order of
     /// [`Cap::ALL`]; empty when it has none.
-    pub async fn budget_view(&self, principal: &str) -> Result<Vec<CapView>, StoreError> {
-        let budget = self.budget_of(principal);
+    pub async fn view(&self, principal: &str, budget: &Budget) -> Result<Vec<CapView>, StoreError> {
         let caps: Vec<(Cap, u64)> = Cap::ALL
             .iter()
             .filter_map(|&c| Some((c, budget.limit(c)?)))
@@ -195,7 +201,7 @@ impl Engine {
         if caps.is_empty() {
             return Ok(Vec::new());
         }
-        let today = day_of(self.inner.ledger.now());
+        let today = day_of(self.ledger.now());
         let used = self.used(principal, today).await?;
         Ok(caps
             .into_iter()

@@ -93,7 +93,10 @@ impl Engine {
         let limits = grant.as_ref().map_or(&none, |g| g.limits);
         // The budget first: its refusal spends no request rate.
         if limits.budget.gates_fresh() {
-            self.within_budget(&principal.id, &limits.budget).await?;
+            self.inner
+                .budgets
+                .within(&principal.id, &limits.budget)
+                .await?;
         }
         let (all, durable) =
             if limits.max_suspended.is_some() || limits.concurrent_executions.is_some() {
@@ -160,7 +163,7 @@ impl Engine {
             spent: None,
             trace: Parent::current(),
         };
-        let meter = self.meter(&mut meta, model.price);
+        let meter = self.inner.budgets.meter(&mut meta, model.price);
         // An agent's execution is journaled before it starts (a crash leaves it `lost`); a
         // stateless leg only if it suspends: one that just answers leaves nothing to recover,
         // and two store transactions per relayed request would cap the plain path.

@@ -239,7 +239,7 @@ impl Engine {
                 exec.span.usage(u);
                 if let Some(exceeded) = got.crossed {
                     tracing::info!(execution = %exec.meta.id, "per-execution spend cap reached; turn interrupted");
-                    let e = self.execution_stopped(exceeded);
+                    let e = self.inner.budgets.stopped(exceeded);
                     return fail(e, EndReason::BudgetExceeded);
                 }
                 if let (Some(b), Some(spent)) = (&got.budget, &exec.meta.spent) {

@@ -66,10 +66,11 @@ use self::threads::Threads;
 use crate::approvals::Approvals;
 use crate::auth::Principal;
 use crate::backend::{self, Backend, Holds};
+use crate::budget::Budget;
 use crate::config::{self, Config, ConfigError};
 use crate::continuation::{Limits, Reason, Registry};
 use crate::metrics::{Gauges, Metrics};
-use crate::store::{ApprovalRecord, Store};
+use crate::store::{ApprovalRecord, Store, StoreError};
 
 struct Inner {
     config: RwLock<Arc<Config>>,
@@ -84,15 +85,13 @@ struct Inner {
     threads: Threads,
     approvals: Arc<Approvals>,
     metrics: Arc<Metrics>,
-    /// Usage accounting (metrics and daily totals in the store).
-    ledger: Arc<ledger::Ledger>,
+    /// Usage accounting (metrics and daily totals in the store) and the budget caps.
+    budgets: budget::Budgets,
     store: Arc<Store>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
     /// Per-principal admission limits of fresh turns.
     limiter: admission::Limiter,
-    /// Principals known to be over a budget cap until it resets.
-    over_caps: budget::OverCaps,
 }
 
 /// Cheap-clone handle to the engine.
@@ -178,13 +177,12 @@ impl Engine {
                 placement,
                 threads: Threads::new(metrics.clone()),
                 approvals,
-                ledger: ledger::Ledger::new(metrics.clone()),
+                budgets: budget::Budgets::new(store.clone(), metrics.clone()),
                 metrics,
                 store,
                 shutdown: CancellationToken::new(),
                 tracker: TaskTracker::new(),
                 limiter: admission::Limiter::default(),
-                over_caps: budget::OverCaps::default(),
             }),
         };
         let timer = engine.clone();
@@ -282,6 +280,27 @@ impl Engine {
         }
     }
 
+    /// The principal's caps under the current config (none when it has no grant).
+    fn budget_of(&self, principal: &str) -> Budget {
+        let cfg = self.config();
+        cfg.grant(principal)
+            .map(|g| g.limits.budget)
+            .unwrap_or_default()
+    }
+
+    /// Where `principal` stands against its fullest cap that gates fresh turns, for the
+    /// surfaces that report it on every answer (see [`budget::Budgets::standing`]).
+    pub async fn standing(&self, principal: &str) -> Option<Standing> {
+        let budget = self.budget_of(principal);
+        self.inner.budgets.standing(principal, &budget).await
+    }
+
+    /// The caps of `principal` and what is left of each; empty when it has none.
+    pub async fn budget_view(&self, principal: &str) -> Result<Vec<CapView>, StoreError> {
+        let budget = self.budget_of(principal);
+        self.inner.budgets.view(principal, &budget).await
+    }
+
     /// Daily usage totals: the caller's own, or, for an approver, everyone's (optionally one
     /// principal's). Reported usage not yet written is written first.
     pub async fn usage(
@@ -292,13 +311,13 @@ impl Engine {
         if !principal.approver {
             q.principal = Some(principal.id.clone());
         }
-        self.inner.ledger.flush(&self.inner.store).await?;
+        self.inner.budgets.flush().await?;
         self.inner.store.usage(&q).await
     }
 
     /// Writes the usage deltas to the store (the timer does this about once a second).
     async fn flush_usage(&self) {
-        if let Err(e) = self.inner.ledger.flush(&self.inner.store).await {
+        if let Err(e) = self.inner.budgets.flush().await {
             tracing::error!(error = %e, "could not write usage totals; kept for the next try");
         }
     }

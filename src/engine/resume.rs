@@ -255,7 +255,7 @@ impl Engine {
         // execution stops here, and its tokens answer replays with 410. (An execution that
         // spent nothing, an unpriced model's, has nothing to check.)
         let over = (view.spent > 0)
-            .then(|| self.execution_over(&principal.id, view.spent))
+            .then(|| self.budget_of(&principal.id).execution_reached(view.spent))
             .flatten();
         if let Some(exceeded) = over {
             self.inner.metrics.budget_refusal(exceeded.cap.as_str());
@@ -326,7 +326,7 @@ impl Engine {
             engine: self.clone(),
             batch: again.map(|parked| batch.join(parked)),
         };
-        let meter = self.meter(&mut meta, model.price);
+        let meter = self.inner.budgets.meter(&mut meta, model.price);
         let span = meta.leg_span(holds, &backend.describe(), &model.id, input, rounds);
         let resume = Resume {
             leg: LegRequest {
