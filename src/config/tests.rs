@@ -529,3 +529,35 @@ price = { input_per_mtok = 1.25, cached_input_per_mtok = 0.125, output_per_mtok 
     let e = parse(&bad_price).unwrap_err().to_string();
     assert!(e.contains("models[0].price.output_per_mtok"), "{e}");
 }
+
+#[test]
+fn the_container_config_is_the_demo_config_with_the_images_paths() {
+    let read = |f: &str| -> toml::Table {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config").join(f);
+        std::fs::read_to_string(path).unwrap().parse().unwrap()
+    };
+    let (mut demo, mut image) = (read("turnstile.toml"), read("container.toml"));
+    let mut differing = Vec::new();
+    for doc in [&mut demo, &mut image] {
+        let take = |doc: &mut toml::Table, at: &[&str]| {
+            let (key, tables) = at.split_last().unwrap();
+            let t = (tables.iter()).fold(doc, |t, k| t[*k].as_table_mut().unwrap());
+            t.remove(*key).unwrap().to_string()
+        };
+        differing.push([
+            take(doc, &["server", "listen"]),
+            take(doc, &["store", "path"]),
+            take(doc, &["backends", "demo", "command"]),
+        ]);
+    }
+    assert_eq!(demo, image, "only the listener, store and backend paths differ");
+    assert_eq!(
+        differing[1],
+        [
+            "\"0.0.0.0:8787\"",
+            "\"../../data/turnstile.db\"",
+            "[\"../../usr/local/bin/turnstile-demo-backend\"]"
+        ]
+        .map(String::from)
+    );
+}
