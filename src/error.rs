@@ -45,6 +45,41 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code, in declaration order (the book's table is checked against it).
+    pub const ALL: [ErrorCode; 28] = {
+        use ErrorCode::*;
+        [
+            InvalidApiKey,
+            ModelNotFound,
+            InvalidRequest,
+            UnsupportedToolChoice,
+            UnsupportedResponseFormat,
+            RequestTooLarge,
+            RequestTimeout,
+            ContinuationNotFound,
+            ContinuationAlreadyResolved,
+            ContinuationMismatch,
+            ContinuationExpired,
+            ContinuationLost,
+            UnauthorizedTarget,
+            CapacityExhausted,
+            RateLimited,
+            UpstreamError,
+            UpstreamTimeout,
+            StoreUnavailable,
+            ShuttingDown,
+            ReplicaUnavailable,
+            ApprovalNotFound,
+            ApprovalAlreadyDecided,
+            NotFound,
+            MethodNotAllowed,
+            Internal,
+            UpstreamRejected,
+            BudgetExceeded,
+            ExecutionBudgetExceeded,
+        ]
+    };
+
     /// The HTTP status. `UpstreamRejected` answers the upstream's own status
     /// ([`ApiError::status`]); 400 is its fallback when that status is not a 4xx.
     pub fn status(self) -> u16 {

@@ -12,8 +12,10 @@
 //! - [`engine`]: executions and legs: admission, fresh turns, the one suspension path, the
 //!   claim, the one ending path, the deadline timer.
 //! - [`backend`]: the `Backend` trait and its kinds: `app_server` (a held Codex turn over
-//!   JSON-RPC), `claude_code` (a held Claude Code turn over stream-json) and `upstream` (a
-//!   stateless OpenAI-compatible HTTP endpoint), over the shared `agent` substrate.
+//!   JSON-RPC), `claude_code` (a held Claude Code turn over stream-json) and `acp` (a held turn
+//!   of any Agent Client Protocol agent), both protocols on the one generic agent backend, and
+//!   `upstream` (a stateless OpenAI-compatible HTTP endpoint), over the shared `agent`
+//!   substrate.
 //! - [`continuation`]: `srct-` tokens, canonical JSON, pending records and tombstones in
 //!   memory, the claim.
 //! - [`approvals`]: durable approval records of backend side effects, decisions, events.

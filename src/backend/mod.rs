@@ -1,7 +1,8 @@
 //! Backends: what runs turns. One [`Backend`] trait covers every kind: stateful agents, which
 //! hold the turn open while the client runs its tools, on the substrate every agent kind
 //! shares in `agent/` (`app_server/`: `codex app-server` over JSON-RPC; `claude_code/`: Claude
-//! Code over stream-json), and a stateless upstream (`upstream/`: an OpenAI-compatible HTTP
+//! Code over stream-json and `acp/`: any Agent Client Protocol agent, both a `Protocol` on the
+//! one `agent::AgentBackend`), and a stateless upstream (`upstream/`: an OpenAI-compatible HTTP
 //! endpoint, where nothing is held and a continuation is a new request with the upstream's
 //! ids restored). [`build`] is the one
 //! place that turns a config's kind into a running backend.
@@ -31,7 +32,7 @@ pub use self::upstream::native::Native;
 /// What a backend says of itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BackendInfo {
-    /// Its config `kind` (`app-server`, `openai`, `claude-code`).
+    /// Its config `kind` (`app-server`, `openai`, `claude-code`, `acp`).
     pub kind: &'static str,
     /// Who runs its model, as traces name it (`gen_ai.provider.name`).
     pub provider: &'static str,

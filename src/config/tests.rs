@@ -550,7 +550,10 @@ fn the_container_config_is_the_demo_config_with_the_images_paths() {
             take(doc, &["backends", "demo", "command"]),
         ]);
     }
-    assert_eq!(demo, image, "only the listener, store and backend paths differ");
+    assert_eq!(
+        demo, image,
+        "only the listener, store and backend paths differ"
+    );
     assert_eq!(
         differing[1],
         [

@@ -3,7 +3,7 @@
 //! differ). Text is streamed into a [`Sink`] (a `String`, or straight into a SHA-256, so a large
 //! conversation is never copied to be digested). Each surface builds its canonical projections
 //! (which fields of a message carry meaning) on these writers; the rules are in
-//! ARCHITECTURE.md ("Canonical JSON").
+//! docs/src/canonical-json.md.
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};

@@ -10,8 +10,9 @@
 //! (`Engine::end`); deadlines sleep until due (the timer, here).
 //!
 //! State has owners: [`suspensions`] (registry, journal, durable records), [`placement`]
-//! (single gateway or replica), [`threads`] (idle threads and conversations), admission
-//! limits, budgets, approvals and the usage ledger. `impl Engine` lives in four files: this one
+//! (single gateway or replica), [`threads`] (idle threads and conversations), `budget` (the
+//! usage ledger and the spend caps), admission limits and approvals. `impl Engine` lives in
+//! four files: this one
 //! (start, operations, the timer, shutdown), `execute.rs`, `leg.rs` and `resume.rs`; it
 //! orchestrates the owners and never reaches into their state.
 //!

@@ -57,6 +57,9 @@ macro_rules! kinds {
             $($(#[$doc])* $variant($config),)*
         }
 
+        /// Every `kind` value, in declaration order.
+        pub const KIND_NAMES: &[&str] = &[$($kind,)*];
+
         const KINDS: &[KindRow] = &[$(KindRow {
             name: $kind,
             keys: keys_of::<<$config as Kind>::Raw>,
