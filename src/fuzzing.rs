@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 
 use crate::backend::agent::lines::Lines;
 use crate::backend::app_server::rpc;
-use crate::backend::upstream::client::{SseEvent, SseSplitter};
+use crate::sse::{SseEvent, SseSplitter};
 use crate::turn::TurnInput;
 
 /// The names of the targets, as in `fuzz/fuzz_targets/`.

@@ -26,7 +26,7 @@
 //! - [`config`]: TOML config, parsed strictly, validated and frozen.
 //! - [`error`]: stable error codes and their statuses.
 //! - [`metrics`]: Prometheus metric names and rendering.
-//! - [`digest`], [`ids`]: SHA-256 and the ids the gateway issues.
+//! - [`digest`], [`ids`], [`sse`]: SHA-256, the ids the gateway issues, the SSE splitter.
 //! - [`telemetry`]: OpenTelemetry GenAI traces over OTLP/HTTP (off unless configured).
 //! - [`server`]: binding, signals (SIGINT/SIGTERM shutdown, SIGHUP reload) and serving.
 
@@ -45,6 +45,7 @@ pub mod http;
 pub mod ids;
 pub mod metrics;
 pub mod server;
+pub mod sse;
 pub mod store;
 pub mod surface;
 pub mod telemetry;

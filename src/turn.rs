@@ -291,6 +291,56 @@ pub enum Wire {
     ChatCompletions,
 }
 
+/// A backend's own answer body or stream chunk in a client wire (Chat Completions, the only
+/// [`Wire`] relayed today), its `model` renamed: a surface that speaks that wire relays it.
+#[derive(Debug)]
+pub enum Relayed {
+    /// No tool calls in it: relayed byte for byte. `finish`: it has a `finish_reason`.
+    Raw { json: bytes::Bytes, finish: bool },
+    /// Read as a tree, its tool calls taken out.
+    Tree(serde_json::Value),
+}
+
+impl Relayed {
+    /// Whether the first choice has a `finish_reason`.
+    pub fn finishes(&self) -> bool {
+        match self {
+            Relayed::Raw { finish, .. } => *finish,
+            Relayed::Tree(v) => v["choices"][0]["finish_reason"].as_str().is_some(),
+        }
+    }
+
+    /// As a tree (parsed only on the tool-call paths, which rewrite it).
+    pub fn into_value(self) -> serde_json::Value {
+        match self {
+            Relayed::Tree(v) => v,
+            raw => raw.to_value(),
+        }
+    }
+
+    /// A copy as a tree.
+    pub fn to_value(&self) -> serde_json::Value {
+        match self {
+            Relayed::Raw { json, .. } => serde_json::from_slice(json).unwrap_or_default(),
+            Relayed::Tree(v) => v.clone(),
+        }
+    }
+
+    /// One SSE `data:` event of it.
+    pub fn event(&self) -> String {
+        match self {
+            Relayed::Raw { json, .. } => {
+                let mut out = String::with_capacity(json.len() + 8);
+                out.push_str("data: ");
+                out.push_str(std::str::from_utf8(json).unwrap_or_default());
+                out.push_str("\n\n");
+                out
+            }
+            Relayed::Tree(v) => format!("data: {v}\n\n"),
+        }
+    }
+}
+
 /// A client's request body as it came, in `wire`.
 #[derive(Debug, Clone)]
 pub struct Passthrough {

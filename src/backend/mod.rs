@@ -27,8 +27,6 @@ use futures::stream::BoxStream;
 use crate::config::{BackendSpec, ModelConfig};
 use crate::turn::{Continuation, TurnInput, Usage};
 
-pub use self::upstream::native::Native;
-
 /// What a backend says of itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BackendInfo {
@@ -247,7 +245,7 @@ pub enum TurnEvent {
     /// A Chat Completions chunk (or whole body) as a stateless upstream sent it, tool calls
     /// removed and `model` renamed; only on turns whose `native` flag is set. Its text also
     /// arrives as `Delta`.
-    Native(Native),
+    Relayed(crate::turn::Relayed),
     ToolCall(HeldCall),
     /// Boxed: rare, and it would otherwise size every event.
     Approval(Box<ApprovalAsk>),
@@ -308,7 +306,7 @@ pub struct Turn {
     /// Events taken out of the channel by `park`, delivered first by `next_event`.
     stash: std::collections::VecDeque<TurnEvent>,
     pub control: Box<dyn TurnControl>,
-    /// The events include the backend's own Chat Completions chunks (`TurnEvent::Native`).
+    /// The events include the backend's own Chat Completions chunks (`TurnEvent::Relayed`).
     pub native: bool,
 }
 

@@ -34,7 +34,7 @@ pub enum LegEvent {
     Reasoning(String),
     /// The upstream's own Chat Completions chunk (or whole body), tool calls removed; only on
     /// a leg whose `native` flag is set, for a surface that relays that wire.
-    Native(crate::backend::Native),
+    Relayed(crate::turn::Relayed),
     /// Something a human watching the stream should know (an approval is pending).
     Notice(String),
     /// The answer was cut at the output token limit; `End` follows.
@@ -54,7 +54,7 @@ pub struct Leg {
     pub model: String,
     /// Tool rounds of the execution before this leg (0 for its first leg).
     pub round: u32,
-    /// The events include the upstream's own chunks (`LegEvent::Native`).
+    /// The events include the upstream's own chunks (`LegEvent::Relayed`).
     pub native: bool,
     pub events: mpsc::Receiver<LegEvent>,
 }
@@ -224,8 +224,8 @@ impl Engine {
             Some(TurnEvent::Reasoning(r)) => {
                 let _ = tx.send(LegEvent::Reasoning(r)).await;
             }
-            Some(TurnEvent::Native(v)) => {
-                let _ = tx.send(LegEvent::Native(v)).await;
+            Some(TurnEvent::Relayed(v)) => {
+                let _ = tx.send(LegEvent::Relayed(v)).await;
             }
             Some(TurnEvent::ToolCall(call)) => {
                 got.calls.push(call);

@@ -21,6 +21,7 @@ use serde_json::Value;
 
 use crate::backend::{BackendError, UpstreamRefusal};
 use crate::config::UpstreamConfig;
+use crate::sse::{SseEvent, SseSplitter, MAX_EVENT_BYTES};
 
 /// An upstream's answer, its body still to be read.
 pub type Response = hyper::Response<hyper::body::Incoming>;
@@ -84,14 +85,6 @@ pub(super) async fn bounded(resp: Response, limit: usize) -> Result<Bytes, Unrea
         out.extend_from_slice(&chunk);
     }
     Ok(out.freeze())
-}
-
-/// One event of an upstream SSE body.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SseEvent {
-    /// A `data:` payload other than `[DONE]`.
-    Data(String),
-    Done,
 }
 
 /// The TLS roots of an upstream: the platform's, and the PEM certificates of `ca_file`.
@@ -322,75 +315,6 @@ fn cause(e: &hyper_util::client::legacy::Error) -> String {
         return "unknown".into();
     }
     parts.join(": ")
-}
-
-/// The largest SSE event (its unfinished line plus its `data:` lines) the splitter holds.
-pub const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
-
-/// Splits a byte stream into SSE events (`data:` lines joined per event; comments and other
-/// fields ignored). Handles `\n` and `\r\n` line ends and events split across chunks.
-#[derive(Default)]
-pub struct SseSplitter {
-    buf: BytesMut,
-    data: Vec<String>,
-    /// Bytes in `data`.
-    held: usize,
-    ready: std::collections::VecDeque<SseEvent>,
-}
-
-/// An event grew past [`MAX_EVENT_BYTES`]: the stream is broken off.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Overflow;
-
-impl SseSplitter {
-    pub fn push(&mut self, bytes: &Bytes) -> Result<(), Overflow> {
-        self.buf.extend_from_slice(bytes);
-        while let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
-            let line = self.buf.split_to(pos + 1);
-            let line = String::from_utf8_lossy(&line);
-            self.line(line.trim_end_matches(['\n', '\r']));
-            if self.held > MAX_EVENT_BYTES {
-                return Err(Overflow);
-            }
-        }
-        if self.buf.len() + self.held > MAX_EVENT_BYTES {
-            return Err(Overflow);
-        }
-        Ok(())
-    }
-
-    /// The body ended: a last event without its blank line still counts.
-    pub fn finish(&mut self) {
-        if !self.buf.is_empty() {
-            let rest = String::from_utf8_lossy(&self.buf).to_string();
-            self.buf.clear();
-            self.line(rest.trim_end_matches(['\n', '\r']));
-        }
-        self.line("");
-    }
-
-    fn line(&mut self, line: &str) {
-        if line.is_empty() {
-            if !self.data.is_empty() {
-                let data = self.data.join("\n");
-                self.data.clear();
-                self.held = 0;
-                self.ready.push_back(if data.trim() == "[DONE]" {
-                    SseEvent::Done
-                } else {
-                    SseEvent::Data(data)
-                });
-            }
-        } else if let Some(d) = line.strip_prefix("data:") {
-            let d = d.strip_prefix(' ').unwrap_or(d);
-            self.held += d.len() + 1;
-            self.data.push(d.to_string());
-        }
-    }
-
-    pub fn next_event(&mut self) -> Option<SseEvent> {
-        self.ready.pop_front()
-    }
 }
 
 #[cfg(test)]

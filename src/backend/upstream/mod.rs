@@ -7,7 +7,7 @@
 //! A request from a surface that speaks Chat Completions (`TurnInput::native`) is forwarded as
 //! the client sent it with only `model` renamed, a stream's usage asked for and cache hints
 //! scoped to the principal (`native.rs`), and its answer's chunks are passed back as
-//! `TurnEvent::Native` for that surface to relay; any other surface's turn is translated
+//! `TurnEvent::Relayed` for that surface to relay; any other surface's turn is translated
 //! (`translate.rs`). Every leg is metered, from the upstream's reports or, when it sends none,
 //! the gateway's estimate (`Metered`).
 

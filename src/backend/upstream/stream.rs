@@ -13,9 +13,11 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::client::{Client, SseEvent};
-use super::native::{self, Native, Plain};
+use super::client::Client;
+use super::native::{self, Plain};
 use crate::backend::{BackendError, HeldCall, TurnEvent};
+use crate::sse::SseEvent;
+use crate::turn::Relayed;
 use crate::turn::Usage;
 
 type Ids = Arc<Mutex<Vec<String>>>;
@@ -107,7 +109,7 @@ fn plain(p: Plain, native: bool, out: &mut VecDeque<TurnEvent>) {
     }
     if native && p.relay {
         let finish = p.finish.is_some();
-        out.push_back(TurnEvent::Native(Native::Raw {
+        out.push_back(TurnEvent::Relayed(Relayed::Raw {
             json: p.json,
             finish,
         }));
@@ -178,7 +180,7 @@ pub fn whole(
         }
         if native {
             body["model"] = Value::String(model);
-            out.push_back(TurnEvent::Native(Native::Tree(body)));
+            out.push_back(TurnEvent::Relayed(Relayed::Tree(body)));
         }
         let yielded = !calls.is_empty();
         announce(calls, &ids, &mut out);
@@ -356,7 +358,7 @@ impl Relay {
         }
         if self.native && forward {
             chunk["model"] = Value::String(self.model.clone());
-            self.out.push_back(TurnEvent::Native(Native::Tree(chunk)));
+            self.out.push_back(TurnEvent::Relayed(Relayed::Tree(chunk)));
         }
         self.finished(finish);
     }

@@ -15,11 +15,11 @@ use serde_json::{json, Value};
 
 use super::error_body;
 use super::wire::{chunk, completion, usage_chunk, ResponseMeta};
-use crate::backend::Native;
 use crate::engine::{Leg, LegEvent};
 use crate::error::ApiError;
 use crate::surface::{sse, Answer};
 use crate::turn::ExposedCall;
+use crate::turn::Relayed;
 
 fn event(v: &Value) -> String {
     format!("data: {v}\n\n")
@@ -64,7 +64,7 @@ struct Framer {
     include_usage: bool,
     native: bool,
     /// Native chunks held from the finish chunk on (see the module doc).
-    held: Vec<Native>,
+    held: Vec<Relayed>,
 }
 
 impl sse::Frame for Framer {
@@ -94,7 +94,7 @@ impl Framer {
             LegEvent::Delta(d) => (self.chunk(json!({"content": d}), None), false),
             LegEvent::Reasoning(r) => (self.chunk(json!({"reasoning_content": r}), None), false),
             // Relayed as the upstream sent them, `model` already renamed.
-            LegEvent::Native(c) => {
+            LegEvent::Relayed(c) => {
                 if !self.held.is_empty() || c.finishes() {
                     self.held.push(c);
                     return (String::new(), false);
@@ -132,7 +132,7 @@ impl Framer {
         if !calls.is_empty() {
             let like = held
                 .first()
-                .map(Native::to_value)
+                .map(Relayed::to_value)
                 .unwrap_or_else(|| json!({"object": "chat.completion.chunk"}));
             let envelope = |delta: Value, finish: Option<&str>| {
                 let mut c = like.clone();
@@ -184,13 +184,13 @@ pub async fn collect(mut leg: Leg) -> Result<Answer, ApiError> {
         match ev {
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::Reasoning(r) => reasoning.push_str(&r),
-            LegEvent::Native(body) => native = Some(body),
+            LegEvent::Relayed(body) => native = Some(body),
             LegEvent::Notice(_) | LegEvent::Truncated => {}
             LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
                 if let Some(body) = native {
                     let mut body = match (body, calls.is_empty()) {
-                        (Native::Raw { json, .. }, true) => return Ok(Answer::Raw(json)),
+                        (Relayed::Raw { json, .. }, true) => return Ok(Answer::Raw(json)),
                         (body, _) => body.into_value(),
                     };
                     body["model"] = json!(meta.model);
@@ -306,7 +306,7 @@ mod tests {
         let up = json!({"id": "up", "model": "x", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": null}], "extra": 1});
         let raw =
             crate::backend::upstream::native::plain(&up.to_string().into(), "m", false).unwrap();
-        let (text, _) = f.frame(LegEvent::Native(Native::Raw {
+        let (text, _) = f.frame(LegEvent::Relayed(Relayed::Raw {
             json: raw.json,
             finish: false,
         }));
@@ -317,7 +317,7 @@ mod tests {
         );
         assert_eq!(f.frame(LegEvent::Delta("hi".into())).0, "");
         let fin = json!({"id": "up", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}], "usage": {"total_tokens": 3}});
-        assert_eq!(f.frame(LegEvent::Native(Native::Tree(fin))).0, "");
+        assert_eq!(f.frame(LegEvent::Relayed(Relayed::Tree(fin))).0, "");
         let (text, end) = f.frame(LegEvent::End {
             calls: calls(),
             usage: Usage::default(),

@@ -171,7 +171,7 @@ impl sse::Frame for Framer {
                     json!({"index": self.blocks - 1, "delta": {"type": "text_delta", "text": d}}),
                 );
             }
-            LegEvent::Native(_) => {}
+            LegEvent::Relayed(_) => {}
             LegEvent::Truncated => self.truncated = true,
             LegEvent::Notice(n) => out.push_str(&sse::notice_comment(&n)),
             LegEvent::End { calls, usage } => {
@@ -237,7 +237,7 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Bytes, ApiError> 
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::Reasoning(r) => thought.get_or_insert_default().push_str(&r),
             LegEvent::Truncated => truncated = true,
-            LegEvent::Native(_) | LegEvent::Notice(_) => {}
+            LegEvent::Relayed(_) | LegEvent::Notice(_) => {}
             LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
                 let mut content = Vec::new();

@@ -321,7 +321,7 @@ impl Framer {
         match ev {
             LegEvent::Delta(d) => self.delta(&mut out, &d),
             LegEvent::Reasoning(r) => self.reason(&mut out, &r),
-            LegEvent::Native(_) | LegEvent::Truncated | LegEvent::Notice(_) => {}
+            LegEvent::Relayed(_) | LegEvent::Truncated | LegEvent::Notice(_) => {}
             LegEvent::End { calls, usage } => {
                 self.close_reasoning(&mut out);
                 self.close_message(&mut out);
@@ -394,7 +394,7 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
         match ev {
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::Reasoning(r) => thought.push_str(&r),
-            LegEvent::Native(_) | LegEvent::Notice(_) | LegEvent::Truncated => {}
+            LegEvent::Relayed(_) | LegEvent::Notice(_) | LegEvent::Truncated => {}
             LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
                 let mut output = Vec::new();

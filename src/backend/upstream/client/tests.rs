@@ -184,35 +184,3 @@ async fn an_upstream_4xx_is_relayed_and_a_refused_key_is_not() {
         .unwrap_err();
     assert!(matches!(e, BackendError::Unavailable(_)), "{e:?}");
 }
-
-#[test]
-fn splits_events_across_chunks_and_line_ends() {
-    let mut s = SseSplitter::default();
-    s.push(&Bytes::from("data: {\"a\":1}\n\nda")).unwrap();
-    assert_eq!(s.next_event(), Some(SseEvent::Data("{\"a\":1}".into())));
-    assert_eq!(s.next_event(), None);
-    s.push(&Bytes::from(
-        "ta: {\"b\":2}\r\n\r\n: comment\n\nevent: x\ndata: [DONE]\n\n",
-    ))
-    .unwrap();
-    assert_eq!(s.next_event(), Some(SseEvent::Data("{\"b\":2}".into())));
-    assert_eq!(s.next_event(), Some(SseEvent::Done));
-    s.push(&Bytes::from("data: {\"c\":3}")).unwrap();
-    s.finish();
-    assert_eq!(s.next_event(), Some(SseEvent::Data("{\"c\":3}".into())));
-}
-
-#[test]
-fn an_event_over_the_bound_is_refused() {
-    let mut s = SseSplitter::default();
-    let line = Bytes::from(format!("data: {}\n", "x".repeat(MAX_EVENT_BYTES / 4)));
-    for _ in 0..3 {
-        s.push(&line).unwrap();
-    }
-    assert_eq!(s.push(&line), Err(Overflow));
-    let mut s = SseSplitter::default();
-    assert_eq!(
-        s.push(&Bytes::from(vec![b'a'; MAX_EVENT_BYTES + 1])),
-        Err(Overflow)
-    );
-}

@@ -275,56 +275,6 @@ struct Details {
     reasoning_tokens: Option<u64>,
 }
 
-/// The upstream's own Chat Completions body or stream chunk, `model` renamed, for a surface
-/// that relays that wire.
-#[derive(Debug)]
-pub enum Native {
-    /// No tool calls in it: relayed byte for byte. `finish`: it has a `finish_reason`.
-    Raw { json: Bytes, finish: bool },
-    /// Read as a tree, its tool calls taken out.
-    Tree(serde_json::Value),
-}
-
-impl Native {
-    /// Whether the first choice has a `finish_reason`.
-    pub fn finishes(&self) -> bool {
-        match self {
-            Native::Raw { finish, .. } => *finish,
-            Native::Tree(v) => v["choices"][0]["finish_reason"].as_str().is_some(),
-        }
-    }
-
-    /// As a tree (parsed only on the tool-call paths, which rewrite it).
-    pub fn into_value(self) -> serde_json::Value {
-        match self {
-            Native::Tree(v) => v,
-            raw => raw.to_value(),
-        }
-    }
-
-    /// A copy as a tree.
-    pub fn to_value(&self) -> serde_json::Value {
-        match self {
-            Native::Raw { json, .. } => serde_json::from_slice(json).unwrap_or_default(),
-            Native::Tree(v) => v.clone(),
-        }
-    }
-
-    /// One SSE `data:` event of it.
-    pub fn event(&self) -> String {
-        match self {
-            Native::Raw { json, .. } => {
-                let mut out = String::with_capacity(json.len() + 8);
-                out.push_str("data: ");
-                out.push_str(std::str::from_utf8(json).unwrap_or_default());
-                out.push_str("\n\n");
-                out
-            }
-            Native::Tree(v) => format!("data: {v}\n\n"),
-        }
-    }
-}
-
 /// An upstream answer with no tool calls, read without building a tree.
 #[derive(Debug)]
 pub struct Plain {
