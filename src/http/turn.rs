@@ -17,7 +17,7 @@ use super::{cluster, error, Admitted, ExecutionId};
 use crate::auth::Principal;
 use crate::engine::{CompactionAsk, Engine, EngineError, Leg, Outcome, Slot};
 use crate::error::ApiError;
-use crate::surface::{Answer, Host, Plan, Reply, Surface};
+use crate::surface::{Answer, Host, Incoming, Plan, Reply, Surface};
 use crate::turn::{TurnInput, Usage};
 use parking_lot::Mutex;
 
@@ -31,7 +31,12 @@ pub(super) async fn turn<S: Surface>(
 ) -> Result<Response, SurfaceError<S>> {
     let mut a = a?;
     let raw = keep_raw(&gw, &a);
-    let req = S::read(std::mem::take(&mut a.bytes), a.arrived)?;
+    let req = S::read(Incoming {
+        uri: &uri,
+        headers: &headers,
+        body: std::mem::take(&mut a.bytes),
+        arrived: a.arrived,
+    })?;
     let stream = S::streams(&req);
     let slot = stream_place(&gw, &a, stream)?;
     let host = Planner::new(&gw, &a.principal);

@@ -28,6 +28,16 @@ use crate::error::{ApiError, Param};
 use crate::turn::{SurfaceId, TurnInput, Usage};
 use http::HeaderMap;
 
+/// A request as it arrived on a surface's route: its path and query (where a client API may
+/// name the model), its headers (its version, its credential's form) and its body, read
+/// under the body limit.
+pub struct Incoming<'a> {
+    pub uri: &'a http::Uri,
+    pub headers: &'a HeaderMap,
+    pub body: Bytes,
+    pub arrived: Instant,
+}
+
 /// One client API.
 pub trait Surface: Send + Sync + 'static {
     const ID: SurfaceId;
@@ -39,8 +49,9 @@ pub trait Surface: Send + Sync + 'static {
     /// What framing the answer needs besides the leg.
     type Framing: Send + 'static;
 
-    /// Reads a request body (400 on a bad shape).
-    fn read(body: Bytes, arrived: Instant) -> Result<Self::Request, ApiError>;
+    /// Reads a request as it arrived, its path and headers as well as its body (400 on a bad
+    /// shape).
+    fn read(req: Incoming<'_>) -> Result<Self::Request, ApiError>;
 
     /// Whether the answer is streamed (its place among the principal's streams is taken
     /// before anything runs).

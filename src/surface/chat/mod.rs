@@ -22,7 +22,7 @@ use super::canonical::{
     echo_digest_of, exposed_echo, message_digest, tool_choice_digest, tools_digest,
 };
 use super::turn::{Parts, Projection};
-use super::{openai_field, sse, Answer, Host, Plan, Surface};
+use super::{openai_field, sse, Answer, Host, Incoming, Plan, Surface};
 use crate::engine::Leg;
 use crate::error::{ApiError, Param};
 use crate::turn::{
@@ -45,7 +45,8 @@ impl Surface for Chat {
     type Request = (TurnInput, Framing);
     type Framing = Framing;
 
-    fn read(body: Bytes, arrived: Instant) -> Result<Self::Request, ApiError> {
+    fn read(req: Incoming<'_>) -> Result<Self::Request, ApiError> {
+        let (body, arrived) = (req.body, req.arrived);
         parse(body, arrived)
     }
 

@@ -23,7 +23,6 @@ mod wire;
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -32,7 +31,7 @@ use self::echo::{client_echo, exposed_echo};
 use self::tools::{without_cache_control, Choice};
 use super::canonical::{message_digest, tools_digest};
 use super::turn::{Parts, Projection};
-use super::{openai_field, sse, Answer, Host, Plan, Surface};
+use super::{openai_field, sse, Answer, Host, Incoming, Plan, Surface};
 use crate::continuation::canonical::digest;
 use crate::engine::{Leg, Standing};
 use crate::error::{ApiError, Param};
@@ -152,7 +151,8 @@ impl Surface for Messages {
     type Request = (TurnInput, Framing);
     type Framing = Framing;
 
-    fn read(body: Bytes, arrived: Instant) -> Result<Self::Request, ApiError> {
+    fn read(req: Incoming<'_>) -> Result<Self::Request, ApiError> {
+        let (body, arrived) = (req.body, req.arrived);
         let (input, framing) = parse(&body, arrived)?;
         // Anthropic's own answer to a body without it (`count_tokens` takes none).
         if input.sampling.max_tokens.is_none() {

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::{framing, translate, Framing, Kind, Request};
 use crate::engine::Leg;
 use crate::error::{ApiError, Param};
-use crate::surface::{sse, Answer, Host, Plan, Reply, Surface};
+use crate::surface::{sse, Answer, Host, Incoming, Plan, Reply, Surface};
 use crate::turn::{SurfaceId, TurnInput, Usage};
 
 /// The OpenAI Responses API.
@@ -23,7 +23,8 @@ impl Surface for Responses {
     type Request = (Request, Instant);
     type Framing = Framing;
 
-    fn read(body: Bytes, arrived: Instant) -> Result<Self::Request, ApiError> {
+    fn read(req: Incoming<'_>) -> Result<Self::Request, ApiError> {
+        let (body, arrived) = (req.body, req.arrived);
         Ok((super::read(&body)?, arrived))
     }
 
