@@ -294,11 +294,6 @@ impl<P: Protocol> Session<P> {
         })
     }
 
-    /// The session, for what answers it later (an approval's reply).
-    pub fn me(&self) -> Weak<Session<P>> {
-        self.me.clone()
-    }
-
     pub fn state(&self) -> MutexGuard<'_, State<P>> {
         self.state.lock()
     }
