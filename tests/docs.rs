@@ -94,3 +94,13 @@ fn every_fuzz_target_is_run_and_documented() {
         );
     }
 }
+
+#[test]
+fn the_architecture_page_stays_short() {
+    // A codemap read in one sitting: what does not fit belongs in the book.
+    let len = read("ARCHITECTURE.md").len();
+    assert!(
+        len <= 15_000,
+        "ARCHITECTURE.md is {len} bytes (at most 15,000)"
+    );
+}

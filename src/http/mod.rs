@@ -10,14 +10,13 @@ mod caller;
 pub mod cluster;
 mod console;
 mod error;
-mod messages;
-mod responses;
-mod responses_ws;
+mod socket;
+mod surfaces;
 mod turn;
 mod usage;
 
 use axum::extract::{FromRef, Request, State};
-use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -26,7 +25,7 @@ use serde_json::json;
 use std::sync::Arc;
 
 use self::caller::{authorization, Admitted, Caller};
-use self::turn::{turn, SurfaceError};
+use self::surfaces::Surfaces;
 use crate::auth::{Authenticator, Principal};
 use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
@@ -72,23 +71,12 @@ impl AppState {
 pub fn router(state: impl Into<AppState>) -> Router {
     let app: AppState = state.into();
     let gw = app.engine.clone();
-    let router = Router::new()
-        .route("/v1/chat/completions", post(turn::<Chat>))
-        .route(
-            "/v1/responses",
-            post(turn::<Responses>).get(responses_ws::upgrade),
-        )
-        .route("/v1/responses/compact", post(responses::compact))
-        .route(
-            "/v1/messages",
-            post(turn::<Messages>).fallback(messages::method_not_allowed),
-        )
-        .route(
-            "/v1/messages/count_tokens",
-            post(messages::count_tokens).fallback(messages::method_not_allowed),
-        )
-        .route("/v1/models", get(models))
-        .route("/v1/models/{id}", get(model))
+    let surfaces = Surfaces::default()
+        .with::<Chat>()
+        .with::<Responses>()
+        .with::<Messages>();
+    let router = surfaces
+        .router()
         .route("/v1/usage", get(usage::usage))
         .route("/v1/approvals", get(approvals::list))
         .route("/v1/approvals/events", get(approvals::events))
@@ -111,7 +99,6 @@ pub fn router(state: impl Into<AppState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(gw, log_request));
     // The server span is a layer of its own, there only when traces are on.
@@ -120,15 +107,6 @@ pub fn router(state: impl Into<AppState>) -> Router {
         false => router,
     };
     router.with_state(app)
-}
-
-/// An unknown route; under `/v1/messages` in Anthropic's shape.
-async fn not_found(uri: axum::http::Uri) -> Response {
-    let e = ApiError::new(ErrorCode::NotFound, "Unknown route.");
-    if uri.path().starts_with("/v1/messages") {
-        return SurfaceError::<Messages>::from(e).into_response();
-    }
-    e.into_response()
 }
 
 async fn method_not_allowed() -> ApiError {
@@ -213,51 +191,6 @@ async fn metrics(State(app): State<AppState>, headers: HeaderMap) -> Response {
     let gw = &app.engine;
     let text = gw.metrics().render(&gw.gauges(), clients);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
-}
-
-/// Whether a request comes from an Anthropic client (it names the API version).
-fn anthropic(headers: &HeaderMap) -> bool {
-    headers.contains_key("anthropic-version")
-}
-
-async fn models(State(app): State<AppState>, headers: HeaderMap, uri: Uri) -> Response {
-    if anthropic(&headers) {
-        return messages::models(&app, &headers, &uri).into_response();
-    }
-    openai_models(&app, &headers).into_response()
-}
-
-async fn model(
-    State(app): State<AppState>,
-    axum::extract::Path(id): axum::extract::Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    if anthropic(&headers) {
-        return messages::model_of(&app, &headers, &id).into_response();
-    }
-    let found = app
-        .authenticate(&headers)
-        .map(|p| app.engine.models_for(&p).contains(&id))
-        .and_then(|ok| {
-            ok.then_some(())
-                .ok_or_else(|| ApiError::model_not_found(&id))
-        });
-    match found {
-        Ok(()) => Json(json!({"id": id, "object": "model", "created": 0, "owned_by": "turnstile"}))
-            .into_response(),
-        Err(e) => e.into_response(),
-    }
-}
-
-fn openai_models(app: &AppState, headers: &HeaderMap) -> Result<Response, ApiError> {
-    let principal = app.authenticate(headers)?;
-    let data: Vec<_> = app
-        .engine
-        .models_for(&principal)
-        .into_iter()
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "turnstile"}))
-        .collect();
-    Ok(Json(json!({"object": "list", "data": data})).into_response())
 }
 
 async fn healthz() -> Response {

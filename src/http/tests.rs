@@ -54,6 +54,60 @@ async fn unknown_route_and_wrong_method_are_openai_shaped() {
 }
 
 #[tokio::test]
+async fn a_surfaces_routes_refuse_in_its_shape_and_a_shared_path_goes_to_its_claimer() {
+    let (app, _d) = app().await;
+    let req = |method: &str, path: &str, anthropic: bool| {
+        let mut b = HttpRequest::builder().method(method).uri(path);
+        if anthropic {
+            b = b.header("anthropic-version", "2023-06-01");
+        }
+        b.header("x-api-key", "sk-a").body(Body::empty()).unwrap()
+    };
+    let anthropic_type = |v: &Value| v["type"] == "error" && v["error"]["type"].is_string();
+    // Under `/v1/messages`: Anthropic's 404 and 405, with or without the version header.
+    for (method, path, status) in [
+        ("GET", "/v1/messages/nope", StatusCode::NOT_FOUND),
+        (
+            "GET",
+            "/v1/messages/count_tokens",
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
+        ("PUT", "/v1/messages", StatusCode::METHOD_NOT_ALLOWED),
+    ] {
+        let (s, v) = send(&app, req(method, path, false)).await;
+        assert_eq!(s, status, "{method} {path}");
+        assert!(anthropic_type(&v), "{method} {path}: {v}");
+    }
+    // The shared model list: Anthropic's shape for an Anthropic client, OpenAI's otherwise.
+    let (s, v) = send(&app, req("GET", "/v1/models", false)).await;
+    assert_eq!((s, v["object"].as_str()), (StatusCode::OK, Some("list")));
+    let (_, v) = send(&app, req("GET", "/v1/models", true)).await;
+    assert_eq!(v["has_more"], false);
+    let (s, v) = send(&app, req("GET", "/v1/models/m", true)).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "Claude Code's protocol: 400");
+    assert!(anthropic_type(&v), "{v}");
+    let (s, v) = send(&app, req("GET", "/v1/models/m", false)).await;
+    assert_eq!(
+        (s, &v["error"]["code"]),
+        (StatusCode::NOT_FOUND, &json!("model_not_found"))
+    );
+    let (s, v) = send(&app, req("DELETE", "/v1/models", true)).await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(anthropic_type(&v), "{v}");
+    // An OpenAI route's 405 and an unclaimed 404 keep OpenAI's shape.
+    let (s, v) = send(&app, req("PUT", "/v1/responses/compact", false)).await;
+    assert_eq!(
+        (s, &v["error"]["code"]),
+        (StatusCode::METHOD_NOT_ALLOWED, &json!("method_not_allowed"))
+    );
+    let (s, v) = send(&app, req("GET", "/v2/nope", false)).await;
+    assert_eq!(
+        (s, &v["error"]["code"]),
+        (StatusCode::NOT_FOUND, &json!("not_found"))
+    );
+}
+
+#[tokio::test]
 async fn declared_size_then_auth_then_body() {
     let (app, _d) = app().await;
     // A declared length over the limit: 413 from the headers, before the credential.

@@ -6,7 +6,8 @@
 use std::marker::PhantomData;
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::rejection::RawPathParamsRejection;
+use axum::extract::{RawPathParams, State};
 use axum::http::{header, HeaderMap, HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
@@ -26,13 +27,16 @@ pub(super) async fn turn<S: Surface>(
     State(gw): State<Engine>,
     hop: Option<Extension<cluster::Hop>>,
     uri: Uri,
+    params: Result<RawPathParams, RawPathParamsRejection>,
     headers: HeaderMap,
     a: Result<Admitted, ApiError>,
 ) -> Result<Response, SurfaceError<S>> {
     let mut a = a?;
     let raw = keep_raw(&gw, &a);
+    let params = path_params(&params)?;
     let req = S::read(Incoming {
         uri: &uri,
+        params: &params,
         headers: &headers,
         body: std::mem::take(&mut a.bytes),
         arrived: a.arrived,
@@ -65,6 +69,16 @@ pub(super) async fn turn<S: Surface>(
         }
     }
     Ok(answered(&gw, &a, execution, holding(resp, slot)))
+}
+
+/// A route's path parameters, percent-decoded (400 where one is not UTF-8).
+pub(super) fn path_params(
+    params: &Result<RawPathParams, RawPathParamsRejection>,
+) -> Result<Vec<(&str, &str)>, ApiError> {
+    match params {
+        Ok(p) => Ok(p.iter().collect()),
+        Err(_) => Err(ApiError::invalid("A path parameter is not UTF-8.")),
+    }
 }
 
 /// An error on a route of surface `S`: its status, body and headers as `S`'s clients read
@@ -138,6 +152,10 @@ impl Host for Planner<'_> {
                 .compact(self.principal, input, self.admitted())
                 .await?)
         })
+    }
+
+    fn models(&self) -> Vec<String> {
+        self.gw.models_for(self.principal)
     }
 }
 

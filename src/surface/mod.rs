@@ -2,8 +2,10 @@
 //! owns its wire types, its tolerant parsing into a neutral [`TurnInput`] (through the shared
 //! steps in `turn.rs`), its response and stream framing, its error body shape and its own names
 //! for the neutral error parameters. `canonical.rs` holds the projections every surface digests
-//! with. Nothing else knows a client wire format; the HTTP layer serves every turn route with
-//! one generic handler over this trait.
+//! with, and each surface's routes beside its turn POST ([`Route`]: model lists, token counts,
+//! compaction, a WebSocket mode). Nothing else knows a client wire format; the HTTP layer
+//! serves every turn route with one generic handler over this trait, and every other route a
+//! surface declares through [`Surface::routes`].
 
 pub mod canonical;
 pub mod chat;
@@ -33,14 +35,50 @@ use http::HeaderMap;
 /// under the body limit.
 pub struct Incoming<'a> {
     pub uri: &'a http::Uri,
+    /// The route's path parameters (`{id}`), percent-decoded, as the route names them.
+    pub params: &'a [(&'a str, &'a str)],
     pub headers: &'a HeaderMap,
     pub body: Bytes,
     pub arrived: Instant,
 }
 
+impl Incoming<'_> {
+    /// The path parameter `name`.
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| *v)
+    }
+}
+
+/// A route of a client API beside its turn POST, served by the HTTP layer for an
+/// authenticated caller, with errors in the surface's shape.
+pub struct Route {
+    pub path: &'static str,
+    pub serve: Serve,
+}
+
+/// How a [`Route`] is served.
+pub enum Serve {
+    /// `GET`, answered from the request's path, query and headers.
+    Get(Handler),
+    /// `POST`, its body admitted and read as a turn's is (the same limits).
+    Post(Handler),
+    /// `GET` upgraded to the Responses WebSocket mode ([`responses::socket`]: the wire is the
+    /// surface's; the upgrade, pings, idle close and credential re-checks are the transport's).
+    Socket,
+}
+
+/// The handler of a [`Route`]: the request and, for its principal, the gateway.
+pub type Handler =
+    for<'a> fn(Incoming<'a>, &'a dyn Host) -> BoxFuture<'a, Result<Answer, ApiError>>;
+
 /// One client API.
 pub trait Surface: Send + Sync + 'static {
     const ID: SurfaceId;
+    /// The path of its turn route (`POST`).
+    const PATH: &'static str;
     /// Whether a successful answer reports the caller's standing against its budget caps
     /// ([`Surface::standing_headers`]).
     const REPORTS_STANDING: bool = false;
@@ -94,6 +132,24 @@ pub trait Surface: Send + Sync + 'static {
     /// Headers of a successful answer that tell the caller where it stands against its
     /// fullest budget cap.
     fn standing_headers(_standing: &Standing, _headers: &mut HeaderMap) {}
+
+    /// Its routes beside the turn route.
+    fn routes() -> Vec<Route> {
+        Vec::new()
+    }
+
+    /// Whether a request speaks this surface's dialect: it picks the surface of a path
+    /// several surfaces serve (the model list) and the shape of an unknown route's 404. By
+    /// default, a path at or under [`Surface::PATH`].
+    fn claims(uri: &http::Uri, _headers: &HeaderMap) -> bool {
+        under(uri.path(), Self::PATH)
+    }
+}
+
+/// Whether `path` is `prefix` or a path below it.
+pub fn under(path: &str, prefix: &str) -> bool {
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 /// What a request comes to.
@@ -128,6 +184,8 @@ pub trait Host: Sync {
     ) -> BoxFuture<'a, Result<Vec<(String, String)>, ApiError>>;
     /// Runs a summary turn: the handle of the compacted conversation and the turn's usage.
     fn compact(&self, input: TurnInput) -> BoxFuture<'_, Result<(String, Usage), ApiError>>;
+    /// The models the principal may use, in config order.
+    fn models(&self) -> Vec<String>;
 }
 
 /// Chat's (and every OpenAI surface's) names for the neutral parameters.

@@ -8,6 +8,7 @@
 
 pub mod detect;
 pub mod framing;
+mod routes;
 pub mod wire;
 
 use std::time::Duration;
@@ -22,7 +23,7 @@ use super::canonical::{
     echo_digest_of, exposed_echo, message_digest, tool_choice_digest, tools_digest,
 };
 use super::turn::{Parts, Projection};
-use super::{openai_field, sse, Answer, Host, Incoming, Plan, Surface};
+use super::{openai_field, sse, Answer, Host, Incoming, Plan, Route, Surface};
 use crate::engine::Leg;
 use crate::error::{ApiError, Param};
 use crate::turn::{
@@ -42,6 +43,7 @@ pub struct Chat;
 
 impl Surface for Chat {
     const ID: SurfaceId = SurfaceId::Chat;
+    const PATH: &'static str = "/v1/chat/completions";
     type Request = (TurnInput, Framing);
     type Framing = Framing;
 
@@ -72,6 +74,10 @@ impl Surface for Chat {
 
     fn error_body(e: &ApiError) -> Value {
         error_body(e)
+    }
+
+    fn routes() -> Vec<Route> {
+        routes::routes()
     }
 }
 

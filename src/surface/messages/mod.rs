@@ -18,6 +18,7 @@ pub mod blocks;
 pub mod echo;
 pub mod framing;
 mod headers;
+mod routes;
 mod tools;
 mod wire;
 
@@ -31,7 +32,7 @@ use self::echo::{client_echo, exposed_echo};
 use self::tools::{without_cache_control, Choice};
 use super::canonical::{message_digest, tools_digest};
 use super::turn::{Parts, Projection};
-use super::{openai_field, sse, Answer, Host, Incoming, Plan, Surface};
+use super::{openai_field, sse, under, Answer, Host, Incoming, Plan, Route, Surface};
 use crate::continuation::canonical::digest;
 use crate::engine::{Leg, Standing};
 use crate::error::{ApiError, Param};
@@ -147,6 +148,7 @@ pub struct Messages;
 
 impl Surface for Messages {
     const ID: SurfaceId = SurfaceId::Messages;
+    const PATH: &'static str = "/v1/messages";
     const REPORTS_STANDING: bool = true;
     type Request = (TurnInput, Framing);
     type Framing = Framing;
@@ -195,6 +197,16 @@ impl Surface for Messages {
 
     fn error_headers(e: &ApiError, h: &mut HeaderMap) {
         headers::on_error(e, h)
+    }
+
+    fn routes() -> Vec<Route> {
+        routes::routes()
+    }
+
+    /// A path under `/v1/messages`, or any request naming the API version (an Anthropic
+    /// client's `GET /v1/models` is this surface's).
+    fn claims(uri: &http::Uri, headers: &HeaderMap) -> bool {
+        under(uri.path(), Self::PATH) || headers.contains_key("anthropic-version")
     }
 
     fn standing_headers(s: &Standing, h: &mut HeaderMap) {

@@ -14,6 +14,7 @@
 pub mod framing;
 pub mod items;
 mod plan;
+pub mod socket;
 pub mod tools;
 
 use serde::Deserialize;

@@ -1,18 +1,19 @@
 //! The Responses API as a [`Surface`], and what a request comes to once read: its compaction
 //! handles resolved for its principal, then a turn, a compaction (one summary turn, answered
-//! with one `compaction` item) or a prewarm (no output). The WebSocket transport plans its
-//! requests here too.
+//! with one `compaction` item) or a prewarm (no output). `POST /v1/responses/compact` and the
+//! WebSocket mode (`socket.rs`) plan their requests here too.
 
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::{framing, translate, Framing, Kind, Request};
 use crate::engine::Leg;
 use crate::error::{ApiError, Param};
-use crate::surface::{sse, Answer, Host, Incoming, Plan, Reply, Surface};
+use crate::surface::{sse, Answer, Host, Incoming, Plan, Reply, Route, Serve, Surface};
 use crate::turn::{SurfaceId, TurnInput, Usage};
 
 /// The OpenAI Responses API.
@@ -20,6 +21,7 @@ pub struct Responses;
 
 impl Surface for Responses {
     const ID: SurfaceId = SurfaceId::Responses;
+    const PATH: &'static str = "/v1/responses";
     type Request = (Request, Instant);
     type Framing = Framing;
 
@@ -58,6 +60,41 @@ impl Surface for Responses {
     fn error_body(e: &ApiError) -> Value {
         super::error_body(e)
     }
+
+    fn routes() -> Vec<Route> {
+        vec![
+            Route {
+                path: "/v1/responses/compact",
+                serve: Serve::Post(compact),
+            },
+            Route {
+                path: Self::PATH,
+                serve: Serve::Socket,
+            },
+        ]
+    }
+}
+
+/// `POST /v1/responses/compact`: the conversation in `input` compacted by one summary turn;
+/// the answer keeps its user messages and adds one `compaction` item.
+fn compact<'a>(req: Incoming<'a>, host: &'a dyn Host) -> BoxFuture<'a, Result<Answer, ApiError>> {
+    Box::pin(async move {
+        let read = super::read(&req.body)?;
+        let kept = read.user_messages();
+        let (prepared, _) = prepare(read, req.arrived, host, true).await?;
+        let Prepared::Finished { id, output, usage } = prepared else {
+            return Err(ApiError::upstream());
+        };
+        let mut all = kept;
+        all.extend(output);
+        Ok(Answer::Json(json!({
+            "id": id,
+            "object": "response.compaction",
+            "created_at": crate::store::now_unix(),
+            "output": all,
+            "usage": framing::usage_json(usage),
+        })))
+    })
 }
 
 /// What a request comes to.
@@ -78,7 +115,7 @@ pub enum Prepared {
 /// `compact`: the request came to `/v1/responses/compact` (a compaction whatever its input
 /// ends with). A turn is returned, not run: this future stays small, so the request path does
 /// not copy a turn's state through one more frame.
-pub async fn prepare<H: Host>(
+pub async fn prepare<H: Host + ?Sized>(
     req: Request,
     arrived: Instant,
     host: &H,
