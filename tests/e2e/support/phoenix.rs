@@ -21,7 +21,7 @@ pub struct Phoenix {
 
 /// The `phoenix` command of the test venv, if installed.
 fn command() -> Option<PathBuf> {
-    let bin = crate::sdk::python()?.with_file_name("phoenix");
+    let bin = crate::clients::sdk::python()?.with_file_name("phoenix");
     bin.exists().then_some(bin)
 }
 

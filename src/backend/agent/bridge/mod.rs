@@ -81,6 +81,23 @@ pub struct Answered {
     pub beside: Vec<String>,
 }
 
+/// The tool result of an answer. A failed one is one text block, the text beside it on lines
+/// of its own: an agent may read only the first block of an error (Claude's ACP adapter
+/// does), and the text beside it must reach the model all the same.
+fn result(a: Answered) -> CallToolResult {
+    if a.failed {
+        let mut text = a.text;
+        for t in a.beside {
+            text.push('\n');
+            text.push_str(&t);
+        }
+        return CallToolResult::error(vec![ContentBlock::text(text)]);
+    }
+    let mut content = vec![ContentBlock::text(a.text)];
+    content.extend(a.beside.into_iter().map(ContentBlock::text));
+    CallToolResult::success(content)
+}
+
 /// The open endpoints, by path.
 type Endpoints = Arc<Mutex<HashMap<String, Arc<Shared>>>>;
 
@@ -389,15 +406,7 @@ impl ServerHandler for Handler {
         drop(shared);
         tokio::select! {
             answer = rx => match answer {
-                Ok(a) => {
-                    let mut content = vec![ContentBlock::text(a.text)];
-                    content.extend(a.beside.into_iter().map(ContentBlock::text));
-                    let result = match a.failed {
-                        true => CallToolResult::error(content),
-                        false => CallToolResult::success(content),
-                    };
-                    Ok(result.into())
-                }
+                Ok(a) => Ok(result(a).into()),
                 Err(_) => Err(McpError::internal_error("the turn ended before the call was answered", None)),
             },
             () = context.ct.cancelled() => Err(McpError::internal_error("the call was cancelled", None)),

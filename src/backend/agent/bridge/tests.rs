@@ -178,10 +178,15 @@ async fn a_call_is_held_until_the_client_answers() {
     let failed = Answered {
         text: "no such file".into(),
         failed: true,
-        beside: vec![],
+        beside: vec!["and more".into()],
     };
     answer.send(failed).unwrap();
-    assert_eq!(waiting.await.unwrap()["result"]["isError"], true);
+    let result = waiting.await.unwrap();
+    assert_eq!(result["result"]["isError"], true);
+    // One block, the text beside it on its own line.
+    let content = result["result"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 1, "{result}");
+    assert_eq!(content[0]["text"], "no such file\nand more");
 }
 
 #[tokio::test]

@@ -14,8 +14,8 @@ use std::process::Command;
 
 use serde_json::{json, Value};
 
-use crate::codex::{codex_bin, config, root};
-use crate::coding_harnesses::{
+use crate::backends::codex::{codex_bin, config, root};
+use crate::clients::coding_harnesses::{
     command, harness_config, reads_secret, run_bounded, Scene, RUN_LIMIT,
 };
 use crate::support::fake_responses::{self as fake, FakeResponses, Reply};

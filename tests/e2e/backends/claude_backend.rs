@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::coding_harnesses::{claude_in, Scene, CLAUDE};
+use crate::clients::coding_harnesses::{claude_in, Scene, CLAUDE};
 use crate::support::fake_messages::FakeMessages;
-use crate::support::{messages, responses, *};
+use crate::support::*;
 
 /// Models of the claude backends: (id, backend, scenario, approvals).
 const MODELS: &[(&str, &str, &str, &str)] = &[
@@ -20,12 +20,6 @@ const MODELS: &[(&str, &str, &str, &str)] = &[
     ("cc-think", "claude", "think", "{}"),
     ("cc-harness", "claude", "readfile", "{}"),
     ("cc-shell", "claude", "shell", "{}"),
-    (
-        "cc-bash-ask",
-        "claude-work",
-        "bash",
-        r#"{ command = "ask" }"#,
-    ),
     (
         "cc-bash-deny",
         "claude-work",
@@ -67,38 +61,6 @@ pub(crate) async fn gateway(fake: &FakeMessages, opts: Opts) -> Option<Gateway> 
     })
     .await;
     Some(gw)
-}
-
-#[tokio::test]
-async fn a_held_round_trip_on_chat_completions() {
-    let fake = FakeMessages::start().await;
-    let Some(gw) = gateway(&fake, Opts::default()).await else {
-        return;
-    };
-    let req = tool_request("cc-one", "read a.txt");
-    let (status, resp) = gw.chat(ALICE, &req).await;
-    assert_eq!(status, 200, "{resp}\n{}", gw.log());
-    let calls = calls(&resp);
-    assert_eq!(calls.len(), 1, "{resp}");
-    assert!(calls[0]["id"].as_str().unwrap().starts_with("srct-"));
-    assert_eq!(calls[0]["function"]["name"], "read_file");
-    let args: Value =
-        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
-    assert_eq!(args, json!({"path": "a.txt"}));
-    // Drift (an edited history) is refused and consumes nothing.
-    let mut drifted = continuation(&req, &resp, |_, _| json!("contents of a"));
-    drifted["messages"][0]["content"] = json!("read b.txt");
-    let (status, v) = gw.chat(ALICE, &drifted).await;
-    assert_eq!(
-        (status.as_u16(), error_code(&v)),
-        (400, "continuation_mismatch".into()),
-        "{v}"
-    );
-    let next = continuation(&req, &resp, |_, _| json!("contents of a"));
-    let (status, resp) = gw.chat(ALICE, &next).await;
-    assert_eq!(status, 200, "{resp}\n{}", gw.log());
-    assert_eq!(content(&resp), "results: contents of a");
-    assert_eq!(fake.bodies("one").len(), 2, "the model was asked twice");
 }
 
 #[tokio::test]
@@ -167,98 +129,6 @@ async fn no_claude_left(gw: &Gateway) {
 }
 
 #[tokio::test]
-async fn a_held_round_trip_on_responses() {
-    let fake = FakeMessages::start().await;
-    let Some(gw) = gateway(&fake, Opts::default()).await else {
-        return;
-    };
-    let req = responses::request("cc-one", "read a.txt");
-    let (s, ev) = responses::stream(&gw, ALICE, &req).await;
-    assert_eq!(s, 200, "{ev:?}\n{}", gw.log());
-    let resp = responses::last_response(&ev);
-    let c = responses::response_calls(&resp);
-    assert_eq!(c.len(), 1, "{resp}");
-    assert_eq!(c[0]["name"], "read_file");
-    assert!(responses::is_token(&c[0]["call_id"]), "{c:?}");
-    assert_eq!(c[0]["arguments"], r#"{"path":"a.txt"}"#);
-    let next = responses::stateful(&req, &resp, |_, _| "contents of a".into());
-    let (s, ev) = responses::stream(&gw, ALICE, &next).await;
-    assert_eq!(s, 200, "{ev:?}");
-    let done = responses::last_response(&ev);
-    assert_eq!(responses::response_text(&done), "results: contents of a");
-    assert_eq!(done["id"], resp["id"], "one execution across legs");
-    // The instructions went to Claude Code's system prompt, the tools to its MCP server.
-    let first = &fake.bodies("one")[0];
-    assert!(first["system"].to_string().contains("be useful"), "{first}");
-}
-
-#[tokio::test]
-async fn a_held_round_trip_on_messages_with_text_beside_and_an_error_result() {
-    let fake = FakeMessages::start().await;
-    let Some(gw) = gateway(&fake, Opts::default()).await else {
-        return;
-    };
-    let req = messages::request("cc-one", "read a.txt");
-    let (s, ev, resp) = messages::stream(&gw, ALICE, &req).await;
-    assert_eq!(s, 200, "{ev:?}\n{}", gw.log());
-    assert_eq!(resp["stop_reason"], "tool_use");
-    let calls = messages::tool_uses(&resp);
-    assert_eq!(calls.len(), 1, "{resp}");
-    assert!(messages::is_token(&calls[0]["id"]), "{resp}");
-    assert_eq!(calls[0]["name"], "Read");
-    let next = messages::answer(
-        &req,
-        &resp,
-        |_, _| json!({"content": [{"type": "text", "text": "no such file"}], "is_error": true}),
-        &["also look at b.txt"],
-    );
-    let (s, ev, done) = messages::stream(&gw, ALICE, &next).await;
-    assert_eq!(s, 200, "{ev:?}");
-    // The failed result reached the model as an error, with the text beside it.
-    assert_eq!(
-        messages::text(&done),
-        "results: !no such file\nalso look at b.txt"
-    );
-    assert_eq!(done["stop_reason"], "end_turn");
-}
-
-#[tokio::test]
-async fn two_parallel_calls_answered_in_swapped_order() {
-    let fake = FakeMessages::start().await;
-    let Some(gw) = gateway(&fake, Opts::default()).await else {
-        return;
-    };
-    let req = tool_request("cc-parallel", "read two files");
-    let (s, resp) = gw.chat(ALICE, &req).await;
-    assert_eq!(s, 200, "{resp}\n{}", gw.log());
-    let c = calls(&resp);
-    assert_eq!(c.len(), 2, "one batch: {resp}");
-    assert_ne!(c[0]["id"], c[1]["id"]);
-    let paths: Vec<String> = c
-        .iter()
-        .map(|c| {
-            let a: Value =
-                serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
-            a["path"].as_str().unwrap().to_string()
-        })
-        .collect();
-    assert_eq!(paths, ["a.txt", "b.txt"]);
-    // Answered in the other order: each result still reaches its own call.
-    let mut next = continuation(&req, &resp, |i, _| {
-        json!(format!("content of {}", paths[i]))
-    });
-    let messages = next["messages"].as_array_mut().unwrap();
-    let n = messages.len();
-    messages.swap(n - 1, n - 2);
-    let (s, done) = gw.chat(ALICE, &next).await;
-    assert_eq!(s, 200, "{done}");
-    assert_eq!(
-        content(&done),
-        "results: content of a.txt | content of b.txt"
-    );
-}
-
-#[tokio::test]
 async fn three_sequential_rounds_and_usage_with_cache_tokens() {
     let fake = FakeMessages::start().await;
     let Some(gw) = gateway(&fake, Opts::default()).await else {
@@ -303,38 +173,6 @@ async fn three_sequential_rounds_and_usage_with_cache_tokens() {
 }
 
 #[tokio::test]
-async fn a_follow_up_continues_the_kept_session() {
-    let fake = FakeMessages::start().await;
-    let Some(gw) = gateway(&fake, Opts::default()).await else {
-        return;
-    };
-    let first = json!({"model": "cc-text", "messages": [user("hello there")]});
-    let (s, resp) = gw.chat(ALICE, &first).await;
-    assert_eq!(s, 200, "{resp}\n{}", gw.log());
-    assert_eq!(content(&resp), "You said: hello there");
-    let pids = claude_processes(&gw);
-    let follow = json!({"model": "cc-text", "messages": [
-        user("hello there"),
-        {"role": "assistant", "content": content(&resp)},
-        user("and again"),
-    ]});
-    let (s, resp) = gw.chat(ALICE, &follow).await;
-    assert_eq!(s, 200, "{resp}");
-    assert_eq!(content(&resp), "You said: and again");
-    // The same process, and the model got the new message after its own history, not a
-    // transcript.
-    assert_eq!(claude_processes(&gw), pids);
-    let last = fake.bodies("text").pop().unwrap();
-    let history = conversation(&last);
-    assert_eq!(history.len(), 3, "{last}");
-    assert_eq!(history[1]["role"], "assistant");
-    assert!(
-        !last.to_string().contains("The conversation so far"),
-        "{last}"
-    );
-}
-
-#[tokio::test]
 async fn thinking_streams_as_reasoning() {
     let fake = FakeMessages::start().await;
     let Some(gw) = gateway(&fake, Opts::default()).await else {
@@ -362,59 +200,15 @@ async fn thinking_streams_as_reasoning() {
     assert_eq!(delta("content"), "You said: why", "{body}");
 }
 
-/// The approval of the pending ask, decided by the approver.
-async fn decide(gw: &Gateway, approve: bool) -> Value {
-    let ask = pending(gw, ROOT).await;
-    assert_eq!(ask["kind"], "command", "{ask}");
-    assert!(
-        ask["summary"]["command"]
-            .as_str()
-            .unwrap()
-            .contains("bash-ran.txt"),
-        "{ask}"
-    );
-    assert_eq!(ask["summary"]["backend_reason"], "write a marker", "{ask}");
-    let decision = if approve { "approve" } else { "deny" };
-    let r = gw
-        .http
-        .post(format!(
-            "{}/v1/approvals/{}/decision",
-            gw.url,
-            ask["id"].as_str().unwrap()
-        ))
-        .bearer_auth(ROOT)
-        .json(&json!({"decision": decision}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    ask
-}
-
+/// A built-in under `deny` (here `Bash`) is never offered to the model, never run, and
+/// nobody is asked (`ask`, approved and denied, is the agent-kind contract's).
 #[tokio::test]
-async fn an_enabled_builtin_goes_through_the_approval_policy() {
+async fn a_denied_builtin_is_never_offered() {
     let fake = FakeMessages::start().await;
     let Some(gw) = gateway(&fake, Opts::default()).await else {
         return;
     };
     let marker = gw.dir.path().join("work/bash-ran.txt");
-    // `ask`, approved: it runs.
-    let req = json!({"model": "cc-bash-ask", "messages": [user("run it")]});
-    let call = gw.chat(ALICE, &req);
-    let (answer, ask) = tokio::join!(call, decide(&gw, true));
-    assert_eq!(answer.0, 200, "{}\n{}", answer.1, gw.log());
-    assert!(
-        ask["summary"]["cwd"].as_str().unwrap().ends_with("/work"),
-        "{ask}"
-    );
-    assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "gateway");
-    std::fs::remove_file(&marker).unwrap();
-    // `ask`, denied: it does not run, and the model hears so.
-    let (answer, _) = tokio::join!(gw.chat(ALICE, &req), decide(&gw, false));
-    assert_eq!(answer.0, 200, "{}", answer.1);
-    assert!(content(&answer.1).starts_with("results: !"), "{}", answer.1);
-    assert!(!marker.exists());
-    // `deny`: never offered, never run, nobody asked.
     let req = json!({"model": "cc-bash-deny", "messages": [user("run it")]});
     let (s, resp) = gw.chat(ALICE, &req).await;
     assert_eq!(s, 200, "{resp}");
@@ -422,44 +216,7 @@ async fn an_enabled_builtin_goes_through_the_approval_policy() {
     let tools = fake.bodies("bash").pop().unwrap()["tools"].to_string();
     assert!(!tools.contains("\"Bash\""), "{tools}");
     let (_, v) = get(&gw, ROOT, "/v1/approvals").await;
-    assert_eq!(v["data"].as_array().unwrap().len(), 2, "{v}");
-}
-
-#[tokio::test]
-async fn a_call_held_for_40_seconds_is_answered() {
-    let fake = FakeMessages::start().await;
-    let Some(gw) = gateway(&fake, Opts::default()).await else {
-        return;
-    };
-    let req = tool_request("cc-one", "read a.txt");
-    let (s, resp) = gw.chat(ALICE, &req).await;
-    assert_eq!(s, 200, "{resp}");
-    // The client runs its tool for 40 s (Claude Code sends heartbeats meanwhile).
-    tokio::time::sleep(Duration::from_secs(40)).await;
-    let next = continuation(&req, &resp, |_, _| json!("late contents"));
-    let (s, done) = gw.chat(ALICE, &next).await;
-    assert_eq!(s, 200, "{done}\n{}", gw.log());
-    assert_eq!(content(&done), "results: late contents");
-}
-
-#[tokio::test]
-async fn an_expired_turn_ends_its_session() {
-    let fake = FakeMessages::start().await;
-    let opts = Opts {
-        execution_ttl_seconds: 2,
-        ..Opts::default()
-    };
-    let Some(gw) = gateway(&fake, opts).await else {
-        return;
-    };
-    let req = tool_request("cc-one", "read a.txt");
-    let (s, resp) = gw.chat(ALICE, &req).await;
-    assert_eq!(s, 200, "{resp}");
-    assert!(!claude_processes(&gw).is_empty());
-    no_claude_left(&gw).await;
-    let next = continuation(&req, &resp, |_, _| json!("too late"));
-    let (s, v) = gw.chat(ALICE, &next).await;
-    assert_eq!(s, 410, "{v}");
+    assert_eq!(v["data"].as_array().unwrap().len(), 0, "{v}");
 }
 
 #[tokio::test]
@@ -489,62 +246,6 @@ async fn a_revoked_grant_ends_the_held_session() {
     no_claude_left(&gw).await;
     // The model never got the result.
     assert_eq!(fake.bodies("one").len(), 1);
-}
-
-#[tokio::test]
-async fn a_client_gone_mid_leg_ends_the_session() {
-    let fake = FakeMessages::start().await;
-    let Some(gw) = gateway(&fake, Opts::default()).await else {
-        return;
-    };
-    fake.seen
-        .hold_next
-        .store(1, std::sync::atomic::Ordering::SeqCst);
-    let mut req = tool_request("cc-one", "read a.txt");
-    req["stream"] = json!(true);
-    let resp = gw.post(ALICE, &req).send().await.unwrap();
-    assert_eq!(resp.status(), 200);
-    wait_until("the model call arrived", || {
-        fake.seen.held.load(std::sync::atomic::Ordering::SeqCst) == 1
-    })
-    .await;
-    drop(resp);
-    no_claude_left(&gw).await;
-    fake.seen.release.notify_waiters();
-    // The gateway still serves the backend.
-    let (s, resp) = gw.chat(ALICE, &tool_request("cc-one", "read a.txt")).await;
-    assert_eq!(s, 200, "{resp}");
-}
-
-#[tokio::test]
-async fn a_killed_claude_loses_its_held_turn() {
-    let fake = FakeMessages::start().await;
-    let Some(gw) = gateway(&fake, Opts::default()).await else {
-        return;
-    };
-    let req = tool_request("cc-one", "read a.txt");
-    let (s, resp) = gw.chat(ALICE, &req).await;
-    assert_eq!(s, 200, "{resp}");
-    let pids = claude_processes(&gw);
-    assert!(!pids.is_empty());
-    for pid in &pids {
-        let _ = Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .status();
-    }
-    // Once the gateway has seen the death, the held turn is settled as lost.
-    wait_until("the death settled", || gw.log().contains("reason=\"lost\"")).await;
-    no_claude_left(&gw).await;
-    let next = continuation(&req, &resp, |_, _| json!("after the crash"));
-    let (s, v) = wait_for("the lost turn settled", async || {
-        let (s, v) = gw.chat(ALICE, &next).await;
-        (s != 409).then_some((s, v))
-    })
-    .await;
-    assert_eq!(s, 410, "{v}\n{}", gw.log());
-    // A fresh turn starts a fresh process.
-    let (s, resp) = gw.chat(ALICE, &tool_request("cc-one", "again")).await;
-    assert_eq!(s, 200, "{resp}");
 }
 
 #[tokio::test]
@@ -698,7 +399,7 @@ async fn check_reports_the_cli_version() {
 /// `cargo test --test e2e -- claude_backend::per_turn --nocapture`.
 #[tokio::test]
 async fn per_turn_cost_against_codex_in_the_same_run() {
-    use crate::codex::{codex_bin, Rig, Setup};
+    use crate::backends::codex::{codex_bin, Rig, Setup};
     use crate::support::fake_responses::{output_for, FakeResponses, Reply};
     const N: usize = 6;
     let Some(codex) = codex_bin() else { return };
@@ -768,8 +469,8 @@ async fn per_turn_cost_against_codex_in_the_same_run() {
 
 #[tokio::test]
 async fn codex_cli_runs_its_own_tool_through_a_held_turn_over_the_websocket() {
-    use crate::codex_cli::{builtin_home, client_home, exec, VERSION};
-    let Some(codex) = crate::codex::codex_bin() else {
+    use crate::clients::codex_cli::{builtin_home, client_home, exec, VERSION};
+    let Some(codex) = crate::backends::codex::codex_bin() else {
         return;
     };
     let fake = FakeMessages::start().await;
@@ -781,10 +482,17 @@ async fn codex_cli_runs_its_own_tool_through_a_held_turn_over_the_websocket() {
         let bodies = fake.bodies("shell");
         bodies.iter().any(|b| results_hold(b, secret))
     };
-    crate::coding_harnesses::reads_secret(&gw, "codex-cli", VERSION, &codex, saw, |s, cmd| {
-        builtin_home(home.path(), &s.base_url, "");
-        exec("cc-shell", home.path(), cmd, &[&s.prompt]);
-    })
+    crate::clients::coding_harnesses::reads_secret(
+        &gw,
+        "codex-cli",
+        VERSION,
+        &codex,
+        saw,
+        |s, cmd| {
+            builtin_home(home.path(), &s.base_url, "");
+            exec("cc-shell", home.path(), cmd, &[&s.prompt]);
+        },
+    )
     .await;
     assert!(gw.log().contains("socket opened"), "{}", gw.log());
 }

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use serde_json::{json, Value};
 
-use crate::cluster::replica_config;
+use crate::operations::cluster::replica_config;
 use crate::support::{messages, postgres, responses, *};
 
 /// $1 per demo model request (10 input tokens at $50,000 and 5 output at $100,000 per million).
@@ -284,8 +284,8 @@ async fn check_warns_of_an_unpriced_model_under_a_usd_cap() {
 #[tokio::test]
 async fn an_issuers_budget_is_each_of_its_subjects_default() {
     let gw = Gateway::start_raw(Opts::default(), |o, dir| {
-        let text = crate::jwt::jwt_config(o, dir, "");
-        let issuer = format!("issuer = \"{}\"\n", crate::jwt::ISS_A);
+        let text = crate::operations::jwt::jwt_config(o, dir, "");
+        let issuer = format!("issuer = \"{}\"\n", crate::operations::jwt::ISS_A);
         text.replacen(
             &issuer,
             &format!("{issuer}budget = {{ tokens_per_day = 15 }}\n"),
@@ -293,7 +293,10 @@ async fn an_issuers_budget_is_each_of_its_subjects_default() {
         )
     })
     .await;
-    let (sam, kim) = (crate::jwt::token_a("sam"), crate::jwt::token_a("kim"));
+    let (sam, kim) = (
+        crate::operations::jwt::token_a("sam"),
+        crate::operations::jwt::token_a("kim"),
+    );
     ok_turn(&gw, &sam, "echo").await;
     refused_everywhere(&gw, &sam, "echo", "tokens_per_day").await;
     ok_turn(&gw, &kim, "echo").await;

@@ -8,7 +8,7 @@ use std::io::Write as _;
 
 use serde_json::{json, Value};
 
-use crate::codex::{codex_bin, text_of, Rig, Setup};
+use crate::backends::codex::{codex_bin, text_of, Rig, Setup};
 use crate::support::fake_responses::{self as fake, FakeResponses, Reply};
 use crate::support::*;
 

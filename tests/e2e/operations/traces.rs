@@ -381,7 +381,8 @@ async fn a_forward_to_the_owner_replica_is_a_client_span_the_owner_continues() {
     let replica = |id: &'static str| {
         let (db, endpoint) = (db.clone(), endpoint.clone());
         Gateway::start_raw(Opts::default(), move |o, dir| {
-            crate::cluster::replica_config(o, dir, id, &db, None, None) + &telemetry(&endpoint)
+            crate::operations::cluster::replica_config(o, dir, id, &db, None, None)
+                + &telemetry(&endpoint)
         })
     };
     let (a, b) = (replica("a").await, replica("b").await);

@@ -49,13 +49,13 @@ async fn the_console_works_an_approval_queue_in_headless_chromium() {
     // Besides the keys, an approver that signs in with a JWT of issuer A.
     let bot = format!(
         "\n[[clients]]\nid = \"approver-bot\"\njwt = {{ issuer = \"{}\", subject = \"bot-1\" }}\nmodels = []\nroles = [\"approver\"]\n",
-        crate::jwt::ISS_A
+        crate::operations::jwt::ISS_A
     );
-    let jwt = crate::jwt::token_a("bot-1");
+    let jwt = crate::operations::jwt::token_a("bot-1");
     // Alice has a daily USD budget; `p-echo` costs $1 a turn.
     let gw = Gateway::start_raw(Opts::default(), move |o, dir| {
-        let text = crate::jwt::jwt_config(o, dir, &bot);
-        crate::budgets::priced(text, &[("alice", "{ usd_per_day = 50.0 }")])
+        let text = crate::operations::jwt::jwt_config(o, dir, &bot);
+        crate::operations::budgets::priced(text, &[("alice", "{ usd_per_day = 50.0 }")])
     })
     .await;
     let shots = screenshots();

@@ -8,7 +8,7 @@
 
 use serde_json::{json, Value};
 
-use crate::codex::{codex_bin, Rig, Setup};
+use crate::backends::codex::{codex_bin, Rig, Setup};
 use crate::support::fake_responses::{FakeResponses, Reply};
 use crate::support::fake_upstream::gateway_on_fake;
 use crate::support::{messages, responses, *};

@@ -15,7 +15,7 @@ async fn metered() -> (Gateway, FakeUpstream) {
     gateway_on_fake_edited(
         Opts::default(),
         &[("u-echo", "up-echo"), ("u-quiet", "up-no-usage")],
-        |text| crate::budgets::priced(text, &[("alice", "{ tokens_per_day = 10 }")]),
+        |text| crate::operations::budgets::priced(text, &[("alice", "{ tokens_per_day = 10 }")]),
     )
     .await
 }
@@ -127,7 +127,7 @@ async fn compaction_items_are_bounded_and_read_only_after_admission() {
             ..Opts::default()
         },
         &[("u-echo", "up-echo"), ("u-long", "up-long")],
-        |text| crate::budgets::priced(text, &[("alice", "{ tokens_per_day = 1 }")]),
+        |text| crate::operations::budgets::priced(text, &[("alice", "{ tokens_per_day = 1 }")]),
     )
     .await;
     // A summary of 256 KiB (the model made it that long).

@@ -1,18 +1,20 @@
-//! ACP agents as held-turn backends (`kind = "acp"`): the real Gemini CLI (`gemini --acp`)
-//! against a scripted Gemini API (`support/fake_gemini.rs`) and Claude's ACP adapter
-//! (`claude-agent-acp`, over the Claude Code it bundles) against the scripted Messages API
-//! (`support/fake_messages.rs`), both installed by `.ci/run`, driven through the gateway's
-//! surfaces. Every test runs once per agent.
+//! The agent-kind contract: every one-process-per-session agent behind the gateway, on the
+//! same scenarios, written once. Claude Code (`kind = "claude-code"`, the real `claude` CLI)
+//! and Claude's ACP adapter (`claude-agent-acp`, over the Claude Code it bundles) against the
+//! scripted Messages API (`support/fake_messages.rs`); Gemini CLI (`gemini --acp`) against the
+//! scripted Gemini API (`support/fake_gemini.rs`); all installed by `.ci/run`. Where agents
+//! differ the scenario asks the capability table ([`Agent::caps`]); a kind's own behaviour
+//! (Claude Code's effort, thinking, built-in tools, session bound) is tested in its module.
 
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::coding_harnesses::{CLAUDE_ACP, GEMINI};
+use crate::clients::coding_harnesses::{CLAUDE, CLAUDE_ACP, GEMINI};
 use crate::support::fake_gemini::FakeGemini;
 use crate::support::fake_messages::FakeMessages;
-use crate::support::{messages, *};
+use crate::support::{messages, responses, *};
 
 /// The scripted model API of one agent.
 enum Fake {
@@ -52,21 +54,67 @@ impl Fake {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Agent {
+    ClaudeCode,
     Gemini,
-    Claude,
+    ClaudeAcp,
+}
+
+/// Where agents differ.
+struct Caps {
+    /// The kind honours a reasoning effort (Claude Code's `--effort`); ACP has no such
+    /// setting and refuses one, naming the field.
+    effort: bool,
+    /// Two read-only calls come in one batch (Gemini CLI runs an MCP server's calls one
+    /// after the other, in two rounds).
+    batches: bool,
+    /// Results reach the model in call order, whatever order they were answered in (Claude's
+    /// ACP adapter reports them as they are answered).
+    call_order: bool,
+    /// Its model API is Anthropic's Messages (the bodies the fake saw read as such).
+    messages_api: bool,
+    /// Its sessions' scratch folders: `turnstile-{scratch}-{gateway pid}-…`.
+    scratch: &'static str,
+}
+
+impl Agent {
+    fn caps(self) -> Caps {
+        match self {
+            Agent::ClaudeCode => Caps {
+                effort: true,
+                batches: true,
+                call_order: true,
+                messages_api: true,
+                scratch: "claude",
+            },
+            Agent::Gemini => Caps {
+                effort: false,
+                batches: false,
+                call_order: false,
+                messages_api: false,
+                scratch: "acp",
+            },
+            Agent::ClaudeAcp => Caps {
+                effort: false,
+                batches: true,
+                call_order: false,
+                messages_api: true,
+                scratch: "acp",
+            },
+        }
+    }
 }
 
 /// Models: (id, scenario, approvals); every model is on the agent's one backend.
 const MODELS: &[(&str, &str, &str)] = &[
-    ("acp-one", "one", "{}"),
-    ("acp-parallel", "parallel", "{}"),
-    ("acp-text", "text", "{}"),
-    ("acp-bash-ask", "bash", r#"{ command = "ask" }"#),
-    ("acp-rounds", "rounds3", "{}"),
+    ("agent-one", "one", "{}"),
+    ("agent-parallel", "parallel", "{}"),
+    ("agent-text", "text", "{}"),
+    ("agent-bash-ask", "bash", r#"{ command = "ask" }"#),
+    ("agent-rounds", "rounds3", "{}"),
     (
-        "acp-masquerade",
+        "agent-masquerade",
         "masquerade",
         r#"{ command = "ask", permissions = "ask" }"#,
     ),
@@ -85,8 +133,12 @@ async fn rig_edited(
     edit: impl FnOnce(String) -> String + Send + 'static,
 ) -> Option<(Fake, Gateway)> {
     let (bin, fake) = match agent {
+        Agent::ClaudeCode => (
+            CLAUDE.locate()?,
+            Fake::Messages(FakeMessages::start().await),
+        ),
         Agent::Gemini => (GEMINI.locate()?, Fake::Gemini(FakeGemini::start().await)),
-        Agent::Claude => (
+        Agent::ClaudeAcp => (
             CLAUDE_ACP.locate()?,
             Fake::Messages(FakeMessages::start().await),
         ),
@@ -99,7 +151,15 @@ async fn rig_edited(
         let mut s = config_text(o, dir);
         let work = dir.join("work");
         std::fs::create_dir_all(&work).unwrap();
-        let (command, env) = match agent {
+        let (kind, command, env) = match agent {
+            // Bash enabled (to the approval policy) for the permission scenario.
+            Agent::ClaudeCode => (
+                "claude-code\"\nbuiltin_tools = [\"Bash\"]",
+                format!("[\"{}\"]", bin.display()),
+                format!(
+                    "{{ ANTHROPIC_BASE_URL = \"{url}\", ANTHROPIC_API_KEY = \"sk-fake-upstream\" }}"
+                ),
+            ),
             Agent::Gemini => {
                 // Gemini CLI's user settings: no usage statistics, telemetry or updates.
                 let home = dir.join("gemini-home");
@@ -111,6 +171,7 @@ async fn rig_edited(
                 )
                 .unwrap();
                 (
+                    "acp\"",
                     format!("[\"{}\", \"--acp\"]", bin.display()),
                     format!(
                         "{{ GOOGLE_GEMINI_BASE_URL = \"{url}\", GEMINI_API_KEY = \"fake-key\", \
@@ -120,7 +181,8 @@ async fn rig_edited(
                     ),
                 )
             }
-            Agent::Claude => (
+            Agent::ClaudeAcp => (
+                "acp\"",
                 format!("[\"{}\"]", bin.display()),
                 format!(
                     "{{ ANTHROPIC_BASE_URL = \"{url}\", ANTHROPIC_API_KEY = \"sk-fake-upstream\" }}"
@@ -128,7 +190,7 @@ async fn rig_edited(
             ),
         };
         s.push_str(&format!(
-            "\n[backends.agent]\nkind = \"acp\"\ncommand = {command}\nenv = {env}\n\
+            "\n[backends.agent]\nkind = \"{kind}\ncommand = {command}\nenv = {env}\n\
              cwd = \"{}\"\nmax_sessions = {}\n",
             work.display(),
             o.max_sessions.min(4)
@@ -168,8 +230,8 @@ fn agent_processes(gw: &Gateway) -> Vec<u32> {
 }
 
 /// The sessions' scratch folders left.
-fn scratch_folders(gw: &Gateway) -> Vec<String> {
-    let prefix = format!("turnstile-acp-{}-", gw.pid());
+fn scratch_folders(gw: &Gateway, agent: Agent) -> Vec<String> {
+    let prefix = format!("turnstile-{}-{}-", agent.caps().scratch, gw.pid());
     std::fs::read_dir(std::env::temp_dir())
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -178,7 +240,7 @@ fn scratch_folders(gw: &Gateway) -> Vec<String> {
 }
 
 /// Waits (bounded) until no agent process and no session folder is left.
-async fn no_agent_left(gw: &Gateway) {
+async fn no_agent_left(gw: &Gateway, agent: Agent) {
     wait_for_within(
         "every agent process and session folder gone",
         Duration::from_secs(30),
@@ -195,10 +257,10 @@ async fn no_agent_left(gw: &Gateway) {
                     )
                 })
                 .collect();
-            format!("{procs:?} {:?}\n{}", scratch_folders(gw), gw.log())
+            format!("{procs:?} {:?}\n{}", scratch_folders(gw, agent), gw.log())
         },
         async || {
-            let gone = agent_processes(gw).is_empty() && scratch_folders(gw).is_empty();
+            let gone = agent_processes(gw).is_empty() && scratch_folders(gw, agent).is_empty();
             gone.then_some(())
         },
     )
@@ -210,52 +272,82 @@ fn path_of(call: &Value) -> String {
     a["path"].as_str().unwrap_or_default().to_string()
 }
 
-macro_rules! for_each_agent {
-    ($($test:ident),* $(,)?) => {
-        mod gemini {
-            $(#[tokio::test] async fn $test() { super::$test(super::Agent::Gemini).await })*
-        }
-        mod claude_agent_acp {
-            $(#[tokio::test] async fn $test() { super::$test(super::Agent::Claude).await })*
-        }
+/// Scenario functions as `#[tokio::test]`s for one agent.
+macro_rules! tests {
+    ($agent:ident: $($test:ident),* $(,)?) => {
+        $(#[tokio::test] async fn $test() { super::$test(super::Agent::$agent).await })*
     };
 }
 
-for_each_agent!(
-    a_held_round_trip_on_chat_completions,
-    a_held_round_trip_on_messages,
-    two_parallel_calls,
-    a_call_held_for_40_seconds_is_answered,
-    an_agent_permission_under_ask_approved_then_denied,
-    a_follow_up_continues_the_kept_session,
-    an_expired_turn_ends_its_session,
-    a_client_gone_mid_leg_cancels_the_session,
-    a_killed_agent_loses_its_held_turn,
-    a_per_execution_cap_stops_the_agent_at_its_next_round,
-    an_agent_tool_titled_like_a_client_tool_goes_to_the_policy,
-);
+/// The contract: every scenario, for one agent.
+macro_rules! contract {
+    ($agent:ident) => {
+        tests!($agent:
+            a_held_round_trip_on_chat_completions,
+            a_held_round_trip_on_responses,
+            a_held_round_trip_on_messages_with_text_beside_and_an_error_result,
+            two_parallel_calls_answered_in_swapped_order,
+            a_call_held_for_40_seconds_is_answered,
+            an_agent_permission_under_ask_approved_then_denied,
+            a_follow_up_continues_the_kept_session,
+            an_expired_turn_ends_its_session,
+            a_client_gone_mid_leg_cancels_the_session,
+            a_killed_agent_loses_its_held_turn,
+            a_per_execution_cap_stops_the_agent_at_its_next_round,
+        );
+    };
+}
+
+mod claude_code {
+    contract!(ClaudeCode);
+}
+
+/// ACP's permission requests name the tool they run: both ACP agents also get the
+/// masquerading tool.
+mod gemini {
+    contract!(Gemini);
+    tests!(Gemini: an_agent_tool_titled_like_a_client_tool_goes_to_the_policy);
+}
+
+mod claude_agent_acp {
+    contract!(ClaudeAcp);
+    tests!(ClaudeAcp: an_agent_tool_titled_like_a_client_tool_goes_to_the_policy);
+}
 
 async fn a_held_round_trip_on_chat_completions(agent: Agent) {
     let Some((fake, gw)) = rig(agent, Opts::default()).await else {
         return;
     };
-    let mut req = tool_request("acp-one", "read a.txt");
-    // An effort this kind cannot honour is refused, naming the field.
-    req["reasoning_effort"] = json!("high");
-    let (status, v) = gw.chat(ALICE, &req).await;
-    assert_eq!(
-        (status.as_u16(), &v["error"]["param"]),
-        (400, &json!("reasoning_effort")),
-        "{v}"
-    );
-    req.as_object_mut().unwrap().remove("reasoning_effort");
+    let mut req = tool_request("agent-one", "read a.txt");
+    if !agent.caps().effort {
+        // An effort this kind cannot honour is refused, naming the field.
+        req["reasoning_effort"] = json!("high");
+        let (status, v) = gw.chat(ALICE, &req).await;
+        assert_eq!(
+            (status.as_u16(), &v["error"]["param"]),
+            (400, &json!("reasoning_effort")),
+            "{v}"
+        );
+        req.as_object_mut().unwrap().remove("reasoning_effort");
+    }
     let (status, resp) = gw.chat(ALICE, &req).await;
     assert_eq!(status, 200, "{resp}\n{}", gw.log());
     let c = calls(&resp);
     assert_eq!(c.len(), 1, "{resp}\n{}", gw.log());
     assert!(c[0]["id"].as_str().unwrap().starts_with("srct-"), "{resp}");
     assert_eq!(c[0]["function"]["name"], "read_file");
-    assert_eq!(path_of(&c[0]), "a.txt");
+    let args: Value =
+        serde_json::from_str(c[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"path": "a.txt"}));
+    // Drift (an edited history) is refused and consumes nothing.
+    let mut drifted = continuation(&req, &resp, |_, _| json!("contents of a"));
+    drifted["messages"][0]["content"] = json!("read b.txt");
+    let (status, v) = gw.chat(ALICE, &drifted).await;
+    assert_eq!(
+        (status.as_u16(), error_code(&v)),
+        (400, "continuation_mismatch".into()),
+        "{v}"
+    );
     let next = continuation(&req, &resp, |_, _| json!("contents of a"));
     let (status, done) = gw.chat(ALICE, &next).await;
     assert_eq!(status, 200, "{done}\n{}", gw.log());
@@ -279,47 +371,89 @@ async fn a_held_round_trip_on_chat_completions(agent: Agent) {
     assert_eq!(total["output_tokens"], 40, "{total}");
 }
 
-async fn a_held_round_trip_on_messages(agent: Agent) {
+async fn a_held_round_trip_on_responses(agent: Agent) {
+    let Some((fake, gw)) = rig(agent, Opts::default()).await else {
+        return;
+    };
+    let mut req = responses::request("agent-one", "read a.txt");
+    if !agent.caps().effort {
+        // An effort this kind cannot honour is refused, naming the field.
+        let (s, ev) = responses::stream(&gw, ALICE, &req).await;
+        assert_eq!(s, 400, "{ev:?}");
+        assert_eq!(ev[0]["error"]["param"], "reasoning.effort", "{ev:?}");
+        req["reasoning"].as_object_mut().unwrap().remove("effort");
+    }
+    let (s, ev) = responses::stream(&gw, ALICE, &req).await;
+    assert_eq!(s, 200, "{ev:?}\n{}", gw.log());
+    let resp = responses::last_response(&ev);
+    let c = responses::response_calls(&resp);
+    assert_eq!(c.len(), 1, "{resp}");
+    assert_eq!(c[0]["name"], "read_file");
+    assert!(responses::is_token(&c[0]["call_id"]), "{c:?}");
+    assert_eq!(c[0]["arguments"], r#"{"path":"a.txt"}"#);
+    let next = responses::stateful(&req, &resp, |_, _| "contents of a".into());
+    let (s, ev) = responses::stream(&gw, ALICE, &next).await;
+    assert_eq!(s, 200, "{ev:?}");
+    let done = responses::last_response(&ev);
+    assert_eq!(responses::response_text(&done), "results: contents of a");
+    assert_eq!(done["id"], resp["id"], "one execution across legs");
+    // The instructions reached the model (Claude Code: as its system prompt).
+    let first = &fake.bodies("one")[0];
+    let seen = match agent {
+        Agent::ClaudeCode => &first["system"],
+        _ => first,
+    };
+    assert!(seen.to_string().contains("be useful"), "{first}");
+}
+
+async fn a_held_round_trip_on_messages_with_text_beside_and_an_error_result(agent: Agent) {
     let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
         return;
     };
-    let mut req = messages::request("acp-one", "read a.txt");
+    let mut req = messages::request("agent-one", "read a.txt");
     // The scripted models call the tool with `{"path": …}`; an agent checks it against the
     // schema.
     req["tools"] = json!([{"name": "read_file", "description": "Read a file",
         "input_schema": {"type": "object", "properties": {"path": {"type": "string"}},
                          "required": ["path"]}}]);
-    // An effort this kind cannot honour is refused (400); without it the turn runs.
-    let (s, _, refused) = messages::stream(&gw, ALICE, &req).await;
-    assert_eq!(s, 400, "{refused}");
-    req.as_object_mut().unwrap().remove("output_config");
+    if !agent.caps().effort {
+        // An effort this kind cannot honour is refused (400); without it the turn runs.
+        let (s, _, refused) = messages::stream(&gw, ALICE, &req).await;
+        assert_eq!(s, 400, "{refused}");
+        req.as_object_mut().unwrap().remove("output_config");
+    }
     let (s, ev, resp) = messages::stream(&gw, ALICE, &req).await;
     assert_eq!(s, 200, "{ev:?}\n{}", gw.log());
     assert_eq!(resp["stop_reason"], "tool_use", "{resp}");
     let uses = messages::tool_uses(&resp);
     assert_eq!(uses.len(), 1, "{resp}");
     assert!(messages::is_token(&uses[0]["id"]), "{resp}");
+    assert_eq!(uses[0]["name"], "read_file");
     let next = messages::answer(
         &req,
         &resp,
         |_, _| json!({"content": [{"type": "text", "text": "no such file"}], "is_error": true}),
-        &[],
+        &["also look at b.txt"],
     );
     let (s, ev, done) = messages::stream(&gw, ALICE, &next).await;
     assert_eq!(s, 200, "{ev:?}");
-    // The failed result reached the model as an error.
-    assert!(messages::text(&done).starts_with("results: !"), "{done}");
-    assert!(messages::text(&done).contains("no such file"), "{done}");
+    // The failed result reached the model as an error, with the text beside it.
+    assert_eq!(
+        messages::text(&done),
+        "results: !no such file\nalso look at b.txt"
+    );
     assert_eq!(done["stop_reason"], "end_turn");
 }
 
-/// Claude Code runs the two read-only calls together (one batch); Gemini CLI runs an MCP
-/// server's calls one after the other (two rounds). Either way each result reaches its call.
-async fn two_parallel_calls(agent: Agent) {
+/// Claude Code and its ACP adapter run the two read-only calls together (one batch, here
+/// answered in the other order); Gemini CLI runs an MCP server's calls one after the other
+/// (two rounds). Either way each result reaches its own call.
+async fn two_parallel_calls_answered_in_swapped_order(agent: Agent) {
     let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
         return;
     };
-    let mut req = tool_request("acp-parallel", "read two files");
+    let caps = agent.caps();
+    let mut req = tool_request("agent-parallel", "read two files");
     let mut asked = Vec::new();
     let done = loop {
         let (s, resp) = gw.chat(ALICE, &req).await;
@@ -330,16 +464,27 @@ async fn two_parallel_calls(agent: Agent) {
         }
         assert!(asked.len() < 2, "more calls than the model made: {resp}");
         let paths: Vec<String> = c.iter().map(path_of).collect();
+        if caps.batches {
+            assert_eq!(paths, ["a.txt", "b.txt"], "one batch: {resp}");
+            assert_ne!(c[0]["id"], c[1]["id"]);
+        }
         asked.extend(paths.clone());
         req = continuation(&req, &resp, |i, _| {
             json!(format!("content of {}", paths[i]))
         });
+        if c.len() == 2 {
+            // Answered in the other order.
+            let messages = req["messages"].as_array_mut().unwrap();
+            let n = messages.len();
+            messages.swap(n - 1, n - 2);
+        }
     };
     asked.sort();
     assert_eq!(asked, ["a.txt", "b.txt"]);
-    // Each result reached its own call; an agent that runs the calls together may report
-    // them to its model in the order they were answered.
     let text = content(&done);
+    if caps.call_order {
+        assert_eq!(text, "results: content of a.txt | content of b.txt");
+    }
     let mut parts: Vec<&str> = text
         .strip_prefix("results: ")
         .unwrap_or_default()
@@ -353,7 +498,7 @@ async fn a_call_held_for_40_seconds_is_answered(agent: Agent) {
     let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
         return;
     };
-    let req = tool_request("acp-one", "read a.txt");
+    let req = tool_request("agent-one", "read a.txt");
     let (s, resp) = gw.chat(ALICE, &req).await;
     assert_eq!(s, 200, "{resp}");
     // The client runs its tool for 40 s.
@@ -365,7 +510,7 @@ async fn a_call_held_for_40_seconds_is_answered(agent: Agent) {
 }
 
 /// The approval of the pending ask, decided by the approver.
-async fn decide(gw: &Gateway, approve: bool) -> Value {
+async fn decide(gw: &Gateway, agent: Agent, approve: bool) -> Value {
     let ask = pending(gw, ROOT).await;
     assert_eq!(ask["kind"], "command", "{ask}");
     assert!(
@@ -375,6 +520,10 @@ async fn decide(gw: &Gateway, approve: bool) -> Value {
             .contains("bash-ran.txt"),
         "{ask}"
     );
+    if agent == Agent::ClaudeCode {
+        // The reason Claude Code's model gave for the command.
+        assert_eq!(ask["summary"]["backend_reason"], "write a marker", "{ask}");
+    }
     let decision = if approve { "approve" } else { "deny" };
     let r = gw
         .http
@@ -398,8 +547,8 @@ async fn an_agent_permission_under_ask_approved_then_denied(agent: Agent) {
     };
     let marker = gw.dir.path().join("work/bash-ran.txt");
     // Approved: it runs.
-    let req = json!({"model": "acp-bash-ask", "messages": [user("run it")]});
-    let (answer, ask) = tokio::join!(gw.chat(ALICE, &req), decide(&gw, true));
+    let req = json!({"model": "agent-bash-ask", "messages": [user("run it")]});
+    let (answer, ask) = tokio::join!(gw.chat(ALICE, &req), decide(&gw, agent, true));
     assert_eq!(answer.0, 200, "{}\n{}", answer.1, gw.log());
     assert!(
         ask["summary"]["cwd"].as_str().unwrap().ends_with("/work"),
@@ -409,7 +558,7 @@ async fn an_agent_permission_under_ask_approved_then_denied(agent: Agent) {
     assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "gateway");
     std::fs::remove_file(&marker).unwrap();
     // Denied: it does not run, and the model hears so.
-    let (answer, _) = tokio::join!(gw.chat(ALICE, &req), decide(&gw, false));
+    let (answer, _) = tokio::join!(gw.chat(ALICE, &req), decide(&gw, agent, false));
     assert_eq!(answer.0, 200, "{}", answer.1);
     assert!(content(&answer.1).starts_with("results: !"), "{}", answer.1);
     assert!(!marker.exists());
@@ -421,13 +570,13 @@ async fn a_follow_up_continues_the_kept_session(agent: Agent) {
     let Some((fake, gw)) = rig(agent, Opts::default()).await else {
         return;
     };
-    let first = json!({"model": "acp-text", "messages": [user("hello there")]});
+    let first = json!({"model": "agent-text", "messages": [user("hello there")]});
     let (s, resp) = gw.chat(ALICE, &first).await;
     assert_eq!(s, 200, "{resp}\n{}", gw.log());
     assert_eq!(content(&resp), "You said: hello there");
     let pids = agent_processes(&gw);
     assert!(!pids.is_empty());
-    let follow = json!({"model": "acp-text", "messages": [
+    let follow = json!({"model": "agent-text", "messages": [
         user("hello there"),
         {"role": "assistant", "content": content(&resp)},
         user("and again"),
@@ -440,6 +589,14 @@ async fn a_follow_up_continues_the_kept_session(agent: Agent) {
     let last = fake.bodies("text").pop().unwrap();
     let text = last.to_string();
     assert!(!text.contains("The conversation so far"), "{last}");
+    if agent.caps().messages_api {
+        // Its own history, not a transcript: the user and assistant messages (the agent adds
+        // system ones).
+        let all = last["messages"].as_array().unwrap().iter();
+        let history: Vec<&Value> = all.filter(|m| m["role"] != "system").collect();
+        assert_eq!(history.len(), 3, "{last}");
+        assert_eq!(history[1]["role"], "assistant");
+    }
 }
 
 async fn an_expired_turn_ends_its_session(agent: Agent) {
@@ -450,11 +607,11 @@ async fn an_expired_turn_ends_its_session(agent: Agent) {
     let Some((_fake, gw)) = rig(agent, opts).await else {
         return;
     };
-    let req = tool_request("acp-one", "read a.txt");
+    let req = tool_request("agent-one", "read a.txt");
     let (s, resp) = gw.chat(ALICE, &req).await;
     assert_eq!(s, 200, "{resp}");
     assert!(!agent_processes(&gw).is_empty());
-    no_agent_left(&gw).await;
+    no_agent_left(&gw, agent).await;
     let next = continuation(&req, &resp, |_, _| json!("too late"));
     let (s, v) = gw.chat(ALICE, &next).await;
     assert_eq!(s, 410, "{v}");
@@ -465,16 +622,18 @@ async fn a_client_gone_mid_leg_cancels_the_session(agent: Agent) {
         return;
     };
     fake.hold_next();
-    let mut req = tool_request("acp-one", "read a.txt");
+    let mut req = tool_request("agent-one", "read a.txt");
     req["stream"] = json!(true);
     let resp = gw.post(ALICE, &req).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     wait_until("the model call arrived", || fake.held() == 1).await;
     drop(resp);
-    no_agent_left(&gw).await;
+    no_agent_left(&gw, agent).await;
     fake.release();
     // The gateway still serves the backend.
-    let (s, resp) = gw.chat(ALICE, &tool_request("acp-one", "read a.txt")).await;
+    let (s, resp) = gw
+        .chat(ALICE, &tool_request("agent-one", "read a.txt"))
+        .await;
     assert_eq!(s, 200, "{resp}");
 }
 
@@ -482,7 +641,7 @@ async fn a_killed_agent_loses_its_held_turn(agent: Agent) {
     let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
         return;
     };
-    let req = tool_request("acp-one", "read a.txt");
+    let req = tool_request("agent-one", "read a.txt");
     let (s, resp) = gw.chat(ALICE, &req).await;
     assert_eq!(s, 200, "{resp}");
     // The agent the gateway started (its direct child).
@@ -494,7 +653,7 @@ async fn a_killed_agent_loses_its_held_turn(agent: Agent) {
             .status();
     }
     wait_until("the death settled", || gw.log().contains("reason=\"lost\"")).await;
-    no_agent_left(&gw).await;
+    no_agent_left(&gw, agent).await;
     let next = continuation(&req, &resp, |_, _| json!("after the crash"));
     let (s, v) = wait_for("the lost turn settled", async || {
         let (s, v) = gw.chat(ALICE, &next).await;
@@ -503,7 +662,7 @@ async fn a_killed_agent_loses_its_held_turn(agent: Agent) {
     .await;
     assert_eq!(s, 410, "{v}\n{}", gw.log());
     // A fresh turn starts a fresh process.
-    let (s, resp) = gw.chat(ALICE, &tool_request("acp-one", "again")).await;
+    let (s, resp) = gw.chat(ALICE, &tool_request("agent-one", "again")).await;
     assert_eq!(s, 200, "{resp}");
 }
 
@@ -511,7 +670,7 @@ async fn a_killed_agent_loses_its_held_turn(agent: Agent) {
 /// so a per-execution cap stops the execution at the next continuation, as on other kinds.
 async fn a_per_execution_cap_stops_the_agent_at_its_next_round(agent: Agent) {
     let edit = |s: String| {
-        crate::budgets::priced(s, &[("alice", "{ usd_per_execution = 5.0 }")]).replace(
+        crate::operations::budgets::priced(s, &[("alice", "{ usd_per_execution = 5.0 }")]).replace(
             "backend_model = \"rounds3\"\n",
             "backend_model = \"rounds3\"\nprice = { input_per_mtok = 1000000.0, output_per_mtok = 1000000.0 }\n",
         )
@@ -519,7 +678,7 @@ async fn a_per_execution_cap_stops_the_agent_at_its_next_round(agent: Agent) {
     let Some((_fake, gw)) = rig_edited(agent, Opts::default(), edit).await else {
         return;
     };
-    let req = tool_request("acp-rounds", "read three files");
+    let req = tool_request("agent-rounds", "read three files");
     let (status, first) = gw.chat(ALICE, &req).await;
     assert_eq!(status, 200, "{first}\n{}", gw.log());
     assert_eq!(calls(&first).len(), 1, "{first}");
@@ -532,7 +691,7 @@ async fn a_per_execution_cap_stops_the_agent_at_its_next_round(agent: Agent) {
         gw.log()
     );
     // The stopped execution leaves no agent behind.
-    no_agent_left(&gw).await;
+    no_agent_left(&gw, agent).await;
 }
 
 /// A permission request is taken for a client tool's only by what names the tool it runs
@@ -542,7 +701,7 @@ async fn an_agent_tool_titled_like_a_client_tool_goes_to_the_policy(agent: Agent
     let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
         return;
     };
-    let req = tool_request("acp-masquerade", "plan it");
+    let req = tool_request("agent-masquerade", "plan it");
     let asked = async {
         let ask = pending(&gw, ROOT).await;
         let id = ask["id"].as_str().unwrap();
@@ -562,7 +721,7 @@ async fn an_agent_tool_titled_like_a_client_tool_goes_to_the_policy(agent: Agent
     assert!(calls(&answer.1).is_empty(), "{}", answer.1);
     let kind = match agent {
         Agent::Gemini => "permissions",
-        Agent::Claude => "command",
+        _ => "command",
     };
     assert_eq!(ask["kind"], kind, "{ask}");
 }

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use std::path::Path;
 
-use crate::coding_harnesses::{
+use crate::clients::coding_harnesses::{
     claude_env, claude_in, command, harness_config, run_bounded, Scene, CLAUDE, RUN_LIMIT,
 };
 use crate::support::*;
@@ -195,8 +195,10 @@ async fn claude_code_stops_at_a_spent_daily_cap_without_retrying() {
         return;
     };
     // One demo turn is 15 tokens: the first spends alice's day.
-    let gw =
-        gateway_with(|s| crate::budgets::priced(s, &[("alice", "{ tokens_per_day = 15 }")])).await;
+    let gw = gateway_with(|s| {
+        crate::operations::budgets::priced(s, &[("alice", "{ tokens_per_day = 15 }")])
+    })
+    .await;
     let spend = json!({"model": "claude-turnstile-echo", "messages": [user("hi")]});
     assert_eq!(gw.chat(ALICE, &spend).await.0, 200);
     wait_for("the day's tokens on the ledger", async || {

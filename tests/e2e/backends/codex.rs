@@ -406,7 +406,7 @@ async fn plain_turn_streaming_forwards_deltas() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sdk_tool_round_trip_reaches_the_model_verbatim() {
     let Some(bin) = codex_bin() else { return };
-    let Some(py) = crate::sdk::python() else {
+    let Some(py) = crate::clients::sdk::python() else {
         let _ = writeln!(
             std::io::stderr(),
             "\n!!!!! SKIPPED Codex SDK test: no venv at .cache/venv (run .ci/run to install it) !!!!!\n"

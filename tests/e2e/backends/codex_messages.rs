@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use crate::codex::{bounded, codex_bin, Rig, Setup};
+use crate::backends::codex::{bounded, codex_bin, Rig, Setup};
 use crate::support::fake_responses::{self as fake, FakeResponses, Reply};
 use crate::support::messages::*;
 
@@ -14,7 +14,10 @@ async fn messages_round_trip_on_codex_with_text_beside_the_result() {
     let Some(bin) = codex_bin() else { return };
     let model = FakeResponses::start(|_, body| match fake::output_for(body, "call_m_1") {
         None => Reply::call("call_m_1", "Read", json!({"file_path": "/work/notes.txt"})),
-        Some(out) => Reply::text(&format!("Seen: {}", crate::codex::text_of(&out)), 2),
+        Some(out) => Reply::text(
+            &format!("Seen: {}", crate::backends::codex::text_of(&out)),
+            2,
+        ),
     })
     .await;
     let rig = Rig::start(&bin, &model, Setup::default()).await;

@@ -1,0 +1,9 @@
+//! Real clients against the gateway: coding harnesses (Claude Code, Codex CLI, Gemini CLI's
+//! ACP side), the official SDKs (Python and Node) and the console in a headless browser.
+
+mod claude_code;
+pub(crate) mod codex_cli;
+pub(crate) mod coding_harnesses;
+mod console;
+pub(crate) mod sdk;
+mod sdk_node;

@@ -1,0 +1,10 @@
+//! One client API each: Chat Completions (`core`), Responses, Messages, their published
+//! contracts (schemas, the Claude Code gateway protocol, forced tool choice), reasoning and
+//! remote compaction, driven over HTTP against the demo backend and scripted upstreams.
+
+mod compaction;
+mod contracts;
+mod core;
+mod messages;
+mod reasoning;
+mod responses;
