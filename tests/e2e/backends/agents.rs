@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::clients::coding_harnesses::{CLAUDE, CLAUDE_ACP, GEMINI};
+use crate::support::agents::{agent_processes, agents, no_agent_left};
 use crate::support::fake_gemini::FakeGemini;
 use crate::support::fake_messages::FakeMessages;
 use crate::support::{messages, responses, *};
@@ -204,67 +205,6 @@ async fn rig_edited(
     })
     .await;
     Some((fake, gw))
-}
-
-/// The agents the gateway started (its children but the demo backend of the default config).
-fn agents(gw: &Gateway) -> Vec<u32> {
-    let demo = |pid: &u32| {
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        String::from_utf8_lossy(&cmd).contains("turnstile-demo-backend")
-    };
-    children(gw.pid())
-        .into_iter()
-        .filter(|p| !demo(p))
-        .collect()
-}
-
-/// The agents and their processes (zombies included until reaped).
-fn agent_processes(gw: &Gateway) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut queue = agents(gw);
-    while let Some(pid) = queue.pop() {
-        out.push(pid);
-        queue.extend(children(pid));
-    }
-    out
-}
-
-/// The sessions' scratch folders left.
-fn scratch_folders(gw: &Gateway, agent: Agent) -> Vec<String> {
-    let prefix = format!("turnstile-{}-{}-", agent.caps().scratch, gw.pid());
-    std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with(&prefix))
-        .collect()
-}
-
-/// Waits (bounded) until no agent process and no session folder is left.
-async fn no_agent_left(gw: &Gateway, agent: Agent) {
-    wait_for_within(
-        "every agent process and session folder gone",
-        Duration::from_secs(30),
-        || {
-            let procs: Vec<String> = agent_processes(gw)
-                .iter()
-                .map(|p| {
-                    let stat =
-                        std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-                    let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-                    format!(
-                        "{stat} {}",
-                        String::from_utf8_lossy(&cmd).replace('\0', " ")
-                    )
-                })
-                .collect();
-            format!("{procs:?} {:?}\n{}", scratch_folders(gw, agent), gw.log())
-        },
-        async || {
-            let gone = agent_processes(gw).is_empty() && scratch_folders(gw, agent).is_empty();
-            gone.then_some(())
-        },
-    )
-    .await;
 }
 
 fn path_of(call: &Value) -> String {
@@ -611,7 +551,7 @@ async fn an_expired_turn_ends_its_session(agent: Agent) {
     let (s, resp) = gw.chat(ALICE, &req).await;
     assert_eq!(s, 200, "{resp}");
     assert!(!agent_processes(&gw).is_empty());
-    no_agent_left(&gw, agent).await;
+    no_agent_left(&gw, agent.caps().scratch).await;
     let next = continuation(&req, &resp, |_, _| json!("too late"));
     let (s, v) = gw.chat(ALICE, &next).await;
     assert_eq!(s, 410, "{v}");
@@ -628,7 +568,7 @@ async fn a_client_gone_mid_leg_cancels_the_session(agent: Agent) {
     assert_eq!(resp.status(), 200);
     wait_until("the model call arrived", || fake.held() == 1).await;
     drop(resp);
-    no_agent_left(&gw, agent).await;
+    no_agent_left(&gw, agent.caps().scratch).await;
     fake.release();
     // The gateway still serves the backend.
     let (s, resp) = gw
@@ -653,7 +593,7 @@ async fn a_killed_agent_loses_its_held_turn(agent: Agent) {
             .status();
     }
     wait_until("the death settled", || gw.log().contains("reason=\"lost\"")).await;
-    no_agent_left(&gw, agent).await;
+    no_agent_left(&gw, agent.caps().scratch).await;
     let next = continuation(&req, &resp, |_, _| json!("after the crash"));
     let (s, v) = wait_for("the lost turn settled", async || {
         let (s, v) = gw.chat(ALICE, &next).await;
@@ -691,7 +631,7 @@ async fn a_per_execution_cap_stops_the_agent_at_its_next_round(agent: Agent) {
         gw.log()
     );
     // The stopped execution leaves no agent behind.
-    no_agent_left(&gw, agent).await;
+    no_agent_left(&gw, agent.caps().scratch).await;
 }
 
 /// A permission request is taken for a client tool's only by what names the tool it runs

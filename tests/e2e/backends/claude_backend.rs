@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::clients::coding_harnesses::{claude_in, Scene, CLAUDE};
+use crate::support::agents::{self, agent_processes, no_agent_left};
 use crate::support::fake_messages::FakeMessages;
 use crate::support::*;
 
@@ -81,23 +82,6 @@ async fn effort_reaches_claude_code() {
     assert_eq!(s, 400, "{v}");
 }
 
-/// The `claude` processes under the gateway (its children and theirs).
-fn claude_processes(gw: &Gateway) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut queue = vec![gw.pid()];
-    while let Some(pid) = queue.pop() {
-        for child in children(pid) {
-            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
-            // A zombie (empty command line) is not gone until the gateway reaps it.
-            if cmdline.is_empty() || String::from_utf8_lossy(&cmdline).contains("claude") {
-                out.push(child);
-            }
-            queue.push(child);
-        }
-    }
-    out
-}
-
 /// The user and assistant messages of a model request (Claude Code adds system ones).
 fn conversation(body: &Value) -> Vec<Value> {
     let all = body["messages"].as_array().unwrap().iter();
@@ -106,26 +90,7 @@ fn conversation(body: &Value) -> Vec<Value> {
 
 /// The sessions' scratch folders (`HOME`, and the working folder when none is set) left.
 fn scratch_folders(gw: &Gateway) -> Vec<String> {
-    let prefix = format!("turnstile-claude-{}-", gw.pid());
-    std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with(&prefix))
-        .collect()
-}
-
-/// Waits (bounded) until no `claude` process and no session folder is left.
-async fn no_claude_left(gw: &Gateway) {
-    wait_for_within(
-        "every claude process and session folder gone",
-        Duration::from_secs(20),
-        || format!("{:?} {:?}", claude_processes(gw), scratch_folders(gw)),
-        async || {
-            let gone = claude_processes(gw).is_empty() && scratch_folders(gw).is_empty();
-            gone.then_some(())
-        },
-    )
-    .await;
+    agents::scratch_folders(gw, "claude")
 }
 
 #[tokio::test]
@@ -228,7 +193,7 @@ async fn a_revoked_grant_ends_the_held_session() {
     let req = tool_request("cc-one", "read a.txt");
     let (s, resp) = gw.chat(ALICE, &req).await;
     assert_eq!(s, 200, "{resp}");
-    assert!(!claude_processes(&gw).is_empty());
+    assert!(!agent_processes(&gw).is_empty());
     // Narrow alice to `echo` only: the held turn is revoked on resume.
     let text = std::fs::read_to_string(gw.config_path()).unwrap();
     let narrowed = text.replacen("models = [\"*\"]", "models = [\"echo\"]", 1);
@@ -243,7 +208,7 @@ async fn a_revoked_grant_ends_the_held_session() {
         (403, "unauthorized_target".into()),
         "{v}"
     );
-    no_claude_left(&gw).await;
+    no_agent_left(&gw, "claude").await;
     // The model never got the result.
     assert_eq!(fake.bodies("one").len(), 1);
 }
@@ -289,7 +254,7 @@ async fn sessions_are_bounded_and_an_idle_one_makes_room() {
         )
         .await;
     assert_eq!(s, 200, "{resp}");
-    let kept = claude_processes(&gw);
+    let kept = agent_processes(&gw);
     let folders = scratch_folders(&gw);
     assert_eq!(folders.len(), 1);
     let mode = std::fs::metadata(std::env::temp_dir().join(&folders[0])).unwrap();
@@ -307,7 +272,7 @@ async fn sessions_are_bounded_and_an_idle_one_makes_room() {
     assert_eq!(s, 200, "{resp}");
     assert_eq!(content(&resp), "You said: second");
     wait_until("the idle session ended", || {
-        !claude_processes(&gw).iter().any(|p| kept.contains(p))
+        !agent_processes(&gw).iter().any(|p| kept.contains(p))
     })
     .await;
     // A held turn keeps its place: the next turn waits, then is refused.
@@ -335,7 +300,7 @@ async fn shutdown_leaves_no_claude_behind() {
     };
     let (s, resp) = gw.chat(ALICE, &tool_request("cc-one", "read a.txt")).await;
     assert_eq!(s, 200, "{resp}");
-    let pids = claude_processes(&gw);
+    let pids = agent_processes(&gw);
     let folders = scratch_folders(&gw);
     assert!(!pids.is_empty() && !folders.is_empty());
     assert_eq!(gw.stop().await, Some(0));

@@ -1,5 +1,6 @@
-//! Endings and process lifecycle: crashes, pool bounds, disconnects, expiry, restart,
-//! reload and shutdown.
+//! Endings and process lifecycle: crashes, pool bounds, restart, reload and shutdown (a held
+//! turn's expiry, its backend's death and a disconnect are the surface contract's, on every
+//! surface: `surfaces/contract.rs`).
 
 use std::time::Duration;
 
@@ -133,63 +134,6 @@ async fn pool_exhaustion_is_429_after_a_bounded_wait() {
         (status == 200).then_some(())
     })
     .await;
-}
-
-#[tokio::test]
-async fn client_disconnect_mid_stream_interrupts_the_turn() {
-    let gw = Gateway::start().await;
-    let mut resp = gw.hold_stream(ALICE).await;
-    // Keep-alive comments flow while the turn is silent.
-    let chunk = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let mut seen = String::from_utf8_lossy(&chunk).to_string();
-    while !seen.contains(": keep-alive") {
-        let c = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        seen.push_str(&String::from_utf8_lossy(&c));
-    }
-    drop(resp);
-    let interrupts = gw.wait_spy("interrupt", 1).await;
-    assert_eq!(interrupts.len(), 1);
-}
-
-#[tokio::test]
-async fn suspended_turn_expires_with_410_and_an_interrupt() {
-    let gw = Gateway::start_with(Opts {
-        execution_ttl_seconds: 1,
-        ..Opts::default()
-    })
-    .await;
-    let req = tool_request("tool", "x");
-    let (_, resp) = gw.chat(ALICE, &req).await;
-    gw.wait_spy("interrupt", 1).await;
-    let next = continuation(&req, &resp, |_, _| json!("late"));
-    let (status, v) = gw.chat(ALICE, &next).await;
-    assert_eq!(status, 410, "{v}");
-    assert_eq!(error_code(&v), "continuation_expired");
-    assert!(gw.spy_events("tool_result").is_empty());
-}
-
-#[tokio::test]
-async fn backend_crash_while_suspended_is_410_lost() {
-    let gw = Gateway::start().await;
-    let req = tool_request("tool", "x");
-    let (_, resp) = gw.chat(ALICE, &req).await;
-    kill_demo_backend(&gw).await;
-    let next = continuation(&req, &resp, |_, _| json!("R"));
-    let (status, v) = gw.chat(ALICE, &next).await;
-    assert_eq!(status, 410, "{v}");
-    assert_eq!(error_code(&v), "continuation_lost");
-    let (status, v) = gw
-        .chat(ALICE, &json!({"model": "echo", "messages": [user("fine")]}))
-        .await;
-    assert_eq!(status, 200, "{v}");
 }
 
 #[tokio::test]

@@ -2,6 +2,7 @@
 //! backend is the real demo backend binary, reads its "listening on" line, and offers small
 //! HTTP helpers. Every wait is bounded; nothing sleeps to synchronise.
 
+pub mod agents;
 pub mod fake_gemini;
 pub mod fake_messages;
 pub mod fake_responses;

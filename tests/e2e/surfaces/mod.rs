@@ -3,6 +3,7 @@
 //! remote compaction, driven over HTTP against the demo backend and scripted upstreams.
 
 mod compaction;
+mod contract;
 mod contracts;
 mod core;
 mod messages;
