@@ -297,17 +297,7 @@ async fn a_held_round_trip_on_chat_completions(agent: Agent) {
     let (status, v) = gw.chat(ALICE, &next).await;
     assert_eq!(status, 409, "{v}");
     // The turn's usage was metered.
-    let total = wait_for_within(
-        "usage flushed",
-        Duration::from_secs(15),
-        String::new,
-        async || {
-            let (_, v) = get(&gw, ALICE, "/v1/usage").await;
-            let t = v["total"].clone();
-            (t["output_tokens"].as_u64() >= Some(40)).then_some(t)
-        },
-    )
-    .await;
+    let total = usage_total(&gw, ALICE, |t| t["output_tokens"].as_u64() >= Some(40)).await;
     assert_eq!(total["output_tokens"], 40, "{total}");
 }
 

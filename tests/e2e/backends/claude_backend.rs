@@ -3,7 +3,6 @@
 //! (`support/fake_messages.rs`), driven through the gateway's three surfaces.
 
 use std::process::Command;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -116,17 +115,7 @@ async fn three_sequential_rounds_and_usage_with_cache_tokens() {
     assert_eq!(tokens.len(), 3, "a token per round");
     // Four model calls, each reported as it ended: input 100 + cache reads 50 + cache
     // writes 7, output 20.
-    let total = wait_for_within(
-        "usage flushed",
-        Duration::from_secs(15),
-        String::new,
-        async || {
-            let (_, v) = get(&gw, ALICE, "/v1/usage").await;
-            let t = v["total"].clone();
-            (t["requests"].as_u64() >= Some(4)).then_some(t)
-        },
-    )
-    .await;
+    let total = usage_total(&gw, ALICE, |t| t["requests"].as_u64() >= Some(4)).await;
     assert_eq!(total["requests"], 4, "{total}");
     assert_eq!(total["input_tokens"], 4 * 157, "{total}");
     assert_eq!(total["cached_input_tokens"], 4 * 50, "{total}");

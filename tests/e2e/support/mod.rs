@@ -542,6 +542,24 @@ pub fn pid_alive(pid: u64) -> bool {
 }
 
 /// `GET {path}` as `key`: the status and the JSON body.
+/// The caller's usage `total` once `flushed` says it holds what the test ran (usage is
+/// written in the background, within a second or so).
+pub async fn usage_total(gw: &Gateway, key: &str, flushed: impl Fn(&Value) -> bool) -> Value {
+    let seen = std::sync::Mutex::new(Value::Null);
+    wait_for_within(
+        "usage flushed",
+        std::time::Duration::from_secs(15),
+        || seen.lock().unwrap().to_string(),
+        async || {
+            let (_, v) = get(gw, key, "/v1/usage").await;
+            *seen.lock().unwrap() = v.clone();
+            let t = v["total"].clone();
+            flushed(&t).then_some(t)
+        },
+    )
+    .await
+}
+
 pub async fn get(gw: &Gateway, key: &str, path: &str) -> (u16, Value) {
     let (status, text) = get_text(gw, key, path).await;
     (status, serde_json::from_str(&text).unwrap())

@@ -92,20 +92,8 @@ async fn an_upstreams_reasoning_and_cache_counts_reach_every_surface() {
     assert!(thinking(&m).is_none(), "{m}");
 
     // The usage report totals cache reads and writes (flushed within a second or so).
-    let seen = std::sync::Mutex::new(Value::Null);
-    let total = wait_for_within(
-        "usage flushed",
-        std::time::Duration::from_secs(15),
-        || seen.lock().unwrap().to_string(),
-        async || {
-            let (_, v) = get(&gw, ALICE, "/v1/usage").await;
-            *seen.lock().unwrap() = v.clone();
-            let t = v["total"].clone();
-            // Seven calls report usage (a streamed chat relay asks for none).
-            (t["requests"].as_u64() >= Some(7)).then_some(t)
-        },
-    )
-    .await;
+    // Seven calls report usage (a streamed chat relay asks for none).
+    let total = usage_total(&gw, ALICE, |t| t["requests"].as_u64() >= Some(7)).await;
     let reported = total["cached_input_tokens"].as_u64().unwrap() / 4;
     assert_eq!(total["requests"], reported, "{total}");
     assert_eq!(total["cache_write_input_tokens"], 2 * reported, "{total}");
