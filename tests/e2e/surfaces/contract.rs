@@ -1,5 +1,7 @@
 //! The surface contract: what every client API answers alike, written once and run for Chat
-//! Completions, Responses and Messages against the demo backend. A held turn's expiry and its
+//! Completions, Responses and Messages against the demo backend. A missing or wrong key is 401
+//! and an unknown model answers exactly as one the caller may not use, both in the wire's own
+//! shape and before a stream's first byte. A held turn's expiry and its
 //! backend's death are 410 (a retry is never a fresh turn); a disconnect mid-stream
 //! interrupts the turn while keep-alives flow; the rejection matrix every surface shares:
 //! another principal's token and an unknown one are one 404 body, each drift is 400, a
@@ -11,6 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::core::assert_error_shape;
 use crate::support::{messages, responses, *};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -145,6 +148,40 @@ impl Wire {
         }
     }
 
+    /// Its route.
+    fn path(self) -> &'static str {
+        match self {
+            Wire::Chat => "/v1/chat/completions",
+            Wire::Responses => "/v1/responses",
+            Wire::Messages => "/v1/messages",
+        }
+    }
+
+    /// Its status for a model the caller may not use (Claude Code's gateway protocol: 400).
+    fn model_refused(self) -> u16 {
+        match self {
+            Wire::Messages => 400,
+            _ => 404,
+        }
+    }
+
+    /// Checks an error body has exactly this wire's error shape.
+    fn assert_shape(self, v: &Value, code: &str) {
+        match self {
+            Wire::Messages => {
+                assert_eq!(v["type"], "error", "{v}");
+                let mut keys: Vec<_> = v.as_object().unwrap().keys().collect();
+                keys.sort();
+                assert_eq!(keys, ["error", "type"]);
+                let mut keys: Vec<_> = v["error"].as_object().unwrap().keys().collect();
+                keys.sort();
+                assert_eq!(keys, ["message", "type"]);
+                assert_eq!(messages::code(v), code);
+            }
+            _ => assert_error_shape(v, code),
+        }
+    }
+
     /// Another surface, for its tokens.
     fn other(self) -> Wire {
         match self {
@@ -157,6 +194,10 @@ impl Wire {
 macro_rules! contract {
     ($($surface:ident: $wire:ident),* $(,)?) => {
         $(mod $surface {
+            #[tokio::test]
+            async fn a_bad_key_is_401_and_a_refused_model_looks_unknown() {
+                super::credentials_and_models(super::Wire::$wire).await
+            }
             #[tokio::test]
             async fn a_held_turn_expires_and_a_dead_backend_loses_it_both_410() {
                 super::expiry_and_death(super::Wire::$wire).await
@@ -174,6 +215,41 @@ macro_rules! contract {
 }
 
 contract!(chat_completions: Chat, responses_api: Responses, messages_api: Messages);
+
+async fn credentials_and_models(wire: Wire) {
+    let gw = Gateway::start().await;
+    let body = wire.plain("echo", "hi", false);
+    // Missing and wrong keys: 401 in the wire's shape, its code in a header too.
+    let url = format!("{}{}", gw.url, wire.path());
+    let r = gw.http.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["x-turnstile-error-code"], "invalid_api_key");
+    wire.assert_shape(&r.json().await.unwrap(), "invalid_api_key");
+    let (s, v) = wire.create(&gw, "sk-nobody", &body).await;
+    assert_eq!(s, 401, "{v}");
+    wire.assert_shape(&v, "invalid_api_key");
+    if wire == Wire::Messages {
+        assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+    }
+
+    // An unknown model and one the caller may not use: the same answer but for the name.
+    let (s1, unknown) = wire
+        .create(&gw, CAROL, &wire.plain("nope", "hi", false))
+        .await;
+    let (s2, forbidden) = wire
+        .create(&gw, CAROL, &wire.plain("tool", "hi", false))
+        .await;
+    assert_eq!((s1, s2), (wire.model_refused(), wire.model_refused()));
+    wire.assert_shape(&unknown, "model_not_found");
+    let message =
+        |v: &Value, name: &str| v["error"]["message"].as_str().unwrap().replace(name, "X");
+    assert_eq!(message(&unknown, "nope"), message(&forbidden, "tool"));
+    // Decided before a stream's first byte: a real status, a JSON body.
+    let r = wire.send(&gw, CAROL, &wire.plain("tool", "hi", true)).await;
+    assert_eq!(r.status().as_u16(), wire.model_refused());
+    let ct = r.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(ct.starts_with("application/json"), "{ct}");
+}
 
 async fn expiry_and_death(wire: Wire) {
     let gw = Gateway::start_with(Opts {
