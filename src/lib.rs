@@ -43,6 +43,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod http;
 pub mod ids;
+pub mod managed;
 pub mod metrics;
 pub mod server;
 pub mod sse;

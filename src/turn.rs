@@ -14,6 +14,8 @@ pub enum SurfaceId {
     Chat,
     Responses,
     Messages,
+    /// The Managed Agents API's sessions (`src/managed/`).
+    Managed,
 }
 
 impl SurfaceId {
@@ -22,6 +24,7 @@ impl SurfaceId {
             SurfaceId::Chat => "chat",
             SurfaceId::Responses => "responses",
             SurfaceId::Messages => "messages",
+            SurfaceId::Managed => "managed",
         }
     }
 
@@ -36,6 +39,7 @@ impl SurfaceId {
             "chat" => Some(SurfaceId::Chat),
             "responses" => Some(SurfaceId::Responses),
             "messages" => Some(SurfaceId::Messages),
+            "managed" => Some(SurfaceId::Managed),
             _ => None,
         }
     }

@@ -18,6 +18,7 @@
 
 mod backends;
 mod cluster;
+mod managed;
 mod jwt;
 mod raw;
 mod telemetry;
@@ -38,6 +39,7 @@ pub use crate::auth::grant::{ClientLimits, Rate, Role};
 pub use crate::auth::jwt::JwtIssuer;
 pub use backends::*;
 pub use cluster::{ClusterConfig, StoreConfig};
+pub use managed::ManagedAgentsConfig;
 pub use telemetry::TelemetryConfig;
 
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +90,7 @@ pub struct Config {
     pub approval_ttl: Duration,
     pub continuations: ContinuationLimits,
     pub continuity: ContinuityConfig,
+    pub managed_agents: ManagedAgentsConfig,
     /// `[telemetry]`: None when traces are off. Fixed at start: a reload keeps it.
     pub telemetry: Option<TelemetryConfig>,
 }

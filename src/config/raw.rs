@@ -151,6 +151,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub continuity: RawContinuity,
     #[serde(default)]
+    pub managed_agents: super::managed::RawManagedAgents,
+    #[serde(default)]
     pub mcp_bridge: RawMcpBridge,
     #[serde(default)]
     pub telemetry: super::telemetry::RawTelemetry,

@@ -117,6 +117,7 @@ pub(super) fn validate(
     let clients = clients(raw.clients, &jwt_issuers)?;
     let continuations = continuations(raw.continuations)?;
     let continuity = continuity(raw.continuity)?;
+    let managed_agents = super::managed::managed_agents(raw.managed_agents, base)?;
     let telemetry = super::telemetry::telemetry(raw.telemetry)?;
     if raw.approvals.ttl_seconds == 0 {
         return Err(err("approvals.ttl_seconds", "must be greater than 0"));
@@ -144,6 +145,7 @@ pub(super) fn validate(
         approval_ttl: Duration::from_secs(raw.approvals.ttl_seconds),
         continuations,
         continuity,
+        managed_agents,
         telemetry,
     })
 }

@@ -342,6 +342,37 @@ impl Engine {
         &self.inner.approvals
     }
 
+    /// The durable store (the Managed Agents API keeps its objects and event logs there).
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// Settles the principal's held batch that `tokens` name as cancelled, its turn
+    /// interrupted (a client withdrawing the calls it was asked: a Managed Agents interrupt
+    /// or deletion). False when they name no pending batch of the principal's.
+    pub async fn withdraw(&self, principal: &str, tokens: &[String]) -> bool {
+        let digests: Vec<[u8; 32]> = tokens
+            .iter()
+            .filter_map(|t| crate::continuation::token::token_digest(t))
+            .collect();
+        let found = self.inner.suspensions.lookup(principal, &digests);
+        let crate::continuation::Lookup::Pending(view) = found else {
+            return false;
+        };
+        match self.inner.suspensions.settle(view.batch, Reason::Cancelled) {
+            Some(s) => {
+                self.settled(s).await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Runs `task` as one of the engine's, drained at shutdown.
+    pub fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.inner.tracker.spawn(task);
+    }
+
     pub(super) fn backend(&self, name: &str) -> Option<Arc<dyn Backend>> {
         self.inner.backends.get(name).cloned()
     }

@@ -169,14 +169,14 @@ pub async fn decide(
 /// event and keep-alive: authority lasts only as long as the config (and a JWT's `exp`)
 /// grants it. The stream ends when the key or issuer is gone, the token expired, or the
 /// principal's approver role changed.
-struct Authority {
-    app: AppState,
-    credential: Option<String>,
-    opened: crate::auth::Principal,
+pub(super) struct Authority {
+    pub app: AppState,
+    pub credential: Option<String>,
+    pub opened: crate::auth::Principal,
 }
 
 impl Authority {
-    fn current(&self) -> Option<&crate::auth::Principal> {
+    pub fn current(&self) -> Option<&crate::auth::Principal> {
         let now = self.app.check(self.credential.as_deref()).ok()?;
         (now.id == self.opened.id && now.approver == self.opened.approver).then_some(&self.opened)
     }

@@ -10,6 +10,7 @@ mod caller;
 pub mod cluster;
 mod console;
 mod error;
+mod managed;
 mod socket;
 mod surfaces;
 mod turn;
@@ -37,11 +38,14 @@ use crate::surface::{Chat, Messages, Responses};
 pub struct AppState {
     engine: Engine,
     auth: Arc<Authenticator>,
+    /// The Managed Agents API's sessions loaded here.
+    managed: crate::managed::Managed,
 }
 
 impl From<Engine> for AppState {
     fn from(engine: Engine) -> AppState {
         AppState {
+            managed: crate::managed::Managed::new(engine.clone()),
             engine,
             auth: Arc::default(),
         }
@@ -96,6 +100,7 @@ pub fn router(state: impl Into<AppState>) -> Router {
             activity::listing(Engine::backends_for),
         )
         .merge(console::routes())
+        .merge(managed::routes())
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -145,10 +145,50 @@ ALTER TABLE upstream_pending ADD COLUMN spend_nanousd INTEGER NOT NULL DEFAULT 0
 CREATE INDEX usage_daily_principal ON usage_daily(principal, day);
 ";
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6)];
+/// The Managed Agents API: its objects (agents by version, environments, sessions) as their
+/// JSON, each its principal's; a session's event log in order; each principal's stored event
+/// bytes.
+const V7: &str = "
+CREATE TABLE managed_objects (
+  kind TEXT NOT NULL,
+  id TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  principal TEXT NOT NULL,
+  body TEXT NOT NULL,
+  archived INTEGER NOT NULL DEFAULT 0,
+  created_at_ms INTEGER NOT NULL,
+  owner TEXT NOT NULL DEFAULT '',
+  PRIMARY KEY (kind, id, version)
+);
+CREATE INDEX managed_objects_principal ON managed_objects(principal, kind, created_at_ms);
+CREATE TABLE managed_events (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  session_id TEXT NOT NULL,
+  id TEXT NOT NULL,
+  principal TEXT NOT NULL,
+  body TEXT NOT NULL,
+  bytes INTEGER NOT NULL
+);
+CREATE INDEX managed_events_session ON managed_events(session_id, seq);
+CREATE INDEX managed_events_id ON managed_events(session_id, id);
+CREATE TABLE managed_quota (
+  principal TEXT PRIMARY KEY,
+  event_bytes INTEGER NOT NULL
+);
+";
+
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, V1),
+    (2, V2),
+    (3, V3),
+    (4, V4),
+    (5, V5),
+    (6, V6),
+    (7, V7),
+];
 
 /// The schema version this build writes.
-pub const CURRENT: i64 = 6;
+pub const CURRENT: i64 = 7;
 
 /// SQLite's DDL in PostgreSQL's types.
 fn ddl(engine: Engine, sql: &str) -> String {

@@ -25,6 +25,7 @@ mod compactions;
 mod db;
 mod feed;
 mod fused;
+mod managed;
 mod migrations;
 mod suspensions;
 mod usage;
@@ -35,6 +36,7 @@ pub use approvals::ApprovalRecord;
 pub use cluster::{Lease, RemotePending, ReplicaSettlement};
 pub use compactions::CompactionRecord;
 pub use db::default_pool_size;
+pub use managed::{AppendError, EventRow, ListRows, ManagedRow};
 pub use feed::{ApprovalChange, ApprovalFeed, Listening};
 pub use suspensions::{StoredSuspension, SuspensionRecord};
 pub use usage::{

@@ -1,0 +1,111 @@
+//! Anthropic's Managed Agents API, self-hosted: agents (`agents.rs`), environments and
+//! sessions (`sessions.rs`), a session's event log (`log.rs`) and the events a client sends
+//! (`send.rs`), and the driver that runs a session's turns through the engine (`runner.rs`).
+//! Every object is its principal's: another principal's id reads exactly as an unknown one.
+//!
+//! A session is a conversation the gateway keeps for the client: each `user.message` is a
+//! fresh turn of the engine over the session's transcript (so an agent's kept thread carries
+//! on, and a released one resumes from the transcript), each `agent.custom_tool_use` is a
+//! held call of the engine's one suspension path, and the results the client sends are its
+//! continuation, answered exactly once. The event log is durable before anything is streamed.
+//! Wire shapes follow the pinned `anthropic` SDK's `beta_managed_agents_*` types.
+
+pub mod agents;
+pub mod environments;
+pub mod events;
+mod log;
+mod runner;
+mod send;
+pub mod sessions;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::auth::Principal;
+use crate::engine::Engine;
+use crate::error::{ApiError, ErrorCode};
+use crate::store::StoreError;
+
+pub use self::log::{Live, Published};
+pub use self::send::send;
+
+/// The API's state on this gateway: the sessions loaded here, over the engine.
+#[derive(Clone)]
+pub struct Managed {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    /// Sessions loaded since start, by id (their log's live end and their turn's state).
+    live: parking_lot::Mutex<HashMap<String, Arc<Live>>>,
+}
+
+impl Managed {
+    pub fn new(engine: Engine) -> Managed {
+        Managed {
+            inner: Arc::new(Inner {
+                engine,
+                live: parking_lot::Mutex::default(),
+            }),
+        }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    /// The principal's session, loaded (its log read back once after a start). Another
+    /// principal's is the same 404 as an unknown id.
+    pub async fn session(&self, who: &Principal, id: &str) -> Result<Arc<Live>, ApiError> {
+        let row = sessions::load(self, who, id).await?;
+        if let Some(live) = self.inner.live.lock().get(id) {
+            return Ok(live.clone());
+        }
+        let live = Arc::new(Live::load(self, who, row).await?);
+        let mut map = self.inner.live.lock();
+        Ok(map.entry(id.to_string()).or_insert(live).clone())
+    }
+
+    /// The principal's sessions whose turn runs or is held here.
+    fn running(&self, principal: &str) -> usize {
+        let map = self.inner.live.lock();
+        map.values()
+            .filter(|l| l.principal == principal && l.busy())
+            .count()
+    }
+
+    /// Forgets a deleted session: its streams end.
+    fn forget(&self, id: &str) -> Option<Arc<Live>> {
+        self.inner.live.lock().remove(id)
+    }
+}
+
+/// The store failed: 503, logged without content.
+pub(crate) fn store_failed(e: StoreError) -> ApiError {
+    tracing::error!(error = %e, "managed agents store call failed");
+    ApiError::new(ErrorCode::StoreUnavailable, "The store is unavailable.")
+}
+
+/// The 404 of an unknown (or another principal's) object.
+pub(crate) fn not_found(what: &str) -> ApiError {
+    ApiError::new(ErrorCode::NotFound, format!("No {what} with this id."))
+}
+
+/// A 400 naming the field at fault.
+pub(crate) fn refused(field: impl Into<String>, why: impl std::fmt::Display) -> ApiError {
+    let field = field.into();
+    ApiError::invalid(format!("`{field}`: {why}"))
+}
+
+/// A string field of a request body, if present and not null.
+pub(crate) fn opt_str<'a>(body: &'a Value, field: &str) -> Result<Option<&'a str>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(refused(field, "must be a string")),
+    }
+}

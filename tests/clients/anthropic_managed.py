@@ -1,0 +1,234 @@
+"""Drives a running Turnstile's Managed Agents API with the official `anthropic` Python package
+(`client.beta.agents`, `environments`, `sessions`, `sessions.events`), strict response
+validation on: every object must parse as the SDK's own types.
+
+Env: TURNSTILE_URL (base URL without /v1), TURNSTILE_KEY (alice), TURNSTILE_OTHER_KEY (bob),
+MANAGED_MODEL (a model whose agent calls the first client tool with the path in the prompt;
+default `tool`), MANAGED_PART (`all`, or `hold` / `after_restart` for the restart test, which
+share state through MANAGED_STATE, a file path). Prints ALL OK at the end.
+"""
+import json
+import os
+
+import anthropic
+import httpx
+from anthropic import Anthropic
+
+URL = os.environ["TURNSTILE_URL"]
+KEY = os.environ["TURNSTILE_KEY"]
+MODEL = os.environ.get("MANAGED_MODEL", "tool")
+PART = os.environ.get("MANAGED_PART", "all")
+BETA = {"anthropic-beta": "managed-agents-2026-04-01"}
+client = Anthropic(base_url=URL, api_key=KEY, max_retries=0, timeout=60, _strict_response_validation=True)
+other = Anthropic(base_url=URL, api_key=os.environ["TURNSTILE_OTHER_KEY"], max_retries=0, timeout=60,
+                  _strict_response_validation=True)
+READ_FILE = {
+    "type": "custom",
+    "name": "read_file",
+    "description": "Read a file",
+    "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+}
+
+
+def check(cond, msg):
+    if not cond:
+        raise SystemExit(f"FAIL: {msg}")
+
+
+def expect_error(cls, what, fn, status=None):
+    try:
+        fn()
+    except anthropic.APIStatusError as e:
+        check(isinstance(e, cls), f"{what}: {type(e).__name__} {e.status_code} {e.body}")
+        check(status is None or e.status_code == status, f"{what}: status {e.status_code}")
+        check(e.body["type"] == "error" and e.body["error"]["message"], f"{what}: envelope {e.body}")
+        return e
+    raise SystemExit(f"FAIL: {what}: no error")
+
+
+def until_idle(session_id, send=None):
+    """Streams the session's events (sending `send` once the stream is open) until it goes
+    idle; returns the events seen."""
+    seen = []
+    with client.beta.sessions.events.stream(session_id) as stream:
+        if send is not None:
+            client.beta.sessions.events.send(session_id, events=send)
+        for event in stream:
+            seen.append(event)
+            if event.type == "session.status_idle":
+                return seen
+    raise SystemExit(f"FAIL: the stream ended before idle: {[e.type for e in seen]}")
+
+
+def setup():
+    env = client.beta.environments.create(name="work")
+    check(env.type == "environment" and env.config.type == "cloud", env)
+    agent = client.beta.agents.create(
+        name="reader", model=MODEL, system="Be brief.",
+        tools=[READ_FILE, {"type": "agent_toolset_20260401"}],
+    )
+    check(agent.version == 1 and agent.model.id == MODEL, agent)
+    check([t.type for t in agent.tools] == ["custom", "agent_toolset_20260401"], agent.tools)
+    check(agent.tools[1].default_config.permission_policy.type == "always_allow", agent.tools[1])
+    session = client.beta.sessions.create(agent=agent.id, environment_id=env.id, title="t1")
+    check(session.status == "idle" and session.agent.id == agent.id and session.title == "t1", session)
+    return env, agent, session
+
+
+def hold(session):
+    """A message; the stream shows the held custom tool use and requires_action."""
+    seen = until_idle(session.id, [{"type": "user.message", "content": [{"type": "text", "text": "read /etc/hostname"}]}])
+    types = [e.type for e in seen]
+    check(types[0] == "user.message" and "session.status_running" in types, types)
+    uses = [e for e in seen if e.type == "agent.custom_tool_use"]
+    check(len(uses) == 1 and uses[0].name == "read_file" and uses[0].input == {"path": "/etc/hostname"}, uses)
+    idle = seen[-1]
+    check(idle.stop_reason.type == "requires_action" and idle.stop_reason.event_ids == [uses[0].id], idle)
+    check(not uses[0].id.startswith("srct-"), "the event id is not the continuation token")
+    return uses[0]
+
+
+def main():
+    env, agent, session = setup()
+    use = hold(session)
+    # Another principal: the session, its events and a result are 404, exactly as unknown.
+    for fn in (
+        lambda: other.beta.sessions.retrieve(session.id),
+        lambda: other.beta.sessions.events.list(session.id),
+        lambda: other.beta.sessions.events.send(session.id, events=[
+            {"type": "user.custom_tool_result", "custom_tool_use_id": use.id, "content": [{"type": "text", "text": "x"}]}]),
+        lambda: other.beta.agents.retrieve(agent.id),
+        lambda: other.beta.environments.retrieve(env.id),
+    ):
+        expect_error(anthropic.NotFoundError, "foreign object", fn, 404)
+    # A use the session does not wait on: 404, nothing consumed.
+    expect_error(anthropic.NotFoundError, "unknown use", lambda: client.beta.sessions.events.send(session.id, events=[
+        {"type": "user.custom_tool_result", "custom_tool_use_id": "sevt_nope", "content": []}]), 404)
+    # The result resumes the same held turn, once.
+    result = [{"type": "user.custom_tool_result", "custom_tool_use_id": use.id,
+               "content": [{"type": "text", "text": "HOSTNAME-42"}]}]
+    seen = until_idle(session.id, result)
+    types = [e.type for e in seen]
+    check(types[0] == "user.custom_tool_result" and types[1] == "session.status_running", types)
+    check(seen[-1].stop_reason.type == "end_turn", seen[-1])
+    said = "".join(b.text for e in seen if e.type == "agent.message" for b in e.content)
+    check("Tool result: HOSTNAME-42" in said, said)
+    ends = [e for e in seen if e.type == "span.model_request_end"]
+    check(ends and ends[0].model_usage.output_tokens > 0, ends)
+    e = expect_error(anthropic.ConflictError, "duplicate result",
+                     lambda: client.beta.sessions.events.send(session.id, events=result), 409)
+    check("already" in e.body["error"]["message"], e.body)
+    # A second turn on the same session keeps its conversation.
+    seen = until_idle(session.id, [{"type": "user.message", "content": [{"type": "text", "text": "thanks"}]}])
+    check(seen[-1].stop_reason.type == "end_turn", [x.type for x in seen])
+    # The whole history pages back, in order, filtered by type too.
+    events = list(client.beta.sessions.events.list(session.id, limit=2))
+    ids = [x.id for x in events]
+    check(len(ids) == len(set(ids)) and len(ids) >= 12, ids)
+    check(events[0].type == "user.message" and events[-1].type == "session.status_idle", [x.type for x in events])
+    messages = list(client.beta.sessions.events.list(session.id, types=["user.message"]))
+    check(len(messages) == 2, messages)
+    newest = client.beta.sessions.events.list(session.id, order="desc", limit=1)
+    check(newest.data[0].id == ids[-1], newest)
+    got = client.beta.sessions.retrieve(session.id)
+    check(got.status == "idle" and got.usage.output_tokens > 0, got.usage)
+    reconnect(session.id, ids)
+    versions(agent)
+    refused(agent, env)
+    listing(session)
+    client.beta.sessions.delete(session.id)
+    expect_error(anthropic.NotFoundError, "deleted session", lambda: client.beta.sessions.retrieve(session.id), 404)
+    print("ALL OK")
+
+
+def reconnect(session_id, ids):
+    """A stream reopened with Last-Event-ID gets every event after it, none twice."""
+    headers = {**BETA, "authorization": f"Bearer {KEY}", "last-event-id": ids[2]}
+    got = []
+    with httpx.stream("GET", f"{URL}/v1/sessions/{session_id}/events/stream", headers=headers, timeout=30) as r:
+        check(r.status_code == 200, r.status_code)
+        for line in r.iter_lines():
+            if line.startswith("id: "):
+                got.append(line[4:])
+                if got[-1] == ids[-1]:
+                    break
+    check(got == ids[3:], (got, ids))
+
+
+def versions(agent):
+    updated = client.beta.agents.update(agent.id, version=1, system="Be very brief.")
+    check(updated.version == 2 and updated.system == "Be very brief.", updated)
+    expect_error(anthropic.ConflictError, "stale version",
+                 lambda: client.beta.agents.update(agent.id, version=1, name="x"), 409)
+    check(client.beta.agents.retrieve(agent.id, version=1).system == "Be brief.", "version 1 kept")
+    check([a.version for a in client.beta.agents.versions.list(agent.id)] == [2, 1], "versions")
+
+
+def refused(agent, env):
+    """What Turnstile does not have is 400 naming the field, never ignored."""
+    cases = [
+        ("mcp_servers", lambda: client.beta.agents.create(name="m", model=MODEL, mcp_servers=[
+            {"type": "url", "name": "gh", "url": "https://mcp.example.com"}])),
+        ("skills", lambda: client.beta.agents.create(name="s", model=MODEL, skills=[
+            {"type": "anthropic", "skill_id": "xlsx"}])),
+        ("tools[0].type", lambda: client.beta.agents.create(name="t", model=MODEL, tools=[
+            {"type": "mcp_toolset", "mcp_server_name": "gh"}])),
+        ("resources", lambda: client.beta.sessions.create(agent=agent.id, environment_id=env.id, resources=[
+            {"type": "file", "file_id": "file_1"}])),
+        ("vault_ids", lambda: client.beta.sessions.create(agent=agent.id, environment_id=env.id, vault_ids=["v1"])),
+        ("config.packages", lambda: client.beta.environments.create(name="p", config={
+            "type": "cloud", "packages": {"pip": ["requests"]}})),
+    ]
+    for field, fn in cases:
+        e = expect_error(anthropic.BadRequestError, field, fn, 400)
+        check(f"`{field}`" in e.body["error"]["message"], e.body)
+    expect_error(anthropic.NotFoundError, "unknown model",
+                 lambda: client.beta.agents.create(name="x", model="no-such-model"), 404)
+    r = httpx.get(f"{URL}/v1/agents", headers={"authorization": f"Bearer {KEY}"})
+    check(r.status_code == 400 and "anthropic-beta" in r.json()["error"]["message"], r.text)
+
+
+def listing(session):
+    first = client.beta.sessions.create(agent=session.agent.id, environment_id=session.environment_id)
+    page = client.beta.sessions.list(limit=1)
+    check(len(page.data) == 1 and page.data[0].id == first.id and page.next_page, page)
+    every = [s.id for s in client.beta.sessions.list(limit=1)]
+    check(every == [first.id, session.id], every)
+    check([s.id for s in other.beta.sessions.list()] == [], "bob sees none")
+    archived = client.beta.sessions.archive(first.id)
+    check(archived.archived_at is not None, archived)
+    check([s.id for s in client.beta.sessions.list()] == [session.id], "archived ones are not listed")
+    expect_error(anthropic.BadRequestError, "archived session", lambda: client.beta.sessions.events.send(
+        first.id, events=[{"type": "user.message", "content": [{"type": "text", "text": "x"}]}]), 400)
+
+
+def part_hold():
+    env, agent, session = setup()
+    use = hold(session)
+    n = len(list(client.beta.sessions.events.list(session.id)))
+    with open(os.environ["MANAGED_STATE"], "w") as f:
+        json.dump({"session": session.id, "use": use.id, "events": n}, f)
+    print("ALL OK")
+
+
+def part_after_restart():
+    with open(os.environ["MANAGED_STATE"]) as f:
+        state = json.load(f)
+    before = list(client.beta.sessions.events.list(state["session"]))
+    check(len(before) >= state["events"], (len(before), state))
+    # The held turn went with the process: its result is 410, and the session says why.
+    result = [{"type": "user.custom_tool_result", "custom_tool_use_id": state["use"], "content": []}]
+    expect_error(anthropic.APIStatusError, "result after restart",
+                 lambda: client.beta.sessions.events.send(state["session"], events=result), 410)
+    after = list(client.beta.sessions.events.list(state["session"]))
+    check([e.id for e in after[:state["events"]]] == [e.id for e in before[:state["events"]]], "history intact")
+    tail = [e.type for e in after[state["events"]:]]
+    check(tail == ["session.error", "session.status_idle"], tail)
+    check(after[-1].stop_reason.type == "retries_exhausted", after[-1])
+    # The session goes on: a new message runs a fresh turn from the transcript.
+    seen = until_idle(state["session"], [{"type": "user.message", "content": [{"type": "text", "text": "again"}]}])
+    check(seen[-1].stop_reason.type in ("end_turn", "requires_action"), [e.type for e in seen])
+    print("ALL OK")
+
+
+{"all": main, "hold": part_hold, "after_restart": part_after_restart}[PART]()
