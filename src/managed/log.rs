@@ -1,8 +1,9 @@
 //! A loaded session: its event log's live end (each event stored, then published to the
 //! open streams, in order) and the state of its turn: the transcript the next turn is built
 //! from, the custom tool uses it waits on, and the ids already answered or settled. Loaded
-//! once per start from the store: a session a previous process left running is settled
-//! (its held calls answer 410) with a `session.error` and `session.status_idle`.
+//! once per start from the store: a session a previous process left running or waiting on
+//! custom tool results is settled (its held calls answer 410) with a `session.error` and
+//! `session.status_idle` (`retries_exhausted`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -110,6 +111,7 @@ impl Live {
         }
         // Uses with no result: their held turn went with the process that held it.
         let unanswered: Vec<String> = state.waiting.drain(..).map(|w| w.event_id).collect();
+        let lost = session["status"] != "idle" || !unanswered.is_empty();
         state.settled.extend(unanswered);
         let (tx, _) = broadcast::channel(1024);
         let live = Live {
@@ -123,12 +125,12 @@ impl Live {
             log: tokio::sync::Mutex::new(()),
             tx,
         };
-        if session["status"] != "idle" {
+        if lost {
             tracing::warn!(session = %live.id, "a session's turn was lost with the process that ran it");
             let events = vec![
                 event("session.error", json!({"error": {
                     "type": "unknown_error",
-                    "message": "The session's turn was lost: the gateway restarted while it ran.",
+                    "message": "The session's turn was lost: the gateway restarted while it ran or was held.",
                     "retry_status": {"type": "terminal"},
                 }})),
                 idle(json!({"type": "retries_exhausted"})),
@@ -145,7 +147,7 @@ impl Live {
 
     /// Whether a turn runs or is held.
     pub fn busy(&self) -> bool {
-        self.state.lock().phase != Phase::Idle
+        self.state.lock().phase == Phase::Running
     }
 
     /// A receiver of the events published from now on.

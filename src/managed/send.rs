@@ -103,7 +103,7 @@ async fn resume(m: &Managed, live: &Arc<Live>, echoes: Vec<Value>) -> Result<(),
 
 /// `user.interrupt`: a running leg is interrupted, a held turn withdrawn; either way the
 /// session goes idle.
-async fn interrupt(m: &Managed, live: &Arc<Live>) {
+pub(super) async fn interrupt(m: &Managed, live: &Arc<Live>) {
     let (phase, running, tokens) = {
         let mut s = live.state.lock();
         s.queued.clear();
@@ -181,6 +181,7 @@ fn check(m: &Managed, live: &Live, events: &[Value]) -> Result<Vec<Sent>, ApiErr
         };
         out.push(sent);
     }
+    drop(state);
     if fresh {
         let max = m.engine().config().managed_agents.max_running_sessions_per_client;
         if m.running(&live.principal) >= max {

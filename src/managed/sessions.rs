@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 
 use super::agents::{self, over_bound, paged, parse_row};
-use super::environments;
+use super::{environments, send};
 use super::wire::{self, only, Paging};
 use super::{not_found, opt_str, refused, store_failed, Managed};
 use crate::auth::Principal;
@@ -161,9 +161,12 @@ pub async fn update(m: &Managed, who: &Principal, id: &str, body: &Value) -> Res
 /// `POST /v1/sessions/{id}/archive`: readable, and takes no more events.
 pub async fn archive(m: &Managed, who: &Principal, id: &str) -> Result<Value, ApiError> {
     let live = m.session(who, id).await?;
+    let _gate = live.gate.lock().await;
     if live.busy() {
         return Err(ApiError::invalid("A running session cannot be archived; interrupt it first."));
     }
+    // A held turn waits for results the archived session no longer takes: it ends now.
+    send::interrupt(m, &live).await;
     live.rewrite(m, |s| {
         if s["archived_at"].is_null() {
             s["archived_at"] = json!(wire::now().0);

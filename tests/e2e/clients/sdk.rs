@@ -27,6 +27,16 @@ pub(crate) async fn run_script_at(name: &str, path: &'static str) {
 
 /// Runs one SDK script against `gw`; `false` when the venv is missing (a loud skip).
 pub(crate) async fn run_script_on(gw: &Gateway, name: &str, path: &'static str) -> bool {
+    run_script_with(gw, name, path, &[]).await
+}
+
+/// [`run_script_on`] with more environment for the script.
+pub(crate) async fn run_script_with(
+    gw: &Gateway,
+    name: &str,
+    path: &'static str,
+    env: &[(&str, String)],
+) -> bool {
     let Some(py) = python() else {
         eprintln!("\n!!!!! SKIPPED openai SDK test: no venv at .cache/venv (run .ci/run to install it) !!!!!\n");
         if std::env::var_os("CI").is_some() {
@@ -38,12 +48,14 @@ pub(crate) async fn run_script_on(gw: &Gateway, name: &str, path: &'static str) 
         .join("tests/clients")
         .join(name);
     let url = format!("{}{path}", gw.url);
+    let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(py)
             .arg(script)
             .env("TURNSTILE_URL", url)
             .env("TURNSTILE_KEY", ALICE)
             .env("TURNSTILE_OTHER_KEY", BOB)
+            .envs(env)
             .output()
             .expect("run python")
     })

@@ -1,0 +1,31 @@
+//! The Managed Agents API (`/v1/agents`, `/v1/environments`, `/v1/sessions` and their events)
+//! driven by the pinned `anthropic` Python SDK (`tests/clients/anthropic_managed.py`).
+
+use super::sdk::run_script_with;
+use crate::support::*;
+
+/// Agent, environment, session; a held custom tool use answered once (a duplicate 409, an
+/// unknown use 404, another principal's objects 404); a second turn on the same session;
+/// the history paged and filtered; a stream reconnected with `Last-Event-ID`; versions,
+/// refusals, listing, archive and delete.
+#[tokio::test]
+async fn managed_agents_sdk_session_with_a_held_custom_tool() {
+    let gw = Gateway::start().await;
+    run_script_with(&gw, "anthropic_managed.py", "", &[("MANAGED_PART", "all".into())]).await;
+}
+
+/// A session held on a custom tool use when the gateway restarts: the history is intact, the
+/// use answers 410, the session shows `session.error` and `retries_exhausted`, and goes on.
+#[tokio::test]
+async fn managed_agents_restart_settles_the_held_use_and_keeps_the_history() {
+    let mut gw = Gateway::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json").display().to_string();
+    let part = |p: &str| vec![("MANAGED_PART", p.to_string()), ("MANAGED_STATE", state.clone())];
+    if !run_script_with(&gw, "anthropic_managed.py", "", &part("hold")).await {
+        return;
+    }
+    gw.stop().await;
+    gw.spawn().await;
+    run_script_with(&gw, "anthropic_managed.py", "", &part("after_restart")).await;
+}
