@@ -45,7 +45,7 @@ pub struct ManagedAgentsConfig {
     pub max_agents_per_client: usize,
     pub max_environments_per_client: usize,
     pub max_sessions_per_client: usize,
-    /// Sessions of one principal whose turn runs (or is held) at once.
+    /// Sessions of one principal whose turn runs at once (a held one waits, not counted).
     pub max_running_sessions_per_client: usize,
     /// The bytes of one principal's stored session events.
     pub max_event_bytes_per_client: u64,
@@ -59,16 +59,31 @@ pub(super) fn managed_agents(
 ) -> Result<ManagedAgentsConfig, ConfigError> {
     let positive = [
         ("max_agents_per_client", raw.max_agents_per_client as u64),
-        ("max_environments_per_client", raw.max_environments_per_client as u64),
-        ("max_sessions_per_client", raw.max_sessions_per_client as u64),
-        ("max_running_sessions_per_client", raw.max_running_sessions_per_client as u64),
+        (
+            "max_environments_per_client",
+            raw.max_environments_per_client as u64,
+        ),
+        (
+            "max_sessions_per_client",
+            raw.max_sessions_per_client as u64,
+        ),
+        (
+            "max_running_sessions_per_client",
+            raw.max_running_sessions_per_client as u64,
+        ),
         ("max_event_bytes_per_client", raw.max_event_bytes_per_client),
         ("max_events_per_send", raw.max_events_per_send as u64),
     ];
     if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
-        return Err(err(format!("managed_agents.{key}"), "must be greater than 0"));
+        return Err(err(
+            format!("managed_agents.{key}"),
+            "must be greater than 0",
+        ));
     }
-    let root = raw.workspace_root.as_deref().unwrap_or(DEFAULT_WORKSPACE_ROOT);
+    let root = raw
+        .workspace_root
+        .as_deref()
+        .unwrap_or(DEFAULT_WORKSPACE_ROOT);
     Ok(ManagedAgentsConfig {
         workspace_root: resolve(base, root),
         max_agents_per_client: raw.max_agents_per_client,

@@ -18,8 +18,8 @@
 
 mod backends;
 mod cluster;
-mod managed;
 mod jwt;
+mod managed;
 mod raw;
 mod telemetry;
 #[cfg(test)]

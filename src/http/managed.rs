@@ -69,7 +69,8 @@ fn beta(headers: &HeaderMap) -> Result<(), ApiError> {
 /// A JSON body, read under the route's limit.
 async fn json_body(app: &AppState, body: Body) -> Result<Value, ApiError> {
     let server = &app.engine.config().server;
-    let bytes = super::caller::read_body(body, server.max_body_bytes, server.body_read_timeout).await?;
+    let bytes =
+        super::caller::read_body(body, server.max_body_bytes, server.body_read_timeout).await?;
     if bytes.is_empty() {
         return Ok(Value::Object(Default::default()));
     }
@@ -88,10 +89,11 @@ macro_rules! handlers {
     ($($name:ident($($arg:ident: $ty:ty),*) => $call:expr;)*) => {$(
         async fn $name(
             State(app): State<AppState>,
-            caller: Body16,
+            caller: Result<Body16, ApiError>,
             headers: HeaderMap,
             $($arg: $ty,)*
         ) -> Answer {
+            let caller = caller?;
             beta(&headers)?;
             let m = managed(&app);
             let who = &caller.principal;
@@ -140,10 +142,11 @@ fn version(uri: &Uri) -> Result<Option<i64>, ApiError> {
 /// `GET /v1/sessions/{id}/events/stream`.
 async fn event_stream(
     State(app): State<AppState>,
-    caller: Caller,
+    caller: Result<Caller, ApiError>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Answer {
+    let caller = caller?;
     beta(&headers)?;
     let m = app.managed.clone();
     let live = m.session(&caller.principal, &id).await?;
@@ -157,7 +160,12 @@ async fn event_stream(
         None => Vec::new(),
     };
     drop(live);
-    let keepalive = app.engine.config().server.keepalive.max(Duration::from_millis(100));
+    let keepalive = app
+        .engine
+        .config()
+        .server
+        .keepalive
+        .max(Duration::from_millis(100));
     let stop = app.engine.stopping();
     let who = Authority {
         app,
@@ -167,28 +175,33 @@ async fn event_stream(
     let sent = backlog.last().map_or(0, |p| p.seq);
     // A first comment, so the head goes out before any event is logged.
     let hello = Bytes::from_static(b": session events\n\n");
-    let chunks: Vec<Bytes> = std::iter::once(hello).chain(backlog.iter().map(frame)).collect();
+    let chunks: Vec<Bytes> = std::iter::once(hello)
+        .chain(backlog.iter().map(frame))
+        .collect();
     let first = futures::stream::iter(chunks.into_iter().map(Ok::<_, std::convert::Infallible>));
-    let live = futures::stream::unfold((rx, who, stop, sent), move |(mut rx, who, stop, mut sent)| async move {
-        loop {
-            let next = tokio::select! {
-                _ = stop.cancelled() => return None,
-                r = tokio::time::timeout(keepalive, rx.recv()) => r,
-            };
-            who.current()?;
-            let chunk = match next {
-                Err(_) => Bytes::from_static(b": keep-alive\n\n"),
-                Ok(Ok(p)) if p.seq <= sent => continue,
-                Ok(Ok(p)) => {
-                    sent = p.seq;
-                    frame(&p)
-                }
-                // Behind: the stream ends; a reconnect with Last-Event-ID loses nothing.
-                Ok(Err(RecvError::Lagged(_))) | Ok(Err(RecvError::Closed)) => return None,
-            };
-            return Some((Ok(chunk), (rx, who, stop, sent)));
-        }
-    });
+    let live = futures::stream::unfold(
+        (rx, who, stop, sent),
+        move |(mut rx, who, stop, mut sent)| async move {
+            loop {
+                let next = tokio::select! {
+                    _ = stop.cancelled() => return None,
+                    r = tokio::time::timeout(keepalive, rx.recv()) => r,
+                };
+                who.current()?;
+                let chunk = match next {
+                    Err(_) => Bytes::from_static(b": keep-alive\n\n"),
+                    Ok(Ok(p)) if p.seq <= sent => continue,
+                    Ok(Ok(p)) => {
+                        sent = p.seq;
+                        frame(&p)
+                    }
+                    // Behind: the stream ends; a reconnect with Last-Event-ID loses nothing.
+                    Ok(Err(RecvError::Lagged(_))) | Ok(Err(RecvError::Closed)) => return None,
+                };
+                return Some((Ok(chunk), (rx, who, stop, sent)));
+            }
+        },
+    );
     let resp = Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
@@ -201,6 +214,8 @@ async fn event_stream(
 /// One event as SSE: named by its type (the SDK drops a message without `event:`), with its
 /// id for `Last-Event-ID`.
 fn frame(p: &Published) -> Bytes {
-    Bytes::from(format!("event: {}\nid: {}\ndata: {}\n\n", p.kind, p.id, p.json))
+    Bytes::from(format!(
+        "event: {}\nid: {}\ndata: {}\n\n",
+        p.kind, p.id, p.json
+    ))
 }
-

@@ -466,3 +466,66 @@ async fn messages_follow_the_claude_code_gateway_protocol() {
         .unwrap()
         .contains("safeguards"));
 }
+
+#[tokio::test]
+async fn managed_agents_routes_need_the_beta_and_answer_in_anthropics_shape() {
+    let (app, _dir) = app().await;
+    let req = |path: &str, key: Option<&str>, beta: bool| {
+        let mut b = HttpRequest::get(path);
+        if let Some(k) = key {
+            b = b.header("x-api-key", k);
+        }
+        if beta {
+            b = b.header("anthropic-beta", "managed-agents-2026-04-01");
+        }
+        b.body(Body::empty()).unwrap()
+    };
+    let cases = [
+        (req("/v1/sessions", None, true), 401, "authentication_error"),
+        (
+            req("/v1/sessions", Some("sk-a"), false),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            req("/v1/sessions/sesn_0", Some("sk-a"), true),
+            404,
+            "not_found_error",
+        ),
+        (
+            req("/v1/agents/agent_0", Some("sk-a"), true),
+            404,
+            "not_found_error",
+        ),
+        (
+            req("/v1/sessions/sesn_0/events/stream", Some("sk-a"), true),
+            404,
+            "not_found_error",
+        ),
+        (
+            req("/v1/sessions?limit=0", Some("sk-a"), true),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            req("/v1/sessions?agent_id=agent_0", Some("sk-a"), true),
+            400,
+            "invalid_request_error",
+        ),
+    ];
+    for (r, status, kind) in cases {
+        let path = r.uri().to_string();
+        let (s, v) = send(&app, r).await;
+        assert_eq!(
+            (s.as_u16(), v["error"]["type"].as_str()),
+            (status, Some(kind)),
+            "{path}: {v}"
+        );
+        assert_eq!(v["type"], "error", "{path}: {v}");
+    }
+    let (s, v) = send(&app, req("/v1/sessions", Some("sk-a"), true)).await;
+    assert_eq!(
+        (s, &v["data"], &v["next_page"]),
+        (StatusCode::OK, &serde_json::json!([]), &Value::Null)
+    );
+}

@@ -1,8 +1,8 @@
 //! Agents: create, retrieve (a version or the latest), versioned update, list, versions,
 //! archive. `model` names a Turnstile model the caller may use, so an agent runs on whatever
 //! backend kind that model uses. Custom tools are the client's own (held when the agent calls
-//! them); the agent toolset is the backend's own tools under the session's approval policy
-//! (`always_ask` asks where the model's policy would allow; nothing widens it). What Turnstile
+//! them); the agent toolset is the backend's own tools under the model's approval policy
+//! (`always_allow`; `always_ask`, `auto` and disabled tools are refused for now). What Turnstile
 //! does not have (skills, MCP servers, multiagent, other execution identities) is refused
 //! with 400 naming the field.
 
@@ -30,7 +30,16 @@ const FIELDS: &[&str] = &[
     "version",
 ];
 /// The agent toolset's tools (`agent_toolset_20260401`).
-const TOOLSET: &[&str] = &["bash", "edit", "read", "write", "glob", "grep", "web_fetch", "web_search"];
+const TOOLSET: &[&str] = &[
+    "bash",
+    "edit",
+    "read",
+    "write",
+    "glob",
+    "grep",
+    "web_fetch",
+    "web_search",
+];
 const POLICIES: &[&str] = &["always_allow", "always_ask", "auto"];
 
 /// `POST /v1/agents`.
@@ -90,7 +99,12 @@ pub(super) fn over_bound(what: &str, max: usize) -> ApiError {
 
 /// `POST /v1/agents/{id}`: a new version with the fields given (omitted ones kept), unless
 /// `version` is given and is not the current one (409).
-pub async fn update(m: &Managed, who: &Principal, id: &str, body: &Value) -> Result<Value, ApiError> {
+pub async fn update(
+    m: &Managed,
+    who: &Principal,
+    id: &str,
+    body: &Value,
+) -> Result<Value, ApiError> {
     only(body, FIELDS)?;
     let current = get_row(m, who, id, None).await?;
     let mut agent: Value = parse_row(&current)?;
@@ -101,11 +115,17 @@ pub async fn update(m: &Managed, who: &Principal, id: &str, body: &Value) -> Res
         if v.as_i64() != Some(current.version) {
             return Err(ApiError::new(
                 ErrorCode::ContinuationAlreadyResolved,
-                format!("`version` is not the agent's current version ({})", current.version),
+                format!(
+                    "`version` is not the agent's current version ({})",
+                    current.version
+                ),
             ));
         }
     }
-    if body.get("name").is_some_and(|n| !n.as_str().is_some_and(|s| !s.is_empty())) {
+    if body
+        .get("name")
+        .is_some_and(|n| n.as_str().is_none_or(|s| s.is_empty()))
+    {
         return Err(refused("name", "must be a non-empty string"));
     }
     if body.get("model").is_some_and(Value::is_null) {
@@ -128,7 +148,9 @@ pub async fn update(m: &Managed, who: &Principal, id: &str, body: &Value) -> Res
         body: agent.to_string(),
         ..current
     };
-    let stored = (m.engine().store()).managed_insert(KIND, &who.id, &row, usize::MAX).await;
+    let stored = (m.engine().store())
+        .managed_insert(KIND, &who.id, &row, usize::MAX)
+        .await;
     match stored {
         Ok(true) => Ok(agent),
         // Another update took this version first.
@@ -142,7 +164,11 @@ pub async fn update(m: &Managed, who: &Principal, id: &str, body: &Value) -> Res
 /// Sets the fields `body` gives (the metadata patch aside), checked.
 fn apply(m: &Managed, who: &Principal, agent: &mut Value, body: &Value) -> Result<(), ApiError> {
     for field in ["mcp_servers", "skills"] {
-        if body.get(field).and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+        if body
+            .get(field)
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+        {
             return Err(refused(field, "is not supported by this gateway"));
         }
     }
@@ -152,7 +178,12 @@ fn apply(m: &Managed, who: &Principal, agent: &mut Value, body: &Value) -> Resul
     match body.get("execution_identity") {
         None | Some(Value::Null) => {}
         Some(v) if v["type"] == "service_account" => {}
-        Some(_) => return Err(refused("execution_identity", "only `service_account` is supported")),
+        Some(_) => {
+            return Err(refused(
+                "execution_identity",
+                "only `service_account` is supported",
+            ))
+        }
     }
     if let Some(name) = body.get("name") {
         match name.as_str() {
@@ -195,16 +226,27 @@ fn model(m: &Managed, who: &Principal, v: &Value) -> Result<Value, ApiError> {
             "id" => {}
             "effort" if v.is_null() => {}
             "effort" => {
-                let level = v.as_str().or_else(|| v["type"].as_str()).unwrap_or_default();
+                let level = v
+                    .as_str()
+                    .or_else(|| v["type"].as_str())
+                    .unwrap_or_default();
                 if effort(level).is_none() {
-                    return Err(refused("model.effort", "must be low, medium, high, xhigh or max"));
+                    return Err(refused(
+                        "model.effort",
+                        "must be low, medium, high, xhigh or max",
+                    ));
                 }
                 out["effort"] = json!({"type": level});
             }
             "speed" if v.is_null() || v == "standard" => {}
             "speed" => return Err(refused("model.speed", "only `standard` is supported")),
             "inference_geo" if v.is_null() => {}
-            other => return Err(refused(format!("model.{other}"), "is not supported by this gateway")),
+            other => {
+                return Err(refused(
+                    format!("model.{other}"),
+                    "is not supported by this gateway",
+                ))
+            }
         }
     }
     Ok(out)
@@ -242,7 +284,10 @@ fn tools(v: &Value) -> Result<Value, ApiError> {
                 let name = t["name"].as_str().unwrap_or_default();
                 let good = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
                 if name.is_empty() || name.len() > 128 || !name.chars().all(good) {
-                    return Err(refused(at("name"), "must be 1 to 128 letters, digits, `_` or `-`"));
+                    return Err(refused(
+                        at("name"),
+                        "must be 1 to 128 letters, digits, `_` or `-`",
+                    ));
                 }
                 if !names.insert(name.to_string()) {
                     return Err(refused(at("name"), "is the name of another tool"));
@@ -252,7 +297,10 @@ fn tools(v: &Value) -> Result<Value, ApiError> {
                 };
                 let schema = &t["input_schema"];
                 if schema["type"] != "object" {
-                    return Err(refused(at("input_schema"), "must be a JSON schema of type object"));
+                    return Err(refused(
+                        at("input_schema"),
+                        "must be a JSON schema of type object",
+                    ));
                 }
                 out.push(json!({"type": "custom", "name": name, "description": description, "input_schema": schema}));
             }
@@ -263,8 +311,18 @@ fn tools(v: &Value) -> Result<Value, ApiError> {
                 }
                 out.push(toolset(t, &at)?);
             }
-            Some("mcp_toolset") => return Err(refused(at("type"), "MCP toolsets are not supported by this gateway")),
-            _ => return Err(refused(at("type"), "must be `custom` or `agent_toolset_20260401`")),
+            Some("mcp_toolset") => {
+                return Err(refused(
+                    at("type"),
+                    "MCP toolsets are not supported by this gateway",
+                ))
+            }
+            _ => {
+                return Err(refused(
+                    at("type"),
+                    "must be `custom` or `agent_toolset_20260401`",
+                ))
+            }
         }
     }
     Ok(Value::Array(out))
@@ -275,17 +333,40 @@ fn tools(v: &Value) -> Result<Value, ApiError> {
 fn toolset(t: &Value, at: &dyn Fn(&str) -> String) -> Result<Value, ApiError> {
     let default = &t["default_config"];
     let enabled = default["enabled"].as_bool().unwrap_or(true);
-    let policy = policy(&default["permission_policy"], &at("default_config.permission_policy"))?;
+    if !enabled
+        || t["configs"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["enabled"] == false))
+    {
+        return Err(refused(
+            at("default_config.enabled"),
+            "a disabled tool is not supported by this gateway yet",
+        ));
+    }
+    let policy = policy(
+        &default["permission_policy"],
+        &at("default_config.permission_policy"),
+    )?;
     let mut configs = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for (j, c) in t["configs"].as_array().map(Vec::as_slice).unwrap_or_default().iter().enumerate() {
+    for (j, c) in t["configs"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
         let field = |f: &str| at(&format!("configs[{j}].{f}"));
         let name = c["name"].as_str().unwrap_or_default();
         if !TOOLSET.contains(&name) || !seen.insert(name) {
-            return Err(refused(field("name"), "must name a tool of the toolset, once"));
+            return Err(refused(
+                field("name"),
+                "must name a tool of the toolset, once",
+            ));
         }
         if let Some(extra) = c.as_object().and_then(|o| {
-            o.keys().find(|k| !["type", "name", "enabled", "permission_policy"].contains(&k.as_str()))
+            o.keys()
+                .find(|k| !["type", "name", "enabled", "permission_policy"].contains(&k.as_str()))
         }) {
             return Err(refused(field(extra), "is not supported by this gateway"));
         }
@@ -307,17 +388,32 @@ fn toolset(t: &Value, at: &dyn Fn(&str) -> String) -> Result<Value, ApiError> {
 fn policy(v: &Value, field: &str) -> Result<Value, ApiError> {
     match v["type"].as_str() {
         None if v.is_null() => Ok(json!({"type": "always_allow"})),
-        Some(p) if POLICIES.contains(&p) => Ok(json!({"type": p})),
+        Some("always_allow") => Ok(json!({"type": "always_allow"})),
+        // Refused until tool confirmations reach the session: never silently widened.
+        Some(p) if POLICIES.contains(&p) => Err(refused(
+            field,
+            format!("`{p}` is not supported by this gateway yet"),
+        )),
         _ => Err(refused(field, "must be always_allow, always_ask or auto")),
     }
 }
 
 /// `GET /v1/agents/{id}` (`?version=N`).
-pub async fn retrieve(m: &Managed, who: &Principal, id: &str, version: Option<i64>) -> Result<Value, ApiError> {
+pub async fn retrieve(
+    m: &Managed,
+    who: &Principal,
+    id: &str,
+    version: Option<i64>,
+) -> Result<Value, ApiError> {
     parse_row(&get_row(m, who, id, version).await?)
 }
 
-async fn get_row(m: &Managed, who: &Principal, id: &str, version: Option<i64>) -> Result<ManagedRow, ApiError> {
+async fn get_row(
+    m: &Managed,
+    who: &Principal,
+    id: &str,
+    version: Option<i64>,
+) -> Result<ManagedRow, ApiError> {
     (m.engine().store())
         .managed_get(KIND, id, &who.id, version)
         .await
@@ -326,7 +422,8 @@ async fn get_row(m: &Managed, who: &Principal, id: &str, version: Option<i64>) -
 }
 
 pub(super) fn parse_row(r: &ManagedRow) -> Result<Value, ApiError> {
-    serde_json::from_str(&r.body).map_err(|_| store_failed(crate::store::StoreError::Missing("agent body")))
+    serde_json::from_str(&r.body)
+        .map_err(|_| store_failed(crate::store::StoreError::Missing("agent body")))
 }
 
 /// `POST /v1/agents/{id}/archive`: it stays readable; no new session may use it.
@@ -338,32 +435,54 @@ pub async fn archive(m: &Managed, who: &Principal, id: &str) -> Result<Value, Ap
         row.body = agent.to_string();
         row.archived = true;
         let store = m.engine().store();
-        store.managed_update(KIND, &who.id, &row, false).await.map_err(store_failed)?;
+        store
+            .managed_update(KIND, &who.id, &row, false)
+            .await
+            .map_err(store_failed)?;
     }
     Ok(agent)
 }
 
 /// `GET /v1/agents`.
 pub async fn list(m: &Managed, who: &Principal, q: &Paging) -> Result<Value, ApiError> {
-    let after = q.page.as_deref().map(wire::read_object_cursor).transpose()?;
+    let after = q
+        .page
+        .as_deref()
+        .map(wire::read_object_cursor)
+        .transpose()?;
     let rows = ListRows {
         include_archived: q.include_archived.unwrap_or(false),
         after,
         limit: q.limit() + 1,
         ascending: false,
     };
-    let found = (m.engine().store()).managed_list(KIND, &who.id, &rows).await.map_err(store_failed)?;
-    paged(found, q.limit(), |r| wire::object_cursor(r.created_at_ms, &r.id))
+    let found = (m.engine().store())
+        .managed_list(KIND, &who.id, &rows)
+        .await
+        .map_err(store_failed)?;
+    paged(found, q.limit(), |r| {
+        wire::object_cursor(r.created_at_ms, &r.id)
+    })
 }
 
 /// `GET /v1/agents/{id}/versions`: newest first.
-pub async fn versions(m: &Managed, who: &Principal, id: &str, q: &Paging) -> Result<Value, ApiError> {
+pub async fn versions(
+    m: &Managed,
+    who: &Principal,
+    id: &str,
+    q: &Paging,
+) -> Result<Value, ApiError> {
     let before = match q.page.as_deref() {
-        Some(p) => p.parse().map_err(|_| refused("page", "is not a cursor this API issued"))?,
+        Some(p) => p
+            .parse()
+            .map_err(|_| refused("page", "is not a cursor this API issued"))?,
         None => 0,
     };
     let store = m.engine().store();
-    let found = store.managed_versions(KIND, id, &who.id, before, q.limit() + 1).await.map_err(store_failed)?;
+    let found = store
+        .managed_versions(KIND, id, &who.id, before, q.limit() + 1)
+        .await
+        .map_err(store_failed)?;
     if found.is_empty() && before == 0 {
         return Err(not_found("agent"));
     }
@@ -402,7 +521,10 @@ pub struct AgentSpec {
 impl AgentSpec {
     /// Reads a session's agent snapshot (the stored shape).
     pub fn of(agent: &Value) -> AgentSpec {
-        let model = agent["model"]["id"].as_str().unwrap_or_default().to_string();
+        let model = agent["model"]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let effort = agent["model"]["effort"]["type"].as_str().and_then(effort);
         let mut spec = AgentSpec {
             model,
@@ -415,7 +537,11 @@ impl AgentSpec {
             deny_commands: false,
             deny_file_changes: false,
         };
-        for t in agent["tools"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        for t in agent["tools"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
             match t["type"].as_str() {
                 Some("custom") => {
                     spec.tools.push(ToolDef {

@@ -45,9 +45,17 @@ pub async fn create(m: &Managed, who: &Principal, body: &Value) -> Result<Value,
         created_at_ms: ms,
         owner: String::new(),
     };
-    let max = m.engine().config().managed_agents.max_environments_per_client;
+    let max = m
+        .engine()
+        .config()
+        .managed_agents
+        .max_environments_per_client;
     let store = m.engine().store();
-    if !store.managed_insert(KIND, &who.id, &row, max).await.map_err(store_failed)? {
+    if !store
+        .managed_insert(KIND, &who.id, &row, max)
+        .await
+        .map_err(store_failed)?
+    {
         return Err(over_bound("environments", max));
     }
     Ok(env)
@@ -74,21 +82,36 @@ fn config(v: Option<&Value>) -> Result<Value, ApiError> {
             }
             let managers = ["apt", "cargo", "gem", "go", "npm", "pip"];
             let packages = &v["packages"];
-            if managers.iter().any(|k| packages[k].as_array().is_some_and(|a| !a.is_empty())) {
-                return Err(refused("config.packages", "is not supported: this gateway installs no packages"));
+            if managers
+                .iter()
+                .any(|k| packages[k].as_array().is_some_and(|a| !a.is_empty()))
+            {
+                return Err(refused(
+                    "config.packages",
+                    "is not supported: this gateway installs no packages",
+                ));
             }
-            let lists: serde_json::Map<String, Value> =
-                managers.iter().map(|k| (k.to_string(), json!([]))).collect();
+            let lists: serde_json::Map<String, Value> = managers
+                .iter()
+                .map(|k| (k.to_string(), json!([])))
+                .collect();
             let mut packages = Value::Object(lists);
             packages["type"] = json!("packages");
-            Ok(json!({"type": "cloud", "networking": {"type": "unrestricted"}, "packages": packages}))
+            Ok(
+                json!({"type": "cloud", "networking": {"type": "unrestricted"}, "packages": packages}),
+            )
         }
         _ => Err(refused("config.type", "must be cloud or self_hosted")),
     }
 }
 
 /// `POST /v1/environments/{id}`.
-pub async fn update(m: &Managed, who: &Principal, id: &str, body: &Value) -> Result<Value, ApiError> {
+pub async fn update(
+    m: &Managed,
+    who: &Principal,
+    id: &str,
+    body: &Value,
+) -> Result<Value, ApiError> {
     only(body, FIELDS)?;
     let mut row = get_row(m, who, id).await?;
     let mut env = parse_row(&row)?;
@@ -113,7 +136,10 @@ pub async fn update(m: &Managed, who: &Principal, id: &str, body: &Value) -> Res
     env["updated_at"] = json!(wire::now().0);
     row.body = env.to_string();
     let store = m.engine().store();
-    store.managed_update(KIND, &who.id, &row, false).await.map_err(store_failed)?;
+    store
+        .managed_update(KIND, &who.id, &row, false)
+        .await
+        .map_err(store_failed)?;
     Ok(env)
 }
 
@@ -121,7 +147,11 @@ pub async fn retrieve(m: &Managed, who: &Principal, id: &str) -> Result<Value, A
     parse_row(&get_row(m, who, id).await?)
 }
 
-pub(super) async fn get_row(m: &Managed, who: &Principal, id: &str) -> Result<ManagedRow, ApiError> {
+pub(super) async fn get_row(
+    m: &Managed,
+    who: &Principal,
+    id: &str,
+) -> Result<ManagedRow, ApiError> {
     (m.engine().store())
         .managed_get(KIND, id, &who.id, None)
         .await
@@ -138,7 +168,10 @@ pub async fn archive(m: &Managed, who: &Principal, id: &str) -> Result<Value, Ap
         row.body = env.to_string();
         row.archived = true;
         let store = m.engine().store();
-        store.managed_update(KIND, &who.id, &row, false).await.map_err(store_failed)?;
+        store
+            .managed_update(KIND, &who.id, &row, false)
+            .await
+            .map_err(store_failed)?;
     }
     Ok(env)
 }
@@ -146,7 +179,11 @@ pub async fn archive(m: &Managed, who: &Principal, id: &str) -> Result<Value, Ap
 /// `DELETE /v1/environments/{id}`: its folder goes too (each session's went with it).
 pub async fn delete(m: &Managed, who: &Principal, id: &str) -> Result<Value, ApiError> {
     let store = m.engine().store();
-    if !store.managed_delete(KIND, id, &who.id).await.map_err(store_failed)? {
+    if !store
+        .managed_delete(KIND, id, &who.id)
+        .await
+        .map_err(store_failed)?
+    {
         return Err(not_found("environment"));
     }
     let _ = std::fs::remove_dir_all(folder(m, id));
@@ -155,15 +192,24 @@ pub async fn delete(m: &Managed, who: &Principal, id: &str) -> Result<Value, Api
 
 /// `GET /v1/environments`.
 pub async fn list(m: &Managed, who: &Principal, q: &Paging) -> Result<Value, ApiError> {
-    let after = q.page.as_deref().map(wire::read_object_cursor).transpose()?;
+    let after = q
+        .page
+        .as_deref()
+        .map(wire::read_object_cursor)
+        .transpose()?;
     let rows = ListRows {
         include_archived: q.include_archived.unwrap_or(false),
         after,
         limit: q.limit() + 1,
         ascending: false,
     };
-    let found = (m.engine().store()).managed_list(KIND, &who.id, &rows).await.map_err(store_failed)?;
-    paged(found, q.limit(), |r| wire::object_cursor(r.created_at_ms, &r.id))
+    let found = (m.engine().store())
+        .managed_list(KIND, &who.id, &rows)
+        .await
+        .map_err(store_failed)?;
+    paged(found, q.limit(), |r| {
+        wire::object_cursor(r.created_at_ms, &r.id)
+    })
 }
 
 /// An environment's folder. Ids are the gateway's own (`env_` and hex), never a path.

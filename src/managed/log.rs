@@ -79,7 +79,11 @@ pub struct Live {
 const LOAD_PAGE: usize = 500;
 
 impl Live {
-    pub(super) async fn load(m: &Managed, who: &Principal, row: ManagedRow) -> Result<Live, ApiError> {
+    pub(super) async fn load(
+        m: &Managed,
+        who: &Principal,
+        row: ManagedRow,
+    ) -> Result<Live, ApiError> {
         let session = parse_row(&row)?;
         let agent = AgentSpec::of(&session["agent"]);
         let mut state = State {
@@ -98,7 +102,10 @@ impl Live {
         let store = m.engine().store();
         let mut after = None;
         loop {
-            let rows = store.events_list(&row.id, after, LOAD_PAGE, false).await.map_err(store_failed)?;
+            let rows = store
+                .events_list(&row.id, after, LOAD_PAGE, false)
+                .await
+                .map_err(store_failed)?;
             for r in &rows {
                 if let Ok(event) = serde_json::from_str::<Value>(&r.body) {
                     replay(&mut state, &event);
@@ -128,11 +135,14 @@ impl Live {
         if lost {
             tracing::warn!(session = %live.id, "a session's turn was lost with the process that ran it");
             let events = vec![
-                event("session.error", json!({"error": {
-                    "type": "unknown_error",
-                    "message": "The session's turn was lost: the gateway restarted while it ran or was held.",
-                    "retry_status": {"type": "terminal"},
-                }})),
+                event(
+                    "session.error",
+                    json!({"error": {
+                        "type": "unknown_error",
+                        "message": "The session's turn was lost: the gateway restarted while it ran or was held.",
+                        "retry_status": {"type": "terminal"},
+                    }}),
+                ),
                 idle(json!({"type": "retries_exhausted"})),
             ];
             live.append(m, events).await?;
@@ -157,28 +167,55 @@ impl Live {
 
     /// Stores events in order (within the principal's bound: 429 beyond it), then publishes
     /// them.
-    pub(super) async fn append(&self, m: &Managed, events: Vec<Value>) -> Result<Vec<Value>, ApiError> {
+    pub(super) async fn append(
+        &self,
+        m: &Managed,
+        events: Vec<Value>,
+    ) -> Result<Vec<Value>, ApiError> {
         let bodies: Vec<(String, String)> = events
             .iter()
-            .map(|e| (e["id"].as_str().unwrap_or_default().to_string(), e.to_string()))
+            .map(|e| {
+                (
+                    e["id"].as_str().unwrap_or_default().to_string(),
+                    e.to_string(),
+                )
+            })
             .collect();
-        let pairs: Vec<(&str, &str)> = bodies.iter().map(|(i, b)| (i.as_str(), b.as_str())).collect();
-        let max = m.engine().config().managed_agents.max_event_bytes_per_client;
+        let pairs: Vec<(&str, &str)> = bodies
+            .iter()
+            .map(|(i, b)| (i.as_str(), b.as_str()))
+            .collect();
+        let max = m
+            .engine()
+            .config()
+            .managed_agents
+            .max_event_bytes_per_client;
         let _order = self.log.lock().await;
-        let seqs = m.engine().store().events_append(&self.id, &self.principal, &pairs, max).await;
+        let seqs = m
+            .engine()
+            .store()
+            .events_append(&self.id, &self.principal, &pairs, max)
+            .await;
         let seqs = match seqs {
             Ok(s) => s,
             Err(AppendError::Full(max)) => {
                 return Err(ApiError::new(
                     ErrorCode::CapacityExhausted,
-                    format!("Your sessions' stored events would exceed {max} bytes; delete sessions first."),
+                    format!(
+                    "Your sessions' stored events would exceed {max} bytes; delete sessions first."
+                ),
                 ))
             }
             Err(AppendError::Store(e)) => return Err(store_failed(e)),
         };
         for ((seq, (id, json)), e) in seqs.into_iter().zip(bodies).zip(&events) {
             let kind = e["type"].as_str().unwrap_or_default().to_string();
-            let _ = self.tx.send(Arc::new(Published { seq, id, kind, json }));
+            let _ = self.tx.send(Arc::new(Published {
+                seq,
+                id,
+                kind,
+                json,
+            }));
         }
         Ok(events)
     }
@@ -199,7 +236,10 @@ impl Live {
             row.clone()
         };
         let store = m.engine().store();
-        store.managed_update(super::sessions::KIND, &self.principal, &row, true).await.map_err(store_failed)?;
+        store
+            .managed_update(super::sessions::KIND, &self.principal, &row, true)
+            .await
+            .map_err(store_failed)?;
         parse_row(&row)
     }
 
@@ -255,15 +295,23 @@ pub(super) fn message(role: Role, text: &str) -> Message {
 /// The text of a content list (text blocks joined; other blocks are not text).
 pub(super) fn text_of(content: &Value) -> String {
     let blocks = content.as_array().map(Vec::as_slice).unwrap_or_default();
-    blocks.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join("")
+    blocks
+        .iter()
+        .filter_map(|b| b["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("")
 }
 
 /// Rebuilds the state from one stored event, in order.
 fn replay(s: &mut State, e: &Value) {
     let id = e["id"].as_str().unwrap_or_default().to_string();
     match e["type"].as_str().unwrap_or_default() {
-        "user.message" => s.transcript.push(message(Role::User, &text_of(&e["content"]))),
-        "agent.message" => s.transcript.push(message(Role::Assistant, &text_of(&e["content"]))),
+        "user.message" => s
+            .transcript
+            .push(message(Role::User, &text_of(&e["content"]))),
+        "agent.message" => s
+            .transcript
+            .push(message(Role::Assistant, &text_of(&e["content"]))),
         "agent.custom_tool_use" => {
             let call = Call {
                 id: id.clone(),
@@ -272,7 +320,9 @@ fn replay(s: &mut State, e: &Value) {
             };
             // A leg's uses join its message (or stand as one without text).
             match s.transcript.last_mut() {
-                Some(m) if m.role == Role::Assistant && s.waiting.iter().all(|w| w.event_id != id) => {
+                Some(m)
+                    if m.role == Role::Assistant && s.waiting.iter().all(|w| w.event_id != id) =>
+                {
                     m.tool_calls.push(call)
                 }
                 _ => {
@@ -281,10 +331,16 @@ fn replay(s: &mut State, e: &Value) {
                     s.transcript.push(m);
                 }
             }
-            s.waiting.push(Waiting { event_id: id, token: String::new() });
+            s.waiting.push(Waiting {
+                event_id: id,
+                token: String::new(),
+            });
         }
         "user.custom_tool_result" => {
-            let use_id = e["custom_tool_use_id"].as_str().unwrap_or_default().to_string();
+            let use_id = e["custom_tool_use_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             let mut m = message(Role::Tool, &text_of(&e["content"]));
             m.tool_call_id = Some(use_id.clone());
             m.is_error = e["is_error"] == true;
@@ -298,5 +354,85 @@ fn replay(s: &mut State, e: &Value) {
             s.settled.extend(left);
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> State {
+        State {
+            phase: Phase::Idle,
+            transcript: Vec::new(),
+            waiting: Vec::new(),
+            results: HashMap::new(),
+            answered: HashSet::new(),
+            settled: HashSet::new(),
+            queued: VecDeque::new(),
+            interrupt: None,
+        }
+    }
+
+    fn text(kind: &str, id: &str, t: &str) -> Value {
+        json!({"type": kind, "id": id, "content": [{"type": "text", "text": t}]})
+    }
+
+    #[test]
+    fn replay_rebuilds_the_transcript_and_what_waits() {
+        let mut s = state();
+        let log = [
+            text("user.message", "e1", "read two"),
+            text("agent.message", "e2", "Reading."),
+            json!({"type": "agent.custom_tool_use", "id": "u1", "name": "read", "input": {"p": 1}}),
+            json!({"type": "agent.custom_tool_use", "id": "u2", "name": "read", "input": {"p": 2}}),
+            json!({"type": "session.status_idle", "id": "e3", "stop_reason": {"type": "requires_action"}}),
+            json!({"type": "user.custom_tool_result", "id": "e4", "custom_tool_use_id": "u1",
+                   "content": [{"type": "text", "text": "one"}], "is_error": true}),
+        ];
+        for e in &log {
+            replay(&mut s, e);
+        }
+        let roles: Vec<Role> = s.transcript.iter().map(|m| m.role.clone()).collect();
+        assert_eq!(roles, [Role::User, Role::Assistant, Role::Tool]);
+        // Both uses of the leg join its message; the answered one is a result.
+        let calls: Vec<&str> = s.transcript[1]
+            .tool_calls
+            .iter()
+            .map(|c| c.id.as_str())
+            .collect();
+        assert_eq!(calls, ["u1", "u2"]);
+        assert_eq!(s.transcript[1].tool_calls[1].arguments, r#"{"p":2}"#);
+        assert!(s.transcript[2].is_error && s.transcript[2].tool_call_id.as_deref() == Some("u1"));
+        assert!(s.answered.contains("u1"));
+        assert_eq!(
+            s.waiting
+                .iter()
+                .map(|w| w.event_id.as_str())
+                .collect::<Vec<_>>(),
+            ["u2"]
+        );
+        // The turn's end (an interrupt, a failure) settles what still waits.
+        replay(
+            &mut s,
+            &json!({"type": "session.status_idle", "id": "e5", "stop_reason": {"type": "end_turn"}}),
+        );
+        assert!(s.waiting.is_empty() && s.settled.contains("u2") && !s.settled.contains("u1"));
+    }
+
+    #[test]
+    fn a_use_without_text_stands_as_its_own_assistant_message() {
+        let mut s = state();
+        replay(&mut s, &text("user.message", "e1", "go"));
+        replay(
+            &mut s,
+            &json!({"type": "agent.custom_tool_use", "id": "u1", "name": "t", "input": {}}),
+        );
+        assert_eq!(s.transcript.len(), 2);
+        assert_eq!(
+            (s.transcript[1].role.clone(), s.transcript[1].text.as_str()),
+            (Role::Assistant, "")
+        );
+        assert_eq!(s.transcript[1].tool_calls.len(), 1);
     }
 }

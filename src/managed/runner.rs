@@ -16,21 +16,40 @@ use super::log::{event, idle, message, Live, Phase, Waiting};
 use super::Managed;
 use crate::engine::{EngineError, Leg, LegEvent, Outcome};
 use crate::error::{ApiError, ErrorCode};
-use crate::surface::canonical::{echo_digest_of, exposed_echo, message_digest, tool_choice_digest, tools_digest};
+use crate::surface::canonical::{
+    echo_digest_of, exposed_echo, message_digest, tool_choice_digest, tools_digest,
+};
 use crate::surface::turn::{trailing_run, Detected, Parts, Projection};
-use crate::turn::{Call, ExposedCall, Message, Role, Sampling, SurfaceId, ToolChoice, TurnInput, Usage};
+use crate::turn::{
+    Call, ExposedCall, Message, Role, Sampling, SurfaceId, ToolChoice, TurnInput, Usage,
+};
 
 /// The turn over `messages` (a continuation when `answers` says which assistant message's
 /// calls its trailing results answer).
-fn input(live: &Live, messages: Vec<Message>, answers: Option<usize>) -> Result<TurnInput, ApiError> {
+fn input(
+    live: &Live,
+    messages: Vec<Message>,
+    answers: Option<usize>,
+) -> Result<TurnInput, ApiError> {
     let detected = match answers {
         None => Detected::Fresh,
         Some(assistant) => {
             let calls = messages[assistant].tool_calls.iter().map(|c| c.id.as_str());
-            let results = messages[assistant + 1..].iter().map(|m| m.tool_call_id.as_deref().unwrap_or_default());
+            let results = messages[assistant + 1..]
+                .iter()
+                .map(|m| m.tool_call_id.as_deref().unwrap_or_default());
             match trailing_run(calls, results, assistant + 1, "custom_tool_use_id")? {
-                Some((tokens, results)) => Detected::Answers { assistant, tokens, results },
-                None => return Err(ApiError::new(ErrorCode::Internal, "a held call's token is missing")),
+                Some((tokens, results)) => Detected::Answers {
+                    assistant,
+                    tokens,
+                    results,
+                },
+                None => {
+                    return Err(ApiError::new(
+                        ErrorCode::Internal,
+                        "a held call's token is missing",
+                    ))
+                }
             }
         }
     };
@@ -88,13 +107,21 @@ pub(super) fn fresh<'a>(m: &'a Managed, live: &'a Arc<Live>) -> BoxFuture<'a, ()
 /// Resumes the held turn with every waiting use's result, logging `echoes` (the results'
 /// events) once the engine has taken the claim. The caller holds the gate; on an error
 /// nothing has been stored.
-pub(super) async fn resume(m: &Managed, live: &Arc<Live>, echoes: Vec<Value>) -> Result<(), ApiError> {
+pub(super) async fn resume(
+    m: &Managed,
+    live: &Arc<Live>,
+    echoes: Vec<Value>,
+) -> Result<(), ApiError> {
     let (messages, assistant) = {
         let s = live.state.lock();
         let mut messages = s.transcript.clone();
         let assistant = messages.len() - 1;
         for w in &s.waiting {
-            let mut r = s.results.get(&w.event_id).cloned().unwrap_or_else(|| message(Role::Tool, ""));
+            let mut r = s
+                .results
+                .get(&w.event_id)
+                .cloned()
+                .unwrap_or_else(|| message(Role::Tool, ""));
             r.tool_call_id = Some(w.token.clone());
             messages.push(r);
         }
@@ -105,13 +132,21 @@ pub(super) async fn resume(m: &Managed, live: &Arc<Live>, echoes: Vec<Value>) ->
 }
 
 /// Runs `turn` and, when a leg starts, logs `echoes` and starts the task that consumes it.
-async fn run(m: &Managed, live: &Arc<Live>, turn: TurnInput, echoes: Vec<Value>) -> Result<(), ApiError> {
+async fn run(
+    m: &Managed,
+    live: &Arc<Live>,
+    turn: TurnInput,
+    echoes: Vec<Value>,
+) -> Result<(), ApiError> {
     let who = live.who.lock().clone();
     let messages = turn.messages.clone();
     let leg = match m.engine().execute_hop(&who, turn, false, None).await {
         Ok(Outcome::Leg(leg)) => leg,
         Ok(Outcome::Forward(_)) => {
-            return Err(ApiError::new(ErrorCode::ReplicaUnavailable, "The session's turn is held by another replica."))
+            return Err(ApiError::new(
+                ErrorCode::ReplicaUnavailable,
+                "The session's turn is held by another replica.",
+            ))
         }
         Err(e) => return Err(e.into()),
     };
@@ -159,9 +194,13 @@ async fn consume(m: Managed, live: Arc<Live>, mut leg: Leg, stop: CancellationTo
             Some(LegEvent::Delta(d)) => text.push_str(&d),
             Some(LegEvent::Reasoning(_)) if !thinking => {
                 thinking = true;
-                let _ = live.append(&m, vec![event("agent.thinking", json!({}))]).await;
+                let _ = live
+                    .append(&m, vec![event("agent.thinking", json!({}))])
+                    .await;
             }
-            Some(LegEvent::End { calls, usage }) => return ended(&m, &live, (text, calls, usage), start_id).await,
+            Some(LegEvent::End { calls, usage }) => {
+                return ended(&m, &live, (text, calls, usage), start_id).await
+            }
             Some(LegEvent::Error(e)) => return failed(&m, &live, e.into()).await,
             None => return failed(&m, &live, EngineError::TurnFailed.into()).await,
             Some(_) => {}
@@ -170,23 +209,44 @@ async fn consume(m: Managed, live: Arc<Live>, mut leg: Leg, stop: CancellationTo
 }
 
 /// A leg's end: its message, its usage, and the uses it waits on or the turn's end.
-async fn ended(m: &Managed, live: &Arc<Live>, (text, calls, usage): (String, Vec<ExposedCall>, Usage), start_id: Value) {
+async fn ended(
+    m: &Managed,
+    live: &Arc<Live>,
+    (text, calls, usage): (String, Vec<ExposedCall>, Usage),
+    start_id: Value,
+) {
     let mut events = Vec::new();
     if !text.is_empty() {
-        events.push(event("agent.message", json!({"content": [{"type": "text", "text": text}]})));
+        events.push(event(
+            "agent.message",
+            json!({"content": [{"type": "text", "text": text}]}),
+        ));
     }
-    events.push(event("span.model_request_end", json!({
-        "model_request_start_id": start_id,
-        "is_error": false,
-        "model_usage": model_usage(&usage),
-    })));
+    events.push(event(
+        "span.model_request_end",
+        json!({
+            "model_request_start_id": start_id,
+            "is_error": false,
+            "model_usage": model_usage(&usage),
+        }),
+    ));
     let mut waiting = Vec::new();
     let mut answer = message(Role::Assistant, &text);
     for c in &calls {
         let input: Value = serde_json::from_str(&c.arguments).unwrap_or_else(|_| json!({}));
-        let e = event("agent.custom_tool_use", json!({"name": c.name, "input": input}));
-        waiting.push(Waiting { event_id: e["id"].as_str().unwrap_or_default().to_string(), token: c.id.clone() });
-        answer.tool_calls.push(Call { id: c.id.clone(), name: c.name.clone(), arguments: c.arguments.clone() });
+        let e = event(
+            "agent.custom_tool_use",
+            json!({"name": c.name, "input": input}),
+        );
+        waiting.push(Waiting {
+            event_id: e["id"].as_str().unwrap_or_default().to_string(),
+            token: c.id.clone(),
+        });
+        answer.tool_calls.push(Call {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            arguments: c.arguments.clone(),
+        });
         events.push(e);
     }
     let ids: Vec<&str> = waiting.iter().map(|w| w.event_id.as_str()).collect();
@@ -212,12 +272,13 @@ async fn ended(m: &Managed, live: &Arc<Live>, (text, calls, usage): (String, Vec
     };
     let _ = live.append(m, events).await;
     let status = if more { "running" } else { "idle" };
-    let _ = live.rewrite(m, |s| {
-        s["status"] = json!(status);
-        add_usage(&mut s["usage"], &usage);
-        Ok(())
-    })
-    .await;
+    let _ = live
+        .rewrite(m, |s| {
+            s["status"] = json!(status);
+            add_usage(&mut s["usage"], &usage);
+            Ok(())
+        })
+        .await;
     if more {
         let _gate = live.gate.lock().await;
         fresh(m, live).await;
@@ -227,33 +288,45 @@ async fn ended(m: &Managed, live: &Arc<Live>, (text, calls, usage): (String, Vec
 /// The turn failed (or could not start): the session says why and is idle.
 async fn failed(m: &Managed, live: &Arc<Live>, e: ApiError) {
     let (kind, stop) = match e.code {
-        ErrorCode::BudgetExceeded | ErrorCode::ExecutionBudgetExceeded => ("billing_error", "budget_reached"),
-        ErrorCode::RateLimited | ErrorCode::CapacityExhausted => ("model_rate_limited_error", "retries_exhausted"),
+        ErrorCode::BudgetExceeded | ErrorCode::ExecutionBudgetExceeded => {
+            ("billing_error", "budget_reached")
+        }
+        ErrorCode::RateLimited | ErrorCode::CapacityExhausted => {
+            ("model_rate_limited_error", "retries_exhausted")
+        }
         ErrorCode::UpstreamError | ErrorCode::UpstreamTimeout | ErrorCode::UpstreamRejected => {
             ("model_request_failed_error", "retries_exhausted")
         }
         _ => ("unknown_error", "retries_exhausted"),
     };
     settle(live);
-    let error = json!({"type": kind, "message": e.to_string(), "retry_status": {"type": "terminal"}});
-    let events = vec![event("session.error", json!({"error": error})), idle(json!({"type": stop}))];
+    let error =
+        json!({"type": kind, "message": e.to_string(), "retry_status": {"type": "terminal"}});
+    let events = vec![
+        event("session.error", json!({"error": error})),
+        idle(json!({"type": stop})),
+    ];
     let _ = live.append(m, events).await;
-    let _ = live.rewrite(m, |s| {
-        s["status"] = json!("idle");
-        Ok(())
-    })
-    .await;
+    let _ = live
+        .rewrite(m, |s| {
+            s["status"] = json!("idle");
+            Ok(())
+        })
+        .await;
 }
 
 /// The turn was interrupted: the session is idle (`user.interrupt` was logged).
 pub(super) async fn interrupted(m: &Managed, live: &Arc<Live>) {
     settle(live);
-    let _ = live.append(m, vec![idle(json!({"type": "end_turn"}))]).await;
-    let _ = live.rewrite(m, |s| {
-        s["status"] = json!("idle");
-        Ok(())
-    })
-    .await;
+    let _ = live
+        .append(m, vec![idle(json!({"type": "end_turn"}))])
+        .await;
+    let _ = live
+        .rewrite(m, |s| {
+            s["status"] = json!("idle");
+            Ok(())
+        })
+        .await;
 }
 
 /// The turn is over without its waiting uses' results: they are settled (410).
@@ -288,8 +361,14 @@ fn model_usage(u: &Usage) -> Value {
 fn add_usage(total: &mut Value, u: &Usage) {
     let add = |v: &mut Value, n: u64| *v = json!(v.as_u64().unwrap_or(0).saturating_add(n));
     let m = model_usage(u);
-    add(&mut total["input_tokens"], m["input_tokens"].as_u64().unwrap_or(0));
+    add(
+        &mut total["input_tokens"],
+        m["input_tokens"].as_u64().unwrap_or(0),
+    );
     add(&mut total["output_tokens"], u.completion_tokens);
     add(&mut total["cache_read_input_tokens"], u.cached_tokens);
-    add(&mut total["cache_creation"]["ephemeral_5m_input_tokens"], u.cache_write_tokens);
+    add(
+        &mut total["cache_creation"]["ephemeral_5m_input_tokens"],
+        u.cache_write_tokens,
+    );
 }

@@ -31,11 +31,16 @@ pub async fn send(m: &Managed, who: &Principal, id: &str, body: &Value) -> Resul
     };
     let max = m.engine().config().managed_agents.max_events_per_send;
     if events.len() > max {
-        return Err(refused("events", format!("at most {max} events per request")));
+        return Err(refused(
+            "events",
+            format!("at most {max} events per request"),
+        ));
     }
     let live = m.session(who, id).await?;
     if !live.object()?["archived_at"].is_null() {
-        return Err(ApiError::invalid("The session is archived: it takes no more events."));
+        return Err(ApiError::invalid(
+            "The session is archived: it takes no more events.",
+        ));
     }
     let _gate = live.gate.lock().await;
     let sent = check(m, &live, events)?;
@@ -63,7 +68,10 @@ pub async fn send(m: &Managed, who: &Principal, id: &str, body: &Value) -> Resul
                 let complete = {
                     let mut state = live.state.lock();
                     state.results.insert(use_id, result);
-                    state.waiting.iter().all(|w| state.results.contains_key(&w.event_id))
+                    state
+                        .waiting
+                        .iter()
+                        .all(|w| state.results.contains_key(&w.event_id))
                 };
                 if complete {
                     resume(m, &live, std::mem::take(&mut echoes)).await?;
@@ -83,7 +91,13 @@ pub async fn send(m: &Managed, who: &Principal, id: &str, body: &Value) -> Resul
 /// The held turn resumes; its results are logged once the engine has claimed it. A claim
 /// refused (the turn expired or was lost) settles the session's waiting uses.
 async fn resume(m: &Managed, live: &Arc<Live>, echoes: Vec<Value>) -> Result<(), ApiError> {
-    let answered: Vec<String> = live.state.lock().waiting.iter().map(|w| w.event_id.clone()).collect();
+    let answered: Vec<String> = live
+        .state
+        .lock()
+        .waiting
+        .iter()
+        .map(|w| w.event_id.clone())
+        .collect();
     match runner::resume(m, live, echoes).await {
         Ok(()) => {
             live.state.lock().answered.extend(answered);
@@ -134,7 +148,8 @@ fn check(m: &Managed, live: &Live, events: &[Value]) -> Result<Vec<Sent>, ApiErr
         let at = |f: &str| format!("events[{i}].{f}");
         let sent = match e["type"].as_str() {
             Some("user.message") => {
-                only(e, &["type", "content"]).map_err(|_| refused(at("type"), "has a field user.message does not take"))?;
+                only(e, &["type", "content"])
+                    .map_err(|_| refused(at("type"), "has a field user.message does not take"))?;
                 if state.phase == Phase::Waiting {
                     return Err(ApiError::invalid(
                         "The session waits on custom tool results (requires_action): send them, or user.interrupt, first.",
@@ -148,7 +163,10 @@ fn check(m: &Managed, live: &Live, events: &[Value]) -> Result<Vec<Sent>, ApiErr
                 let Some(use_id) = e["custom_tool_use_id"].as_str() else {
                     return Err(refused(at("custom_tool_use_id"), "is required"));
                 };
-                if state.answered.contains(use_id) || state.results.contains_key(use_id) || !results.insert(use_id) {
+                if state.answered.contains(use_id)
+                    || state.results.contains_key(use_id)
+                    || !results.insert(use_id)
+                {
                     return Err(ApiError::new(
                         ErrorCode::ContinuationAlreadyResolved,
                         "This custom tool use already has its result.",
@@ -168,7 +186,10 @@ fn check(m: &Managed, live: &Live, events: &[Value]) -> Result<Vec<Sent>, ApiErr
                 }
                 let mut result = message(Role::Tool, &content(e, &at("content"), true)?);
                 result.is_error = e["is_error"] == true;
-                Sent::Result { use_id: use_id.to_string(), result }
+                Sent::Result {
+                    use_id: use_id.to_string(),
+                    result,
+                }
             }
             Some("user.tool_confirmation") => {
                 return Err(ApiError::new(
@@ -176,14 +197,23 @@ fn check(m: &Managed, live: &Live, events: &[Value]) -> Result<Vec<Sent>, ApiErr
                     "The session does not wait on a confirmation of a tool use with this id.",
                 ))
             }
-            Some(other) => return Err(refused(at("type"), format!("`{other}` is not supported by this gateway"))),
+            Some(other) => {
+                return Err(refused(
+                    at("type"),
+                    format!("`{other}` is not supported by this gateway"),
+                ))
+            }
             None => return Err(refused(at("type"), "is required")),
         };
         out.push(sent);
     }
     drop(state);
     if fresh {
-        let max = m.engine().config().managed_agents.max_running_sessions_per_client;
+        let max = m
+            .engine()
+            .config()
+            .managed_agents
+            .max_running_sessions_per_client;
         if m.running(&live.principal) >= max {
             return Err(ApiError::new(
                 ErrorCode::CapacityExhausted,
@@ -203,8 +233,14 @@ fn content(e: &Value, field: &str, optional: bool) -> Result<String, ApiError> {
     let Some(blocks) = c.as_array() else {
         return Err(refused(field, "must be an array of content blocks"));
     };
-    if let Some(j) = blocks.iter().position(|b| b["type"] != "text" || !b["text"].is_string()) {
-        return Err(refused(format!("{field}[{j}]"), "only text blocks are supported by this gateway"));
+    if let Some(j) = blocks
+        .iter()
+        .position(|b| b["type"] != "text" || !b["text"].is_string())
+    {
+        return Err(refused(
+            format!("{field}[{j}]"),
+            "only text blocks are supported by this gateway",
+        ));
     }
     Ok(text_of(c))
 }
@@ -221,4 +257,3 @@ fn echo(raw: &Value) -> Value {
     }
     e
 }
-

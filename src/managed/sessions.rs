@@ -6,8 +6,8 @@
 use serde_json::{json, Value};
 
 use super::agents::{self, over_bound, paged, parse_row};
-use super::{environments, send};
 use super::wire::{self, only, Paging};
+use super::{environments, send};
 use super::{not_found, opt_str, refused, store_failed, Managed};
 use crate::auth::Principal;
 use crate::error::ApiError;
@@ -29,7 +29,11 @@ const FIELDS: &[&str] = &[
 pub async fn create(m: &Managed, who: &Principal, body: &Value) -> Result<Value, ApiError> {
     only(body, FIELDS)?;
     for field in ["resources", "vault_ids"] {
-        if body.get(field).and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+        if body
+            .get(field)
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+        {
             return Err(refused(field, "is not supported by this gateway"));
         }
     }
@@ -43,9 +47,17 @@ pub async fn create(m: &Managed, who: &Principal, body: &Value) -> Result<Value,
             None => return Err(refused("agent.id", "is required")),
         },
         Some(a) if a["type"] == "agent_with_overrides" => {
-            return Err(refused("agent.type", "`agent_with_overrides` is not supported by this gateway"))
+            return Err(refused(
+                "agent.type",
+                "`agent_with_overrides` is not supported by this gateway",
+            ))
         }
-        _ => return Err(refused("agent", "must be an agent id or {\"type\": \"agent\", \"id\", \"version\"}")),
+        _ => {
+            return Err(refused(
+                "agent",
+                "must be an agent id or {\"type\": \"agent\", \"id\", \"version\"}",
+            ))
+        }
     };
     let Some(env_id) = opt_str(body, "environment_id")? else {
         return Err(refused("environment_id", "is required"));
@@ -57,7 +69,10 @@ pub async fn create(m: &Managed, who: &Principal, body: &Value) -> Result<Value,
         Some(_) => return Err(refused("initial_events", "must be an array")),
     };
     if initial.iter().any(|e| e["type"] != "user.message") {
-        return Err(refused("initial_events", "only `user.message` events are supported"));
+        return Err(refused(
+            "initial_events",
+            "only `user.message` events are supported",
+        ));
     }
     let agent = agents::retrieve(m, who, agent_id, version).await?;
     if !agent["archived_at"].is_null() {
@@ -96,7 +111,10 @@ pub async fn create(m: &Managed, who: &Principal, body: &Value) -> Result<Value,
     let folder = environments::folder(m, env_id).join(&id);
     std::fs::create_dir_all(&folder).map_err(|e| {
         tracing::error!(error = %e, "a session's working folder could not be made");
-        ApiError::new(crate::error::ErrorCode::Internal, "The session's working folder could not be made.")
+        ApiError::new(
+            crate::error::ErrorCode::Internal,
+            "The session's working folder could not be made.",
+        )
     })?;
     let row = ManagedRow {
         id: id.clone(),
@@ -107,7 +125,11 @@ pub async fn create(m: &Managed, who: &Principal, body: &Value) -> Result<Value,
         owner: String::new(),
     };
     let max = m.engine().config().managed_agents.max_sessions_per_client;
-    let stored = m.engine().store().managed_insert(KIND, &who.id, &row, max).await;
+    let stored = m
+        .engine()
+        .store()
+        .managed_insert(KIND, &who.id, &row, max)
+        .await;
     if !stored.map_err(store_failed)? {
         let _ = std::fs::remove_dir_all(&folder);
         return Err(over_bound("sessions", max));
@@ -133,7 +155,12 @@ pub async fn retrieve(m: &Managed, who: &Principal, id: &str) -> Result<Value, A
 }
 
 /// `POST /v1/sessions/{id}`: `title` and `metadata`.
-pub async fn update(m: &Managed, who: &Principal, id: &str, body: &Value) -> Result<Value, ApiError> {
+pub async fn update(
+    m: &Managed,
+    who: &Principal,
+    id: &str,
+    body: &Value,
+) -> Result<Value, ApiError> {
     only(body, &["title", "metadata", "budget", "vault_ids", "agent"])?;
     for field in ["budget", "vault_ids", "agent"] {
         if body.get(field).is_some_and(|v| !v.is_null()) {
@@ -163,7 +190,9 @@ pub async fn archive(m: &Managed, who: &Principal, id: &str) -> Result<Value, Ap
     let live = m.session(who, id).await?;
     let _gate = live.gate.lock().await;
     if live.busy() {
-        return Err(ApiError::invalid("A running session cannot be archived; interrupt it first."));
+        return Err(ApiError::invalid(
+            "A running session cannot be archived; interrupt it first.",
+        ));
     }
     // A held turn waits for results the archived session no longer takes: it ends now.
     send::interrupt(m, &live).await;
@@ -185,7 +214,11 @@ pub async fn delete(m: &Managed, who: &Principal, id: &str) -> Result<Value, Api
         live.end(m).await;
     }
     let store = m.engine().store();
-    if !store.managed_delete(KIND, id, &who.id).await.map_err(store_failed)? {
+    if !store
+        .managed_delete(KIND, id, &who.id)
+        .await
+        .map_err(store_failed)?
+    {
         return Err(not_found("session"));
     }
     if let Some(env) = session["environment_id"].as_str() {
@@ -196,15 +229,24 @@ pub async fn delete(m: &Managed, who: &Principal, id: &str) -> Result<Value, Api
 
 /// `GET /v1/sessions` (newest first, or `order=asc`).
 pub async fn list(m: &Managed, who: &Principal, q: &Paging) -> Result<Value, ApiError> {
-    let after = q.page.as_deref().map(wire::read_object_cursor).transpose()?;
+    let after = q
+        .page
+        .as_deref()
+        .map(wire::read_object_cursor)
+        .transpose()?;
     let rows = ListRows {
         include_archived: q.include_archived.unwrap_or(false),
         after,
         limit: q.limit() + 1,
         ascending: q.order.as_deref() == Some("asc"),
     };
-    let found = (m.engine().store()).managed_list(KIND, &who.id, &rows).await.map_err(store_failed)?;
-    let mut page = paged(found, q.limit(), |r| wire::object_cursor(r.created_at_ms, &r.id))?;
+    let found = (m.engine().store())
+        .managed_list(KIND, &who.id, &rows)
+        .await
+        .map_err(store_failed)?;
+    let mut page = paged(found, q.limit(), |r| {
+        wire::object_cursor(r.created_at_ms, &r.id)
+    })?;
     page["prev_page"] = Value::Null;
     Ok(page)
 }

@@ -60,7 +60,9 @@ pub fn patch_metadata(
             Value::String(s) if s.chars().count() <= 512 => {
                 into.insert(k.clone(), v.clone());
             }
-            Value::String(_) => return Err(refused("metadata", "values are at most 512 characters")),
+            Value::String(_) => {
+                return Err(refused("metadata", "values are at most 512 characters"))
+            }
             Value::Null if nulls => {
                 into.remove(k);
             }
@@ -84,6 +86,16 @@ pub fn only(body: &Value, known: &[&str]) -> Result<(), ApiError> {
     }
 }
 
+/// List filters of the API that this gateway does not apply.
+const UNAPPLIED: &[&str] = &[
+    "created_at[",
+    "agent_id",
+    "agent_version",
+    "statuses[",
+    "deployment_id",
+    "memory_store_id",
+];
+
 /// A list query's paging: `limit` (1 to 100, default 20) and the `page` cursor.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 pub struct Paging {
@@ -95,16 +107,17 @@ pub struct Paging {
 
 impl Paging {
     pub fn read(query: Option<&str>) -> Result<Paging, ApiError> {
-        // Filters this gateway does not apply (`types[]`, `created_at[gte]`, ...) are read
-        // where they matter; the rest of the query is ignored as the API ignores unknown keys.
-        let pairs: Vec<(String, String)> =
-            serde_urlencoded::from_str(query.unwrap_or_default())
-                .map_err(|_| ApiError::invalid("The query string could not be read."))?;
+        // `types[]` is read by the events list; a filter this gateway does not apply is
+        // refused (a page that ignored it would be wrong); other keys are ignored.
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or_default())
+            .map_err(|_| ApiError::invalid("The query string could not be read."))?;
         let mut p = Paging::default();
         for (k, v) in pairs {
             match k.as_str() {
                 "limit" => {
-                    let n: usize = v.parse().map_err(|_| refused("limit", "must be a number"))?;
+                    let n: usize = v
+                        .parse()
+                        .map_err(|_| refused("limit", "must be a number"))?;
                     if !(1..=100).contains(&n) {
                         return Err(refused("limit", "must be between 1 and 100"));
                     }
@@ -116,6 +129,9 @@ impl Paging {
                     "asc" | "desc" => p.order = Some(v),
                     _ => return Err(refused("order", "must be asc or desc")),
                 },
+                f if UNAPPLIED.iter().any(|u| f.starts_with(u)) => {
+                    return Err(refused(f, "is not supported by this gateway"))
+                }
                 _ => {}
             }
         }
@@ -169,6 +185,8 @@ mod tests {
         let p = Paging::read(Some("limit=2&page=5.x&types%5B%5D=agent.message")).unwrap();
         assert_eq!((p.limit(), p.page.as_deref()), (2, Some("5.x")));
         assert!(Paging::read(Some("limit=0")).is_err());
+        assert!(Paging::read(Some("agent_id=agent_1")).is_err());
+        assert!(Paging::read(Some("created_at%5Bgte%5D=2026-01-01T00:00:00Z")).is_err());
         assert_eq!(read_object_cursor("5.sesn_1").unwrap(), (5, "sesn_1"));
     }
 }

@@ -197,7 +197,15 @@ impl Store {
                 let rows = t
                     .rows(
                         &sql,
-                        vals![kind, principal, archived, has as i64, at, after, q.limit as i64],
+                        vals![
+                            kind,
+                            principal,
+                            archived,
+                            has as i64,
+                            at,
+                            after,
+                            q.limit as i64
+                        ],
                     )
                     .await?;
                 rows.iter().map(row).collect()
@@ -250,7 +258,7 @@ impl Store {
                 }
                 let freed = t
                     .rows(
-                        "SELECT COALESCE(SUM(bytes), 0) FROM managed_events WHERE session_id = ?1",
+                        "SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM managed_events WHERE session_id = ?1",
                         vals![id],
                     )
                     .await?;
@@ -351,11 +359,7 @@ impl Store {
     }
 
     /// The position of a session's event, by its id.
-    pub async fn event_position(
-        &self,
-        session: &str,
-        id: &str,
-    ) -> Result<Option<i64>, StoreError> {
+    pub async fn event_position(&self, session: &str, id: &str) -> Result<Option<i64>, StoreError> {
         self.db
             .read(async |t| {
                 let rows = t
@@ -403,10 +407,17 @@ mod tests {
             .managed_insert("agent", "alice", &object("a1", 2, 0), 3)
             .await
             .unwrap());
-        assert!(s.managed_get("agent", "a1", "bob", None).await.unwrap().is_none());
+        assert!(s
+            .managed_get("agent", "a1", "bob", None)
+            .await
+            .unwrap()
+            .is_none());
         let latest = s.managed_get("agent", "a1", "alice", None).await.unwrap();
         assert_eq!(latest.unwrap().version, 2);
-        let first = s.managed_get("agent", "a1", "alice", Some(1)).await.unwrap();
+        let first = s
+            .managed_get("agent", "a1", "alice", Some(1))
+            .await
+            .unwrap();
         assert_eq!(first.unwrap().version, 1);
         let page = |after| ListRows {
             after,
@@ -418,12 +429,20 @@ mod tests {
         assert_eq!(ids, [("a3", 1), ("a2", 1)]);
         let last = &one[1];
         let two = s
-            .managed_list("agent", "alice", &page(Some((last.created_at_ms, &last.id))))
+            .managed_list(
+                "agent",
+                "alice",
+                &page(Some((last.created_at_ms, &last.id))),
+            )
             .await
             .unwrap();
         let ids: Vec<_> = two.iter().map(|r| (r.id.as_str(), r.version)).collect();
         assert_eq!(ids, [("a1", 2)]);
-        assert!(s.managed_list("agent", "bob", &page(None)).await.unwrap().is_empty());
+        assert!(s
+            .managed_list("agent", "bob", &page(None))
+            .await
+            .unwrap()
+            .is_empty());
     }
 
     #[tokio::test]
@@ -439,17 +458,29 @@ mod tests {
         assert_eq!(seqs.len(), 2);
         assert!(seqs[0] < seqs[1]);
         // 15 + 10 > 20: refused, nothing written.
-        let over = s.events_append("s1", "alice", &[("e3", "0123456789")], 20).await;
+        let over = s
+            .events_append("s1", "alice", &[("e3", "0123456789")], 20)
+            .await;
         assert!(matches!(over, Err(AppendError::Full(20))));
         let all = s.events_list("s1", None, 10, false).await.unwrap();
         assert_eq!(all.len(), 2);
         let after = s.events_list("s1", Some(seqs[0]), 10, false).await.unwrap();
-        assert_eq!(after, [EventRow { seq: seqs[1], body: "01234".into() }]);
+        assert_eq!(
+            after,
+            [EventRow {
+                seq: seqs[1],
+                body: "01234".into()
+            }]
+        );
         assert_eq!(s.event_position("s1", "e2").await.unwrap(), Some(seqs[1]));
         // Deleting the session frees its bytes.
         assert!(!s.managed_delete("session", "s1", "bob").await.unwrap());
         assert!(s.managed_delete("session", "s1", "alice").await.unwrap());
-        assert!(s.events_list("s1", None, 10, false).await.unwrap().is_empty());
+        assert!(s
+            .events_list("s1", None, 10, false)
+            .await
+            .unwrap()
+            .is_empty());
         s.events_append("s2", "alice", &[("e4", "01234567890123456789")], 20)
             .await
             .unwrap();

@@ -1,7 +1,10 @@
 //! The durable store: an append-only journal of execution lifecycle events, the executions
 //! that are live, the digests of pending continuation tokens, the per-client tombstone rings,
-//! approvals, usage totals and, with replicas, their leases. Only digests, ids and reason codes
-//! are written here; never prompts, arguments, results, tokens or keys.
+//! approvals, usage totals and, with replicas, their leases: only digests, ids and reason
+//! codes, never prompts, arguments, results, tokens or keys. The one exception is the Managed
+//! Agents API's objects and session event logs (`managed.rs`), which hold content because the
+//! API's contract is to page it back; they are principal-owned, bounded in bytes per principal,
+//! and deleted with their session. Tokens stay out of them too.
 //!
 //! One interface over two engines (`db.rs`): embedded SQLite (WAL), the default, and
 //! PostgreSQL, which replicas share. Every statement is written once; versioned migrations
@@ -36,8 +39,8 @@ pub use approvals::ApprovalRecord;
 pub use cluster::{Lease, RemotePending, ReplicaSettlement};
 pub use compactions::CompactionRecord;
 pub use db::default_pool_size;
-pub use managed::{AppendError, EventRow, ListRows, ManagedRow};
 pub use feed::{ApprovalChange, ApprovalFeed, Listening};
+pub use managed::{AppendError, EventRow, ListRows, ManagedRow};
 pub use suspensions::{StoredSuspension, SuspensionRecord};
 pub use usage::{
     civil_of, date_of, day_from_date, day_of, day_of_civil, UsageQuery, UsageRow, UsageTotals,

@@ -141,6 +141,7 @@ def main():
     versions(agent)
     refused(agent, env)
     listing(session)
+    interrupt(session)
     client.beta.sessions.delete(session.id)
     expect_error(anthropic.NotFoundError, "deleted session", lambda: client.beta.sessions.retrieve(session.id), 404)
     print("ALL OK")
@@ -158,6 +159,17 @@ def reconnect(session_id, ids):
                 if got[-1] == ids[-1]:
                     break
     check(got == ids[3:], (got, ids))
+
+
+def interrupt(session):
+    """A held turn withdrawn by user.interrupt: the session is idle and the use answers 410."""
+    use = hold(session)
+    seen = until_idle(session.id, [{"type": "user.interrupt"}])
+    check([e.type for e in seen] == ["user.interrupt", "session.status_idle"], [e.type for e in seen])
+    check(seen[-1].stop_reason.type == "end_turn", seen[-1])
+    expect_error(anthropic.APIStatusError, "result after interrupt", lambda: client.beta.sessions.events.send(
+        session.id, events=[{"type": "user.custom_tool_result", "custom_tool_use_id": use.id, "content": []}]), 410)
+    check(client.beta.sessions.retrieve(session.id).status == "idle", "idle after interrupt")
 
 
 def versions(agent):
@@ -178,6 +190,8 @@ def refused(agent, env):
             {"type": "anthropic", "skill_id": "xlsx"}])),
         ("tools[0].type", lambda: client.beta.agents.create(name="t", model=MODEL, tools=[
             {"type": "mcp_toolset", "mcp_server_name": "gh"}])),
+        ("tools[0].default_config.permission_policy", lambda: client.beta.agents.create(name="a", model=MODEL, tools=[
+            {"type": "agent_toolset_20260401", "default_config": {"permission_policy": {"type": "always_ask"}}}])),
         ("resources", lambda: client.beta.sessions.create(agent=agent.id, environment_id=env.id, resources=[
             {"type": "file", "file_id": "file_1"}])),
         ("vault_ids", lambda: client.beta.sessions.create(agent=agent.id, environment_id=env.id, vault_ids=["v1"])),

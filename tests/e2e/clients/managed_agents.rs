@@ -11,7 +11,13 @@ use crate::support::*;
 #[tokio::test]
 async fn managed_agents_sdk_session_with_a_held_custom_tool() {
     let gw = Gateway::start().await;
-    run_script_with(&gw, "anthropic_managed.py", "", &[("MANAGED_PART", "all".into())]).await;
+    run_script_with(
+        &gw,
+        "anthropic_managed.py",
+        "",
+        &[("MANAGED_PART", "all".into())],
+    )
+    .await;
 }
 
 /// A session held on a custom tool use when the gateway restarts: the history is intact, the
@@ -21,7 +27,12 @@ async fn managed_agents_restart_settles_the_held_use_and_keeps_the_history() {
     let mut gw = Gateway::start().await;
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state.json").display().to_string();
-    let part = |p: &str| vec![("MANAGED_PART", p.to_string()), ("MANAGED_STATE", state.clone())];
+    let part = |p: &str| {
+        vec![
+            ("MANAGED_PART", p.to_string()),
+            ("MANAGED_STATE", state.clone()),
+        ]
+    };
     if !run_script_with(&gw, "anthropic_managed.py", "", &part("hold")).await {
         return;
     }

@@ -48,7 +48,10 @@ pub(crate) async fn run_script_with(
         .join("tests/clients")
         .join(name);
     let url = format!("{}{path}", gw.url);
-    let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(py)
             .arg(script)
