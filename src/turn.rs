@@ -104,6 +104,19 @@ pub struct Message {
 }
 
 impl Message {
+    /// A message of `role` with only text.
+    pub fn text(role: Role, text: &str) -> Message {
+        Message {
+            role,
+            text: text.to_string(),
+            images: Vec::new(),
+            name: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            is_error: false,
+        }
+    }
+
     /// The bytes of text it holds (what keeping it in memory costs, near enough).
     pub fn kept_bytes(&self) -> usize {
         let calls: usize = self

@@ -136,15 +136,7 @@ impl Threads {
             return;
         }
         let Some(idle) = turn.keep() else { return };
-        let answer = Message {
-            role: Role::Assistant,
-            text: text.to_string(),
-            images: Vec::new(),
-            name: None,
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-            is_error: false,
-        };
+        let answer = Message::text(Role::Assistant, text);
         let mut digests = ctx.digests;
         digests.push((ctx.digest)(&answer));
         let entry = Entry::new(

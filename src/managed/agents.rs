@@ -9,7 +9,7 @@
 use serde_json::{json, Map, Value};
 
 use super::wire::{self, only, page, Paging};
-use super::{not_found, opt_str, refused, store_failed, Managed};
+use super::{not_found, opt_str, refused, store_failed, unsupported_lists, Managed};
 use crate::auth::Principal;
 use crate::error::{ApiError, ErrorCode};
 use crate::store::{ListRows, ManagedRow};
@@ -163,15 +163,7 @@ pub async fn update(
 
 /// Sets the fields `body` gives (the metadata patch aside), checked.
 fn apply(m: &Managed, who: &Principal, agent: &mut Value, body: &Value) -> Result<(), ApiError> {
-    for field in ["mcp_servers", "skills"] {
-        if body
-            .get(field)
-            .and_then(Value::as_array)
-            .is_some_and(|a| !a.is_empty())
-        {
-            return Err(refused(field, "is not supported by this gateway"));
-        }
-    }
+    unsupported_lists(body, &["mcp_servers", "skills"])?;
     if body.get("multiagent").is_some_and(|v| !v.is_null()) {
         return Err(refused("multiagent", "is not supported by this gateway"));
     }
@@ -428,23 +420,44 @@ pub(super) fn parse_row(r: &ManagedRow) -> Result<Value, ApiError> {
 
 /// `POST /v1/agents/{id}/archive`: it stays readable; no new session may use it.
 pub async fn archive(m: &Managed, who: &Principal, id: &str) -> Result<Value, ApiError> {
-    let mut row = get_row(m, who, id, None).await?;
-    let mut agent = parse_row(&row)?;
-    if agent["archived_at"].is_null() {
-        agent["archived_at"] = json!(wire::now().0);
-        row.body = agent.to_string();
+    archive_row(m, who, KIND, get_row(m, who, id, None).await?).await
+}
+
+/// Marks an object archived (once) and stores it; returns it.
+pub(super) async fn archive_row(
+    m: &Managed,
+    who: &Principal,
+    kind: &str,
+    mut row: ManagedRow,
+) -> Result<Value, ApiError> {
+    let mut object = parse_row(&row)?;
+    if object["archived_at"].is_null() {
+        object["archived_at"] = json!(wire::now().0);
+        row.body = object.to_string();
         row.archived = true;
         let store = m.engine().store();
         store
-            .managed_update(KIND, &who.id, &row, false)
+            .managed_update(kind, &who.id, &row, false)
             .await
             .map_err(store_failed)?;
     }
-    Ok(agent)
+    Ok(object)
 }
 
 /// `GET /v1/agents`.
 pub async fn list(m: &Managed, who: &Principal, q: &Paging) -> Result<Value, ApiError> {
+    list_objects(m, who, KIND, q, false).await
+}
+
+/// A page of one kind of the principal's objects, by creation (newest first unless
+/// `ascending`), after the `page` cursor.
+pub(super) async fn list_objects(
+    m: &Managed,
+    who: &Principal,
+    kind: &str,
+    q: &Paging,
+    ascending: bool,
+) -> Result<Value, ApiError> {
     let after = q
         .page
         .as_deref()
@@ -454,10 +467,10 @@ pub async fn list(m: &Managed, who: &Principal, q: &Paging) -> Result<Value, Api
         include_archived: q.include_archived.unwrap_or(false),
         after,
         limit: q.limit() + 1,
-        ascending: false,
+        ascending,
     };
     let found = (m.engine().store())
-        .managed_list(KIND, &who.id, &rows)
+        .managed_list(kind, &who.id, &rows)
         .await
         .map_err(store_failed)?;
     paged(found, q.limit(), |r| {

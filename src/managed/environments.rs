@@ -7,12 +7,12 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use super::agents::{over_bound, paged, parse_row};
+use super::agents::{self, over_bound, parse_row};
 use super::wire::{self, only, Paging};
 use super::{not_found, opt_str, refused, store_failed, Managed};
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{ListRows, ManagedRow};
+use crate::store::ManagedRow;
 
 const KIND: &str = "environment";
 const FIELDS: &[&str] = &["name", "config", "description", "metadata", "scope"];
@@ -161,19 +161,7 @@ pub(super) async fn get_row(
 
 /// `POST /v1/environments/{id}/archive`: no new session may use it.
 pub async fn archive(m: &Managed, who: &Principal, id: &str) -> Result<Value, ApiError> {
-    let mut row = get_row(m, who, id).await?;
-    let mut env = parse_row(&row)?;
-    if env["archived_at"].is_null() {
-        env["archived_at"] = json!(wire::now().0);
-        row.body = env.to_string();
-        row.archived = true;
-        let store = m.engine().store();
-        store
-            .managed_update(KIND, &who.id, &row, false)
-            .await
-            .map_err(store_failed)?;
-    }
-    Ok(env)
+    agents::archive_row(m, who, KIND, get_row(m, who, id).await?).await
 }
 
 /// `DELETE /v1/environments/{id}`: its folder goes too (each session's went with it).
@@ -192,24 +180,7 @@ pub async fn delete(m: &Managed, who: &Principal, id: &str) -> Result<Value, Api
 
 /// `GET /v1/environments`.
 pub async fn list(m: &Managed, who: &Principal, q: &Paging) -> Result<Value, ApiError> {
-    let after = q
-        .page
-        .as_deref()
-        .map(wire::read_object_cursor)
-        .transpose()?;
-    let rows = ListRows {
-        include_archived: q.include_archived.unwrap_or(false),
-        after,
-        limit: q.limit() + 1,
-        ascending: false,
-    };
-    let found = (m.engine().store())
-        .managed_list(KIND, &who.id, &rows)
-        .await
-        .map_err(store_failed)?;
-    paged(found, q.limit(), |r| {
-        wire::object_cursor(r.created_at_ms, &r.id)
-    })
+    agents::list_objects(m, who, KIND, q, false).await
 }
 
 /// An environment's folder. Ids are the gateway's own (`env_` and hex), never a path.

@@ -28,8 +28,9 @@ pub struct Published {
 }
 
 /// Where a session's turn is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(super) enum Phase {
+    #[default]
     Idle,
     Running,
     /// Held: custom tool uses wait for the client's results.
@@ -44,6 +45,7 @@ pub(super) struct Waiting {
     pub token: String,
 }
 
+#[derive(Default)]
 pub(super) struct State {
     pub phase: Phase,
     pub transcript: Vec<Message>,
@@ -86,16 +88,7 @@ impl Live {
     ) -> Result<Live, ApiError> {
         let session = parse_row(&row)?;
         let agent = AgentSpec::of(&session["agent"]);
-        let mut state = State {
-            phase: Phase::Idle,
-            transcript: Vec::new(),
-            waiting: Vec::new(),
-            results: HashMap::new(),
-            answered: HashSet::new(),
-            settled: HashSet::new(),
-            queued: VecDeque::new(),
-            interrupt: None,
-        };
+        let mut state = State::default();
         if let Some(system) = &agent.system {
             state.transcript.push(message(Role::System, system));
         }
@@ -281,15 +274,7 @@ pub(super) fn idle(stop_reason: Value) -> Value {
 }
 
 pub(super) fn message(role: Role, text: &str) -> Message {
-    Message {
-        role,
-        text: text.to_string(),
-        images: Vec::new(),
-        name: None,
-        tool_calls: Vec::new(),
-        tool_call_id: None,
-        is_error: false,
-    }
+    Message::text(role, text)
 }
 
 /// The text of a content list (text blocks joined; other blocks are not text).
@@ -362,16 +347,7 @@ mod tests {
     use super::*;
 
     fn state() -> State {
-        State {
-            phase: Phase::Idle,
-            transcript: Vec::new(),
-            waiting: Vec::new(),
-            results: HashMap::new(),
-            answered: HashSet::new(),
-            settled: HashSet::new(),
-            queued: VecDeque::new(),
-            interrupt: None,
-        }
+        State::default()
     }
 
     fn text(kind: &str, id: &str, t: &str) -> Value {

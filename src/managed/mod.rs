@@ -101,6 +101,19 @@ pub(crate) fn refused(field: impl Into<String>, why: impl std::fmt::Display) -> 
     ApiError::invalid(format!("`{field}`: {why}"))
 }
 
+/// Refuses a feature this gateway does not have, given as a non-empty list field.
+pub(crate) fn unsupported_lists(body: &Value, fields: &[&str]) -> Result<(), ApiError> {
+    let given = |f: &&&str| {
+        body.get(**f)
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+    };
+    match fields.iter().find(given) {
+        Some(field) => Err(refused(*field, "is not supported by this gateway")),
+        None => Ok(()),
+    }
+}
+
 /// A string field of a request body, if present and not null.
 pub(crate) fn opt_str<'a>(body: &'a Value, field: &str) -> Result<Option<&'a str>, ApiError> {
     match body.get(field) {

@@ -5,13 +5,13 @@
 
 use serde_json::{json, Value};
 
-use super::agents::{self, over_bound, paged, parse_row};
+use super::agents::{self, over_bound, parse_row};
 use super::wire::{self, only, Paging};
 use super::{environments, send};
-use super::{not_found, opt_str, refused, store_failed, Managed};
+use super::{not_found, opt_str, refused, store_failed, unsupported_lists, Managed};
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{ListRows, ManagedRow};
+use crate::store::ManagedRow;
 
 pub(super) const KIND: &str = "session";
 const FIELDS: &[&str] = &[
@@ -28,15 +28,7 @@ const FIELDS: &[&str] = &[
 /// `POST /v1/sessions`.
 pub async fn create(m: &Managed, who: &Principal, body: &Value) -> Result<Value, ApiError> {
     only(body, FIELDS)?;
-    for field in ["resources", "vault_ids"] {
-        if body
-            .get(field)
-            .and_then(Value::as_array)
-            .is_some_and(|a| !a.is_empty())
-        {
-            return Err(refused(field, "is not supported by this gateway"));
-        }
-    }
+    unsupported_lists(body, &["resources", "vault_ids"])?;
     if body.get("budget").is_some_and(|b| !b.is_null()) {
         return Err(refused("budget", "is not supported by this gateway yet"));
     }
@@ -229,24 +221,8 @@ pub async fn delete(m: &Managed, who: &Principal, id: &str) -> Result<Value, Api
 
 /// `GET /v1/sessions` (newest first, or `order=asc`).
 pub async fn list(m: &Managed, who: &Principal, q: &Paging) -> Result<Value, ApiError> {
-    let after = q
-        .page
-        .as_deref()
-        .map(wire::read_object_cursor)
-        .transpose()?;
-    let rows = ListRows {
-        include_archived: q.include_archived.unwrap_or(false),
-        after,
-        limit: q.limit() + 1,
-        ascending: q.order.as_deref() == Some("asc"),
-    };
-    let found = (m.engine().store())
-        .managed_list(KIND, &who.id, &rows)
-        .await
-        .map_err(store_failed)?;
-    let mut page = paged(found, q.limit(), |r| {
-        wire::object_cursor(r.created_at_ms, &r.id)
-    })?;
+    let ascending = q.order.as_deref() == Some("asc");
+    let mut page = agents::list_objects(m, who, KIND, q, ascending).await?;
     page["prev_page"] = Value::Null;
     Ok(page)
 }
