@@ -12,7 +12,7 @@ use super::wire::{self, only, page, Paging};
 use super::{not_found, opt_str, refused, store_failed, unsupported_lists, Managed};
 use crate::auth::Principal;
 use crate::error::{ApiError, ErrorCode};
-use crate::store::{ListRows, ManagedRow};
+use crate::store::ManagedRow;
 use crate::turn::{Effort, ToolDef};
 
 const KIND: &str = "agent";
@@ -420,62 +420,12 @@ pub(super) fn parse_row(r: &ManagedRow) -> Result<Value, ApiError> {
 
 /// `POST /v1/agents/{id}/archive`: it stays readable; no new session may use it.
 pub async fn archive(m: &Managed, who: &Principal, id: &str) -> Result<Value, ApiError> {
-    archive_row(m, who, KIND, get_row(m, who, id, None).await?).await
-}
-
-/// Marks an object archived (once) and stores it; returns it.
-pub(super) async fn archive_row(
-    m: &Managed,
-    who: &Principal,
-    kind: &str,
-    mut row: ManagedRow,
-) -> Result<Value, ApiError> {
-    let mut object = parse_row(&row)?;
-    if object["archived_at"].is_null() {
-        object["archived_at"] = json!(wire::now().0);
-        row.body = object.to_string();
-        row.archived = true;
-        let store = m.engine().store();
-        store
-            .managed_update(kind, &who.id, &row, false)
-            .await
-            .map_err(store_failed)?;
-    }
-    Ok(object)
+    super::archive_row(m, who, KIND, get_row(m, who, id, None).await?).await
 }
 
 /// `GET /v1/agents`.
 pub async fn list(m: &Managed, who: &Principal, q: &Paging) -> Result<Value, ApiError> {
-    list_objects(m, who, KIND, q, false).await
-}
-
-/// A page of one kind of the principal's objects, by creation (newest first unless
-/// `ascending`), after the `page` cursor.
-pub(super) async fn list_objects(
-    m: &Managed,
-    who: &Principal,
-    kind: &str,
-    q: &Paging,
-    ascending: bool,
-) -> Result<Value, ApiError> {
-    let after = q
-        .page
-        .as_deref()
-        .map(wire::read_object_cursor)
-        .transpose()?;
-    let rows = ListRows {
-        include_archived: q.include_archived.unwrap_or(false),
-        after,
-        limit: q.limit() + 1,
-        ascending,
-    };
-    let found = (m.engine().store())
-        .managed_list(kind, &who.id, &rows)
-        .await
-        .map_err(store_failed)?;
-    paged(found, q.limit(), |r| {
-        wire::object_cursor(r.created_at_ms, &r.id)
-    })
+    super::list_objects(m, who, KIND, q, false).await
 }
 
 /// `GET /v1/agents/{id}/versions`: newest first.

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use super::agents::{self, over_bound, parse_row};
+use super::agents::{over_bound, parse_row};
 use super::wire::{self, only, Paging};
 use super::{not_found, opt_str, refused, store_failed, Managed};
 use crate::auth::Principal;
@@ -161,7 +161,7 @@ pub(super) async fn get_row(
 
 /// `POST /v1/environments/{id}/archive`: no new session may use it.
 pub async fn archive(m: &Managed, who: &Principal, id: &str) -> Result<Value, ApiError> {
-    agents::archive_row(m, who, KIND, get_row(m, who, id).await?).await
+    super::archive_row(m, who, KIND, get_row(m, who, id).await?).await
 }
 
 /// `DELETE /v1/environments/{id}`: its folder goes too (each session's went with it).
@@ -180,7 +180,7 @@ pub async fn delete(m: &Managed, who: &Principal, id: &str) -> Result<Value, Api
 
 /// `GET /v1/environments`.
 pub async fn list(m: &Managed, who: &Principal, q: &Paging) -> Result<Value, ApiError> {
-    agents::list_objects(m, who, KIND, q, false).await
+    super::list_objects(m, who, KIND, q, false).await
 }
 
 /// An environment's folder. Ids are the gateway's own (`env_` and hex), never a path.

@@ -22,12 +22,15 @@ pub mod wire;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{json, Value};
+
+use self::agents::{paged, parse_row};
+use self::wire::Paging;
 
 use crate::auth::Principal;
 use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
-use crate::store::StoreError;
+use crate::store::{ListRows, ManagedRow, StoreError};
 
 pub use self::log::{Live, Published};
 pub use self::send::send;
@@ -121,4 +124,54 @@ pub(crate) fn opt_str<'a>(body: &'a Value, field: &str) -> Result<Option<&'a str
         Some(Value::String(s)) => Ok(Some(s)),
         Some(_) => Err(refused(field, "must be a string")),
     }
+}
+
+/// Marks an object archived (once) and stores it; returns it.
+pub(super) async fn archive_row(
+    m: &Managed,
+    who: &Principal,
+    kind: &str,
+    mut row: ManagedRow,
+) -> Result<Value, ApiError> {
+    let mut object = parse_row(&row)?;
+    if object["archived_at"].is_null() {
+        object["archived_at"] = json!(wire::now().0);
+        row.body = object.to_string();
+        row.archived = true;
+        let store = m.engine().store();
+        store
+            .managed_update(kind, &who.id, &row, false)
+            .await
+            .map_err(store_failed)?;
+    }
+    Ok(object)
+}
+
+/// A page of one kind of the principal's objects, by creation (newest first unless
+/// `ascending`), after the `page` cursor.
+pub(super) async fn list_objects(
+    m: &Managed,
+    who: &Principal,
+    kind: &str,
+    q: &Paging,
+    ascending: bool,
+) -> Result<Value, ApiError> {
+    let after = q
+        .page
+        .as_deref()
+        .map(wire::read_object_cursor)
+        .transpose()?;
+    let rows = ListRows {
+        include_archived: q.include_archived.unwrap_or(false),
+        after,
+        limit: q.limit() + 1,
+        ascending,
+    };
+    let found = (m.engine().store())
+        .managed_list(kind, &who.id, &rows)
+        .await
+        .map_err(store_failed)?;
+    paged(found, q.limit(), |r| {
+        wire::object_cursor(r.created_at_ms, &r.id)
+    })
 }

@@ -222,7 +222,7 @@ pub async fn delete(m: &Managed, who: &Principal, id: &str) -> Result<Value, Api
 /// `GET /v1/sessions` (newest first, or `order=asc`).
 pub async fn list(m: &Managed, who: &Principal, q: &Paging) -> Result<Value, ApiError> {
     let ascending = q.order.as_deref() == Some("asc");
-    let mut page = agents::list_objects(m, who, KIND, q, ascending).await?;
+    let mut page = super::list_objects(m, who, KIND, q, ascending).await?;
     page["prev_page"] = Value::Null;
     Ok(page)
 }
