@@ -406,11 +406,7 @@ async fn get_row(
     id: &str,
     version: Option<i64>,
 ) -> Result<ManagedRow, ApiError> {
-    (m.engine().store())
-        .managed_get(KIND, id, &who.id, version)
-        .await
-        .map_err(store_failed)?
-        .ok_or_else(|| not_found("agent"))
+    super::object_row(m, who, (KIND, "agent"), id, version).await
 }
 
 pub(super) fn parse_row(r: &ManagedRow) -> Result<Value, ApiError> {

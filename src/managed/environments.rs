@@ -152,11 +152,7 @@ pub(super) async fn get_row(
     who: &Principal,
     id: &str,
 ) -> Result<ManagedRow, ApiError> {
-    (m.engine().store())
-        .managed_get(KIND, id, &who.id, None)
-        .await
-        .map_err(store_failed)?
-        .ok_or_else(|| not_found("environment"))
+    super::object_row(m, who, (KIND, "environment"), id, None).await
 }
 
 /// `POST /v1/environments/{id}/archive`: no new session may use it.

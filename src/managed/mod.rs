@@ -175,3 +175,19 @@ pub(super) async fn list_objects(
         wire::object_cursor(r.created_at_ms, &r.id)
     })
 }
+
+/// The principal's object of `kind` (a version, or the latest): 404 naming `what` for an
+/// unknown id and for another principal's, alike.
+pub(super) async fn object_row(
+    m: &Managed,
+    who: &Principal,
+    (kind, what): (&str, &str),
+    id: &str,
+    version: Option<i64>,
+) -> Result<ManagedRow, ApiError> {
+    (m.engine().store())
+        .managed_get(kind, id, &who.id, version)
+        .await
+        .map_err(store_failed)?
+        .ok_or_else(|| not_found(what))
+}

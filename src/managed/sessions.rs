@@ -134,11 +134,7 @@ pub async fn create(m: &Managed, who: &Principal, body: &Value) -> Result<Value,
 
 /// The principal's session row (404 for an unknown or another principal's id).
 pub(super) async fn load(m: &Managed, who: &Principal, id: &str) -> Result<ManagedRow, ApiError> {
-    (m.engine().store())
-        .managed_get(KIND, id, &who.id, None)
-        .await
-        .map_err(store_failed)?
-        .ok_or_else(|| not_found("session"))
+    super::object_row(m, who, (KIND, "session"), id, None).await
 }
 
 /// `GET /v1/sessions/{id}`.
