@@ -240,6 +240,16 @@ impl Continuity {
         Ok(e)
     }
 
+    /// Removes the thread this principal's execution completed on, whatever the binding.
+    pub fn remove_execution(&self, execution_id: &str, principal: &str) -> Option<Entry> {
+        let mut st = self.state.lock();
+        let i = st
+            .entries
+            .iter()
+            .position(|e| e.execution_id == execution_id && e.binding.principal == principal)?;
+        Some(st.entries.swap_remove(i))
+    }
+
     /// Removes every thread idle past its deadline.
     pub fn expire(&self, now: Instant) -> Vec<Entry> {
         let mut st = self.state.lock();

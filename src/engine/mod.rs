@@ -368,6 +368,12 @@ impl Engine {
         }
     }
 
+    /// Releases the backend thread kept idle after the principal's `execution` completed (its
+    /// owner is gone: a deleted or archived Managed Agents session).
+    pub fn release_thread(&self, principal: &str, execution: &str) {
+        self.inner.threads.release_execution(principal, execution);
+    }
+
     /// Runs `task` as one of the engine's, drained at shutdown.
     pub fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         self.inner.tracker.spawn(task);

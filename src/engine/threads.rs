@@ -157,6 +157,14 @@ impl Threads {
         }
     }
 
+    /// Releases the thread kept after this principal's execution, if it still is.
+    pub fn release_execution(&self, principal: &str, execution_id: &str) {
+        if let Some(e) = self.continuity.remove_execution(execution_id, principal) {
+            self.metrics.continuity("released", "owner");
+            drop(e);
+        }
+    }
+
     /// Releases the kept threads past their idle TTL.
     pub fn release_idle(&self, now: Instant) {
         for e in self.continuity.expire(now) {

@@ -59,6 +59,8 @@ pub(super) struct State {
     pub queued: VecDeque<Message>,
     /// Interrupts the running leg.
     pub interrupt: Option<tokio_util::sync::CancellationToken>,
+    /// The latest turn's execution: its backend thread may be kept for the next turn.
+    pub execution: Option<String>,
 }
 
 pub struct Live {
@@ -255,6 +257,14 @@ impl Live {
         }
         if !tokens.is_empty() {
             super::runner::withdraw(m, &self.principal, &tokens);
+        }
+        self.release_thread(m);
+    }
+
+    /// Releases the backend thread kept for the session's next turn, if any.
+    pub(super) fn release_thread(&self, m: &Managed) {
+        if let Some(execution) = self.state.lock().execution.take() {
+            m.engine().release_thread(&self.principal, &execution);
         }
     }
 }

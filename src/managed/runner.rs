@@ -158,6 +158,7 @@ async fn run(
         s.results.clear();
         s.phase = Phase::Running;
         s.interrupt = Some(stop.clone());
+        s.execution = Some(leg.execution_id.clone());
     }
     let mut events = echoes;
     events.push(event("session.status_running", json!({})));

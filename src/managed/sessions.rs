@@ -184,6 +184,7 @@ pub async fn archive(m: &Managed, who: &Principal, id: &str) -> Result<Value, Ap
     }
     // A held turn waits for results the archived session no longer takes: it ends now.
     send::interrupt(m, &live).await;
+    live.release_thread(m);
     live.rewrite(m, |s| {
         if s["archived_at"].is_null() {
             s["archived_at"] = json!(wire::now().0);

@@ -3,9 +3,12 @@
 validation on: every object must parse as the SDK's own types.
 
 Env: TURNSTILE_URL (base URL without /v1), TURNSTILE_KEY (alice), TURNSTILE_OTHER_KEY (bob),
-MANAGED_MODEL (a model whose agent calls the first client tool with the path in the prompt;
-default `tool`), MANAGED_PART (`all`, or `hold` / `after_restart` for the restart test, which
-share state through MANAGED_STATE, a file path). Prints ALL OK at the end.
+MANAGED_MODEL (a model whose agent calls the client tool `read_file` for the prompt; default
+`tool`, the demo backend), MANAGED_PROMPT / MANAGED_INPUT (JSON) / MANAGED_RESULT / MANAGED_SAID
+(what is asked, the call it makes, the result sent and a part of the final text; defaults fit
+the demo), MANAGED_PART (`all`; `roundtrip`, the held call on any backend kind; `hold` /
+`after_restart` for the restart test, which share state through MANAGED_STATE, a file path).
+Prints ALL OK at the end.
 """
 import json
 import os
@@ -18,6 +21,10 @@ URL = os.environ["TURNSTILE_URL"]
 KEY = os.environ["TURNSTILE_KEY"]
 MODEL = os.environ.get("MANAGED_MODEL", "tool")
 PART = os.environ.get("MANAGED_PART", "all")
+PROMPT = os.environ.get("MANAGED_PROMPT", "read /etc/hostname")
+INPUT = json.loads(os.environ.get("MANAGED_INPUT", '{"path": "/etc/hostname"}'))
+RESULT = os.environ.get("MANAGED_RESULT", "HOSTNAME-42")
+SAID = os.environ.get("MANAGED_SAID", "Tool result: HOSTNAME-42")
 BETA = {"anthropic-beta": "managed-agents-2026-04-01"}
 client = Anthropic(base_url=URL, api_key=KEY, max_retries=0, timeout=60, _strict_response_validation=True)
 other = Anthropic(base_url=URL, api_key=os.environ["TURNSTILE_OTHER_KEY"], max_retries=0, timeout=60,
@@ -77,15 +84,43 @@ def setup():
 
 def hold(session):
     """A message; the stream shows the held custom tool use and requires_action."""
-    seen = until_idle(session.id, [{"type": "user.message", "content": [{"type": "text", "text": "read /etc/hostname"}]}])
+    seen = until_idle(session.id, [{"type": "user.message", "content": [{"type": "text", "text": PROMPT}]}])
     types = [e.type for e in seen]
     check(types[0] == "user.message" and "session.status_running" in types, types)
     uses = [e for e in seen if e.type == "agent.custom_tool_use"]
-    check(len(uses) == 1 and uses[0].name == "read_file" and uses[0].input == {"path": "/etc/hostname"}, uses)
+    check(len(uses) == 1 and uses[0].name == "read_file" and uses[0].input == INPUT, (uses, seen))
     idle = seen[-1]
     check(idle.stop_reason.type == "requires_action" and idle.stop_reason.event_ids == [uses[0].id], idle)
     check(not uses[0].id.startswith("srct-"), "the event id is not the continuation token")
     return uses[0]
+
+
+def answer(session, use):
+    """The result resumes the same held turn, once: the agent ends its turn with it; a
+    duplicate is 409."""
+    result = [{"type": "user.custom_tool_result", "custom_tool_use_id": use.id,
+               "content": [{"type": "text", "text": RESULT}]}]
+    seen = until_idle(session.id, result)
+    types = [e.type for e in seen]
+    check(types[0] == "user.custom_tool_result" and types[1] == "session.status_running", types)
+    check(seen[-1].stop_reason.type == "end_turn", seen[-1])
+    said = "".join(b.text for e in seen if e.type == "agent.message" for b in e.content)
+    check(SAID in said, said)
+    e = expect_error(anthropic.ConflictError, "duplicate result",
+                     lambda: client.beta.sessions.events.send(session.id, events=result), 409)
+    check("already" in e.body["error"]["message"], e.body)
+    return seen
+
+
+def part_roundtrip():
+    env, agent, session = setup()
+    use = hold(session)
+    expect_error(anthropic.NotFoundError, "foreign session", lambda: other.beta.sessions.events.send(session.id, events=[
+        {"type": "user.custom_tool_result", "custom_tool_use_id": use.id, "content": []}]), 404)
+    answer(session, use)
+    check(client.beta.sessions.retrieve(session.id).status == "idle", "idle")
+    client.beta.sessions.delete(session.id)
+    print("ALL OK")
 
 
 def main():
@@ -104,20 +139,9 @@ def main():
     # A use the session does not wait on: 404, nothing consumed.
     expect_error(anthropic.NotFoundError, "unknown use", lambda: client.beta.sessions.events.send(session.id, events=[
         {"type": "user.custom_tool_result", "custom_tool_use_id": "sevt_nope", "content": []}]), 404)
-    # The result resumes the same held turn, once.
-    result = [{"type": "user.custom_tool_result", "custom_tool_use_id": use.id,
-               "content": [{"type": "text", "text": "HOSTNAME-42"}]}]
-    seen = until_idle(session.id, result)
-    types = [e.type for e in seen]
-    check(types[0] == "user.custom_tool_result" and types[1] == "session.status_running", types)
-    check(seen[-1].stop_reason.type == "end_turn", seen[-1])
-    said = "".join(b.text for e in seen if e.type == "agent.message" for b in e.content)
-    check("Tool result: HOSTNAME-42" in said, said)
+    seen = answer(session, use)
     ends = [e for e in seen if e.type == "span.model_request_end"]
     check(ends and ends[0].model_usage.output_tokens > 0, ends)
-    e = expect_error(anthropic.ConflictError, "duplicate result",
-                     lambda: client.beta.sessions.events.send(session.id, events=result), 409)
-    check("already" in e.body["error"]["message"], e.body)
     # A second turn on the same session keeps its conversation.
     seen = until_idle(session.id, [{"type": "user.message", "content": [{"type": "text", "text": "read /etc/motd"}]}])
     check(seen[-1].stop_reason.type == "requires_action", [x.type for x in seen])
@@ -254,4 +278,4 @@ def part_after_restart():
     print("ALL OK")
 
 
-{"all": main, "hold": part_hold, "after_restart": part_after_restart}[PART]()
+{"all": main, "roundtrip": part_roundtrip, "hold": part_hold, "after_restart": part_after_restart}[PART]()

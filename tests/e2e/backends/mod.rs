@@ -7,6 +7,7 @@ pub(crate) mod claude_backend;
 pub(crate) mod codex;
 mod codex_messages;
 mod codex_threads;
+mod managed;
 mod messages_upstream;
 mod responses_upstream;
 mod upstream;

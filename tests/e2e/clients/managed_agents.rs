@@ -40,3 +40,25 @@ async fn managed_agents_restart_settles_the_held_use_and_keeps_the_history() {
     gw.spawn().await;
     run_script_with(&gw, "anthropic_managed.py", "", &part("after_restart")).await;
 }
+
+/// One held custom tool use over the Managed Agents API on any backend kind: `model`'s
+/// agent, asked `prompt`, calls `read_file` with `input`; `result` is sent back once (a
+/// duplicate 409, another principal 404) and the final text contains `said`.
+pub(crate) async fn managed_round_trip(
+    gw: &Gateway,
+    model: &str,
+    prompt: &str,
+    input: serde_json::Value,
+    result: &str,
+    said: &str,
+) {
+    let env = [
+        ("MANAGED_PART", "roundtrip".to_string()),
+        ("MANAGED_MODEL", model.into()),
+        ("MANAGED_PROMPT", prompt.into()),
+        ("MANAGED_INPUT", input.to_string()),
+        ("MANAGED_RESULT", result.into()),
+        ("MANAGED_SAID", said.into()),
+    ];
+    run_script_with(gw, "anthropic_managed.py", "", &env).await;
+}

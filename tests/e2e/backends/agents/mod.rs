@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 mod rig;
 
 use self::rig::{path_of, rig, rig_edited, Agent};
+use crate::clients::managed_agents::managed_round_trip;
 use crate::support::agents::{agent_processes, agents, no_agent_left};
 use crate::support::{messages, responses, *};
 
@@ -39,6 +40,7 @@ macro_rules! contract {
             a_client_gone_mid_leg_cancels_the_session,
             a_killed_agent_loses_its_held_turn,
             a_per_execution_cap_stops_the_agent_at_its_next_round,
+            a_managed_agents_session_holds_a_custom_tool,
         );
     };
 }
@@ -104,6 +106,19 @@ async fn a_held_round_trip_on_chat_completions(agent: Agent) {
     // The turn's usage was metered.
     let total = usage_total(&gw, ALICE, |t| t["output_tokens"].as_u64() >= Some(40)).await;
     assert_eq!(total["output_tokens"], 40, "{total}");
+}
+
+/// The Managed Agents API (the `anthropic` SDK's `beta.sessions`) on this kind: the custom
+/// tool use is held, answered once, and the agent ends its turn with the result.
+async fn a_managed_agents_session_holds_a_custom_tool(agent: Agent) {
+    let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
+        return;
+    };
+    let input = json!({"path": "a.txt"});
+    let said = "results: contents of a";
+    managed_round_trip(&gw, "agent-one", "read a.txt", input, "contents of a", said).await;
+    // The session was deleted: nothing of its agent is left.
+    no_agent_left(&gw, agent.caps().scratch).await;
 }
 
 async fn a_held_round_trip_on_responses(agent: Agent) {
