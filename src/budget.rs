@@ -163,6 +163,15 @@ impl Budget {
         })
     }
 
+    /// These caps with the per-execution cap tightened to `cap` (an execution's own).
+    pub fn capped(mut self, cap: Option<u64>) -> Budget {
+        self.usd_per_execution = match (self.usd_per_execution, cap) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self
+    }
+
     /// The per-execution cap, when an execution has spent `nanos`.
     pub fn execution_reached(&self, nanos: u64) -> Option<Exceeded> {
         let limit = self.usd_per_execution?;
@@ -271,6 +280,21 @@ mod tests {
             date_of(resets_on(Cap::UsdPerDay, day("2028-02-28"))),
             "2028-02-29"
         );
+    }
+
+    #[test]
+    fn an_executions_own_cap_tightens_the_principals() {
+        let none = Budget::default();
+        assert_eq!(none.capped(None).usd_per_execution, None);
+        assert_eq!(none.capped(Some(5)).usd_per_execution, Some(5));
+        let b = Budget {
+            usd_per_execution: Some(10),
+            ..Budget::default()
+        };
+        assert_eq!(b.capped(None).usd_per_execution, Some(10));
+        assert_eq!(b.capped(Some(5)).usd_per_execution, Some(5));
+        assert_eq!(b.capped(Some(50)).usd_per_execution, Some(10));
+        assert!(b.capped(Some(5)).execution_reached(5).is_some());
     }
 
     #[test]

@@ -300,6 +300,9 @@ pub struct TurnInput {
     pub ephemeral: bool,
     /// When the request arrived (the time until the backend is engaged is gateway overhead).
     pub arrived: Instant,
+    /// A spend cap of this execution's own (nano-USD), applied with the principal's
+    /// per-execution cap (the tighter wins): what is left of a Managed Agents session's budget.
+    pub usd_cap: Option<u64>,
 }
 
 /// A wire format a request body can be relayed in.

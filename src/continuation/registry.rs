@@ -145,6 +145,10 @@ pub trait Parked {
     fn spent(&self) -> u64 {
         0
     }
+    /// The execution's own spend cap besides its principal's (nano-USD).
+    fn cap(&self) -> Option<u64> {
+        None
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,6 +169,8 @@ pub struct PendingView {
     pub durable: bool,
     /// See [`Parked::spent`].
     pub spent: u64,
+    /// See [`Parked::cap`].
+    pub cap: Option<u64>,
 }
 
 struct Tomb {
@@ -456,6 +462,7 @@ impl<P: Parked> Registry<P> {
             tokens: b.tokens.clone(),
             by_reference: b.parked.by_reference(),
             spent: b.parked.spent(),
+            cap: b.parked.cap(),
         }))
     }
 

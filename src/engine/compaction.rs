@@ -98,6 +98,7 @@ pub(super) fn summary_turn(input: TurnInput) -> TurnInput {
         passthrough: None,
         sampling: Default::default(),
         ephemeral: true,
+        usd_cap: None,
         ..input
     }
 }

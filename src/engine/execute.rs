@@ -161,6 +161,7 @@ impl Engine {
             surface: input.surface,
             created: now_unix(),
             spent: None,
+            cap: input.usd_cap,
             trace: Parent::current(),
         };
         let meter = self.inner.budgets.meter(&mut meta, model.price);

@@ -23,6 +23,8 @@ pub struct ExecutionMeta {
     pub created: u64,
     /// What it has spent so far, when its model is priced.
     pub spent: Spent,
+    /// Its own spend cap besides the principal's ([`TurnInput::usd_cap`]).
+    pub cap: Option<u64>,
     /// Its root in a trace (the request that started it); empty when traces are off.
     pub trace: Parent,
 }
@@ -179,6 +181,10 @@ impl Parked for Suspended {
 
     fn spent(&self) -> u64 {
         (self.meta.spent.as_ref()).map_or(0, |s| s.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn cap(&self) -> Option<u64> {
+        self.meta.cap
     }
 
     fn kept_bytes(&self) -> usize {

@@ -56,6 +56,8 @@ pub struct Leg {
     pub round: u32,
     /// The events include the upstream's own chunks (`LegEvent::Relayed`).
     pub native: bool,
+    /// What the execution has spent so far (nano-USD), when its model is priced.
+    pub spent: super::Spent,
     pub events: mpsc::Receiver<LegEvent>,
 }
 
@@ -148,6 +150,7 @@ impl Engine {
         let (tx, rx) = mpsc::channel(64);
         let leg = Leg {
             execution_id: exec.meta.id.clone(),
+            spent: exec.meta.spent.clone(),
             created: exec.meta.created,
             model: exec.meta.model.clone(),
             round: exec.rounds,
@@ -173,7 +176,7 @@ impl Engine {
             // its next model request (the next report) stops it. The cap is read once per
             // leg, and only for a priced execution.
             budget: (exec.meta.spent.is_some())
-                .then(|| self.budget_of(&exec.meta.principal))
+                .then(|| self.budget_of(&exec.meta.principal).capped(exec.meta.cap))
                 .filter(|b| b.usd_per_execution.is_some()),
             crossed: None,
         };

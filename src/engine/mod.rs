@@ -47,6 +47,7 @@ pub use budget::{CapView, Standing};
 pub use ending::EndReason;
 pub use error::{ContinuationError, EngineError, StartError};
 pub use execute::{CompactionAsk, Outcome};
+pub use ledger::Spent;
 pub use leg::{Leg, LegEvent};
 pub use placement::{ApprovalRoute, Owner, OwnerFate};
 

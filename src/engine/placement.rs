@@ -497,6 +497,7 @@ impl Cluster {
                     durable: false,
                     // The owner checks the per-execution cap at its claim.
                     spent: 0,
+                    cap: None,
                 };
                 // By reference, the owner holds the conversation: it checks the rest.
                 if c.bound.is_none() {

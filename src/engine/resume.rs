@@ -255,7 +255,10 @@ impl Engine {
         // execution stops here, and its tokens answer replays with 410. (An execution that
         // spent nothing, an unpriced model's, has nothing to check.)
         let over = (view.spent > 0)
-            .then(|| self.budget_of(&principal.id).execution_reached(view.spent))
+            .then(|| {
+                let budget = self.budget_of(&principal.id).capped(view.cap);
+                budget.execution_reached(view.spent)
+            })
             .flatten();
         if let Some(exceeded) = over {
             self.inner.metrics.budget_refusal(exceeded.cap.as_str());

@@ -360,6 +360,7 @@ fn durable_batch(s: StoredSuspension) -> Batch<Suspended> {
         surface: s.surface,
         created: s.created_at,
         spent: (s.spend > 0).then(|| Arc::new(s.spend.into())),
+        cap: None,
         trace: Default::default(),
     };
     Batch {

@@ -518,6 +518,7 @@ async fn check_is_pure_and_ordered() {
         by_reference: false,
         durable: false,
         spent: 0,
+        cap: None,
     };
     let mut inp = input(json!([{"role": "user", "content": "x"}]));
     let mut c = crate::turn::Continuation {

@@ -61,6 +61,21 @@ pub(super) struct State {
     pub interrupt: Option<tokio_util::sync::CancellationToken>,
     /// The latest turn's execution: its backend thread may be kept for the next turn.
     pub execution: Option<String>,
+    /// What the session has spent (nano-USD): what its turns before the latest one spent
+    /// (`base`) and what the latest one's execution has spent so far.
+    pub spent: u64,
+    pub base: u64,
+    pub execution_spent: crate::engine::Spent,
+}
+
+impl State {
+    /// The session's spend, the running execution's included.
+    pub fn spent(&mut self) -> u64 {
+        let running = self.execution_spent.as_ref();
+        let running = running.map_or(0, |s| s.load(std::sync::atomic::Ordering::Relaxed));
+        self.spent = self.spent.max(self.base.saturating_add(running));
+        self.spent
+    }
 }
 
 pub struct Live {
@@ -90,7 +105,10 @@ impl Live {
     ) -> Result<Live, ApiError> {
         let session = parse_row(&row)?;
         let agent = AgentSpec::of(&session["agent"]);
-        let mut state = State::default();
+        let mut state = State {
+            spent: super::budget::spent(&session),
+            ..State::default()
+        };
         if let Some(system) = &agent.system {
             state.transcript.push(message(Role::System, system));
         }
@@ -259,6 +277,14 @@ impl Live {
             super::runner::withdraw(m, &self.principal, &tokens);
         }
         self.release_thread(m);
+    }
+
+    /// What is left of the session's budget (nano-USD; `None` without one) and what it has
+    /// spent.
+    pub(super) fn budget_left(&self) -> (Option<u64>, u64) {
+        let ceiling = self.object().ok().and_then(|s| super::budget::ceiling(&s));
+        let spent = self.state.lock().spent();
+        (ceiling.map(|c| c.saturating_sub(spent)), spent)
     }
 
     /// Releases the backend thread kept for the session's next turn, if any.

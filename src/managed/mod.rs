@@ -11,6 +11,7 @@
 //! Wire shapes follow the pinned `anthropic` SDK's `beta_managed_agents_*` types.
 
 pub mod agents;
+mod budget;
 pub mod environments;
 pub mod events;
 mod log;

@@ -94,9 +94,13 @@ pub(super) fn fresh<'a>(m: &'a Managed, live: &'a Arc<Live>) -> BoxFuture<'a, ()
             s.phase = Phase::Running;
             s.transcript.clone()
         };
-        let started = match input(live, messages, None) {
-            Ok(turn) => run(m, live, turn, Vec::new()).await,
-            Err(e) => Err(e),
+        let started = match (input(live, messages, None), live.budget_left().0) {
+            (_, Some(0)) => Err(budget_spent()),
+            (Ok(mut turn), left) => {
+                turn.usd_cap = left;
+                run(m, live, turn, Vec::new()).await
+            }
+            (Err(e), _) => Err(e),
         };
         if let Err(e) = started {
             failed(m, live, e).await;
@@ -158,7 +162,12 @@ async fn run(
         s.results.clear();
         s.phase = Phase::Running;
         s.interrupt = Some(stop.clone());
-        s.execution = Some(leg.execution_id.clone());
+        if s.execution.as_deref() != Some(&leg.execution_id) {
+            // A fresh turn: its execution's spend adds to what the session spent before.
+            s.base = s.spent();
+            s.execution_spent = leg.spent.clone();
+            s.execution = Some(leg.execution_id.clone());
+        }
     }
     let mut events = echoes;
     events.push(event("session.status_running", json!({})));
@@ -250,10 +259,25 @@ async fn ended(
         });
         events.push(e);
     }
+    // A held turn over the session's budget is not kept waiting: it ends here.
+    let (left, spent) = live.budget_left();
+    let over = left == Some(0) && !waiting.is_empty();
+    if over {
+        let tokens: Vec<String> = waiting.drain(..).map(|w| w.token).collect();
+        m.engine().withdraw(&live.principal, &tokens).await;
+        let settled = events
+            .iter()
+            .filter(|e| e["type"] == "agent.custom_tool_use");
+        let ids: Vec<String> = settled
+            .filter_map(|e| e["id"].as_str().map(String::from))
+            .collect();
+        live.state.lock().settled.extend(ids);
+    }
     let ids: Vec<&str> = waiting.iter().map(|w| w.event_id.as_str()).collect();
-    let stop = match ids.is_empty() {
-        true => json!({"type": "end_turn"}),
-        false => json!({"type": "requires_action", "event_ids": ids}),
+    let stop = match (over, ids.is_empty()) {
+        (true, _) => json!({"type": "budget_reached"}),
+        (false, true) => json!({"type": "end_turn"}),
+        (false, false) => json!({"type": "requires_action", "event_ids": ids}),
     };
     events.push(idle(stop));
     let more = {
@@ -276,7 +300,7 @@ async fn ended(
     let _ = live
         .rewrite(m, |s| {
             s["status"] = json!(status);
-            add_usage(&mut s["usage"], &usage);
+            add_usage(&mut s["usage"], &usage, spent);
             Ok(())
         })
         .await;
@@ -301,6 +325,7 @@ async fn failed(m: &Managed, live: &Arc<Live>, e: ApiError) {
         _ => ("unknown_error", "retries_exhausted"),
     };
     settle(live);
+    let spent = live.state.lock().spent();
     let error =
         json!({"type": kind, "message": e.to_string(), "retry_status": {"type": "terminal"}});
     let events = vec![
@@ -311,20 +336,31 @@ async fn failed(m: &Managed, live: &Arc<Live>, e: ApiError) {
     let _ = live
         .rewrite(m, |s| {
             s["status"] = json!("idle");
+            add_usage(&mut s["usage"], &Usage::default(), spent);
             Ok(())
         })
         .await;
 }
 
+/// The session's budget is spent: no turn starts.
+fn budget_spent() -> ApiError {
+    ApiError::new(
+        ErrorCode::ExecutionBudgetExceeded,
+        "The session's budget is spent; raise it to go on.",
+    )
+}
+
 /// The turn was interrupted: the session is idle (`user.interrupt` was logged).
 pub(super) async fn interrupted(m: &Managed, live: &Arc<Live>) {
     settle(live);
+    let spent = live.state.lock().spent();
     let _ = live
         .append(m, vec![idle(json!({"type": "end_turn"}))])
         .await;
     let _ = live
         .rewrite(m, |s| {
             s["status"] = json!("idle");
+            add_usage(&mut s["usage"], &Usage::default(), spent);
             Ok(())
         })
         .await;
@@ -358,8 +394,11 @@ fn model_usage(u: &Usage) -> Value {
     })
 }
 
-/// Adds a leg's usage to the session's totals.
-fn add_usage(total: &mut Value, u: &Usage) {
+/// Adds a leg's usage to the session's totals; a priced session's cost is now `spent`.
+fn add_usage(total: &mut Value, u: &Usage, spent: u64) {
+    if total.get("list_cost").is_some() {
+        total["list_cost"] = super::budget::amount(spent);
+    }
     let add = |v: &mut Value, n: u64| *v = json!(v.as_u64().unwrap_or(0).saturating_add(n));
     let m = model_usage(u);
     add(

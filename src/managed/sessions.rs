@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::agents::{self, over_bound, parse_row};
 use super::wire::{self, only, Paging};
-use super::{environments, send};
+use super::{budget, environments, send};
 use super::{not_found, opt_str, refused, store_failed, unsupported_lists, Managed};
 use crate::auth::Principal;
 use crate::error::ApiError;
@@ -29,9 +29,10 @@ const FIELDS: &[&str] = &[
 pub async fn create(m: &Managed, who: &Principal, body: &Value) -> Result<Value, ApiError> {
     only(body, FIELDS)?;
     unsupported_lists(body, &["resources", "vault_ids"])?;
-    if body.get("budget").is_some_and(|b| !b.is_null()) {
-        return Err(refused("budget", "is not supported by this gateway yet"));
-    }
+    let ceiling = match body.get("budget") {
+        None | Some(Value::Null) => None,
+        Some(b) => Some(budget::parse("budget", b)?),
+    };
     let (agent_id, version) = match body.get("agent") {
         Some(Value::String(id)) => (id.as_str(), None),
         Some(a) if a["type"] == "agent" => match a["id"].as_str() {
@@ -70,13 +71,24 @@ pub async fn create(m: &Managed, who: &Principal, body: &Value) -> Result<Value,
     if !agent["archived_at"].is_null() {
         return Err(refused("agent", "the agent is archived"));
     }
+    let model = agent["model"]["id"].as_str().unwrap_or_default();
+    let priced =
+        (m.engine().config().usable_model(&who.id, model)).is_some_and(|c| c.price.is_some());
+    if ceiling.is_some() && !priced {
+        return Err(refused(
+            "budget",
+            format_args!(
+                "the agent's model `{model}` has no price to measure it by (model_not_budgetable)"
+            ),
+        ));
+    }
     let env = environments::retrieve(m, who, env_id).await?;
     if !env["archived_at"].is_null() {
         return Err(refused("environment_id", "the environment is archived"));
     }
     let (at, ms) = wire::now();
     let id = wire::new_id("sesn_");
-    let session = json!({
+    let mut session = json!({
         "type": "session",
         "id": id,
         "status": "idle",
@@ -94,12 +106,15 @@ pub async fn create(m: &Managed, who: &Principal, body: &Value) -> Result<Value,
             "cache_read_input_tokens": 0,
             "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
         },
-        "budget": Value::Null,
+        "budget": ceiling.map(|c| json!({"type": "limit", "max_list_cost": budget::amount(c)})),
         "deployment_id": Value::Null,
         "created_at": at,
         "updated_at": at,
         "archived_at": Value::Null,
     });
+    if priced {
+        session["usage"]["list_cost"] = budget::amount(0);
+    }
     let folder = environments::folder(m, env_id).join(&id);
     std::fs::create_dir_all(&folder).map_err(|e| {
         tracing::error!(error = %e, "a session's working folder could not be made");
@@ -150,7 +165,7 @@ pub async fn update(
     body: &Value,
 ) -> Result<Value, ApiError> {
     only(body, &["title", "metadata", "budget", "vault_ids", "agent"])?;
-    for field in ["budget", "vault_ids", "agent"] {
+    for field in ["vault_ids", "agent"] {
         if body.get(field).is_some_and(|v| !v.is_null()) {
             return Err(refused(field, "cannot be changed by this gateway"));
         }
@@ -161,7 +176,11 @@ pub async fn update(
         None => None,
     };
     let meta = body.get("metadata").cloned();
+    let ceiling = body.get("budget").cloned();
     live.rewrite(m, move |s| {
+        if let Some(b) = &ceiling {
+            budget::update(s, b)?;
+        }
         if let Some(t) = title {
             s["title"] = t;
         }

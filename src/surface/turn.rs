@@ -198,6 +198,7 @@ impl Parts {
             messages: self.messages,
             message_digests: digests,
             tools: self.tools,
+            usd_cap: None,
             tool_choice: self.tool_choice,
             effort: self.effort,
             parallel_tool_calls: self.parallel_tool_calls,

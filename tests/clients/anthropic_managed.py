@@ -6,7 +6,8 @@ Env: TURNSTILE_URL (base URL without /v1), TURNSTILE_KEY (alice), TURNSTILE_OTHE
 MANAGED_MODEL (a model whose agent calls the client tool `read_file` for the prompt; default
 `tool`, the demo backend), MANAGED_PROMPT / MANAGED_INPUT (JSON) / MANAGED_RESULT / MANAGED_SAID
 (what is asked, the call it makes, the result sent and a part of the final text; defaults fit
-the demo), MANAGED_PART (`all`; `roundtrip`, the held call on any backend kind; `hold` /
+the demo), MANAGED_PART (`all`; `roundtrip`, the held call on any backend kind; `budget`, on
+MANAGED_PRICED, a priced model; `release`, the kept thread released when idle; `hold` /
 `after_restart` for the restart test, which share state through MANAGED_STATE, a file path).
 Prints ALL OK at the end.
 """
@@ -249,6 +250,86 @@ def listing(session):
         first.id, events=[{"type": "user.message", "content": [{"type": "text", "text": "x"}]}]), 400)
 
 
+def limit(cents):
+    return {"type": "limit", "max_list_cost": {"amount": str(cents), "currency": "USD"}}
+
+
+def part_budget():
+    """MANAGED_PRICED names a priced model that calls `read_file` three times, each answer
+    followed by a $1 model request: a session's budget withdraws the held use once spent,
+    refuses the next turn, and lets the session go on when raised."""
+    priced = os.environ["MANAGED_PRICED"]
+    env = client.beta.environments.create(name="budgeted")
+    cheap = client.beta.agents.create(name="unpriced", model=MODEL, tools=[READ_FILE])
+    e = expect_error(anthropic.BadRequestError, "unpriced model", lambda: client.beta.sessions.create(
+        agent=cheap.id, environment_id=env.id, budget=limit(100)), 400)
+    check("model_not_budgetable" in e.body["error"]["message"], e.body)
+    expect_error(anthropic.BadRequestError, "bad amount", lambda: client.beta.sessions.create(
+        agent=cheap.id, environment_id=env.id, budget=limit("007")), 400)
+    agent = client.beta.agents.create(name="priced", model=priced, tools=[READ_FILE])
+    session = client.beta.sessions.create(agent=agent.id, environment_id=env.id, budget=limit(50))
+    check(session.budget.max_list_cost.amount == "50" and session.usage.list_cost.amount == "0", session)
+    ask = [{"type": "user.message", "content": [{"type": "text", "text": "read /a"}]}]
+    seen = until_idle(session.id, ask)
+    uses = [e for e in seen if e.type == "agent.custom_tool_use"]
+    check(seen[-1].stop_reason.type == "requires_action" and len(uses) == 1, [e.type for e in seen])
+    # The first result costs a $1 request, over the 50 cents: the next held use is withdrawn.
+    seen = until_idle(session.id, [{"type": "user.custom_tool_result", "custom_tool_use_id": uses[0].id,
+                                    "content": [{"type": "text", "text": "A"}]}])
+    uses = [e for e in seen if e.type == "agent.custom_tool_use"]
+    check(seen[-1].stop_reason.type == "budget_reached" and len(uses) == 1, [e.type for e in seen])
+    got = client.beta.sessions.retrieve(session.id)
+    # (The withdrawn turn may still report what its interrupted request cost.)
+    check(got.status == "idle" and int(got.usage.list_cost.amount) >= 100, got.usage)
+    expect_error(anthropic.APIStatusError, "result after the budget", lambda: client.beta.sessions.events.send(
+        session.id, events=[{"type": "user.custom_tool_result", "custom_tool_use_id": uses[0].id, "content": []}]), 410)
+    # A spent budget starts no turn: no model request.
+    seen = until_idle(session.id, ask)
+    check([e.type for e in seen] == ["user.message", "session.error", "session.status_idle"], [e.type for e in seen])
+    check(seen[1].error.type == "billing_error" and seen[-1].stop_reason.type == "budget_reached", seen)
+    # A budget is only raised above what was spent; then the session goes on.
+    e = expect_error(anthropic.BadRequestError, "lowered budget",
+                     lambda: client.beta.sessions.update(session.id, budget=limit(50)), 400)
+    check("budget_not_raised" in e.body["error"]["message"], e.body)
+    raised = client.beta.sessions.update(session.id, budget=limit(500))
+    check(raised.budget.max_list_cost.amount == "500", raised)
+    seen = until_idle(session.id, ask)
+    check(seen[-1].stop_reason.type == "requires_action", [e.type for e in seen])
+    # Removed, it cannot come back.
+    check(client.beta.sessions.update(session.id, budget=None).budget is None, "removed")
+    expect_error(anthropic.BadRequestError, "re-added budget",
+                 lambda: client.beta.sessions.update(session.id, budget=limit(900)), 400)
+    print("ALL OK")
+
+
+def metric(name):
+    r = httpx.get(f"{URL}/metrics", headers={"authorization": f"Bearer {KEY}"})
+    check(r.status_code == 200, r.text)
+    return sum(float(line.split()[-1]) for line in r.text.splitlines() if line.startswith(name))
+
+
+def part_release():
+    """Under `[continuity] idle_ttl_seconds = 1`: a session's next turn continues its kept
+    backend thread; idle past the TTL, the thread is released and the next turn runs on a
+    fresh one from the transcript."""
+    import time
+    env, agent, session = setup()
+    answer(session, hold(session))
+    hits = metric("turnstile_continuity_hits_total")
+    answer(session, hold(session))
+    check(metric("turnstile_continuity_hits_total") == hits + 1, "the kept thread carried on")
+    released = 'turnstile_continuity_released_total{reason="ttl"}'
+    deadline = time.monotonic() + 30
+    while metric(released) < 1:
+        check(time.monotonic() < deadline, "the idle thread was never released")
+        time.sleep(0.2)
+    misses = metric("turnstile_continuity_misses_total")
+    answer(session, hold(session))
+    check(metric("turnstile_continuity_misses_total") == misses + 1, "a fresh thread")
+    check(metric("turnstile_continuity_hits_total") == hits + 1, "no kept thread")
+    print("ALL OK")
+
+
 def part_hold():
     env, agent, session = setup()
     use = hold(session)
@@ -278,4 +359,4 @@ def part_after_restart():
     print("ALL OK")
 
 
-{"all": main, "roundtrip": part_roundtrip, "hold": part_hold, "after_restart": part_after_restart}[PART]()
+{"all": main, "roundtrip": part_roundtrip, "budget": part_budget, "release": part_release, "hold": part_hold, "after_restart": part_after_restart}[PART]()

@@ -44,6 +44,7 @@ fn durable(execution: &str) -> Batch<Suspended> {
         surface: SurfaceId::Chat,
         created: 0,
         spent: None,
+        cap: None,
         trace: Default::default(),
     };
     Batch {

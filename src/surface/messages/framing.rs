@@ -482,6 +482,7 @@ mod tests {
             model: "m".into(),
             round: 0,
             native: false,
+            spent: None,
             events: rx,
         };
         let framing = Framing {

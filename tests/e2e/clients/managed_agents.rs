@@ -20,6 +20,43 @@ async fn managed_agents_sdk_session_with_a_held_custom_tool() {
     .await;
 }
 
+/// A session's budget on a priced model ($1 per model request after each of three calls): it
+/// withdraws the held use that follows the request that crossed it (`budget_reached`, the use 410), starts no turn once spent, and is raised,
+/// never lowered below the spend, removed and never re-added.
+#[tokio::test]
+async fn managed_agents_session_budget_stops_the_session() {
+    let gw = Gateway::start_raw(Opts::default(), |o, dir| {
+        let price = "{ input_per_mtok = 50000.0, output_per_mtok = 100000.0 }";
+        let model =
+            "\n[[models]]\nid = \"p-metered\"\nbackend = \"demo\"\nbackend_model = \"metered\"\n";
+        format!("{}{model}price = {price}\n", config_text(o, dir))
+    })
+    .await;
+    let env = [
+        ("MANAGED_PART", "budget".to_string()),
+        ("MANAGED_PRICED", "p-metered".into()),
+    ];
+    run_script_with(&gw, "anthropic_managed.py", "", &env).await;
+}
+
+/// A session's turns carry on its kept backend thread; idle past `[continuity]
+/// idle_ttl_seconds` it is released, and the next turn runs from the transcript.
+#[tokio::test]
+async fn managed_agents_idle_session_releases_its_thread_and_resumes_by_transcript() {
+    let gw = Gateway::start_with(Opts {
+        continuity: "idle_ttl_seconds = 1",
+        ..Opts::default()
+    })
+    .await;
+    run_script_with(
+        &gw,
+        "anthropic_managed.py",
+        "",
+        &[("MANAGED_PART", "release".into())],
+    )
+    .await;
+}
+
 /// A session held on a custom tool use when the gateway restarts: the history is intact, the
 /// use answers 410, the session shows `session.error` and `retries_exhausted`, and goes on.
 #[tokio::test]
