@@ -303,6 +303,9 @@ pub struct TurnInput {
     /// A spend cap of this execution's own (nano-USD), applied with the principal's
     /// per-execution cap (the tighter wins): what is left of a Managed Agents session's budget.
     pub usd_cap: Option<u64>,
+    /// An approval policy of this execution's own, which narrows the model's (never
+    /// widens it): a Managed Agents session's permission policies.
+    pub approvals: Option<crate::config::ApprovalPolicy>,
 }
 
 /// A wire format a request body can be relayed in.

@@ -303,14 +303,27 @@ impl Approvals {
             .await
     }
 
-    /// A human decision, with the reason they gave. Exactly one concurrent decision wins; the
-    /// rest see the settled record.
+    /// A human decision, with the reason they gave (recorded, not sent to the backend).
+    /// Exactly one concurrent decision wins; the rest see the settled record.
     pub async fn decide(
         &self,
         id: &str,
         approve: bool,
         reason: Option<&str>,
         who: &Principal,
+    ) -> Result<ApprovalRecord, DecideError> {
+        self.decide_telling(id, approve, reason, who, false).await
+    }
+
+    /// [`Self::decide`]; with `tell`, a denial's reason also reaches the backend's model (a
+    /// Managed Agents `deny_message`, written for the model by the session's owner).
+    pub async fn decide_telling(
+        &self,
+        id: &str,
+        approve: bool,
+        reason: Option<&str>,
+        who: &Principal,
+        tell: bool,
     ) -> Result<ApprovalRecord, DecideError> {
         let record = self.get(id, who).await.ok_or(DecideError::NotFound)?;
         let settling = self.settling.lock().await;
@@ -333,7 +346,8 @@ impl Approvals {
         drop(settling);
         match written {
             Ok(ids) if ids.len() == 1 => {
-                waiter.responder.answer(approve);
+                let reason = reason.filter(|_| tell && !approve).map(str::to_string);
+                waiter.responder.answer_with(approve, reason);
                 waiter.span.decided(state, human);
                 let settled = self.settled(id, record).await;
                 tracing::info!(approval = %id, state, decided_by = %who.id, "approval decided");

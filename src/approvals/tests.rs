@@ -175,3 +175,55 @@ async fn restart_orphans_pending() {
         Err(DecideError::AlreadyDecided(_))
     ));
 }
+
+/// A decision's reason is recorded; it reaches the backend only when the decider wrote it for
+/// the model (`decide_telling`), and only with a denial.
+#[tokio::test]
+async fn only_a_told_denials_reason_reaches_the_backend() {
+    let a = Approvals::new(Arc::new(Store::open_in_memory().await.unwrap()))
+        .await
+        .unwrap();
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let heard = heard.clone();
+        let ask = ApprovalAsk {
+            kind: ApprovalKind::Command,
+            summary: json!({"command": "ls"}),
+            action_digest: [1; 32],
+            responder: ApprovalResponder::with_reason(move |ok, why| heard.lock().push((ok, why))),
+        };
+        let r = a
+            .create(
+                "alice",
+                "exe-1",
+                "m",
+                ask,
+                Duration::from_secs(60),
+                &Default::default(),
+            )
+            .await
+            .unwrap();
+        ids.push(r.id);
+    }
+    let alice = who("alice", false);
+    a.decide(&ids[0], false, Some("console"), &alice)
+        .await
+        .unwrap();
+    a.decide_telling(&ids[1], false, Some("not now"), &alice, true)
+        .await
+        .unwrap();
+    let r = a
+        .decide_telling(&ids[2], true, Some("ok"), &alice, true)
+        .await
+        .unwrap();
+    assert_eq!(r.decision_reason.as_deref(), Some("ok"));
+    assert_eq!(
+        *heard.lock(),
+        [
+            (false, None),
+            (false, Some("not now".to_string())),
+            (true, None)
+        ]
+    );
+}

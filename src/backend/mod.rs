@@ -192,21 +192,35 @@ impl ApprovalKind {
 
 /// Answers one backend approval request exactly once. Dropping it unanswered declines
 /// (fail closed), so the backend is never left hanging.
+/// The decision, and the decider's reason when it is meant for the backend.
+type Decided = Box<dyn FnOnce(bool, Option<String>) + Send>;
+
 pub struct ApprovalResponder {
-    answer: Option<Box<dyn FnOnce(bool) + Send>>,
+    answer: Option<Decided>,
 }
 
 impl ApprovalResponder {
     pub fn new(answer: impl FnOnce(bool) + Send + 'static) -> Self {
+        Self::with_reason(move |approve, _| answer(approve))
+    }
+
+    /// A responder for a backend that can tell its model why a side effect was declined.
+    pub fn with_reason(answer: impl FnOnce(bool, Option<String>) + Send + 'static) -> Self {
         ApprovalResponder {
             answer: Some(Box::new(answer)),
         }
     }
 
     /// `true` lets the side effect run; `false` declines it.
-    pub fn answer(mut self, approve: bool) {
+    pub fn answer(self, approve: bool) {
+        self.answer_with(approve, None)
+    }
+
+    /// [`Self::answer`] with the decider's reason, which a backend that can reaches its
+    /// model on a decline.
+    pub fn answer_with(mut self, approve: bool, reason: Option<String>) {
         if let Some(f) = self.answer.take() {
-            f(approve);
+            f(approve, reason);
         }
     }
 }
@@ -214,7 +228,7 @@ impl ApprovalResponder {
 impl Drop for ApprovalResponder {
     fn drop(&mut self) {
         if let Some(f) = self.answer.take() {
-            f(false);
+            f(false, None);
         }
     }
 }

@@ -66,12 +66,48 @@ pub enum Decision {
     Ask,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+impl Decision {
+    /// The stricter of two decisions (`allow` < `ask` < `deny`).
+    pub fn stricter(self, other: Decision) -> Decision {
+        let rank = |d: Decision| match d {
+            Decision::Allow => 0,
+            Decision::Ask => 1,
+            Decision::Deny => 2,
+        };
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApprovalPolicy {
     pub command: Decision,
     pub file_change: Decision,
     pub permissions: Decision,
     pub elicitation: Decision,
+}
+
+impl ApprovalPolicy {
+    /// Every kind allowed (what a narrowing that narrows nothing says).
+    pub const ALLOW_ALL: ApprovalPolicy = ApprovalPolicy {
+        command: Decision::Allow,
+        file_change: Decision::Allow,
+        permissions: Decision::Allow,
+        elicitation: Decision::Allow,
+    };
+
+    /// This policy narrowed by `other`, kind by kind: never wider than either.
+    pub fn narrowed(self, other: &ApprovalPolicy) -> ApprovalPolicy {
+        ApprovalPolicy {
+            command: self.command.stricter(other.command),
+            file_change: self.file_change.stricter(other.file_change),
+            permissions: self.permissions.stricter(other.permissions),
+            elicitation: self.elicitation.stricter(other.elicitation),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -99,6 +99,7 @@ pub(super) fn summary_turn(input: TurnInput) -> TurnInput {
         sampling: Default::default(),
         ephemeral: true,
         usd_cap: None,
+        approvals: None,
         ..input
     }
 }

@@ -162,6 +162,7 @@ impl Engine {
             created: now_unix(),
             spent: None,
             cap: input.usd_cap,
+            approvals: input.approvals,
             trace: Parent::current(),
         };
         let meter = self.inner.budgets.meter(&mut meta, model.price);

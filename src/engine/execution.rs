@@ -25,6 +25,8 @@ pub struct ExecutionMeta {
     pub spent: Spent,
     /// Its own spend cap besides the principal's ([`TurnInput::usd_cap`]).
     pub cap: Option<u64>,
+    /// Its own narrowing of the model's approval policy ([`TurnInput::approvals`]).
+    pub approvals: Option<crate::config::ApprovalPolicy>,
     /// Its root in a trace (the request that started it); empty when traces are off.
     pub trace: Parent,
 }

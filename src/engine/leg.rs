@@ -35,8 +35,9 @@ pub enum LegEvent {
     /// The upstream's own Chat Completions chunk (or whole body), tool calls removed; only on
     /// a leg whose `native` flag is set, for a surface that relays that wire.
     Relayed(crate::turn::Relayed),
-    /// Something a human watching the stream should know (an approval is pending).
-    Notice(String),
+    /// A side effect of the backend's own, as the approval policy answered it (a pending
+    /// approval is something a human watching the stream should know).
+    Approval(super::ApprovalNotice),
     /// The answer was cut at the output token limit; `End` follows.
     Truncated,
     /// The leg is over: `calls` empty means the turn finished (`stop`), else it is suspended.
@@ -258,7 +259,7 @@ impl Engine {
                 let notice =
                     approval_policy::apply(&cfg, &i.store, &i.approvals, meta, *ask, &at).await;
                 if let Some(n) = notice {
-                    let _ = tx.send(LegEvent::Notice(n)).await;
+                    let _ = tx.send(LegEvent::Approval(n)).await;
                 }
             }
             Some(TurnEvent::Yield) if !got.calls.is_empty() => return Next::Suspend,

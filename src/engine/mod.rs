@@ -43,6 +43,7 @@ mod timer;
 
 pub use activity::{BackendView, SuspendedView, ThreadView};
 pub use admission::Slot;
+pub use approval_policy::ApprovalNotice;
 pub use budget::{CapView, Standing};
 pub use ending::EndReason;
 pub use error::{ContinuationError, EngineError, StartError};

@@ -361,6 +361,7 @@ fn durable_batch(s: StoredSuspension) -> Batch<Suspended> {
         created: s.created_at,
         spent: (s.spend > 0).then(|| Arc::new(s.spend.into())),
         cap: None,
+        approvals: None,
         trace: Default::default(),
     };
     Batch {

@@ -248,7 +248,7 @@ async fn finish(mut leg: Leg) -> Result<(String, Vec<crate::turn::ExposedCall>),
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::End { calls, .. } => return Ok((text, calls)),
             LegEvent::Error(e) => return Err(e),
-            LegEvent::Relayed(_) | LegEvent::Notice(_) | LegEvent::Truncated => {}
+            LegEvent::Relayed(_) | LegEvent::Approval(_) | LegEvent::Truncated => {}
             LegEvent::Reasoning(_) => {}
         }
     }

@@ -1,19 +1,21 @@
 //! Agents: create, retrieve (a version or the latest), versioned update, list, versions,
 //! archive. `model` names a Turnstile model the caller may use, so an agent runs on whatever
 //! backend kind that model uses. Custom tools are the client's own (held when the agent calls
-//! them); the agent toolset is the backend's own tools under the model's approval policy
-//! (`always_allow`; `always_ask`, `auto` and disabled tools are refused for now). What Turnstile
-//! does not have (skills, MCP servers, multiagent, other execution identities) is refused
-//! with 400 naming the field.
+//! them); the agent toolset is the backend's own tools under the model's approval policy,
+//! narrowed by its permission policies (`always_allow`, `always_ask`; a disabled `bash`,
+//! `edit` or `write` denies; `auto` and other disabled tools are refused). What Turnstile does
+//! not have (skills, MCP servers, multiagent, other execution identities) is refused with 400
+//! naming the field.
 
 use serde_json::{json, Map, Value};
 
 use super::wire::{self, only, page, Paging};
 use super::{not_found, opt_str, refused, store_failed, unsupported_lists, Managed};
 use crate::auth::Principal;
+use crate::config::Decision;
 use crate::error::{ApiError, ErrorCode};
 use crate::store::ManagedRow;
-use crate::turn::{Effort, ToolDef};
+use crate::turn::Effort;
 
 const KIND: &str = "agent";
 const FIELDS: &[&str] = &[
@@ -40,6 +42,9 @@ const TOOLSET: &[&str] = &[
     "web_fetch",
     "web_search",
 ];
+/// The toolset's tools that Turnstile sees only as `permissions` side effects (where a backend
+/// asks at all), so it cannot disable them.
+pub(super) const UNGATED: &[&str] = &["read", "glob", "grep", "web_fetch", "web_search"];
 const POLICIES: &[&str] = &["always_allow", "always_ask", "auto"];
 
 /// `POST /v1/agents`.
@@ -195,6 +200,28 @@ fn apply(m: &Managed, who: &Principal, agent: &mut Value, body: &Value) -> Resul
     if let Some(tools) = body.get("tools") {
         agent["tools"] = self::tools(tools)?;
     }
+    enforceable(m, agent)
+}
+
+/// A toolset that asks or denies needs a backend that asks: a Codex model under
+/// `approval_policy = "never"` runs every command and patch unasked (its sandbox is the
+/// guard), so a confirmation could never be enforced there (refused, never silently widened).
+fn enforceable(m: &Managed, agent: &Value) -> Result<(), ApiError> {
+    let spec = super::spec::AgentSpec::of(agent);
+    let Some(own) = spec.approvals else {
+        return Ok(());
+    };
+    let cfg = m.engine().config();
+    let Some(model) = cfg.model(&spec.model) else {
+        return Ok(());
+    };
+    let never = model.codex.approval_policy.as_deref() == Some("never");
+    if never && (own.command != Decision::Allow || own.file_change != Decision::Allow) {
+        return Err(refused(
+            "tools",
+            format!("`always_ask` or a disabled tool cannot be enforced on `{}`: its backend never asks before a command or a file change (approval_policy = \"never\")", spec.model),
+        ));
+    }
     Ok(())
 }
 
@@ -321,18 +348,26 @@ fn tools(v: &Value) -> Result<Value, ApiError> {
 }
 
 /// The agent toolset with its defaults resolved: enabled, `always_allow` (the model's own
-/// policy decides).
+/// policy decides). Only the tools whose side effects go through the approval policy (`bash`
+/// a command, `edit` and `write` a file change) can be disabled: the others run wherever the
+/// backend has them.
 fn toolset(t: &Value, at: &dyn Fn(&str) -> String) -> Result<Value, ApiError> {
     let default = &t["default_config"];
     let enabled = default["enabled"].as_bool().unwrap_or(true);
-    if !enabled
-        || t["configs"]
-            .as_array()
-            .is_some_and(|c| c.iter().any(|c| c["enabled"] == false))
-    {
+    let configs = t["configs"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let disabled = |name: &str| {
+        let own = configs.iter().find(|c| c["name"] == name);
+        !own.and_then(|c| c["enabled"].as_bool()).unwrap_or(enabled)
+    };
+    if let Some(tool) = UNGATED.iter().find(|t| disabled(t)) {
         return Err(refused(
-            at("default_config.enabled"),
-            "a disabled tool is not supported by this gateway yet",
+            at("configs"),
+            format!(
+                "disabling `{tool}` is not supported by this gateway (only bash, edit and write)"
+            ),
         ));
     }
     let policy = policy(
@@ -380,11 +415,11 @@ fn toolset(t: &Value, at: &dyn Fn(&str) -> String) -> Result<Value, ApiError> {
 fn policy(v: &Value, field: &str) -> Result<Value, ApiError> {
     match v["type"].as_str() {
         None if v.is_null() => Ok(json!({"type": "always_allow"})),
-        Some("always_allow") => Ok(json!({"type": "always_allow"})),
-        // Refused until tool confirmations reach the session: never silently widened.
+        Some(p @ ("always_allow" | "always_ask")) => Ok(json!({ "type": p })),
+        // The model's own judgement per invocation: not something Turnstile has.
         Some(p) if POLICIES.contains(&p) => Err(refused(
             field,
-            format!("`{p}` is not supported by this gateway yet"),
+            format!("`{p}` is not supported by this gateway"),
         )),
         _ => Err(refused(field, "must be always_allow, always_ask or auto")),
     }
@@ -459,84 +494,6 @@ pub(super) fn paged(
     let next = more.then(|| rows.last().map(&cursor)).flatten();
     let data = rows.iter().map(parse_row).collect::<Result<_, _>>()?;
     Ok(page(data, next))
-}
-
-/// What a session runs of an agent version: its model, instructions and tools.
-#[derive(Debug, Clone)]
-pub struct AgentSpec {
-    pub model: String,
-    pub effort: Option<Effort>,
-    pub system: Option<String>,
-    /// The custom tools, as the backend receives them and as the wire has them.
-    pub tools: Vec<ToolDef>,
-    pub tools_json: Vec<Value>,
-    /// The agent toolset asks before a command or a file change where the model allows it.
-    pub ask_commands: bool,
-    pub ask_file_changes: bool,
-    pub deny_commands: bool,
-    pub deny_file_changes: bool,
-}
-
-impl AgentSpec {
-    /// Reads a session's agent snapshot (the stored shape).
-    pub fn of(agent: &Value) -> AgentSpec {
-        let model = agent["model"]["id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let effort = agent["model"]["effort"]["type"].as_str().and_then(effort);
-        let mut spec = AgentSpec {
-            model,
-            effort,
-            system: agent["system"].as_str().map(str::to_string),
-            tools: Vec::new(),
-            tools_json: Vec::new(),
-            ask_commands: false,
-            ask_file_changes: false,
-            deny_commands: false,
-            deny_file_changes: false,
-        };
-        for t in agent["tools"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-        {
-            match t["type"].as_str() {
-                Some("custom") => {
-                    spec.tools.push(ToolDef {
-                        name: t["name"].as_str().unwrap_or_default().to_string(),
-                        description: t["description"].as_str().unwrap_or_default().to_string(),
-                        parameters: t["input_schema"].clone(),
-                    });
-                    spec.tools_json.push(t.clone());
-                }
-                Some("agent_toolset_20260401") => spec.gate(t),
-                _ => {}
-            }
-        }
-        spec
-    }
-
-    /// The toolset's policies for the two kinds of side effect the approval policy sees:
-    /// `bash` for commands, `edit` and `write` for file changes (a disabled tool denies).
-    fn gate(&mut self, toolset: &Value) {
-        let default = &toolset["default_config"];
-        let config = |name: &str| {
-            toolset["configs"]
-                .as_array()
-                .and_then(|c| c.iter().find(|c| c["name"] == name))
-                .unwrap_or(default)
-                .clone()
-        };
-        let asks = |c: &Value| c["permission_policy"]["type"] == "always_ask";
-        let off = |c: &Value| c["enabled"] == false;
-        let bash = config("bash");
-        let (edit, write) = (config("edit"), config("write"));
-        self.ask_commands = asks(&bash);
-        self.deny_commands = off(&bash);
-        self.ask_file_changes = asks(&edit) || asks(&write);
-        self.deny_file_changes = off(&edit) || off(&write);
-    }
 }
 
 /// The agent as a session snapshots it (no timestamps, no metadata).

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
-use super::agents::{parse_row, AgentSpec};
+use super::agents::parse_row;
+use super::spec::AgentSpec;
 use super::{store_failed, wire, Managed};
 use crate::auth::Principal;
 use crate::error::{ApiError, ErrorCode};
@@ -50,6 +51,8 @@ pub(super) struct State {
     pub phase: Phase,
     pub transcript: Vec<Message>,
     pub waiting: Vec<Waiting>,
+    /// The backend's own tool uses that wait on a `user.tool_confirmation`.
+    pub confirming: Vec<super::confirm::Confirming>,
     /// Results of the waiting uses received so far, by event id.
     pub results: HashMap<String, Message>,
     pub answered: HashSet<String>,

@@ -12,12 +12,14 @@
 
 pub mod agents;
 mod budget;
+mod confirm;
 pub mod environments;
 pub mod events;
 mod log;
 mod runner;
 mod send;
 pub mod sessions;
+mod spec;
 pub mod wire;
 
 use std::collections::HashMap;

@@ -10,8 +10,10 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
+use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
+use super::confirm;
 use super::log::{event, idle, message, Live, Phase, Waiting};
 use super::Managed;
 use crate::engine::{EngineError, Leg, LegEvent, Outcome};
@@ -54,7 +56,7 @@ fn input(
         }
     };
     let spec = &live.agent;
-    Ok(Parts {
+    let mut turn = Parts {
         surface: SurfaceId::Managed,
         projection: Projection {
             digest: message_digest,
@@ -77,7 +79,9 @@ fn input(
         sampling: Sampling::default(),
         arrived: tokio::time::Instant::now(),
     }
-    .build())
+    .build();
+    turn.approvals = spec.approvals;
+    Ok(turn)
 }
 
 /// Starts a fresh turn with the queued user messages. The caller holds the session's gate.
@@ -192,11 +196,21 @@ async fn consume(m: Managed, live: Arc<Live>, mut leg: Leg, stop: CancellationTo
     }
     let mut text = String::new();
     let mut thinking = false;
+    let (mut approvals, mut watching) = (m.engine().approvals().subscribe(), true);
     loop {
         let next = tokio::select! {
             _ = stop.cancelled() => {
                 drop(leg);
                 return interrupted(&m, &live).await;
+            }
+            settled = approvals.recv(), if watching => {
+                match settled {
+                    Ok(ev) => confirm::on_settled(&m, &live, &ev).await,
+                    Err(RecvError::Closed) => watching = false,
+                    // Missed settlements: a confirmation of one answers 410.
+                    Err(RecvError::Lagged(_)) => {}
+                }
+                continue;
             }
             next = leg.events.recv() => next,
         };
@@ -208,6 +222,7 @@ async fn consume(m: Managed, live: Arc<Live>, mut leg: Leg, stop: CancellationTo
                     .append(&m, vec![event("agent.thinking", json!({}))])
                     .await;
             }
+            Some(LegEvent::Approval(n)) => confirm::on_approval(&m, &live, n).await,
             Some(LegEvent::End { calls, usage }) => {
                 return ended(&m, &live, (text, calls, usage), start_id).await
             }
@@ -293,6 +308,8 @@ async fn ended(
         s.waiting = waiting;
         s.results.clear();
         s.interrupt = None;
+        let unconfirmed: Vec<String> = s.confirming.drain(..).map(|c| c.event_id).collect();
+        s.settled.extend(unconfirmed);
         more
     };
     let _ = live.append(m, events).await;
@@ -371,6 +388,8 @@ pub(super) fn settle(live: &Live) {
     let mut s = live.state.lock();
     let left: Vec<String> = s.waiting.drain(..).map(|w| w.event_id).collect();
     s.settled.extend(left);
+    let unconfirmed: Vec<String> = s.confirming.drain(..).map(|c| c.event_id).collect();
+    s.settled.extend(unconfirmed);
     s.results.clear();
     s.phase = Phase::Idle;
     s.interrupt = None;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use super::confirm::{self, Confirmation};
 use super::log::{event, message, text_of, Live, Phase};
 use super::wire::only;
 use super::{refused, runner, Managed};
@@ -22,6 +23,7 @@ enum Sent {
     Message(Message),
     Interrupt,
     Result { use_id: String, result: Message },
+    Confirm(Confirmation),
 }
 
 pub async fn send(m: &Managed, who: &Principal, id: &str, body: &Value) -> Result<Value, ApiError> {
@@ -76,6 +78,12 @@ pub async fn send(m: &Managed, who: &Principal, id: &str, body: &Value) -> Resul
                 if complete {
                     resume(m, &live, std::mem::take(&mut echoes)).await?;
                 }
+            }
+            Sent::Confirm(c) => {
+                if !echoes.is_empty() {
+                    live.append(m, std::mem::take(&mut echoes)).await?;
+                }
+                confirm::confirm(m, &live, who, c, echo).await?;
             }
         }
     }
@@ -192,10 +200,7 @@ fn check(m: &Managed, live: &Live, events: &[Value]) -> Result<Vec<Sent>, ApiErr
                 }
             }
             Some("user.tool_confirmation") => {
-                return Err(ApiError::new(
-                    ErrorCode::ContinuationNotFound,
-                    "The session does not wait on a confirmation of a tool use with this id.",
-                ))
+                Sent::Confirm(confirmation(&state, e, &at, &mut results)?)
             }
             Some(other) => {
                 return Err(refused(
@@ -222,6 +227,69 @@ fn check(m: &Managed, live: &Live, events: &[Value]) -> Result<Vec<Sent>, ApiErr
         }
     }
     Ok(out)
+}
+
+/// A `user.tool_confirmation` of a tool use the session waits on (409 answered, 410 no
+/// longer waiting, 404 unknown).
+fn confirmation<'a>(
+    state: &super::log::State,
+    e: &'a Value,
+    at: &dyn Fn(&str) -> String,
+    seen: &mut HashSet<&'a str>,
+) -> Result<Confirmation, ApiError> {
+    only(
+        e,
+        &[
+            "type",
+            "tool_use_id",
+            "result",
+            "deny_message",
+            "session_thread_id",
+        ],
+    )
+    .map_err(|_| {
+        refused(
+            at("type"),
+            "has a field user.tool_confirmation does not take",
+        )
+    })?;
+    let Some(use_id) = e["tool_use_id"].as_str() else {
+        return Err(refused(at("tool_use_id"), "is required"));
+    };
+    let allow = match e["result"].as_str() {
+        Some("allow") => true,
+        Some("deny") => false,
+        _ => return Err(refused(at("result"), "must be `allow` or `deny`")),
+    };
+    let deny_message = match &e["deny_message"] {
+        Value::Null => None,
+        Value::String(s) if !allow => Some(s.clone()),
+        Value::String(_) => return Err(refused(at("deny_message"), "is only allowed with `deny`")),
+        _ => return Err(refused(at("deny_message"), "must be a string")),
+    };
+    if state.answered.contains(use_id) || !seen.insert(use_id) {
+        return Err(ApiError::new(
+            ErrorCode::ContinuationAlreadyResolved,
+            "This tool use is already confirmed.",
+        ));
+    }
+    if state.settled.contains(use_id) {
+        return Err(ApiError::new(
+            ErrorCode::ContinuationLost,
+            "This tool use no longer waits on a confirmation (decided elsewhere, expired, or its turn ended).",
+        ));
+    }
+    if !state.confirming.iter().any(|c| c.event_id == use_id) {
+        return Err(ApiError::new(
+            ErrorCode::ContinuationNotFound,
+            "The session does not wait on a confirmation of a tool use with this id.",
+        ));
+    }
+    Ok(Confirmation {
+        use_id: use_id.to_string(),
+        allow,
+        deny_message,
+    })
 }
 
 /// A content list's text (text blocks only; a tool result may also be empty).

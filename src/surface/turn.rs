@@ -199,6 +199,7 @@ impl Parts {
             message_digests: digests,
             tools: self.tools,
             usd_cap: None,
+            approvals: None,
             tool_choice: self.tool_choice,
             effort: self.effort,
             parallel_tool_calls: self.parallel_tool_calls,

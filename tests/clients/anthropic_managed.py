@@ -7,7 +7,8 @@ MANAGED_MODEL (a model whose agent calls the client tool `read_file` for the pro
 `tool`, the demo backend), MANAGED_PROMPT / MANAGED_INPUT (JSON) / MANAGED_RESULT / MANAGED_SAID
 (what is asked, the call it makes, the result sent and a part of the final text; defaults fit
 the demo), MANAGED_PART (`all`; `roundtrip`, the held call on any backend kind; `budget`, on
-MANAGED_PRICED, a priced model; `release`, the kept thread released when idle; `hold` /
+MANAGED_PRICED, a priced model; `release`, the kept thread released when idle; `confirm`,
+backend tools under always_ask (see part_confirm); `hold` /
 `after_restart` for the restart test, which share state through MANAGED_STATE, a file path).
 Prints ALL OK at the end.
 """
@@ -216,7 +217,9 @@ def refused(agent, env):
         ("tools[0].type", lambda: client.beta.agents.create(name="t", model=MODEL, tools=[
             {"type": "mcp_toolset", "mcp_server_name": "gh"}])),
         ("tools[0].default_config.permission_policy", lambda: client.beta.agents.create(name="a", model=MODEL, tools=[
-            {"type": "agent_toolset_20260401", "default_config": {"permission_policy": {"type": "always_ask"}}}])),
+            {"type": "agent_toolset_20260401", "default_config": {"permission_policy": {"type": "auto"}}}])),
+        ("tools[0].configs", lambda: client.beta.agents.create(name="r", model=MODEL, tools=[
+            {"type": "agent_toolset_20260401", "configs": [{"name": "read", "enabled": False}]}])),
         ("resources", lambda: client.beta.sessions.create(agent=agent.id, environment_id=env.id, resources=[
             {"type": "file", "file_id": "file_1"}])),
         ("vault_ids", lambda: client.beta.sessions.create(agent=agent.id, environment_id=env.id, vault_ids=["v1"])),
@@ -330,6 +333,76 @@ def part_release():
     print("ALL OK")
 
 
+def said_in(seen):
+    return "".join(b.text for e in seen if e.type == "agent.message" for b in e.content)
+
+
+def ask_tool(session, text):
+    """A message whose turn runs a backend tool under always_ask: the tool use waits."""
+    seen = until_idle(session.id, [{"type": "user.message", "content": [{"type": "text", "text": text}]}])
+    uses = [e for e in seen if e.type == "agent.tool_use"]
+    check(len(uses) == 1 and uses[0].name == "bash" and uses[0].evaluated_permission == "ask", seen)
+    check(uses[0].evaluation.type == "always_ask", uses[0])
+    idle = seen[-1]
+    check(idle.stop_reason.type == "requires_action" and idle.stop_reason.event_ids == [uses[0].id], idle)
+    check(client.beta.sessions.retrieve(session.id).status == "idle", "idle while it waits")
+    return uses[0]
+
+
+def part_confirm():
+    """MANAGED_MODEL allows commands in its TOML policy; the agent's toolset asks for `bash`:
+    the session waits on a tool confirmation of the one approval queue, allowed then denied
+    (MANAGED_ALLOWED / MANAGED_DENIED in what the agent says after; MANAGED_DENY_SEEN=1: the
+    deny_message reaches the model). MANAGED_DENY_MODEL, when set, denies commands in its
+    TOML policy: the toolset's always_allow does not widen it."""
+    env = client.beta.environments.create(name="confirm")
+    toolset = {"type": "agent_toolset_20260401",
+               "configs": [{"name": "bash", "permission_policy": {"type": "always_ask"}}]}
+    agent = client.beta.agents.create(name="asker", model=MODEL, tools=[toolset])
+    check(agent.tools[0].configs[0].permission_policy.type == "always_ask", agent.tools)
+    session = client.beta.sessions.create(agent=agent.id, environment_id=env.id)
+    use = ask_tool(session, PROMPT)
+    # The same approval the console and /v1/approvals show.
+    headers = {"authorization": f"Bearer {KEY}"}
+    pending = httpx.get(f"{URL}/v1/approvals", headers=headers, params={"state": "pending"}).json()["data"]
+    check(len(pending) == 1 and pending[0]["kind"] == "command", pending)
+    confirm = lambda result, **more: [{"type": "user.tool_confirmation", "tool_use_id": use.id, "result": result, **more}]
+    expect_error(anthropic.NotFoundError, "foreign confirmation",
+                 lambda: other.beta.sessions.events.send(session.id, events=confirm("allow")), 404)
+    expect_error(anthropic.BadRequestError, "deny_message with allow", lambda: client.beta.sessions.events.send(
+        session.id, events=confirm("allow", deny_message="x")), 400)
+    seen = until_idle(session.id, confirm("allow"))
+    types = [e.type for e in seen]
+    check(types[:2] == ["user.tool_confirmation", "session.status_running"], types)
+    check(seen[-1].stop_reason.type == "end_turn", types)
+    check(os.environ["MANAGED_ALLOWED"] in said_in(seen), said_in(seen))
+    expect_error(anthropic.ConflictError, "second confirmation",
+                 lambda: client.beta.sessions.events.send(session.id, events=confirm("deny")), 409)
+    decided = httpx.get(f"{URL}/v1/approvals/{pending[0]['id']}", headers=headers).json()
+    check(decided["state"] == "approved", decided)
+    # Denied, with a message for the model (a new session: a fresh conversation).
+    session = client.beta.sessions.create(agent=agent.id, environment_id=env.id)
+    use = ask_tool(session, PROMPT)
+    seen = until_idle(session.id, confirm("deny", deny_message="not on a friday"))
+    check(seen[-1].stop_reason.type == "end_turn", [e.type for e in seen])
+    said = said_in(seen)
+    check(os.environ["MANAGED_DENIED"] in said, said)
+    if os.environ.get("MANAGED_DENY_SEEN") == "1":
+        check("not on a friday" in said, said)
+    denied = httpx.get(f"{URL}/v1/approvals", headers=headers, params={"state": "denied"}).json()["data"]
+    check(len(denied) == 1 and denied[0]["decision_reason"] == "not on a friday", denied)
+    deny_model = os.environ.get("MANAGED_DENY_MODEL")
+    if deny_model:
+        widened = client.beta.agents.create(name="wide", model=deny_model,
+                                            tools=[{"type": "agent_toolset_20260401"}])
+        s2 = client.beta.sessions.create(agent=widened.id, environment_id=env.id)
+        seen = until_idle(s2.id, [{"type": "user.message", "content": [{"type": "text", "text": PROMPT}]}])
+        uses = [e for e in seen if e.type == "agent.tool_use"]
+        check(len(uses) == 1 and uses[0].evaluated_permission == "deny" and uses[0].evaluation is None, seen)
+        check(seen[-1].stop_reason.type == "end_turn", [e.type for e in seen])
+    print("ALL OK")
+
+
 def part_hold():
     env, agent, session = setup()
     use = hold(session)
@@ -359,4 +432,4 @@ def part_after_restart():
     print("ALL OK")
 
 
-{"all": main, "roundtrip": part_roundtrip, "budget": part_budget, "release": part_release, "hold": part_hold, "after_restart": part_after_restart}[PART]()
+{"all": main, "roundtrip": part_roundtrip, "budget": part_budget, "release": part_release, "confirm": part_confirm, "hold": part_hold, "after_restart": part_after_restart}[PART]()

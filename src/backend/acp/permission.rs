@@ -101,7 +101,8 @@ pub(super) fn ask(
     let action = json!({"kind": acp_kind, "title": title, "input": input});
     let (allow, reject) = (option(options, true), option(options, false));
     let decided = move |approve| reply(if approve { allow } else { reject });
-    crate::backend::agent::approval(kind, summary, &action, decided)
+    let responder = crate::backend::ApprovalResponder::new(decided);
+    crate::backend::agent::approval(kind, summary, &action, responder)
 }
 
 #[cfg(test)]

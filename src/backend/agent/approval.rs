@@ -5,19 +5,19 @@ use serde_json::Value;
 use crate::backend::{ApprovalAsk, ApprovalKind, ApprovalResponder};
 
 /// An approval ask for a side effect of `kind`: the summary approvers see (capped by
-/// [`redact`]), the digest of `action` (what exactly is approved), and `reply`, which answers
-/// the agent with the decision.
+/// [`redact`]), the digest of `action` (what exactly is approved), and `responder`, which
+/// answers the agent with the decision.
 pub fn approval(
     kind: ApprovalKind,
     summary: Value,
     action: &Value,
-    reply: impl FnOnce(bool) + Send + 'static,
+    responder: ApprovalResponder,
 ) -> ApprovalAsk {
     ApprovalAsk {
         kind,
         summary: redact(summary),
         action_digest: crate::continuation::canonical::digest(action),
-        responder: ApprovalResponder::new(reply),
+        responder,
     }
 }
 

@@ -63,5 +63,6 @@ pub(super) fn ask(
         };
         reply(answer);
     };
-    crate::backend::agent::approval(kind, summary, &action, decided)
+    let responder = crate::backend::ApprovalResponder::new(decided);
+    crate::backend::agent::approval(kind, summary, &action, responder)
 }

@@ -9,13 +9,13 @@ use crate::backend::{ApprovalAsk, ApprovalKind};
 
 /// The approval ask for a built-in about to run: a redacted summary for the approver (`Bash`
 /// is a command, the file tools a file change, anything else permissions), the digest of the
-/// tool and its input, and a responder that hands the decision to `reply` (which answers
-/// the request the CLI sent).
+/// tool and its input, and a responder that hands the decision and the decider's reason to
+/// `reply` (which answers the request the CLI sent).
 pub(super) fn ask(
     cwd: &str,
     tool: &str,
     input: &Value,
-    reply: impl FnOnce(bool) + Send + 'static,
+    reply: impl FnOnce((bool, Option<String>)) + Send + 'static,
 ) -> ApprovalAsk {
     let kind = match tool {
         "Bash" => ApprovalKind::Command,
@@ -31,7 +31,8 @@ pub(super) fn ask(
         _ => json!({"tool": tool, "input": input, "backend_reason": Value::Null}),
     };
     let action = json!({"tool": tool, "input": input});
-    crate::backend::agent::approval(kind, summary, &action, reply)
+    let responder = crate::backend::ApprovalResponder::with_reason(move |a, r| reply((a, r)));
+    crate::backend::agent::approval(kind, summary, &action, responder)
 }
 
 /// Which request a policy decision answers.
@@ -41,8 +42,13 @@ pub(super) enum Answer {
     CanUse,
 }
 
+/// What the model hears of a decline without a reason.
+const DECLINED: &str = "declined by the gateway's policy";
+
 impl Answer {
-    pub fn write(self, id: &str, allow: bool, input: &Value) -> String {
+    /// The answer to request `id`; a decline carries `reason` (the decider's) to the model.
+    pub fn write(self, id: &str, allow: bool, input: &Value, reason: Option<&str>) -> String {
+        let reason = reason.unwrap_or(DECLINED);
         let response = match (self, allow) {
             // Allowed: no decision, so Claude Code's own checks still run (a `can_use_tool`
             // they raise for this use is then answered at once, nobody is asked twice).
@@ -50,11 +56,11 @@ impl Answer {
             (Answer::Hook, false) => json!({"hookSpecificOutput": {
                 "hookEventName": "PreToolUse",
                 "permissionDecision": "deny",
-                "permissionDecisionReason": "declined by the gateway's policy",
+                "permissionDecisionReason": reason,
             }}),
             (Answer::CanUse, true) => json!({"behavior": "allow", "updatedInput": input}),
             (Answer::CanUse, false) => {
-                json!({"behavior": "deny", "message": "declined by the gateway's policy"})
+                json!({"behavior": "deny", "message": reason})
             }
         };
         control::success(id, response)

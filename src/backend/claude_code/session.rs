@@ -332,15 +332,17 @@ fn decide(session: &Claude, id: &str, tool: &str, input: &Value, use_id: &str, a
             && !use_id.is_empty()
             && session.state().turn.allowed.contains(use_id))
     {
-        return session.write(answer.write(id, true, input));
+        return session.write(answer.write(id, true, input, None));
     }
     let (request, written, use_id) = (id.to_string(), input.clone(), use_id.to_string());
-    let reply = session.later(move |s: &Claude, approve: bool| {
-        if approve && !use_id.is_empty() {
-            s.state().turn.allowed.insert(use_id);
-        }
-        s.write(answer.write(&request, approve, &written));
-    });
+    let reply = session.later(
+        move |s: &Claude, (approve, reason): (bool, Option<String>)| {
+            if approve && !use_id.is_empty() {
+                s.state().turn.allowed.insert(use_id);
+            }
+            s.write(answer.write(&request, approve, &written, reason.as_deref()));
+        },
+    );
     session.ask(approval::ask(&session.cwd, tool, input, reply));
 }
 

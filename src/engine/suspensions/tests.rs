@@ -45,6 +45,7 @@ fn durable(execution: &str) -> Batch<Suspended> {
         created: 0,
         spent: None,
         cap: None,
+        approvals: None,
         trace: Default::default(),
     };
     Batch {

@@ -7,10 +7,11 @@ use super::*;
 async fn an_approval_past_its_ttl_is_denied_expired_in_paused_time() {
     let f = fixture().await;
     let mut leg = begin(&f, "approve").await;
-    let Some(LegEvent::Notice(n)) = leg.events.recv().await else {
+    let Some(LegEvent::Approval(n)) = leg.events.recv().await else {
         panic!("no approval notice")
     };
-    let id = n.split_whitespace().nth(2).unwrap().to_string();
+    let id = n.approval_id.clone().expect("a pending approval");
+    assert!(n.text().unwrap().contains(&id), "{n:?}");
     assert_eq!(f.engine.approvals().pending_count(), 1);
     tokio::time::sleep(Duration::from_secs(29)).await;
     assert_eq!(f.engine.approvals().pending_count(), 1);
@@ -40,7 +41,7 @@ async fn a_side_effect_of_a_revoked_principal_is_denied_without_a_notice() {
     tx.unbounded_send(TurnEvent::Completed).unwrap();
     while let Some(ev) = leg.events.recv().await {
         assert!(
-            !matches!(ev, LegEvent::Notice(_)),
+            !matches!(ev, LegEvent::Approval(_)),
             "a notice for a revoked principal"
         );
     }

@@ -101,7 +101,10 @@ impl Framer {
                 }
                 (c.event(), false)
             }
-            LegEvent::Notice(n) => (crate::surface::sse::notice_comment(&n), false),
+            LegEvent::Approval(n) => {
+                let text = n.text().map(|t| crate::surface::sse::notice_comment(&t));
+                (text.unwrap_or_default(), false)
+            }
             LegEvent::End { calls, usage } => {
                 let mut out = String::new();
                 if self.native {
@@ -185,7 +188,7 @@ pub async fn collect(mut leg: Leg) -> Result<Answer, ApiError> {
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::Reasoning(r) => reasoning.push_str(&r),
             LegEvent::Relayed(body) => native = Some(body),
-            LegEvent::Notice(_) | LegEvent::Truncated => {}
+            LegEvent::Approval(_) | LegEvent::Truncated => {}
             LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
                 if let Some(body) = native {

@@ -173,7 +173,11 @@ impl sse::Frame for Framer {
             }
             LegEvent::Relayed(_) => {}
             LegEvent::Truncated => self.truncated = true,
-            LegEvent::Notice(n) => out.push_str(&sse::notice_comment(&n)),
+            LegEvent::Approval(n) => {
+                if let Some(t) = n.text() {
+                    out.push_str(&sse::notice_comment(&t));
+                }
+            }
             LegEvent::End { calls, usage } => {
                 self.close_thinking(&mut out);
                 self.close_text(&mut out);
@@ -237,7 +241,7 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Bytes, ApiError> 
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::Reasoning(r) => thought.get_or_insert_default().push_str(&r),
             LegEvent::Truncated => truncated = true,
-            LegEvent::Relayed(_) | LegEvent::Notice(_) => {}
+            LegEvent::Relayed(_) | LegEvent::Approval(_) => {}
             LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
                 let mut content = Vec::new();

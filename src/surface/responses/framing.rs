@@ -125,8 +125,9 @@ impl sse::Frame for Framer {
     }
 
     fn frame(&mut self, ev: LegEvent) -> (String, bool) {
-        if let LegEvent::Notice(n) = &ev {
-            return (sse::notice_comment(n), false);
+        if let LegEvent::Approval(n) = &ev {
+            let text = n.text().map(|t| sse::notice_comment(&t));
+            return (text.unwrap_or_default(), false);
         }
         let (events, done) = Framer::frame(self, ev);
         (sse_text(events), done)
@@ -321,7 +322,7 @@ impl Framer {
         match ev {
             LegEvent::Delta(d) => self.delta(&mut out, &d),
             LegEvent::Reasoning(r) => self.reason(&mut out, &r),
-            LegEvent::Relayed(_) | LegEvent::Truncated | LegEvent::Notice(_) => {}
+            LegEvent::Relayed(_) | LegEvent::Truncated | LegEvent::Approval(_) => {}
             LegEvent::End { calls, usage } => {
                 self.close_reasoning(&mut out);
                 self.close_message(&mut out);
@@ -394,7 +395,7 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
         match ev {
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::Reasoning(r) => thought.push_str(&r),
-            LegEvent::Relayed(_) | LegEvent::Notice(_) | LegEvent::Truncated => {}
+            LegEvent::Relayed(_) | LegEvent::Approval(_) | LegEvent::Truncated => {}
             LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
                 let mut output = Vec::new();

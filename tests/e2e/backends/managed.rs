@@ -8,7 +8,7 @@ use crate::backends::codex::{codex_bin, text_of, Rig, Setup};
 use crate::clients::managed_agents::managed_round_trip;
 use crate::support::fake_responses::{self as fake, FakeResponses, Reply};
 use crate::support::fake_upstream::gateway_on_fake;
-use crate::support::Opts;
+use crate::support::{Opts, ALICE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn managed_agents_session_on_the_codex_binary() {
@@ -29,6 +29,23 @@ async fn managed_agents_session_on_the_codex_binary() {
         said,
     )
     .await;
+    // Codex under `approval_policy = "never"` asks before nothing: a toolset that asks
+    // (or disables a tool) cannot be enforced there, and is refused.
+    let toolset = json!({"type": "agent_toolset_20260401",
+        "configs": [{"name": "bash", "permission_policy": {"type": "always_ask"}}]});
+    let r = (rig.gw.http.post(format!("{}/v1/agents", rig.gw.url)))
+        .bearer_auth(ALICE)
+        .header("anthropic-beta", "managed-agents-2026-04-01")
+        .json(&json!({"name": "asker", "model": "codex", "tools": [toolset]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("`tools`"),
+        "{v}"
+    );
     let seen = model.requests();
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(

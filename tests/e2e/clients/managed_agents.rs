@@ -57,6 +57,23 @@ async fn managed_agents_idle_session_releases_its_thread_and_resumes_by_transcri
     .await;
 }
 
+/// The backend's own tools under the agent's `always_ask`, on the demo's command approval:
+/// `agent.tool_use` (ask) and `requires_action`, the one approval queue, allowed then denied
+/// (409 twice, 404 for another principal); a model whose policy denies is never widened.
+#[tokio::test]
+async fn managed_agents_tool_confirmations_settle_the_approval_queue() {
+    let gw = Gateway::start().await;
+    let env = [
+        ("MANAGED_PART", "confirm".to_string()),
+        ("MANAGED_MODEL", "cmd-allow".into()),
+        ("MANAGED_PROMPT", "clean up".into()),
+        ("MANAGED_ALLOWED", "Command ran.".into()),
+        ("MANAGED_DENIED", "Command declined.".into()),
+        ("MANAGED_DENY_MODEL", "cmd-deny".into()),
+    ];
+    run_script_with(&gw, "anthropic_managed.py", "", &env).await;
+}
+
 /// A session held on a custom tool use when the gateway restarts: the history is intact, the
 /// use answers 410, the session shows `session.error` and `retries_exhausted`, and goes on.
 #[tokio::test]

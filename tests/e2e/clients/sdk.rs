@@ -66,10 +66,14 @@ pub(crate) async fn run_script_with(
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "SDK script failed:\n{stdout}\n{stderr}"
-    );
+    if !out.status.success() {
+        let log = gw.log();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+        panic!(
+            "SDK script failed:\n{stdout}\n{stderr}\n--- the gateway's log, last lines:\n{tail}"
+        );
+    }
     assert!(stdout.contains("ALL OK"), "{stdout}");
     true
 }

@@ -15,6 +15,7 @@ mod rig;
 
 use self::rig::{path_of, rig, rig_edited, Agent};
 use crate::clients::managed_agents::managed_round_trip;
+use crate::clients::sdk::run_script_with;
 use crate::support::agents::{agent_processes, agents, no_agent_left};
 use crate::support::{messages, responses, *};
 
@@ -41,6 +42,7 @@ macro_rules! contract {
             a_killed_agent_loses_its_held_turn,
             a_per_execution_cap_stops_the_agent_at_its_next_round,
             a_managed_agents_session_holds_a_custom_tool,
+            a_managed_agents_tool_confirmation_allowed_then_denied,
         );
     };
 }
@@ -119,6 +121,31 @@ async fn a_managed_agents_session_holds_a_custom_tool(agent: Agent) {
     managed_round_trip(&gw, "agent-one", "read a.txt", input, "contents of a", said).await;
     // The session was deleted: nothing of its agent is left.
     no_agent_left(&gw, agent.caps().scratch).await;
+}
+
+/// The agent's `bash` under the session's `always_ask` (the model's policy allows it): a
+/// `user.tool_confirmation` allows it (it runs), then denies it, and Claude Code's model
+/// hears the `deny_message`.
+async fn a_managed_agents_tool_confirmation_allowed_then_denied(agent: Agent) {
+    let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
+        return;
+    };
+    let seen = match agent {
+        Agent::ClaudeCode => "1",
+        _ => "0",
+    };
+    let env = [
+        ("MANAGED_PART", "confirm".to_string()),
+        ("MANAGED_MODEL", "agent-bash".into()),
+        ("MANAGED_PROMPT", "run it".into()),
+        ("MANAGED_ALLOWED", "results: ".into()),
+        ("MANAGED_DENIED", "results: !".into()),
+        ("MANAGED_DENY_SEEN", seen.into()),
+    ];
+    run_script_with(&gw, "anthropic_managed.py", "", &env).await;
+    // Allowed once, it ran.
+    let marker = gw.dir.path().join("work/bash-ran.txt");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "gateway");
 }
 
 async fn a_held_round_trip_on_responses(agent: Agent) {

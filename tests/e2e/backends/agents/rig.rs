@@ -105,6 +105,7 @@ const MODELS: &[(&str, &str, &str)] = &[
     ("agent-parallel", "parallel", "{}"),
     ("agent-text", "text", "{}"),
     ("agent-bash-ask", "bash", r#"{ command = "ask" }"#),
+    ("agent-bash", "bash", r#"{ command = "allow" }"#),
     ("agent-rounds", "rounds3", "{}"),
     (
         "agent-masquerade",
