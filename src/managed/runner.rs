@@ -341,14 +341,20 @@ async fn failed(m: &Managed, live: &Arc<Live>, e: ApiError) {
         }
         _ => ("unknown_error", "retries_exhausted"),
     };
-    settle(live);
-    let spent = live.state.lock().spent();
     let error =
         json!({"type": kind, "message": e.to_string(), "retry_status": {"type": "terminal"}});
     let events = vec![
         event("session.error", json!({"error": error})),
         idle(json!({"type": stop})),
     ];
+    ended_early(m, live, events).await;
+}
+
+/// The turn ends before its leg did: what waits is settled, `events` are logged and the
+/// session is idle, its spend as it stands.
+async fn ended_early(m: &Managed, live: &Arc<Live>, events: Vec<Value>) {
+    settle(live);
+    let spent = live.state.lock().spent();
     let _ = live.append(m, events).await;
     let _ = live
         .rewrite(m, |s| {
@@ -369,18 +375,7 @@ fn budget_spent() -> ApiError {
 
 /// The turn was interrupted: the session is idle (`user.interrupt` was logged).
 pub(super) async fn interrupted(m: &Managed, live: &Arc<Live>) {
-    settle(live);
-    let spent = live.state.lock().spent();
-    let _ = live
-        .append(m, vec![idle(json!({"type": "end_turn"}))])
-        .await;
-    let _ = live
-        .rewrite(m, |s| {
-            s["status"] = json!("idle");
-            add_usage(&mut s["usage"], &Usage::default(), spent);
-            Ok(())
-        })
-        .await;
+    ended_early(m, live, vec![idle(json!({"type": "end_turn"}))]).await;
 }
 
 /// The turn is over without its waiting uses' results: they are settled (410).
