@@ -24,6 +24,9 @@ use crate::backend::{ApprovalAsk, ApprovalResponder};
 use crate::ids::new_id;
 use crate::store::{now_unix, ApprovalRecord, Store, StoreError};
 
+/// The longest reason a decision may carry (it is stored with the record).
+pub const MAX_REASON_CHARS: usize = 1000;
+
 /// The state of an approval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApprovalState {

@@ -3,11 +3,16 @@ use crate::backend::ApprovalKind;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn ask(answers: Arc<Mutex<Vec<bool>>>) -> ApprovalAsk {
+    asking(ApprovalResponder::new(move |a| answers.lock().push(a)))
+}
+
+/// A command approval answered through `responder`.
+fn asking(responder: ApprovalResponder) -> ApprovalAsk {
     ApprovalAsk {
         kind: ApprovalKind::Command,
         summary: json!({"command": "rm -rf build"}),
         action_digest: [7; 32],
-        responder: ApprovalResponder::new(move |a| answers.lock().push(a)),
+        responder,
     }
 }
 
@@ -187,12 +192,9 @@ async fn only_a_told_denials_reason_reaches_the_backend() {
     let mut ids = Vec::new();
     for _ in 0..3 {
         let heard = heard.clone();
-        let ask = ApprovalAsk {
-            kind: ApprovalKind::Command,
-            summary: json!({"command": "ls"}),
-            action_digest: [1; 32],
-            responder: ApprovalResponder::with_reason(move |ok, why| heard.lock().push((ok, why))),
-        };
+        let ask = asking(ApprovalResponder::with_reason(move |ok, why| {
+            heard.lock().push((ok, why))
+        }));
         let r = a
             .create(
                 "alice",

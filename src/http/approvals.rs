@@ -18,13 +18,11 @@ use super::caller::read_body;
 use super::cluster::{to_owner, Hop, Replay};
 use super::turn::holding;
 use super::{AppState, Caller};
+use crate::approvals::MAX_REASON_CHARS;
 use crate::approvals::{to_json, visible, ApprovalState, DecideError, SettleReason};
 use crate::engine::ApprovalRoute;
 use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
-
-/// The longest reason a decision may carry.
-const MAX_REASON_CHARS: usize = 1000;
 
 fn not_found() -> ApiError {
     ApiError::new(ErrorCode::ApprovalNotFound, "No approval with this id.")

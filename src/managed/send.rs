@@ -14,6 +14,7 @@ use super::confirm::{self, Confirmation};
 use super::log::{event, message, text_of, Live, Phase};
 use super::wire::only;
 use super::{refused, runner, Managed};
+use crate::approvals::MAX_REASON_CHARS;
 use crate::auth::Principal;
 use crate::error::{ApiError, ErrorCode};
 use crate::turn::{Message, Role};
@@ -263,6 +264,12 @@ fn confirmation<'a>(
     };
     let deny_message = match &e["deny_message"] {
         Value::Null => None,
+        Value::String(s) if s.chars().count() > MAX_REASON_CHARS => {
+            return Err(refused(
+                at("deny_message"),
+                format!("must be at most {MAX_REASON_CHARS} characters"),
+            ))
+        }
         Value::String(s) if !allow => Some(s.clone()),
         Value::String(_) => return Err(refused(at("deny_message"), "is only allowed with `deny`")),
         _ => return Err(refused(at("deny_message"), "must be a string")),

@@ -383,6 +383,8 @@ def part_confirm():
     # Denied, with a message for the model (a new session: a fresh conversation).
     session = client.beta.sessions.create(agent=agent.id, environment_id=env.id)
     use = ask_tool(session, PROMPT)
+    expect_error(anthropic.BadRequestError, "a deny_message over 1000 characters", lambda: client.beta.sessions.events.send(
+        session.id, events=confirm("deny", deny_message="x" * 1001)), 400)
     seen = until_idle(session.id, confirm("deny", deny_message="not on a friday"))
     check(seen[-1].stop_reason.type == "end_turn", [e.type for e in seen])
     said = said_in(seen)
