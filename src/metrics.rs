@@ -113,7 +113,7 @@ impl ClusterMetrics {
     }
 
     fn render(&self, out: &mut String) {
-        out.push_str("# HELP turnstile_forwarded_total Requests forwarded to the replica that owns their held turn or approval, by kind and the owner's status (0: unreachable).\n# TYPE turnstile_forwarded_total counter\n");
+        out.push_str("# HELP turnstile_forwarded_total Requests forwarded to the replica that owns their held turn, approval or session, by kind and the owner's status (0: unreachable).\n# TYPE turnstile_forwarded_total counter\n");
         for ((what, status), n) in self.forwarded.lock().iter() {
             let _ = writeln!(
                 out,

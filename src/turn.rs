@@ -306,6 +306,9 @@ pub struct TurnInput {
     /// An approval policy of this execution's own, which narrows the model's (never
     /// widens it): a Managed Agents session's permission policies.
     pub approvals: Option<crate::config::ApprovalPolicy>,
+    /// The agent's working folder for this execution, over its backend's `cwd`: a Managed
+    /// Agents session's own folder.
+    pub cwd: Option<std::path::PathBuf>,
 }
 
 /// A wire format a request body can be relayed in.

@@ -100,6 +100,7 @@ pub(super) fn summary_turn(input: TurnInput) -> TurnInput {
         ephemeral: true,
         usd_cap: None,
         approvals: None,
+        cwd: None,
         ..input
     }
 }

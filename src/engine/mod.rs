@@ -429,6 +429,12 @@ impl Engine {
         self.inner.placement.lease_ready()
     }
 
+    /// The replica `replica`, if its lease is live (a lapsed one's held turns are settled
+    /// first); None on a single gateway.
+    pub async fn live_replica(&self, replica: &str) -> Option<Owner> {
+        self.inner.placement.live_replica(replica).await
+    }
+
     /// Where a decision on this approval is taken.
     pub async fn approval_route(&self, record: &ApprovalRecord) -> ApprovalRoute {
         self.inner.placement.approval_route(record).await

@@ -195,6 +195,11 @@ impl Placement {
         self.cluster().is_none_or(|c| c.m.lease_valid())
     }
 
+    /// `replica`, if its lease is live (a lapsed one is settled); None on a single gateway.
+    pub async fn live_replica(&self, replica: &str) -> Option<Owner> {
+        self.cluster()?.live_owner(replica).await
+    }
+
     /// Where a decision on this approval is taken.
     pub async fn approval_route(&self, record: &ApprovalRecord) -> ApprovalRoute {
         let Some(c) = self.cluster() else {

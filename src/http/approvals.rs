@@ -131,6 +131,7 @@ pub async fn decide(
     // that is gone has had its approvals orphaned, which the decision below then reports.
     if let (ApprovalRoute::Owner(owner), None) = (gw.approval_route(&record).await, hop) {
         let replay = Replay {
+            method: &axum::http::Method::POST,
             uri: &uri,
             headers: &headers,
             body: bytes.clone(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderName, Uri};
+use axum::http::{header, HeaderMap, HeaderName, Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -48,6 +48,7 @@ async fn require_key(State(gw): State<Engine>, mut req: Request, next: Next) -> 
 
 /// What a request needs to be sent again elsewhere.
 pub(super) struct Replay<'a> {
+    pub method: &'a Method,
     pub uri: &'a Uri,
     pub headers: &'a HeaderMap,
     pub body: Bytes,
@@ -91,7 +92,7 @@ fn hop_by_hop(name: &HeaderName) -> bool {
 async fn send(gw: &Engine, what: &'static str, owner: &Owner, r: &Replay<'_>) -> Option<Response> {
     let path = r.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut req = client()
-        .post(format!("{}{path}", owner.url))
+        .request(r.method.clone(), format!("{}{path}", owner.url))
         .body(r.body.clone());
     // Traced, the owner's server span is a child of this client span.
     let span = crate::telemetry::forward(&owner.replica_id);

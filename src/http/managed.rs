@@ -8,8 +8,10 @@
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, Uri};
+use axum::extract::FromRequestParts;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, Method, Uri};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -17,10 +19,14 @@ use serde_json::Value;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::approvals::Authority;
+use super::caller::read_body;
+use super::cluster::{to_owner, Hop, Replay};
 use super::turn::{holding, SurfaceError};
 use super::{AppState, Caller};
+use crate::engine::EngineError;
 use crate::error::{ApiError, ErrorCode};
-use crate::managed::{agents, environments, events, sessions, wire::Paging, Managed, Published};
+use crate::managed::{agents, environments, events, sessions, wire::Paging};
+use crate::managed::{Managed, Place, Published};
 use crate::surface::Messages;
 
 type Answer = Result<Response, SurfaceError<Messages>>;
@@ -28,7 +34,16 @@ type Answer = Result<Response, SurfaceError<Messages>>;
 /// The body of a managed route: the same limit as a turn's.
 type Body16 = Caller<{ 16 << 20 }>;
 
-pub(super) fn routes() -> Router<AppState> {
+pub(super) fn routes(app: &AppState) -> Router<AppState> {
+    let owned = Router::new()
+        .route(
+            "/v1/sessions/{id}",
+            get(session_get).post(session_update).delete(session_delete),
+        )
+        .route("/v1/sessions/{id}/archive", post(session_archive))
+        .route("/v1/sessions/{id}/events", get(event_list).post(event_send))
+        .route("/v1/sessions/{id}/events/stream", get(event_stream))
+        .route_layer(middleware::from_fn_with_state(app.clone(), at_owner));
     Router::new()
         .route("/v1/agents", post(agent_create).get(agent_list))
         .route("/v1/agents/{id}", get(agent_get).post(agent_update))
@@ -41,13 +56,69 @@ pub(super) fn routes() -> Router<AppState> {
         )
         .route("/v1/environments/{id}/archive", post(env_archive))
         .route("/v1/sessions", post(session_create).get(session_list))
-        .route(
-            "/v1/sessions/{id}",
-            get(session_get).post(session_update).delete(session_delete),
-        )
-        .route("/v1/sessions/{id}/archive", post(session_archive))
-        .route("/v1/sessions/{id}/events", get(event_list).post(event_send))
-        .route("/v1/sessions/{id}/events/stream", get(event_stream))
+        .merge(owned)
+}
+
+/// A request that acts on one session (a change, an event sent, the live stream) runs on the
+/// replica that runs the session. Reaching another replica, it is relayed there and the
+/// answer (a stream too) comes back as the owner sends it; a replica that is gone has the
+/// session taken over here. Reads of the store (the object, the history) run anywhere.
+async fn at_owner(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let acts = req.method() != Method::GET || req.uri().path().ends_with("/stream");
+    if !acts || app.engine.replica_id().is_none() || beta(req.headers()).is_err() {
+        return next.run(req).await;
+    }
+    let (mut parts, body) = req.into_parts();
+    let caller = Caller::<{ usize::MAX }>::from_request_parts(&mut parts, &app).await;
+    let hop = parts.extensions.get::<Hop>().is_some();
+    // Refusals are the handler's to give, in its order.
+    let Ok(caller) = caller else {
+        return next.run(Request::from_parts(parts, body)).await;
+    };
+    let refused = |e: ApiError| SurfaceError::<Messages>::from(e).into_response();
+    let who = &caller.principal;
+    let owner = match app.managed.place(who, &id, hop).await {
+        Ok(Place::Here) => return next.run(Request::from_parts(parts, body)).await,
+        Ok(Place::Owner(owner)) => owner,
+        Err(e) => return refused(e),
+    };
+    let server = &app.engine.config().server;
+    let bytes = match read_body(body, server.max_body_bytes, server.body_read_timeout).await {
+        Ok(b) => b,
+        Err(e) => return refused(e),
+    };
+    // A relayed stream holds a place among the principal's streams here too.
+    let slot = match parts.method == Method::GET {
+        true => match app.engine.open_stream(who) {
+            Ok(slot) => Some(slot),
+            Err(e) => return refused(e.into()),
+        },
+        false => None,
+    };
+    let replay = Replay {
+        method: &parts.method,
+        uri: &parts.uri,
+        headers: &parts.headers,
+        body: bytes.clone(),
+    };
+    match to_owner(&app.engine, "session", owner, &replay).await {
+        Ok(resp) => holding(resp, slot),
+        // Its replica is gone (its lease lapsed): taken over here, the turn it ran lost.
+        Err(EngineError::Continuation(_)) => match app.managed.place(who, &id, false).await {
+            Ok(Place::Here) => {
+                next.run(Request::from_parts(parts, Body::from(bytes)))
+                    .await
+            }
+            Ok(Place::Owner(_)) => refused(EngineError::ReplicaUnavailable.into()),
+            Err(e) => refused(e),
+        },
+        Err(e) => refused(e.into()),
+    }
 }
 
 /// The beta this API is: requests must name it, as Anthropic's do.

@@ -100,7 +100,7 @@ pub fn router(state: impl Into<AppState>) -> Router {
             activity::listing(Engine::backends_for),
         )
         .merge(console::routes())
-        .merge(managed::routes())
+        .merge(managed::routes(&app))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -230,6 +230,7 @@ pub(super) async fn run(
         Outcome::Forward(owner) => {
             let (uri, headers, body) = replay;
             let replay = cluster::Replay {
+                method: &axum::http::Method::POST,
                 uri,
                 headers,
                 body: body.unwrap_or_default(),

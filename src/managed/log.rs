@@ -87,6 +87,8 @@ pub struct Live {
     /// The caller whose turn runs (the latest authenticated sender).
     pub(super) who: parking_lot::Mutex<Principal>,
     pub(super) agent: AgentSpec,
+    /// The session's working folder: its agent's, on every backend kind that has one.
+    pub(super) folder: std::path::PathBuf,
     row: parking_lot::Mutex<ManagedRow>,
     pub(super) state: parking_lot::Mutex<State>,
     /// One send at a time: validation, the log and the turn's start in order. Held across
@@ -137,11 +139,18 @@ impl Live {
         let lost = session["status"] != "idle" || !unanswered.is_empty();
         state.settled.extend(unanswered);
         let (tx, _) = broadcast::channel(1024);
+        let env = session["environment_id"].as_str().unwrap_or_default();
+        let folder = super::environments::folder(m, env).join(&row.id);
+        // Made again where it is missing (another replica's disk, or removed by hand).
+        if let Err(e) = std::fs::create_dir_all(&folder) {
+            tracing::error!(error = %e, "a session's working folder could not be made");
+        }
         let live = Live {
             id: row.id.clone(),
             principal: who.id.clone(),
             who: parking_lot::Mutex::new(who.clone()),
             agent,
+            folder: std::path::absolute(&folder).unwrap_or(folder),
             row: parking_lot::Mutex::new(row),
             state: parking_lot::Mutex::new(state),
             gate: tokio::sync::Mutex::new(()),

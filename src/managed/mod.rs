@@ -31,7 +31,7 @@ use self::agents::{paged, parse_row};
 use self::wire::Paging;
 
 use crate::auth::Principal;
-use crate::engine::Engine;
+use crate::engine::{Engine, Owner};
 use crate::error::{ApiError, ErrorCode};
 use crate::store::{ListRows, ManagedRow, StoreError};
 
@@ -65,15 +65,58 @@ impl Managed {
     }
 
     /// The principal's session, loaded (its log read back once after a start). Another
-    /// principal's is the same 404 as an unknown id.
+    /// principal's is the same 404 as an unknown id; one another replica runs is 503 (the
+    /// routes send it there first: see [`Managed::place`]).
     pub async fn session(&self, who: &Principal, id: &str) -> Result<Arc<Live>, ApiError> {
         let row = sessions::load(self, who, id).await?;
+        if !self.runs_here(&row) {
+            self.forget(id);
+            return Err(elsewhere());
+        }
         if let Some(live) = self.inner.live.lock().get(id) {
             return Ok(live.clone());
         }
         let live = Arc::new(Live::load(self, who, row).await?);
         let mut map = self.inner.live.lock();
         Ok(map.entry(id.to_string()).or_insert(live).clone())
+    }
+
+    /// Where the principal's session `id` is acted on: the replica its row names (this one on
+    /// a single gateway). A replica whose lease lapsed has it taken over here, one taker
+    /// winning, and its turn is then settled as lost (see [`Live::load`]). A request
+    /// `forwarded` by another replica is not sent on again (503).
+    pub async fn place(
+        &self,
+        who: &Principal,
+        id: &str,
+        forwarded: bool,
+    ) -> Result<Place, ApiError> {
+        let store = self.engine().store();
+        for _ in 0..3 {
+            let row = sessions::load(self, who, id).await?;
+            if self.runs_here(&row) {
+                return Ok(Place::Here);
+            }
+            // Another replica runs it now: what this process remembers of it is stale.
+            self.forget(id);
+            if forwarded {
+                break;
+            }
+            match self.engine().live_replica(&row.owner).await {
+                Some(owner) => return Ok(Place::Owner(owner)),
+                None => {
+                    (store.managed_claim(sessions::KIND, id, &who.id, &row.owner))
+                        .await
+                        .map_err(store_failed)?;
+                }
+            }
+        }
+        Err(elsewhere())
+    }
+
+    /// Whether this replica runs the session of `row` (every session, on a single gateway).
+    fn runs_here(&self, row: &ManagedRow) -> bool {
+        row.owner.is_empty() || row.owner == self.engine().store().owner()
     }
 
     /// The principal's sessions whose turn runs or is held here.
@@ -88,6 +131,21 @@ impl Managed {
     fn forget(&self, id: &str) -> Option<Arc<Live>> {
         self.inner.live.lock().remove(id)
     }
+}
+
+/// Where a session is acted on.
+pub enum Place {
+    Here,
+    /// The live replica that runs it.
+    Owner(Owner),
+}
+
+/// A session another replica runs, reached where it cannot be sent on.
+fn elsewhere() -> ApiError {
+    ApiError::new(
+        ErrorCode::ReplicaUnavailable,
+        "The session runs on another replica that cannot be reached now; retry.",
+    )
 }
 
 /// The store failed: 503, logged without content.

@@ -81,6 +81,7 @@ fn input(
     }
     .build();
     turn.approvals = spec.approvals;
+    turn.cwd = Some(live.folder.clone());
     Ok(turn)
 }
 

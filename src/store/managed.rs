@@ -167,6 +167,31 @@ impl Store {
             .await
     }
 
+    /// Names this replica as the one that runs the principal's object, if `lapsed` still
+    /// does (a replica whose lease lapsed): of two replicas taking it over, one wins.
+    /// Returns whether this one did.
+    pub async fn managed_claim(
+        &self,
+        kind: &str,
+        id: &str,
+        principal: &str,
+        lapsed: &str,
+    ) -> Result<bool, StoreError> {
+        let owner = self.owner.as_str();
+        self.db
+            .read(async |t| {
+                let n = t
+                    .exec(
+                        "UPDATE managed_objects SET owner = ?1
+                         WHERE kind = ?2 AND id = ?3 AND principal = ?4 AND owner = ?5",
+                        vals![owner, kind, id, principal, lapsed],
+                    )
+                    .await?;
+                Ok(n > 0)
+            })
+            .await
+    }
+
     /// The principal's objects of a kind, each at its latest version, newest first (or
     /// oldest first), from a cursor.
     pub async fn managed_list(

@@ -200,6 +200,7 @@ impl Parts {
             tools: self.tools,
             usd_cap: None,
             approvals: None,
+            cwd: None,
             tool_choice: self.tool_choice,
             effort: self.effort,
             parallel_tool_calls: self.parallel_tool_calls,

@@ -9,7 +9,8 @@ MANAGED_MODEL (a model whose agent calls the client tool `read_file` for the pro
 the demo), MANAGED_PART (`all`; `roundtrip`, the held call on any backend kind; `budget`, on
 MANAGED_PRICED, a priced model; `release`, the kept thread released when idle; `confirm`,
 backend tools under always_ask (see part_confirm); `hold` /
-`after_restart` for the restart test, which share state through MANAGED_STATE, a file path).
+`after_restart` for the restart test, which share state through MANAGED_STATE, a file path;
+`cluster` / `cluster_taken`, two replicas, the second at MANAGED_OTHER_URL).
 Prints ALL OK at the end.
 """
 import json
@@ -55,13 +56,14 @@ def expect_error(cls, what, fn, status=None):
     raise SystemExit(f"FAIL: {what}: no error")
 
 
-def until_idle(session_id, send=None):
+def until_idle(session_id, send=None, c=None):
     """Streams the session's events (sending `send` once the stream is open) until it goes
-    idle; returns the events seen."""
+    idle; returns the events seen. `c`: the client (by default the first replica's)."""
+    c = c or client
     seen = []
-    with client.beta.sessions.events.stream(session_id) as stream:
+    with c.beta.sessions.events.stream(session_id) as stream:
         if send is not None:
-            client.beta.sessions.events.send(session_id, events=send)
+            c.beta.sessions.events.send(session_id, events=send)
         for event in stream:
             seen.append(event)
             if event.type == "session.status_idle":
@@ -84,9 +86,9 @@ def setup():
     return env, agent, session
 
 
-def hold(session):
+def hold(session, c=None):
     """A message; the stream shows the held custom tool use and requires_action."""
-    seen = until_idle(session.id, [{"type": "user.message", "content": [{"type": "text", "text": PROMPT}]}])
+    seen = until_idle(session.id, [{"type": "user.message", "content": [{"type": "text", "text": PROMPT}]}], c)
     types = [e.type for e in seen]
     check(types[0] == "user.message" and "session.status_running" in types, types)
     uses = [e for e in seen if e.type == "agent.custom_tool_use"]
@@ -97,19 +99,20 @@ def hold(session):
     return uses[0]
 
 
-def answer(session, use):
+def answer(session, use, c=None):
     """The result resumes the same held turn, once: the agent ends its turn with it; a
     duplicate is 409."""
+    c = c or client
     result = [{"type": "user.custom_tool_result", "custom_tool_use_id": use.id,
                "content": [{"type": "text", "text": RESULT}]}]
-    seen = until_idle(session.id, result)
+    seen = until_idle(session.id, result, c)
     types = [e.type for e in seen]
     check(types[0] == "user.custom_tool_result" and types[1] == "session.status_running", types)
     check(seen[-1].stop_reason.type == "end_turn", seen[-1])
     said = "".join(b.text for e in seen if e.type == "agent.message" for b in e.content)
     check(SAID in said, said)
     e = expect_error(anthropic.ConflictError, "duplicate result",
-                     lambda: client.beta.sessions.events.send(session.id, events=result), 409)
+                     lambda: c.beta.sessions.events.send(session.id, events=result), 409)
     check("already" in e.body["error"]["message"], e.body)
     return seen
 
@@ -434,4 +437,52 @@ def part_after_restart():
     print("ALL OK")
 
 
-{"all": main, "roundtrip": part_roundtrip, "budget": part_budget, "release": part_release, "confirm": part_confirm, "hold": part_hold, "after_restart": part_after_restart}[PART]()
+def replica_b():
+    return Anthropic(base_url=os.environ["MANAGED_OTHER_URL"], api_key=KEY, max_retries=0, timeout=60,
+                     _strict_response_validation=True)
+
+
+def part_cluster():
+    """Two replicas: a session runs on the one it was made on (A). Through B, its stream, the
+    message and the result are relayed to A, where the held turn resumes once; the history
+    reads the same on both. A second session is left held on A for `cluster_taken`."""
+    b = replica_b()
+    env, agent, session = setup()
+    use = hold(session, b)
+    other_b = Anthropic(base_url=os.environ["MANAGED_OTHER_URL"], api_key=os.environ["TURNSTILE_OTHER_KEY"],
+                        max_retries=0, timeout=60, _strict_response_validation=True)
+    result = [{"type": "user.custom_tool_result", "custom_tool_use_id": use.id, "content": []}]
+    expect_error(anthropic.NotFoundError, "foreign session on B",
+                 lambda: other_b.beta.sessions.events.send(session.id, events=result), 404)
+    answer(session, use, b)
+    expect_error(anthropic.ConflictError, "duplicate result on A",
+                 lambda: client.beta.sessions.events.send(session.id, events=result), 409)
+    on_a = [e.id for e in client.beta.sessions.events.list(session.id)]
+    on_b = [e.id for e in b.beta.sessions.events.list(session.id)]
+    check(on_a == on_b and len(on_a) > 6, (on_a, on_b))
+    check(b.beta.sessions.retrieve(session.id).status == "idle", "idle on B")
+    held = client.beta.sessions.create(agent=agent.id, environment_id=env.id)
+    use = hold(held)
+    with open(os.environ["MANAGED_STATE"], "w") as f:
+        json.dump({"session": held.id, "use": use.id}, f)
+    print("ALL OK")
+
+
+def part_cluster_taken():
+    """A, which held the session, is gone: B takes the session over once A's lease lapses.
+    The held use answers 410, the session says why, and its next turn runs on B."""
+    b = replica_b()
+    with open(os.environ["MANAGED_STATE"]) as f:
+        state = json.load(f)
+    result = [{"type": "user.custom_tool_result", "custom_tool_use_id": state["use"], "content": []}]
+    expect_error(anthropic.APIStatusError, "result after the owner is gone",
+                 lambda: b.beta.sessions.events.send(state["session"], events=result), 410)
+    after = [e.type for e in b.beta.sessions.events.list(state["session"])]
+    check(after[-2:] == ["session.error", "session.status_idle"], after)
+    seen = until_idle(state["session"], [{"type": "user.message", "content": [{"type": "text", "text": PROMPT}]}], b)
+    check(seen[-1].stop_reason.type == "requires_action", [e.type for e in seen])
+    print("ALL OK")
+
+
+{"all": main, "roundtrip": part_roundtrip, "budget": part_budget, "release": part_release, "confirm": part_confirm, "hold": part_hold, "after_restart": part_after_restart,
+ "cluster": part_cluster, "cluster_taken": part_cluster_taken}[PART]()

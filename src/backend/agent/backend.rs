@@ -83,7 +83,8 @@ impl<P: Protocol> AgentBackend<P> {
         let (kind, folders) = P::SCRATCH;
         let scratch = scratch_dir(kind, id, folders)?;
         let mut child_cfg = self.cfg.child.clone();
-        let cwd = (child_cfg.cwd.clone()).unwrap_or_else(|| scratch.join("work"));
+        let asked = opening.and_then(|o| o.input.cwd.clone());
+        let cwd = (asked.or(child_cfg.cwd.clone())).unwrap_or_else(|| scratch.join("work"));
         child_cfg.cwd = Some(cwd.clone());
         if let Some(opening) = opening {
             self.protocol.argv(&mut child_cfg.command, opening);
@@ -146,7 +147,10 @@ impl<P: Protocol> AgentBackend<P> {
             names,
         };
         // A kept session continues only a turn that asks what it was started with.
-        let fits = |s: &Session<P>| s.settings.fits(&settings);
+        let fits = |s: &Session<P>| {
+            let cwd = input.cwd.as_ref().map(|c| c.display().to_string());
+            s.settings.fits(&settings) && cwd.is_none_or(|c| c == s.cwd)
+        };
         let continued = self.places.continue_kept(kept, fits, |from| {
             render::continued(&input.messages[from..])
         })?;

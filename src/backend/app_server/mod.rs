@@ -284,7 +284,7 @@ impl AppServer {
         if let Some(m) = &model.backend_model {
             params.insert("model".into(), json!(m));
         }
-        if let Some(cwd) = &self.cfg.child.cwd {
+        if let Some(cwd) = input.cwd.as_ref().or(self.cfg.child.cwd.as_ref()) {
             params.insert("cwd".into(), json!(cwd.display().to_string()));
         }
         if let Some(p) = &model.codex.approval_policy {

@@ -18,6 +18,20 @@ async fn managed_agents_sdk_session_with_a_held_custom_tool() {
         &[("MANAGED_PART", "all".into())],
     )
     .await;
+    // Each session's turns ran in its own folder under the workspace root, gone with it.
+    let root = gw.dir.path().join("data/workspaces");
+    let starts = gw.thread_starts();
+    assert!(!starts.is_empty());
+    for s in starts {
+        let cwd = std::path::PathBuf::from(s["cwd"].as_str().unwrap_or_default());
+        let session = cwd.file_name().unwrap_or_default().to_string_lossy();
+        assert!(
+            cwd.parent().and_then(|env| env.parent()) == Some(root.as_path())
+                && session.starts_with("sesn_"),
+            "{s}"
+        );
+        assert!(!cwd.exists(), "{} outlived its session", cwd.display());
+    }
 }
 
 /// A session's budget on a priced model ($1 per model request after each of three calls): it
@@ -115,4 +129,51 @@ pub(crate) async fn managed_round_trip(
         ("MANAGED_SAID", said.into()),
     ];
     run_script_with(gw, "anthropic_managed.py", "", &env).await;
+}
+
+/// Two replicas on PostgreSQL: a session runs on the replica it was made on (A), and its
+/// stream, message and result sent through B are relayed there: the held turn resumes once
+/// on A's backend, B's never runs a turn. With A killed, B takes the session over once A's
+/// lease lapses: the use it held answers 410 and the next turn runs on B.
+#[tokio::test]
+async fn managed_agents_on_two_replicas_a_result_sent_to_the_non_owner_reaches_the_owner_once() {
+    use crate::operations::cluster::replica_config;
+    let db = crate::support::postgres::database();
+    let replica = async |id: &str| {
+        let (id, db) = (id.to_string(), db.clone());
+        Gateway::start_raw(Opts::default(), move |o, dir| {
+            replica_config(o, dir, &id, &db, None, None)
+        })
+        .await
+    };
+    let (mut a, b) = (replica("a").await, replica("b").await);
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json").display().to_string();
+    let part = |p: &str| {
+        vec![
+            ("MANAGED_PART", p.to_string()),
+            ("MANAGED_STATE", state.clone()),
+            ("MANAGED_OTHER_URL", b.url.clone()),
+        ]
+    };
+    if !run_script_with(&a, "anthropic_managed.py", "", &part("cluster")).await {
+        return;
+    }
+    assert!(
+        a.spy_events("stale_answer").is_empty(),
+        "a result reached A twice"
+    );
+    assert!(b.spy_events("turn_start").is_empty(), "a turn ran on B");
+    let (_, m) = get_text(&b, ROOT, "/metrics").await;
+    assert!(
+        m.contains("turnstile_forwarded_total{kind=\"session\",status=\"200\"}"),
+        "{m}"
+    );
+    a.signal("KILL");
+    let _ = a.child.take().map(|mut c| c.wait());
+    run_script_with(&b, "anthropic_managed.py", "", &part("cluster_taken")).await;
+    assert!(
+        !b.spy_events("turn_start").is_empty(),
+        "B ran the next turn"
+    );
 }

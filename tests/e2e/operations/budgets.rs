@@ -300,8 +300,10 @@ async fn an_issuers_budget_is_each_of_its_subjects_default() {
     ok_turn(&gw, &sam, "echo").await;
     refused_everywhere(&gw, &sam, "echo", "tokens_per_day").await;
     ok_turn(&gw, &kim, "echo").await;
-    let (_, v) = get(&gw, &kim, "/v1/usage").await;
+    let (s, v) = get(&gw, &kim, "/v1/usage").await;
+    assert_eq!(s, 200, "{v}");
     assert_eq!(v["budget"]["tokens_per_day"]["remaining"], 0, "{v}");
+    assert_eq!(v["total"]["total_tokens"], 15, "{v}");
 }
 
 /// Claude Code's gateway protocol: every successful Messages answer of a capped caller says

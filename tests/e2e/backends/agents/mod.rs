@@ -143,9 +143,15 @@ async fn a_managed_agents_tool_confirmation_allowed_then_denied(agent: Agent) {
         ("MANAGED_DENY_SEEN", seen.into()),
     ];
     run_script_with(&gw, "anthropic_managed.py", "", &env).await;
-    // Allowed once, it ran.
-    let marker = gw.dir.path().join("work/bash-ran.txt");
-    assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "gateway");
+    // Allowed once, it ran, in the session's own folder (not the backend's `cwd`).
+    assert!(!gw.dir.path().join("work/bash-ran.txt").exists());
+    let root = gw.dir.path().join("data/workspaces");
+    let ran: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .flat_map(|env| std::fs::read_dir(env.unwrap().path()).unwrap())
+        .filter_map(|s| std::fs::read_to_string(s.unwrap().path().join("bash-ran.txt")).ok())
+        .collect();
+    assert_eq!(ran, ["gateway\n"], "{}", root.display());
 }
 
 async fn a_held_round_trip_on_responses(agent: Agent) {
