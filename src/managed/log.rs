@@ -99,6 +99,14 @@ pub struct Live {
     tx: broadcast::Sender<Arc<Published>>,
 }
 
+/// The principal's stored events would exceed its bound of `max` bytes: 429.
+fn full(max: u64) -> ApiError {
+    ApiError::new(
+        ErrorCode::CapacityExhausted,
+        format!("Your sessions' stored events would exceed {max} bytes; delete sessions first."),
+    )
+}
+
 /// Events read back per store call while loading.
 const LOAD_PAGE: usize = 500;
 
@@ -223,14 +231,7 @@ impl Live {
             .await;
         let seqs = match seqs {
             Ok(s) => s,
-            Err(AppendError::Full(max)) => {
-                return Err(ApiError::new(
-                    ErrorCode::CapacityExhausted,
-                    format!(
-                    "Your sessions' stored events would exceed {max} bytes; delete sessions first."
-                ),
-                ))
-            }
+            Err(AppendError::Full(max)) => return Err(full(max)),
             Err(AppendError::Store(e)) => return Err(store_failed(e)),
         };
         for ((seq, (id, json)), e) in seqs.into_iter().zip(bodies).zip(&events) {
@@ -243,6 +244,25 @@ impl Live {
             }));
         }
         Ok(events)
+    }
+
+    /// Whether `events` fit in what is left of the principal's bound, checked before a
+    /// continuation is claimed so that one refused for its size consumes nothing (429, as
+    /// [`Live::append`] refuses).
+    pub(super) async fn room_for(&self, m: &Managed, events: &[Value]) -> Result<(), ApiError> {
+        let max = m
+            .engine()
+            .config()
+            .managed_agents
+            .max_event_bytes_per_client;
+        let bytes: u64 = events.iter().map(|e| e.to_string().len() as u64).sum();
+        let stored = (m.engine().store().event_bytes(&self.principal))
+            .await
+            .map_err(store_failed)?;
+        match stored.saturating_add(bytes) <= max {
+            true => Ok(()),
+            false => Err(full(max)),
+        }
     }
 
     /// Rewrites the session's object (status, usage, title) and stores it; returns it.

@@ -137,6 +137,10 @@ pub(super) async fn resume(
         (messages, assistant)
     };
     let turn = input(live, messages, Some(assistant))?;
+    // What is logged once the claim is taken must fit first: a refusal consumes nothing.
+    let running = event("session.status_running", json!({}));
+    live.room_for(m, &[&echoes[..], &[running]].concat())
+        .await?;
     run(m, live, turn, echoes).await
 }
 
@@ -160,10 +164,12 @@ async fn run(
         Err(e) => return Err(e.into()),
     };
     let stop = CancellationToken::new();
+    let answered_uses;
     {
         let mut s = live.state.lock();
         s.transcript = messages;
-        s.waiting.clear();
+        let answered: Vec<String> = s.waiting.drain(..).map(|w| w.event_id).collect();
+        answered_uses = answered;
         s.results.clear();
         s.phase = Phase::Running;
         s.interrupt = Some(stop.clone());
@@ -176,12 +182,25 @@ async fn run(
     }
     let mut events = echoes;
     events.push(event("session.status_running", json!({})));
-    live.append(m, events).await?;
-    live.rewrite(m, |s| {
-        s["status"] = json!("running");
-        Ok(())
-    })
-    .await?;
+    let logged = match live.append(m, events).await {
+        Ok(_) => {
+            let running = live.rewrite(m, |s| {
+                s["status"] = json!("running");
+                Ok(())
+            });
+            running.await.map(|_| ())
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = logged {
+        // The engine has claimed the continuation, but the store cannot log the turn: it
+        // ends here, its leg dropped (which interrupts it), the uses it answered settled (a
+        // resend is 410), and the session idle again, not running with nobody reading it.
+        drop(leg);
+        settle(live);
+        live.state.lock().settled.extend(answered_uses);
+        return Err(e);
+    }
     let (m, live) = (m.clone(), live.clone());
     let engine = m.engine().clone();
     engine.spawn(async move { consume(m, live, leg, stop).await });

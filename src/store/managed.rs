@@ -348,6 +348,21 @@ impl Store {
         }
     }
 
+    /// The bytes of the principal's stored events (what its bound is measured against).
+    pub async fn event_bytes(&self, principal: &str) -> Result<u64, StoreError> {
+        self.db
+            .read(async |t| {
+                let rows = t
+                    .rows(
+                        "SELECT event_bytes FROM managed_quota WHERE principal = ?1",
+                        vals![principal],
+                    )
+                    .await?;
+                Ok(rows.first().map(|r| r.i(0)).transpose()?.unwrap_or(0) as u64)
+            })
+            .await
+    }
+
     /// A session's events after position `after` (or before it, `descending`), at most
     /// `limit`.
     pub async fn events_list(

@@ -10,7 +10,7 @@ the demo), MANAGED_PART (`all`; `roundtrip`, the held call on any backend kind; 
 MANAGED_PRICED, a priced model; `release`, the kept thread released when idle; `confirm`,
 backend tools under always_ask (see part_confirm); `hold` /
 `after_restart` for the restart test, which share state through MANAGED_STATE, a file path;
-`cluster` / `cluster_taken`, two replicas, the second at MANAGED_OTHER_URL).
+`bound`, a result over the stored-bytes bound; `cluster` / `cluster_taken`, two replicas, the second at MANAGED_OTHER_URL).
 Prints ALL OK at the end.
 """
 import json
@@ -437,6 +437,19 @@ def part_after_restart():
     print("ALL OK")
 
 
+def part_bound():
+    """A result too big for what is left of the principal's stored event bytes is 429 before
+    the held turn is claimed: the same use then takes a smaller result."""
+    env, agent, session = setup()
+    use = hold(session)
+    big = [{"type": "user.custom_tool_result", "custom_tool_use_id": use.id,
+            "content": [{"type": "text", "text": "x" * 40000}]}]
+    expect_error(anthropic.RateLimitError, "a result over the bound",
+                 lambda: client.beta.sessions.events.send(session.id, events=big), 429)
+    answer(session, use)
+    print("ALL OK")
+
+
 def replica_b():
     return Anthropic(base_url=os.environ["MANAGED_OTHER_URL"], api_key=KEY, max_retries=0, timeout=60,
                      _strict_response_validation=True)
@@ -485,4 +498,4 @@ def part_cluster_taken():
 
 
 {"all": main, "roundtrip": part_roundtrip, "budget": part_budget, "release": part_release, "confirm": part_confirm, "hold": part_hold, "after_restart": part_after_restart,
- "cluster": part_cluster, "cluster_taken": part_cluster_taken}[PART]()
+ "bound": part_bound, "cluster": part_cluster, "cluster_taken": part_cluster_taken}[PART]()

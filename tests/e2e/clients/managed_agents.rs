@@ -88,6 +88,28 @@ async fn managed_agents_tool_confirmations_settle_the_approval_queue() {
     run_script_with(&gw, "anthropic_managed.py", "", &env).await;
 }
 
+/// A result larger than what is left of the principal's stored event bytes is refused (429)
+/// before the held turn is claimed: it consumes nothing, and a smaller one resumes the turn.
+#[tokio::test]
+async fn managed_agents_a_result_over_the_event_bound_consumes_nothing() {
+    let gw = Gateway::start_raw(Opts::default(), |o, dir| {
+        // Results up to 64 KiB pass the continuation's own bound.
+        let text = config_text(o, dir).replace(
+            "max_tool_result_bytes = 4096\n",
+            "max_tool_result_bytes = 65536\n",
+        );
+        format!("{text}\n[managed_agents]\nmax_event_bytes_per_client = 30000\n")
+    })
+    .await;
+    run_script_with(
+        &gw,
+        "anthropic_managed.py",
+        "",
+        &[("MANAGED_PART", "bound".into())],
+    )
+    .await;
+}
+
 /// A session held on a custom tool use when the gateway restarts: the history is intact, the
 /// use answers 410, the session shows `session.error` and `retries_exhausted`, and goes on.
 #[tokio::test]
