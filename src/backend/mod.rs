@@ -248,6 +248,35 @@ pub struct ApprovalAsk {
     /// SHA-256 of the canonical action (the request without its ids).
     pub action_digest: [u8; 32],
     pub responder: ApprovalResponder,
+    /// The backend's id of the tool use asked about (Codex's item, Claude Code's and an ACP
+    /// agent's tool call), which its [`ToolEnded`] names.
+    pub tool_id: Option<String>,
+}
+
+/// A tool use of the backend's own ended: its id (as the ask about it named it), its output
+/// (at most [`ToolEnded::MAX_OUTPUT`] bytes, cut on a character boundary) and whether it
+/// failed or was declined.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolEnded {
+    pub id: String,
+    pub output: String,
+    pub is_error: bool,
+}
+
+impl ToolEnded {
+    pub const MAX_OUTPUT: usize = 16 * 1024;
+
+    pub fn new(id: &str, output: &str, is_error: bool) -> ToolEnded {
+        let mut end = output.len().min(Self::MAX_OUTPUT);
+        while !output.is_char_boundary(end) {
+            end -= 1;
+        }
+        ToolEnded {
+            id: id.to_string(),
+            output: output[..end].to_string(),
+            is_error,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -263,6 +292,7 @@ pub enum TurnEvent {
     ToolCall(HeldCall),
     /// Boxed: rare, and it would otherwise size every event.
     Approval(Box<ApprovalAsk>),
+    ToolEnded(ToolEnded),
     Usage(Usage),
     /// The answer was cut at the output token limit (an upstream's `finish_reason:"length"`);
     /// the end follows.

@@ -24,6 +24,8 @@ pub struct ApprovalNotice {
     /// record one made it `Deny`.
     pub decision: Decision,
     pub approval_id: Option<String>,
+    /// The backend's id of the tool use (see [`crate::backend::ApprovalAsk::tool_id`]).
+    pub tool_id: Option<String>,
 }
 
 impl ApprovalNotice {
@@ -65,13 +67,14 @@ pub(super) async fn apply(
         ApprovalKind::Permissions => p.permissions,
         ApprovalKind::Elicitation => p.elicitation,
     });
-    let (kind, summary) = (ask.kind, ask.summary.clone());
+    let (kind, summary, tool_id) = (ask.kind, ask.summary.clone(), ask.tool_id.clone());
     let notice = |decision, approval_id| {
         granted.then_some(ApprovalNotice {
             kind,
             summary,
             decision,
             approval_id,
+            tool_id,
         })
     };
     match decision {

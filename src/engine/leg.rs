@@ -38,6 +38,8 @@ pub enum LegEvent {
     /// A side effect of the backend's own, as the approval policy answered it (a pending
     /// approval is something a human watching the stream should know).
     Approval(super::ApprovalNotice),
+    /// A tool use of the backend's own ended (one its approval notice named).
+    ToolEnded(crate::backend::ToolEnded),
     /// The answer was cut at the output token limit; `End` follows.
     Truncated,
     /// The leg is over: `calls` empty means the turn finished (`stop`), else it is suspended.
@@ -252,6 +254,9 @@ impl Engine {
             }
             Some(TurnEvent::Truncated) => {
                 let _ = tx.send(LegEvent::Truncated).await;
+            }
+            Some(TurnEvent::ToolEnded(t)) => {
+                let _ = tx.send(LegEvent::ToolEnded(t)).await;
             }
             Some(TurnEvent::Approval(ask)) => {
                 let (cfg, i) = (self.config(), &self.inner);

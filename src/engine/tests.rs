@@ -175,6 +175,7 @@ fn ask(spy: &Arc<Spy>) -> TurnEvent {
         responder: crate::backend::ApprovalResponder::new(move |ok| {
             spy.answers.lock().push(format!("approval={ok}"));
         }),
+        tool_id: None,
     }))
 }
 
@@ -248,7 +249,10 @@ async fn finish(mut leg: Leg) -> Result<(String, Vec<crate::turn::ExposedCall>),
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::End { calls, .. } => return Ok((text, calls)),
             LegEvent::Error(e) => return Err(e),
-            LegEvent::Relayed(_) | LegEvent::Approval(_) | LegEvent::Truncated => {}
+            LegEvent::Relayed(_)
+            | LegEvent::Approval(_)
+            | LegEvent::Truncated
+            | LegEvent::ToolEnded(_) => {}
             LegEvent::Reasoning(_) => {}
         }
     }

@@ -14,7 +14,7 @@ use super::log::{event, idle, Live};
 use super::Managed;
 use crate::approvals::{ApprovalEvent, DecideError, EventKind};
 use crate::auth::Principal;
-use crate::backend::ApprovalKind;
+use crate::backend::{ApprovalKind, ToolEnded};
 use crate::config::Decision;
 use crate::engine::ApprovalNotice;
 use crate::error::{ApiError, ErrorCode};
@@ -68,6 +68,15 @@ pub(super) async fn on_approval(m: &Managed, live: &Arc<Live>, n: ApprovalNotice
         e["evaluation"] = evaluation;
     }
     let mut events = vec![e.clone()];
+    if let Some(tool_id) = n.tool_id {
+        let mut s = live.state.lock();
+        // One turn's uses; a backend that never reports their end cannot grow it without end.
+        if s.tool_uses.len() >= MAX_OPEN_USES {
+            s.tool_uses.clear();
+        }
+        let id = e["id"].as_str().unwrap_or_default().to_string();
+        s.tool_uses.insert(tool_id, id);
+    }
     if let (Decision::Ask, Some(approval_id)) = (n.decision, n.approval_id) {
         let waiting = {
             let mut s = live.state.lock();
@@ -88,6 +97,26 @@ pub(super) async fn on_approval(m: &Managed, live: &Arc<Live>, n: ApprovalNotice
         return;
     }
     let _ = live.append(m, events).await;
+}
+
+/// The `agent.tool_use` events a session remembers at once, waiting for their results.
+const MAX_OPEN_USES: usize = 256;
+
+/// A use of the backend's own tool ended: its `agent.tool_result`, if its `agent.tool_use` was
+/// logged (the backend's other tool activity, and the client's held calls, are not).
+pub(super) async fn on_tool_ended(m: &Managed, live: &Arc<Live>, t: ToolEnded) {
+    let Some(use_id) = live.state.lock().tool_uses.remove(&t.id) else {
+        return;
+    };
+    let content = match t.output.is_empty() {
+        true => json!([]),
+        false => json!([{"type": "text", "text": t.output}]),
+    };
+    let e = event(
+        "agent.tool_result",
+        json!({"tool_use_id": use_id, "content": content, "is_error": t.is_error}),
+    );
+    let _ = live.append(m, vec![e]).await;
 }
 
 /// An approval settled by anyone: if the session waited on it, it no longer does.

@@ -176,6 +176,7 @@ async fn run(
         if s.execution.as_deref() != Some(&leg.execution_id) {
             // A fresh turn: its execution's spend adds to what the session spent before.
             s.base = s.spent();
+            s.tool_uses.clear();
             s.execution_spent = leg.spent.clone();
             s.execution = Some(leg.execution_id.clone());
         }
@@ -243,6 +244,7 @@ async fn consume(m: Managed, live: Arc<Live>, mut leg: Leg, stop: CancellationTo
                     .await;
             }
             Some(LegEvent::Approval(n)) => confirm::on_approval(&m, &live, n).await,
+            Some(LegEvent::ToolEnded(t)) => confirm::on_tool_ended(&m, &live, t).await,
             Some(LegEvent::End { calls, usage }) => {
                 return ended(&m, &live, (text, calls, usage), start_id).await
             }

@@ -379,6 +379,10 @@ def part_confirm():
     check(types[:2] == ["user.tool_confirmation", "session.status_running"], types)
     check(seen[-1].stop_reason.type == "end_turn", types)
     check(os.environ["MANAGED_ALLOWED"] in said_in(seen), said_in(seen))
+    # The use ran: its result follows, naming it.
+    results = [e for e in seen if e.type == "agent.tool_result"]
+    check(len(results) == 1 and results[0].tool_use_id == use.id and not results[0].is_error, seen)
+    check(types.index("agent.tool_result") < types.index("session.status_idle"), types)
     expect_error(anthropic.ConflictError, "second confirmation",
                  lambda: client.beta.sessions.events.send(session.id, events=confirm("deny")), 409)
     decided = httpx.get(f"{URL}/v1/approvals/{pending[0]['id']}", headers=headers).json()
@@ -392,6 +396,9 @@ def part_confirm():
     check(seen[-1].stop_reason.type == "end_turn", [e.type for e in seen])
     said = said_in(seen)
     check(os.environ["MANAGED_DENIED"] in said, said)
+    # A result the agent reports for the declined use is an error.
+    declined = [e for e in seen if e.type == "agent.tool_result"]
+    check(all(e.tool_use_id == use.id and e.is_error for e in declined), declined)
     if os.environ.get("MANAGED_DENY_SEEN") == "1":
         check("not on a friday" in said, said)
     denied = httpx.get(f"{URL}/v1/approvals", headers=headers, params={"state": "denied"}).json()["data"]

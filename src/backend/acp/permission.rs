@@ -102,7 +102,29 @@ pub(super) fn ask(
     let (allow, reject) = (option(options, true), option(options, false));
     let decided = move |approve| reply(if approve { allow } else { reject });
     let responder = crate::backend::ApprovalResponder::new(decided);
-    crate::backend::agent::approval(kind, summary, &action, responder)
+    let mut ask = crate::backend::agent::approval(kind, summary, &action, responder);
+    ask.tool_id = tool_call["toolCallId"].as_str().map(str::to_string);
+    ask
+}
+
+/// A `tool_call_update` that ends its call (`completed` or `failed`): its text content (a
+/// diff is named by its path).
+pub(super) fn ended(update: &Value) -> Option<crate::backend::ToolEnded> {
+    let failed = match update["status"].as_str()? {
+        "completed" => false,
+        "failed" => true,
+        _ => return None,
+    };
+    let id = update["toolCallId"].as_str()?;
+    let parts = update["content"].as_array().into_iter().flatten();
+    let text: Vec<&str> = parts
+        .filter_map(|p| match p["type"].as_str() {
+            Some("content") => p["content"]["text"].as_str(),
+            Some("diff") => p["path"].as_str(),
+            _ => None,
+        })
+        .collect();
+    Some(crate::backend::ToolEnded::new(id, &text.join("\n"), failed))
 }
 
 #[cfg(test)]
@@ -159,5 +181,25 @@ mod tests {
         let edit = json!({"toolCallId": "toolu_2", "kind": "edit",
             "_meta": {"claudeCode": {"toolName": "mcp__t__read_file"}}});
         assert!(!is_bridge_call(&edit, &names, None));
+    }
+
+    #[test]
+    fn an_update_that_ends_a_call_carries_its_text() {
+        let done = json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed",
+            "content": [{"type": "content", "content": {"type": "text", "text": "out"}},
+                        {"type": "diff", "path": "/w/a.txt", "oldText": "", "newText": "x"}]});
+        assert_eq!(
+            ended(&done),
+            Some(crate::backend::ToolEnded::new("t1", "out\n/w/a.txt", false))
+        );
+        let failed = json!({"toolCallId": "t2", "status": "failed"});
+        assert_eq!(
+            ended(&failed),
+            Some(crate::backend::ToolEnded::new("t2", "", true))
+        );
+        assert_eq!(
+            ended(&json!({"toolCallId": "t3", "status": "in_progress"})),
+            None
+        );
     }
 }

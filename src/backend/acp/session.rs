@@ -314,6 +314,15 @@ fn on_update(session: &Agent, update: &Value) {
                 }
                 announced.push_back((id.to_string(), name.to_string()));
             }
+            // Reported already ended (an agent may skip the update).
+            if let Some(ended) = permission::ended(update) {
+                state.emit(TurnEvent::ToolEnded(ended));
+            }
+        }
+        "tool_call_update" => {
+            if let Some(ended) = permission::ended(update) {
+                state.emit(TurnEvent::ToolEnded(ended));
+            }
         }
         "usage_update" => {
             if let Some(used) = update["used"].as_u64() {

@@ -64,5 +64,61 @@ pub(super) fn ask(
         reply(answer);
     };
     let responder = crate::backend::ApprovalResponder::new(decided);
-    crate::backend::agent::approval(kind, summary, &action, responder)
+    let mut ask = crate::backend::agent::approval(kind, summary, &action, responder);
+    ask.tool_id = params["itemId"].as_str().map(str::to_string);
+    ask
+}
+
+/// A command or file change item that completed (ran, failed or was declined), as the end
+/// of the tool use its approval named; other items are not the agent's own tool uses.
+pub(super) fn ended(item: &Value) -> Option<crate::backend::ToolEnded> {
+    let id = item["id"].as_str()?;
+    let ok = item["status"] == "completed";
+    let output = match item["type"].as_str()? {
+        "commandExecution" => {
+            let out = item["aggregatedOutput"].as_str().unwrap_or_default();
+            let failed = item["exitCode"].as_i64().is_some_and(|c| c != 0);
+            return Some(crate::backend::ToolEnded::new(id, out, !ok || failed));
+        }
+        "fileChange" => {
+            let changes = item["changes"].as_array().into_iter().flatten();
+            let paths: Vec<&str> = changes.filter_map(|c| c["path"].as_str()).collect();
+            paths.join("\n")
+        }
+        _ => return None,
+    };
+    Some(crate::backend::ToolEnded::new(id, &output, !ok))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ToolEnded;
+
+    #[test]
+    fn a_completed_command_or_file_change_ends_its_use() {
+        let ran = json!({"type": "commandExecution", "id": "c1", "status": "completed",
+            "exitCode": 0, "aggregatedOutput": "ok\n"});
+        assert_eq!(ended(&ran), Some(ToolEnded::new("c1", "ok\n", false)));
+        let exit =
+            json!({"type": "commandExecution", "id": "c2", "status": "completed", "exitCode": 2});
+        assert_eq!(ended(&exit), Some(ToolEnded::new("c2", "", true)));
+        let declined = json!({"type": "fileChange", "id": "f1", "status": "declined",
+            "changes": [{"path": "/w/a"}, {"path": "/w/b"}]});
+        assert_eq!(
+            ended(&declined),
+            Some(ToolEnded::new("f1", "/w/a\n/w/b", true))
+        );
+        assert_eq!(ended(&json!({"type": "agentMessage", "id": "m"})), None);
+    }
+
+    #[test]
+    fn an_output_is_cut_on_a_character_boundary() {
+        let long = "é".repeat(ToolEnded::MAX_OUTPUT);
+        let t = ToolEnded::new("c", &long, false);
+        assert!(
+            t.output.len() <= ToolEnded::MAX_OUTPUT && t.output.len() >= ToolEnded::MAX_OUTPUT - 1
+        );
+        assert!(t.output.chars().all(|c| c == 'é'));
+    }
 }

@@ -360,6 +360,9 @@ impl Proc {
             "item/completed" => {
                 let item = &params["item"];
                 if item.get("type").and_then(Value::as_str) != Some("agentMessage") {
+                    if let Some(ended) = super::approval::ended(item) {
+                        route.emit(TurnEvent::ToolEnded(ended));
+                    }
                     return;
                 }
                 let (Some(id), Some(text)) = (

@@ -61,8 +61,9 @@ where
 
 /// Notifications whose params the gateway reads (`Proc::on_notification`). The others (item
 /// starts and updates, plans, rate limits: most of what a turn sends) keep their params
-/// unbuilt, and `item/completed` builds them only for an agent message, never for a command's
-/// output or the user's own (possibly large) message.
+/// unbuilt, and `item/completed` builds them only for an agent message and a command or file
+/// change (whose end a Managed Agents session shows), never for the user's own (possibly
+/// large) message.
 fn reads_params(method: &str, params: &RawValue) -> bool {
     #[derive(Deserialize)]
     struct Completed<'a> {
@@ -81,8 +82,12 @@ fn reads_params(method: &str, params: &RawValue) -> bool {
         | "thread/tokenUsage/updated"
         | "turn/completed"
         | "error" => true,
-        "item/completed" => serde_json::from_str::<Completed<'_>>(params.get())
-            .is_ok_and(|c| c.item.kind == "agentMessage"),
+        "item/completed" => serde_json::from_str::<Completed<'_>>(params.get()).is_ok_and(|c| {
+            matches!(
+                c.item.kind.as_ref(),
+                "agentMessage" | "commandExecution" | "fileChange"
+            )
+        }),
         _ => false,
     }
 }

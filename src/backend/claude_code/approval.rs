@@ -12,7 +12,7 @@ use crate::backend::{ApprovalAsk, ApprovalKind};
 /// tool and its input, and a responder that hands the decision and the decider's reason to
 /// `reply` (which answers the request the CLI sent).
 pub(super) fn ask(
-    cwd: &str,
+    (cwd, use_id): (&str, &str),
     tool: &str,
     input: &Value,
     reply: impl FnOnce((bool, Option<String>)) + Send + 'static,
@@ -32,7 +32,9 @@ pub(super) fn ask(
     };
     let action = json!({"tool": tool, "input": input});
     let responder = crate::backend::ApprovalResponder::with_reason(move |a, r| reply((a, r)));
-    crate::backend::agent::approval(kind, summary, &action, responder)
+    let mut ask = crate::backend::agent::approval(kind, summary, &action, responder);
+    ask.tool_id = (!use_id.is_empty()).then(|| use_id.to_string());
+    ask
 }
 
 /// Which request a policy decision answers.

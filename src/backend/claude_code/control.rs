@@ -38,6 +38,9 @@ pub enum Frame {
         subtype: String,
         is_error: bool,
     },
+    /// The session's own tool uses that ended, from the `user` message carrying their
+    /// `tool_result` blocks back to the model.
+    ToolResults(Vec<crate::backend::ToolEnded>),
     Other,
 }
 
@@ -55,6 +58,8 @@ struct Envelope<'a> {
     request: Option<&'a RawValue>,
     #[serde(default, borrow)]
     response: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    message: Option<&'a RawValue>,
     #[serde(default)]
     subtype: Option<String>,
     #[serde(default)]
@@ -100,6 +105,7 @@ pub fn parse(line: &[u8]) -> Frame {
                 },
             }),
         "control_cancel_request" => e.request_id.map(|id| Frame::Cancel { id }),
+        "user" if e.parent_tool_use_id.is_none() => tree(e.message).map(|m| tool_results(&m)),
         "result" => Some(Frame::Result {
             subtype: e.subtype.unwrap_or_default(),
             is_error: e.is_error.unwrap_or(false),
@@ -107,6 +113,32 @@ pub fn parse(line: &[u8]) -> Frame {
         _ => None,
     };
     parsed.unwrap_or(Frame::Other)
+}
+
+/// The `tool_result` blocks of a `user` message: each one's text, and whether it failed.
+fn tool_results(message: &Value) -> Frame {
+    let blocks = message["content"].as_array().into_iter().flatten();
+    let ended = blocks
+        .filter(|b| b["type"] == "tool_result")
+        .filter_map(|b| {
+            let id = b["tool_use_id"].as_str()?;
+            let text = match &b["content"] {
+                Value::String(s) => s.clone(),
+                Value::Array(parts) => parts
+                    .iter()
+                    .filter_map(|p| p["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                _ => String::new(),
+            };
+            let failed = b["is_error"].as_bool().unwrap_or(false);
+            Some(crate::backend::ToolEnded::new(id, &text, failed))
+        })
+        .collect::<Vec<_>>();
+    match ended.is_empty() {
+        true => Frame::Other,
+        false => Frame::ToolResults(ended),
+    }
 }
 
 /// A user message: the turn's input.
@@ -241,5 +273,25 @@ mod tests {
         );
         let e: Value = serde_json::from_str(&error("r4", "unsupported")).unwrap();
         assert_eq!(e["response"]["subtype"], "error");
+    }
+
+    #[test]
+    fn a_user_message_s_tool_results_end_the_uses_a_subagent_s_do_not() {
+        let line = br#"{"type":"user","message":{"role":"user","content":[
+            {"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+            {"type":"tool_result","tool_use_id":"toolu_2","content":"denied","is_error":true},
+            {"type":"text","text":"not a result"}]},"parent_tool_use_id":null}"#;
+        let line: Vec<u8> = line.iter().copied().filter(|b| *b != b'\n').collect();
+        assert_eq!(
+            parse(&line),
+            Frame::ToolResults(vec![
+                crate::backend::ToolEnded::new("toolu_1", "a\nb", false),
+                crate::backend::ToolEnded::new("toolu_2", "denied", true),
+            ])
+        );
+        let sub = br#"{"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"t","content":"x"}]},"parent_tool_use_id":"toolu_9"}"#;
+        assert_eq!(parse(sub), Frame::Other);
+        let plain = br#"{"type":"user","message":{"content":[{"type":"text","text":"hi"}]},"parent_tool_use_id":null}"#;
+        assert_eq!(parse(plain), Frame::Other);
     }
 }

@@ -145,6 +145,12 @@ impl Protocol for ClaudeCode {
                 session.state().forget(|h| h.request == id);
             }
             Frame::Result { subtype, is_error } => on_result(session, &subtype, is_error),
+            Frame::ToolResults(ended) => {
+                let state = session.state();
+                for t in ended {
+                    state.emit(TurnEvent::ToolEnded(t));
+                }
+            }
             Frame::Other => {}
         }
     }
@@ -334,6 +340,7 @@ fn decide(session: &Claude, id: &str, tool: &str, input: &Value, use_id: &str, a
     {
         return session.write(answer.write(id, true, input, None));
     }
+    let asked = use_id.to_string();
     let (request, written, use_id) = (id.to_string(), input.clone(), use_id.to_string());
     let reply = session.later(
         move |s: &Claude, (approve, reason): (bool, Option<String>)| {
@@ -343,7 +350,7 @@ fn decide(session: &Claude, id: &str, tool: &str, input: &Value, use_id: &str, a
             s.write(answer.write(&request, approve, &written, reason.as_deref()));
         },
     );
-    session.ask(approval::ask(&session.cwd, tool, input, reply));
+    session.ask(approval::ask((&session.cwd, &asked), tool, input, reply));
 }
 
 fn on_result(session: &Claude, subtype: &str, is_error: bool) {

@@ -90,7 +90,7 @@ impl Framer {
         match ev {
             // A Chat answer's own chunks carry its `finish_reason`.
             LegEvent::Delta(_) | LegEvent::Reasoning(_) if self.native => (String::new(), false),
-            LegEvent::Truncated => (String::new(), false),
+            LegEvent::Truncated | LegEvent::ToolEnded(_) => (String::new(), false),
             LegEvent::Delta(d) => (self.chunk(json!({"content": d}), None), false),
             LegEvent::Reasoning(r) => (self.chunk(json!({"reasoning_content": r}), None), false),
             // Relayed as the upstream sent them, `model` already renamed.
@@ -188,7 +188,7 @@ pub async fn collect(mut leg: Leg) -> Result<Answer, ApiError> {
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::Reasoning(r) => reasoning.push_str(&r),
             LegEvent::Relayed(body) => native = Some(body),
-            LegEvent::Approval(_) | LegEvent::Truncated => {}
+            LegEvent::Approval(_) | LegEvent::Truncated | LegEvent::ToolEnded(_) => {}
             LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
                 if let Some(body) = native {

@@ -171,7 +171,7 @@ impl sse::Frame for Framer {
                     json!({"index": self.blocks - 1, "delta": {"type": "text_delta", "text": d}}),
                 );
             }
-            LegEvent::Relayed(_) => {}
+            LegEvent::Relayed(_) | LegEvent::ToolEnded(_) => {}
             LegEvent::Truncated => self.truncated = true,
             LegEvent::Approval(n) => {
                 if let Some(t) = n.text() {
@@ -241,7 +241,7 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Bytes, ApiError> 
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::Reasoning(r) => thought.get_or_insert_default().push_str(&r),
             LegEvent::Truncated => truncated = true,
-            LegEvent::Relayed(_) | LegEvent::Approval(_) => {}
+            LegEvent::Relayed(_) | LegEvent::Approval(_) | LegEvent::ToolEnded(_) => {}
             LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
                 let mut content = Vec::new();

@@ -322,7 +322,10 @@ impl Framer {
         match ev {
             LegEvent::Delta(d) => self.delta(&mut out, &d),
             LegEvent::Reasoning(r) => self.reason(&mut out, &r),
-            LegEvent::Relayed(_) | LegEvent::Truncated | LegEvent::Approval(_) => {}
+            LegEvent::Relayed(_)
+            | LegEvent::Truncated
+            | LegEvent::Approval(_)
+            | LegEvent::ToolEnded(_) => {}
             LegEvent::End { calls, usage } => {
                 self.close_reasoning(&mut out);
                 self.close_message(&mut out);
@@ -395,7 +398,10 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
         match ev {
             LegEvent::Delta(d) => text.push_str(&d),
             LegEvent::Reasoning(r) => thought.push_str(&r),
-            LegEvent::Relayed(_) | LegEvent::Approval(_) | LegEvent::Truncated => {}
+            LegEvent::Relayed(_)
+            | LegEvent::Approval(_)
+            | LegEvent::Truncated
+            | LegEvent::ToolEnded(_) => {}
             LegEvent::Error(e) => return Err(e.into()),
             LegEvent::End { calls, usage } => {
                 let mut output = Vec::new();
