@@ -13,7 +13,7 @@ fn asking(responder: ApprovalResponder) -> ApprovalAsk {
         summary: json!({"command": "rm -rf build"}),
         action_digest: [7; 32],
         responder,
-        tool_id: None,
+        tool_use: None,
     }
 }
 
@@ -153,7 +153,7 @@ async fn restart_orphans_pending() {
             responder: ApprovalResponder::new(move |_| {
                 c.fetch_add(1, Ordering::SeqCst);
             }),
-            tool_id: None,
+            tool_use: None,
         };
         let r = a
             .create(

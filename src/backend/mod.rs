@@ -248,17 +248,31 @@ pub struct ApprovalAsk {
     /// SHA-256 of the canonical action (the request without its ids).
     pub action_digest: [u8; 32],
     pub responder: ApprovalResponder,
-    /// The backend's id of the tool use asked about (Codex's item, Claude Code's and an ACP
-    /// agent's tool call), which its [`ToolEnded`] names.
-    pub tool_id: Option<String>,
+    /// The tool use asked about (Codex's item, Claude Code's and an ACP agent's tool call),
+    /// which its [`ToolEnded`] names.
+    pub tool_use: Option<ToolUseKey>,
 }
 
-/// A tool use of the backend's own ended: its id (as the ask about it named it), its output
-/// (at most [`ToolEnded::MAX_OUTPUT`] bytes, cut on a character boundary) and whether it
-/// failed or was declined.
+/// A tool use of a backend's own, as it is known outside `backend/`: a digest of the
+/// backend's id for it, never the id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ToolUseKey([u8; 16]);
+
+impl ToolUseKey {
+    pub fn of(backend_id: &str) -> ToolUseKey {
+        let d = crate::digest::sha256(backend_id.as_bytes());
+        let mut key = [0; 16];
+        key.copy_from_slice(&d[..16]);
+        ToolUseKey(key)
+    }
+}
+
+/// A tool use of the backend's own ended: which one, its output (at most
+/// [`ToolEnded::MAX_OUTPUT`] bytes, cut on a character boundary) and whether it failed or was
+/// declined.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolEnded {
-    pub id: String,
+    pub tool_use: ToolUseKey,
     pub output: String,
     pub is_error: bool,
 }
@@ -266,13 +280,14 @@ pub struct ToolEnded {
 impl ToolEnded {
     pub const MAX_OUTPUT: usize = 16 * 1024;
 
-    pub fn new(id: &str, output: &str, is_error: bool) -> ToolEnded {
+    /// The end of the use the backend calls `backend_id`.
+    pub fn new(backend_id: &str, output: &str, is_error: bool) -> ToolEnded {
         let mut end = output.len().min(Self::MAX_OUTPUT);
         while !output.is_char_boundary(end) {
             end -= 1;
         }
         ToolEnded {
-            id: id.to_string(),
+            tool_use: ToolUseKey::of(backend_id),
             output: output[..end].to_string(),
             is_error,
         }

@@ -24,8 +24,8 @@ pub struct ApprovalNotice {
     /// record one made it `Deny`.
     pub decision: Decision,
     pub approval_id: Option<String>,
-    /// The backend's id of the tool use (see [`crate::backend::ApprovalAsk::tool_id`]).
-    pub tool_id: Option<String>,
+    /// The tool use asked about, when the backend named it.
+    pub tool_use: Option<crate::backend::ToolUseKey>,
 }
 
 impl ApprovalNotice {
@@ -67,14 +67,14 @@ pub(super) async fn apply(
         ApprovalKind::Permissions => p.permissions,
         ApprovalKind::Elicitation => p.elicitation,
     });
-    let (kind, summary, tool_id) = (ask.kind, ask.summary.clone(), ask.tool_id.clone());
+    let (kind, summary, tool_use) = (ask.kind, ask.summary.clone(), ask.tool_use);
     let notice = |decision, approval_id| {
         granted.then_some(ApprovalNotice {
             kind,
             summary,
             decision,
             approval_id,
-            tool_id,
+            tool_use,
         })
     };
     match decision {

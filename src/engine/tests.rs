@@ -175,7 +175,7 @@ fn ask(spy: &Arc<Spy>) -> TurnEvent {
         responder: crate::backend::ApprovalResponder::new(move |ok| {
             spy.answers.lock().push(format!("approval={ok}"));
         }),
-        tool_id: None,
+        tool_use: None,
     }))
 }
 

@@ -68,14 +68,14 @@ pub(super) async fn on_approval(m: &Managed, live: &Arc<Live>, n: ApprovalNotice
         e["evaluation"] = evaluation;
     }
     let mut events = vec![e.clone()];
-    if let Some(tool_id) = n.tool_id {
+    if let Some(tool_use) = n.tool_use {
         let mut s = live.state.lock();
         // One turn's uses; a backend that never reports their end cannot grow it without end.
         if s.tool_uses.len() >= MAX_OPEN_USES {
             s.tool_uses.clear();
         }
         let id = e["id"].as_str().unwrap_or_default().to_string();
-        s.tool_uses.insert(tool_id, id);
+        s.tool_uses.insert(tool_use, id);
     }
     if let (Decision::Ask, Some(approval_id)) = (n.decision, n.approval_id) {
         let waiting = {
@@ -105,7 +105,7 @@ const MAX_OPEN_USES: usize = 256;
 /// A use of the backend's own tool ended: its `agent.tool_result`, if its `agent.tool_use` was
 /// logged (the backend's other tool activity, and the client's held calls, are not).
 pub(super) async fn on_tool_ended(m: &Managed, live: &Arc<Live>, t: ToolEnded) {
-    let Some(use_id) = live.state.lock().tool_uses.remove(&t.id) else {
+    let Some(use_id) = live.state.lock().tool_uses.remove(&t.tool_use) else {
         return;
     };
     let content = match t.output.is_empty() {

@@ -53,9 +53,9 @@ pub(super) struct State {
     pub waiting: Vec<Waiting>,
     /// The backend's own tool uses that wait on a `user.tool_confirmation`.
     pub confirming: Vec<super::confirm::Confirming>,
-    /// The running turn's `agent.tool_use` events by the backend's id of the use, until its
+    /// The running turn's `agent.tool_use` event ids by their use, until its
     /// `agent.tool_result`.
-    pub tool_uses: HashMap<String, String>,
+    pub tool_uses: HashMap<crate::backend::ToolUseKey, String>,
     /// Results of the waiting uses received so far, by event id.
     pub results: HashMap<String, Message>,
     pub answered: HashSet<String>,

@@ -103,7 +103,9 @@ pub(super) fn ask(
     let decided = move |approve| reply(if approve { allow } else { reject });
     let responder = crate::backend::ApprovalResponder::new(decided);
     let mut ask = crate::backend::agent::approval(kind, summary, &action, responder);
-    ask.tool_id = tool_call["toolCallId"].as_str().map(str::to_string);
+    ask.tool_use = tool_call["toolCallId"]
+        .as_str()
+        .map(crate::backend::ToolUseKey::of);
     ask
 }
 

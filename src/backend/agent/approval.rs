@@ -18,7 +18,7 @@ pub fn approval(
         summary: redact(summary),
         action_digest: crate::continuation::canonical::digest(action),
         responder,
-        tool_id: None,
+        tool_use: None,
     }
 }
 

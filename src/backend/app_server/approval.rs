@@ -65,7 +65,9 @@ pub(super) fn ask(
     };
     let responder = crate::backend::ApprovalResponder::new(decided);
     let mut ask = crate::backend::agent::approval(kind, summary, &action, responder);
-    ask.tool_id = params["itemId"].as_str().map(str::to_string);
+    ask.tool_use = params["itemId"]
+        .as_str()
+        .map(crate::backend::ToolUseKey::of);
     ask
 }
 

@@ -33,7 +33,7 @@ pub(super) fn ask(
     let action = json!({"tool": tool, "input": input});
     let responder = crate::backend::ApprovalResponder::with_reason(move |a, r| reply((a, r)));
     let mut ask = crate::backend::agent::approval(kind, summary, &action, responder);
-    ask.tool_id = (!use_id.is_empty()).then(|| use_id.to_string());
+    ask.tool_use = (!use_id.is_empty()).then(|| crate::backend::ToolUseKey::of(use_id));
     ask
 }
 
