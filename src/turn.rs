@@ -309,6 +309,9 @@ pub struct TurnInput {
     /// The agent's working folder for this execution, over its backend's `cwd`: a Managed
     /// Agents session's own folder.
     pub cwd: Option<std::path::PathBuf>,
+    /// The conversation traces name (`gen_ai.conversation.id`) when it is not the execution:
+    /// a Managed Agents session.
+    pub conversation: Option<String>,
 }
 
 /// A wire format a request body can be relayed in.

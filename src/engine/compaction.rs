@@ -101,6 +101,7 @@ pub(super) fn summary_turn(input: TurnInput) -> TurnInput {
         usd_cap: None,
         approvals: None,
         cwd: None,
+        conversation: None,
         ..input
     }
 }

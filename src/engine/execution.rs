@@ -46,6 +46,7 @@ impl ExecutionMeta {
             provider: info.provider,
             model,
             execution_id: &self.id,
+            conversation: input.conversation.as_deref().unwrap_or(&self.id),
             response_id: input.response_id,
             round,
         };

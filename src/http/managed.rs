@@ -69,6 +69,8 @@ async fn at_owner(
     req: Request,
     next: Next,
 ) -> Response {
+    // Traced, the request names the session as its conversation.
+    crate::telemetry::record_execution(&id);
     let acts = req.method() != Method::GET || req.uri().path().ends_with("/stream");
     if !acts || app.engine.replica_id().is_none() || beta(req.headers()).is_err() {
         return next.run(req).await;

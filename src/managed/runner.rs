@@ -82,6 +82,7 @@ fn input(
     .build();
     turn.approvals = spec.approvals;
     turn.cwd = Some(live.folder.clone());
+    turn.conversation = Some(live.id.clone());
     Ok(turn)
 }
 

@@ -201,6 +201,7 @@ impl Parts {
             usd_cap: None,
             approvals: None,
             cwd: None,
+            conversation: None,
             tool_choice: self.tool_choice,
             effort: self.effort,
             parallel_tool_calls: self.parallel_tool_calls,

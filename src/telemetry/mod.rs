@@ -204,6 +204,7 @@ mod tests {
                 provider: "openai",
                 model: "m",
                 execution_id: "exe-1",
+                conversation: "exe-1",
                 response_id: |_, _| "r".into(),
                 round: 0,
             },

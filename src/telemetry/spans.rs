@@ -160,6 +160,8 @@ pub struct LegInfo<'a> {
     pub provider: &'static str,
     pub model: &'a str,
     pub execution_id: &'a str,
+    /// `gen_ai.conversation.id`: the execution, or the Managed Agents session it serves.
+    pub conversation: &'a str,
     /// How the client's surface names the leg's answer (called only when traced).
     pub response_id: crate::turn::ResponseIdFn,
     /// Tool rounds of the execution before this leg.
@@ -205,7 +207,7 @@ impl LegSpan {
                 "gen_ai.response.id",
                 (info.response_id)(info.execution_id, info.round),
             ),
-            KeyValue::new("gen_ai.conversation.id", info.execution_id.to_string()),
+            KeyValue::new("gen_ai.conversation.id", info.conversation.to_string()),
             KeyValue::new("turnstile.round", i64::from(info.round)),
         ];
         let name = format!("{op} {}", info.model);

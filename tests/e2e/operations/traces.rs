@@ -505,3 +505,35 @@ async fn a_headers_variable_that_is_not_set_stops_the_start() {
         "{stderr}"
     );
 }
+
+/// A Managed Agents session is the conversation its traces name: both legs of its held round
+/// trip (driven by the `anthropic` SDK) and its requests' server spans carry the session id.
+#[tokio::test]
+async fn a_managed_agents_session_is_the_conversation_of_its_spans() {
+    let Some(p) = phoenix::server().await else {
+        return;
+    };
+    let gw = traced_gateway(p).await;
+    let env = [("MANAGED_PART", "roundtrip".to_string())];
+    if !crate::clients::sdk::run_script_with(&gw, "anthropic_managed.py", "", &env).await {
+        return;
+    }
+    let in_session = |s: &Value| attr_str(s, "gen_ai.conversation.id").starts_with("sesn_");
+    let spans = spans_of(
+        p,
+        "the session's spans",
+        |spans| {
+            let legs = spans.iter().filter(|s| s["name"] == "invoke_agent tool");
+            let sent = spans
+                .iter()
+                .filter(|s| s["name"] == "POST /v1/sessions/{id}/events");
+            legs.count() == 2 && sent.count() >= 2
+        },
+        in_session,
+    )
+    .await;
+    let session = attr_str(named(&spans, "invoke_agent tool"), "gen_ai.conversation.id");
+    for s in &spans {
+        assert_eq!(attr_str(s, "gen_ai.conversation.id"), session, "{s}");
+    }
+}
