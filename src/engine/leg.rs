@@ -61,6 +61,8 @@ pub struct Leg {
     pub native: bool,
     /// What the execution has spent so far (nano-USD), when its model is priced.
     pub spent: super::Spent,
+    /// When the execution ends at the latest (a call it holds then expires).
+    pub deadline: Instant,
     pub events: mpsc::Receiver<LegEvent>,
 }
 
@@ -158,6 +160,7 @@ impl Engine {
             model: exec.meta.model.clone(),
             round: exec.rounds,
             native: exec.turn.native,
+            deadline: exec.deadline,
             events: rx,
         };
         let engine = self.clone();

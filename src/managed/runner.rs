@@ -247,7 +247,8 @@ async fn consume(m: Managed, live: Arc<Live>, mut leg: Leg, stop: CancellationTo
             Some(LegEvent::Approval(n)) => confirm::on_approval(&m, &live, n).await,
             Some(LegEvent::ToolEnded(t)) => confirm::on_tool_ended(&m, &live, t).await,
             Some(LegEvent::End { calls, usage }) => {
-                return ended(&m, &live, (text, calls, usage), start_id).await
+                let held = (start_id, leg.deadline);
+                return ended(&m, &live, (text, calls, usage), held).await;
             }
             Some(LegEvent::Error(e)) => return failed(&m, &live, e.into()).await,
             None => return failed(&m, &live, EngineError::TurnFailed.into()).await,
@@ -261,7 +262,7 @@ async fn ended(
     m: &Managed,
     live: &Arc<Live>,
     (text, calls, usage): (String, Vec<ExposedCall>, Usage),
-    start_id: Value,
+    (start_id, deadline): (Value, tokio::time::Instant),
 ) {
     let mut events = Vec::new();
     if !text.is_empty() {
@@ -335,6 +336,9 @@ async fn ended(
         s.settled.extend(unconfirmed);
         more
     };
+    if let Some(first) = live.state.lock().waiting.first() {
+        expire_at(m, live, first.event_id.clone(), deadline);
+    }
     let _ = live.append(m, events).await;
     let status = if more { "running" } else { "idle" };
     let _ = live
@@ -386,6 +390,39 @@ async fn ended_early(m: &Managed, live: &Arc<Live>, events: Vec<Value>) {
             Ok(())
         })
         .await;
+}
+
+/// A held turn still waiting at its execution's deadline has expired: its uses are settled
+/// (410), and the session says why and goes idle (`retries_exhausted`). `first`, the first
+/// use it waits on, tells it from a later hold of the same session.
+fn expire_at(m: &Managed, live: &Arc<Live>, first: String, deadline: tokio::time::Instant) {
+    let (m, weak, stop) = (m.clone(), Arc::downgrade(live), m.engine().stopping());
+    let engine = m.engine().clone();
+    engine.spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            // After the engine's own timer, which settles the held turn as expired.
+            _ = tokio::time::sleep_until(deadline + std::time::Duration::from_millis(100)) => {}
+        }
+        let Some(live) = weak.upgrade() else { return };
+        let _gate = live.gate.lock().await;
+        let tokens: Vec<String> = {
+            let s = live.state.lock();
+            if s.waiting.first().is_none_or(|w| w.event_id != first) {
+                return;
+            }
+            s.waiting.iter().map(|w| w.token.clone()).collect()
+        };
+        // The engine's timer settles it too; whichever is first, the other finds it settled.
+        m.engine().withdraw(&live.principal, &tokens).await;
+        let error = json!({"type": "unknown_error", "retry_status": {"type": "terminal"},
+            "message": "The custom tool uses were not answered in time: the held turn expired."});
+        let events = vec![
+            event("session.error", json!({"error": error})),
+            idle(json!({"type": "retries_exhausted"})),
+        ];
+        ended_early(&m, &live, events).await;
+    });
 }
 
 /// The session's budget is spent: no turn starts.

@@ -10,7 +10,7 @@ the demo), MANAGED_PART (`all`; `roundtrip`, the held call on any backend kind; 
 MANAGED_PRICED, a priced model; `release`, the kept thread released when idle; `confirm`,
 backend tools under always_ask (see part_confirm); `hold` /
 `after_restart` for the restart test, which share state through MANAGED_STATE, a file path;
-`bound`, a result over the stored-bytes bound; `cluster` / `cluster_taken`, two replicas, the second at MANAGED_OTHER_URL).
+`bound`, a result over the stored-bytes bound; `expire`, a hold that expires; `cluster` / `cluster_taken`, two replicas, the second at MANAGED_OTHER_URL).
 Prints ALL OK at the end.
 """
 import json
@@ -457,6 +457,29 @@ def part_bound():
     print("ALL OK")
 
 
+def part_expire():
+    """A held turn not answered before its execution's deadline expires by itself: the session
+    says so and goes idle (`retries_exhausted`), and the use then answers 410."""
+    env, agent, session = setup()
+    seen = []
+    with client.beta.sessions.events.stream(session.id) as stream:
+        client.beta.sessions.events.send(session.id, events=[
+            {"type": "user.message", "content": [{"type": "text", "text": PROMPT}]}])
+        for event in stream:
+            seen.append(event)
+            if event.type == "session.status_idle" and event.stop_reason.type != "requires_action":
+                break
+    types = [e.type for e in seen]
+    check(types[-2:] == ["session.error", "session.status_idle"], types)
+    check(seen[-1].stop_reason.type == "retries_exhausted", seen[-1])
+    use = [e for e in seen if e.type == "agent.custom_tool_use"][0]
+    result = [{"type": "user.custom_tool_result", "custom_tool_use_id": use.id, "content": []}]
+    expect_error(anthropic.APIStatusError, "result after expiry",
+                 lambda: client.beta.sessions.events.send(session.id, events=result), 410)
+    check(client.beta.sessions.retrieve(session.id).status == "idle", "idle")
+    print("ALL OK")
+
+
 def replica_b():
     return Anthropic(base_url=os.environ["MANAGED_OTHER_URL"], api_key=KEY, max_retries=0, timeout=60,
                      _strict_response_validation=True)
@@ -505,4 +528,4 @@ def part_cluster_taken():
 
 
 {"all": main, "roundtrip": part_roundtrip, "budget": part_budget, "release": part_release, "confirm": part_confirm, "hold": part_hold, "after_restart": part_after_restart,
- "bound": part_bound, "cluster": part_cluster, "cluster_taken": part_cluster_taken}[PART]()
+ "bound": part_bound, "expire": part_expire, "cluster": part_cluster, "cluster_taken": part_cluster_taken}[PART]()

@@ -110,6 +110,24 @@ async fn managed_agents_a_result_over_the_event_bound_consumes_nothing() {
     .await;
 }
 
+/// A held custom tool use not answered before its execution's deadline (1 s here) expires by
+/// itself: `session.error` and `retries_exhausted` without any request, the use then 410.
+#[tokio::test]
+async fn managed_agents_a_hold_past_its_deadline_expires_and_the_session_says_so() {
+    let gw = Gateway::start_with(Opts {
+        execution_ttl_seconds: 1,
+        ..Opts::default()
+    })
+    .await;
+    run_script_with(
+        &gw,
+        "anthropic_managed.py",
+        "",
+        &[("MANAGED_PART", "expire".into())],
+    )
+    .await;
+}
+
 /// A session held on a custom tool use when the gateway restarts: the history is intact, the
 /// use answers 410, the session shows `session.error` and `retries_exhausted`, and goes on.
 #[tokio::test]
