@@ -487,6 +487,7 @@ mod tests {
             round: 0,
             native: false,
             spent: None,
+            deadline: tokio::time::Instant::now(),
             events: rx,
         };
         let framing = Framing {
