@@ -141,7 +141,7 @@ pub(super) async fn on_settled(m: &Managed, live: &Arc<Live>, ev: &ApprovalEvent
         s.confirming.is_empty()
     };
     if last {
-        resumed(m, live, Vec::new()).await;
+        resumed(m, live).await;
     }
 }
 
@@ -164,6 +164,8 @@ pub(super) async fn confirm(
     let Some(waiting) = taken else {
         return Err(lost());
     };
+    // The echo is logged before whatever the decision sets off in the backend.
+    let order = live.order().await;
     let approvals = m.engine().approvals();
     let decided = approvals
         .decide_telling(
@@ -188,24 +190,29 @@ pub(super) async fn confirm(
         Err(DecideError::Store(e)) => Some(super::store_failed(e)),
         Err(_) => Some(lost()),
     };
-    let events = match failure {
-        None => vec![echo],
-        Some(_) => Vec::new(),
-    };
-    match (last, failure) {
-        (true, failure) => {
-            resumed(m, live, events).await;
-            failure.map_or(Ok(()), Err)
+    if failure.is_none() {
+        let mut events = vec![echo];
+        if last {
+            events.push(event("session.status_running", json!({})));
         }
-        (false, Some(e)) => Err(e),
-        (false, None) => live.append(m, events).await.map(|_| ()),
+        let logged = live.append_ordered(m, events, &order).await;
+        drop(order);
+        if last {
+            set_status(m, live, "running").await;
+        }
+        return logged.map(|_| ());
     }
+    drop(order);
+    if last {
+        resumed(m, live).await;
+    }
+    failure.map_or(Ok(()), Err)
 }
 
 /// Nothing waits on a confirmation any more: the turn runs again.
-async fn resumed(m: &Managed, live: &Arc<Live>, mut events: Vec<Value>) {
-    events.push(event("session.status_running", json!({})));
-    let _ = live.append(m, events).await;
+async fn resumed(m: &Managed, live: &Arc<Live>) {
+    let running = event("session.status_running", json!({}));
+    let _ = live.append(m, vec![running]).await;
     set_status(m, live, "running").await;
 }
 

@@ -208,6 +208,24 @@ impl Live {
         m: &Managed,
         events: Vec<Value>,
     ) -> Result<Vec<Value>, ApiError> {
+        let order = self.order().await;
+        self.append_ordered(m, events, &order).await
+    }
+
+    /// Holds the log's order: every other append waits until the guard is dropped (append
+    /// meanwhile with [`Live::append_ordered`]). For what must be logged before anything it
+    /// sets off, such as a confirmation before the tool use it lets run.
+    pub(super) async fn order(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.log.lock().await
+    }
+
+    /// [`Live::append`], with the log's order held.
+    pub(super) async fn append_ordered(
+        &self,
+        m: &Managed,
+        events: Vec<Value>,
+        _order: &tokio::sync::MutexGuard<'_, ()>,
+    ) -> Result<Vec<Value>, ApiError> {
         let bodies: Vec<(String, String)> = events
             .iter()
             .map(|e| {
@@ -226,7 +244,6 @@ impl Live {
             .config()
             .managed_agents
             .max_event_bytes_per_client;
-        let _order = self.log.lock().await;
         let seqs = m
             .engine()
             .store()
