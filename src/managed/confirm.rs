@@ -92,8 +92,8 @@ pub(super) async fn on_approval(m: &Managed, live: &Arc<Live>, n: ApprovalNotice
         events.push(idle(
             json!({"type": "requires_action", "event_ids": waiting}),
         ));
-        let _ = live.append(m, events).await;
         set_status(m, live, "idle").await;
+        let _ = live.append(m, events).await;
         return;
     }
     let _ = live.append(m, events).await;
@@ -195,11 +195,10 @@ pub(super) async fn confirm(
         if last {
             events.push(event("session.status_running", json!({})));
         }
-        let logged = live.append_ordered(m, events, &order).await;
-        drop(order);
         if last {
             set_status(m, live, "running").await;
         }
+        let logged = live.append_ordered(m, events, &order).await;
         return logged.map(|_| ());
     }
     drop(order);
@@ -211,9 +210,9 @@ pub(super) async fn confirm(
 
 /// Nothing waits on a confirmation any more: the turn runs again.
 async fn resumed(m: &Managed, live: &Arc<Live>) {
+    set_status(m, live, "running").await;
     let running = event("session.status_running", json!({}));
     let _ = live.append(m, vec![running]).await;
-    set_status(m, live, "running").await;
 }
 
 async fn set_status(m: &Managed, live: &Arc<Live>, status: &'static str) {

@@ -181,12 +181,12 @@ impl Live {
                 ),
                 idle(json!({"type": "retries_exhausted"})),
             ];
-            live.append(m, events).await?;
             live.rewrite(m, |s| {
                 s["status"] = json!("idle");
                 Ok(())
             })
             .await?;
+            live.append(m, events).await?;
         }
         Ok(live)
     }

@@ -184,14 +184,12 @@ async fn run(
     }
     let mut events = echoes;
     events.push(event("session.status_running", json!({})));
-    let logged = match live.append(m, events).await {
-        Ok(_) => {
-            let running = live.rewrite(m, |s| {
-                s["status"] = json!("running");
-                Ok(())
-            });
-            running.await.map(|_| ())
-        }
+    let running = live.rewrite(m, |s| {
+        s["status"] = json!("running");
+        Ok(())
+    });
+    let logged = match running.await {
+        Ok(_) => live.append(m, events).await.map(|_| ()),
         Err(e) => Err(e),
     };
     if let Err(e) = logged {
@@ -201,6 +199,11 @@ async fn run(
         drop(leg);
         settle(live);
         live.state.lock().settled.extend(answered_uses);
+        let idle = live.rewrite(m, |s| {
+            s["status"] = json!("idle");
+            Ok(())
+        });
+        let _ = idle.await;
         return Err(e);
     }
     let (m, live) = (m.clone(), live.clone());
@@ -339,7 +342,7 @@ async fn ended(
     if let Some(first) = live.state.lock().waiting.first() {
         expire_at(m, live, first.event_id.clone(), deadline);
     }
-    let _ = live.append(m, events).await;
+    // The object first: a client that saw the idle event reads the session idle.
     let status = if more { "running" } else { "idle" };
     let _ = live
         .rewrite(m, |s| {
@@ -348,6 +351,7 @@ async fn ended(
             Ok(())
         })
         .await;
+    let _ = live.append(m, events).await;
     if more {
         let _gate = live.gate.lock().await;
         fresh(m, live).await;
@@ -382,7 +386,6 @@ async fn failed(m: &Managed, live: &Arc<Live>, e: ApiError) {
 async fn ended_early(m: &Managed, live: &Arc<Live>, events: Vec<Value>) {
     settle(live);
     let spent = live.state.lock().spent();
-    let _ = live.append(m, events).await;
     let _ = live
         .rewrite(m, |s| {
             s["status"] = json!("idle");
@@ -390,6 +393,7 @@ async fn ended_early(m: &Managed, live: &Arc<Live>, events: Vec<Value>) {
             Ok(())
         })
         .await;
+    let _ = live.append(m, events).await;
 }
 
 /// A held turn still waiting at its execution's deadline has expired: its uses are settled
