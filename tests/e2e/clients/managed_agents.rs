@@ -4,6 +4,13 @@
 use super::sdk::run_script_with;
 use crate::support::*;
 
+/// Runs the SDK script's part `name` against `gw`, with `env` besides; false when skipped.
+async fn part(gw: &Gateway, name: &str, env: &[(&str, String)]) -> bool {
+    let mut all = vec![("MANAGED_PART", name.to_string())];
+    all.extend(env.iter().cloned());
+    run_script_with(gw, "anthropic_managed.py", "", &all).await
+}
+
 /// Agent, environment, session; a held custom tool use answered once (a duplicate 409, an
 /// unknown use 404, another principal's objects 404); a second turn on the same session;
 /// the history paged and filtered; a stream reconnected with `Last-Event-ID`; versions,
@@ -11,13 +18,7 @@ use crate::support::*;
 #[tokio::test]
 async fn managed_agents_sdk_session_with_a_held_custom_tool() {
     let gw = Gateway::start().await;
-    run_script_with(
-        &gw,
-        "anthropic_managed.py",
-        "",
-        &[("MANAGED_PART", "all".into())],
-    )
-    .await;
+    part(&gw, "all", &[]).await;
     // Each session's turns ran in its own folder under the workspace root, gone with it.
     let root = gw.dir.path().join("data/workspaces");
     let starts = gw.thread_starts();
@@ -46,11 +47,8 @@ async fn managed_agents_session_budget_stops_the_session() {
         format!("{}{model}price = {price}\n", config_text(o, dir))
     })
     .await;
-    let env = [
-        ("MANAGED_PART", "budget".to_string()),
-        ("MANAGED_PRICED", "p-metered".into()),
-    ];
-    run_script_with(&gw, "anthropic_managed.py", "", &env).await;
+    let env = [("MANAGED_PRICED", "p-metered".into())];
+    part(&gw, "budget", &env).await;
 }
 
 /// A session's turns carry on its kept backend thread; idle past `[continuity]
@@ -62,13 +60,7 @@ async fn managed_agents_idle_session_releases_its_thread_and_resumes_by_transcri
         ..Opts::default()
     })
     .await;
-    run_script_with(
-        &gw,
-        "anthropic_managed.py",
-        "",
-        &[("MANAGED_PART", "release".into())],
-    )
-    .await;
+    part(&gw, "release", &[]).await;
 }
 
 /// The backend's own tools under the agent's `always_ask`, on the demo's command approval:
@@ -78,14 +70,13 @@ async fn managed_agents_idle_session_releases_its_thread_and_resumes_by_transcri
 async fn managed_agents_tool_confirmations_settle_the_approval_queue() {
     let gw = Gateway::start().await;
     let env = [
-        ("MANAGED_PART", "confirm".to_string()),
         ("MANAGED_MODEL", "cmd-allow".into()),
         ("MANAGED_PROMPT", "clean up".into()),
         ("MANAGED_ALLOWED", "Command ran.".into()),
         ("MANAGED_DENIED", "Command declined.".into()),
         ("MANAGED_DENY_MODEL", "cmd-deny".into()),
     ];
-    run_script_with(&gw, "anthropic_managed.py", "", &env).await;
+    part(&gw, "confirm", &env).await;
 }
 
 /// A result larger than what is left of the principal's stored event bytes is refused (429)
@@ -101,13 +92,7 @@ async fn managed_agents_a_result_over_the_event_bound_consumes_nothing() {
         format!("{text}\n[managed_agents]\nmax_event_bytes_per_client = 30000\n")
     })
     .await;
-    run_script_with(
-        &gw,
-        "anthropic_managed.py",
-        "",
-        &[("MANAGED_PART", "bound".into())],
-    )
-    .await;
+    part(&gw, "bound", &[]).await;
 }
 
 /// A held custom tool use not answered before its execution's deadline (1 s here) expires by
@@ -119,13 +104,7 @@ async fn managed_agents_a_hold_past_its_deadline_expires_and_the_session_says_so
         ..Opts::default()
     })
     .await;
-    run_script_with(
-        &gw,
-        "anthropic_managed.py",
-        "",
-        &[("MANAGED_PART", "expire".into())],
-    )
-    .await;
+    part(&gw, "expire", &[]).await;
 }
 
 /// A session held on a custom tool use when the gateway restarts: the history is intact, the
@@ -135,18 +114,13 @@ async fn managed_agents_restart_settles_the_held_use_and_keeps_the_history() {
     let mut gw = Gateway::start().await;
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state.json").display().to_string();
-    let part = |p: &str| {
-        vec![
-            ("MANAGED_PART", p.to_string()),
-            ("MANAGED_STATE", state.clone()),
-        ]
-    };
-    if !run_script_with(&gw, "anthropic_managed.py", "", &part("hold")).await {
+    let env = [("MANAGED_STATE", state)];
+    if !part(&gw, "hold", &env).await {
         return;
     }
     gw.stop().await;
     gw.spawn().await;
-    run_script_with(&gw, "anthropic_managed.py", "", &part("after_restart")).await;
+    part(&gw, "after_restart", &env).await;
 }
 
 /// One held custom tool use over the Managed Agents API on any backend kind: `model`'s
@@ -161,14 +135,13 @@ pub(crate) async fn managed_round_trip(
     said: &str,
 ) {
     let env = [
-        ("MANAGED_PART", "roundtrip".to_string()),
         ("MANAGED_MODEL", model.into()),
         ("MANAGED_PROMPT", prompt.into()),
         ("MANAGED_INPUT", input.to_string()),
         ("MANAGED_RESULT", result.into()),
         ("MANAGED_SAID", said.into()),
     ];
-    run_script_with(gw, "anthropic_managed.py", "", &env).await;
+    part(gw, "roundtrip", &env).await;
 }
 
 /// Two replicas on PostgreSQL: a session runs on the replica it was made on (A), and its
@@ -189,14 +162,11 @@ async fn managed_agents_on_two_replicas_a_result_sent_to_the_non_owner_reaches_t
     let (mut a, b) = (replica("a").await, replica("b").await);
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state.json").display().to_string();
-    let part = |p: &str| {
-        vec![
-            ("MANAGED_PART", p.to_string()),
-            ("MANAGED_STATE", state.clone()),
-            ("MANAGED_OTHER_URL", b.url.clone()),
-        ]
-    };
-    if !run_script_with(&a, "anthropic_managed.py", "", &part("cluster")).await {
+    let env = [
+        ("MANAGED_STATE", state),
+        ("MANAGED_OTHER_URL", b.url.clone()),
+    ];
+    if !part(&a, "cluster", &env).await {
         return;
     }
     assert!(
@@ -211,7 +181,7 @@ async fn managed_agents_on_two_replicas_a_result_sent_to_the_non_owner_reaches_t
     );
     a.signal("KILL");
     let _ = a.child.take().map(|mut c| c.wait());
-    run_script_with(&b, "anthropic_managed.py", "", &part("cluster_taken")).await;
+    part(&b, "cluster_taken", &env).await;
     assert!(
         !b.spy_events("turn_start").is_empty(),
         "B ran the next turn"
