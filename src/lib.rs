@@ -45,6 +45,7 @@ pub mod http;
 pub mod ids;
 pub mod managed;
 pub mod metrics;
+pub mod notify;
 pub mod server;
 pub mod sse;
 pub mod store;

@@ -183,6 +183,30 @@ fn call_cli(
 }
 
 /// Runs each `claude-code` backend's `command --version` and reports what it found.
+/// Each endpoint's signing secrets are set and well formed, and its client can be built.
+fn check_webhooks(cfg: &turnstile::config::Config) -> ExitCode {
+    let mut ok = true;
+    for w in &cfg.webhooks {
+        match turnstile::notify::secrets(w) {
+            Ok(s) => println!(
+                "webhook {}: {} signing secret(s), events {}",
+                w.id,
+                s.len(),
+                w.events.join(", ")
+            ),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ok = false;
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    }
+}
+
 fn check_agents(cfg: &turnstile::config::Config) -> ExitCode {
     use turnstile::config::BackendSpec;
     let claude: Vec<_> = cfg
@@ -345,7 +369,10 @@ fn main() -> ExitCode {
                 for w in cfg.warnings() {
                     eprintln!("warning: {w}");
                 }
-                check_agents(&cfg)
+                match check_webhooks(&cfg) {
+                    ExitCode::SUCCESS => check_agents(&cfg),
+                    failed => failed,
+                }
             }
             Err(e) => {
                 eprintln!("error: {e}");

@@ -47,18 +47,32 @@ impl Histogram {
     }
 
     fn render(&self, name: &str, help: &str, out: &mut String) {
+        self.render_labeled(name, help, "", out)
+    }
+
+    /// With `labels` (`key="value"`, or empty) on every line of the series.
+    pub fn render_labeled(&self, name: &str, help: &str, labels: &str, out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let sep = if labels.is_empty() { "" } else { "," };
         for (i, le) in BUCKETS.iter().enumerate() {
             let _ = writeln!(
                 out,
-                "{name}_bucket{{le=\"{le}\"}} {}",
+                "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {}",
                 self.counts[i].load(Ordering::Relaxed)
             );
         }
         let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(
+            out,
+            "{name}_sum{braces} {sum}\n{name}_count{braces} {count}"
+        );
     }
 }
 

@@ -25,6 +25,7 @@ mod telemetry;
 #[cfg(test)]
 mod tests;
 mod validate;
+mod webhooks;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -41,6 +42,7 @@ pub use backends::*;
 pub use cluster::{ClusterConfig, StoreConfig};
 pub use managed::ManagedAgentsConfig;
 pub use telemetry::TelemetryConfig;
+pub use webhooks::{WebhookConfig, WebhookFormat, EVENTS as WEBHOOK_EVENTS};
 
 #[derive(Debug, thiserror::Error)]
 #[error("config {path}: {message}")]
@@ -129,6 +131,8 @@ pub struct Config {
     pub managed_agents: ManagedAgentsConfig,
     /// `[telemetry]`: None when traces are off. Fixed at start: a reload keeps it.
     pub telemetry: Option<TelemetryConfig>,
+    /// `[[webhooks]]`: where notifications go. Fixed at start: a reload keeps them.
+    pub webhooks: Vec<WebhookConfig>,
 }
 
 #[derive(Debug, Clone)]

@@ -156,6 +156,8 @@ pub(super) struct RawConfig {
     pub mcp_bridge: RawMcpBridge,
     #[serde(default)]
     pub telemetry: super::telemetry::RawTelemetry,
+    #[serde(default)]
+    pub webhooks: Vec<super::webhooks::RawWebhook>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -93,8 +93,9 @@ pub(super) fn validate(
     for spec in backends.values_mut() {
         spec.set_mcp_bridge(mcp_bridge);
     }
-    // The store password and the cluster key are the gateway's alone.
-    let secrets = [
+    let webhooks = super::webhooks::webhooks(raw.webhooks, base)?;
+    // The store password, the cluster key and the signing secrets are the gateway's alone.
+    let mut secrets = vec![
         match &store {
             super::StoreConfig::Postgres { password_env, .. } => password_env.clone(),
             _ => None,
@@ -102,6 +103,11 @@ pub(super) fn validate(
         cluster.as_ref().map(|c| c.key_env.clone()),
         raw.telemetry.headers_env.clone(),
     ];
+    secrets.extend(
+        webhooks
+            .iter()
+            .flat_map(|w| w.secret_envs().map(|e| Some(e.to_string()))),
+    );
     for (name, child) in backends.iter().filter_map(|(n, b)| Some((n, b.child()?))) {
         for secret in secrets.iter().flatten() {
             if child.env_passthrough.contains(secret) {
@@ -146,6 +152,7 @@ pub(super) fn validate(
         continuations,
         continuity,
         managed_agents,
+        webhooks,
         telemetry,
     })
 }

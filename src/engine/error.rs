@@ -34,6 +34,8 @@ pub enum StartError {
         role: &'static str,
         error: std::io::Error,
     },
+    #[error(transparent)]
+    Notify(crate::notify::NotifyError),
     #[error("cannot take the replica's lease: {0}")]
     Lease(StoreError),
     #[error("cannot watch for signals: {0}")]

@@ -73,6 +73,7 @@ use crate::budget::Budget;
 use crate::config::{self, Config, ConfigError};
 use crate::continuation::{Limits, Reason, Registry};
 use crate::metrics::{Gauges, Metrics};
+use crate::notify::Notifier;
 use crate::store::{ApprovalRecord, Store, StoreError};
 
 struct Inner {
@@ -91,6 +92,8 @@ struct Inner {
     /// Usage accounting (metrics and daily totals in the store) and the budget caps.
     budgets: budget::Budgets,
     store: Arc<Store>,
+    /// `[[webhooks]]` delivery (None: no endpoint).
+    notifier: Option<Arc<Notifier>>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
     /// Per-principal admission limits of fresh turns.
@@ -159,6 +162,10 @@ impl Engine {
                 .into_iter()
                 .map(|t| (t.digest, t.principal, Reason::parse(&t.reason))),
         );
+        let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+        let notifier = Notifier::start(&cfg.webhooks, store.clone(), &tracker, shutdown.clone())
+            .await
+            .map_err(StartError::Notify)?;
         let approvals = Arc::new(Approvals::new(store.clone()).await?);
         let deaths = backends.values().filter_map(|b| b.deaths()).collect();
         let metrics = Arc::new(Metrics::default());
@@ -183,8 +190,9 @@ impl Engine {
                 budgets: budget::Budgets::new(store.clone(), metrics.clone()),
                 metrics,
                 store,
-                shutdown: CancellationToken::new(),
-                tracker: TaskTracker::new(),
+                notifier,
+                shutdown,
+                tracker,
                 limiter: admission::Limiter::default(),
             }),
         };
@@ -257,6 +265,11 @@ impl Engine {
 
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// Webhook delivery, when an endpoint is configured.
+    pub fn notifier(&self) -> Option<&Notifier> {
+        self.inner.notifier.as_deref()
     }
 
     /// Live values for the gauges of `/metrics`.

@@ -15,6 +15,7 @@ mod socket;
 mod surfaces;
 mod turn;
 mod usage;
+mod webhooks;
 
 use axum::extract::{FromRef, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -86,6 +87,8 @@ pub fn router(state: impl Into<AppState>) -> Router {
         .route("/v1/approvals/events", get(approvals::events))
         .route("/v1/approvals/{id}", get(approvals::show))
         .route("/v1/approvals/{id}/decision", post(approvals::decide))
+        .route("/v1/webhooks", get(webhooks::list))
+        .route("/v1/webhooks/{id}/test", post(webhooks::test))
         .route("/v1/whoami", get(activity::whoami))
         .route(
             "/v1/activity/executions",
@@ -194,7 +197,10 @@ async fn trace_request(req: Request, next: Next) -> Response {
 async fn metrics(State(app): State<AppState>, headers: HeaderMap) -> Response {
     let clients = app.authenticate(&headers).is_ok_and(|p| p.approver);
     let gw = &app.engine;
-    let text = gw.metrics().render(&gw.gauges(), clients);
+    let mut text = gw.metrics().render(&gw.gauges(), clients);
+    if let Some(n) = gw.notifier() {
+        n.render_metrics(&mut text);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

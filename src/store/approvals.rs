@@ -3,7 +3,7 @@
 
 use super::db::{vals, Row};
 use super::feed;
-use super::{now_unix, Store, StoreError};
+use super::{now_unix, Change, ChangeKind, Store, StoreError};
 
 /// One approval as stored (and as the API shows it, minus the digest and invocation id).
 #[derive(Debug, Clone, PartialEq)]
@@ -63,7 +63,7 @@ impl Store {
             a.kind,
             a.action_digest.get(..8).unwrap_or_default()
         );
-        self.db.tx(async |t| {
+        self.announcing(async |t| {
             t.exec(
                 &format!("INSERT INTO approvals ({COLUMNS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"),
                 vals![
@@ -77,6 +77,7 @@ impl Store {
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'approval_created', ?3)",
                 vals![a.created_at, &a.execution_id, &detail],
             ).await?;
+            self.announce(t, &Change::ApprovalPending(a)).await?;
             feed::notify(t, &a.id, &self.owner).await
         }).await
     }
@@ -93,7 +94,7 @@ impl Store {
         let (decided_by, decision_reason) = decided_by.unzip();
         let decision_reason = decision_reason.flatten();
         let now = now_unix();
-        self.db.tx(async |t| {
+        self.announcing(async |t| {
             let mut settled = Vec::new();
             for id in ids {
                 let n = t.exec(
@@ -108,6 +109,12 @@ impl Store {
                          SELECT ?1, execution_id, 'approval_settled', ?2 FROM approvals WHERE id = ?3",
                         vals![now, &detail, id],
                     ).await?;
+                    if self.announces(ChangeKind::Approval) {
+                        let sql = format!("SELECT {COLUMNS} FROM approvals WHERE id = ?1");
+                        if let Some(r) = t.rows(&sql, vals![id]).await?.first() {
+                            self.announce(t, &Change::ApprovalDecided(&record(r)?)).await?;
+                        }
+                    }
                     feed::notify(t, id, &self.owner).await?;
                     settled.push(id.clone());
                 }

@@ -177,6 +177,30 @@ CREATE TABLE managed_quota (
 );
 ";
 
+/// Version 8: the notification outbox (one row per event and endpoint, leased by the replica
+/// delivering it).
+const V8: &str = "
+CREATE TABLE outbox (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT NOT NULL UNIQUE,
+  endpoint TEXT NOT NULL,
+  event TEXT NOT NULL,
+  principal TEXT NOT NULL,
+  body TEXT NOT NULL,
+  created_ms INTEGER NOT NULL,
+  due_at_ms INTEGER NOT NULL,
+  attempts INTEGER NOT NULL,
+  state TEXT NOT NULL,
+  owner TEXT NOT NULL,
+  leased INTEGER NOT NULL DEFAULT 0,
+  last_status INTEGER,
+  last_error TEXT,
+  done_ms INTEGER,
+  latency_ms INTEGER
+);
+CREATE INDEX outbox_due ON outbox(state, due_at_ms);
+";
+
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, V1),
     (2, V2),
@@ -185,10 +209,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, V5),
     (6, V6),
     (7, V7),
+    (8, V8),
 ];
 
 /// The schema version this build writes.
-pub const CURRENT: i64 = 7;
+pub const CURRENT: i64 = 8;
 
 /// SQLite's DDL in PostgreSQL's types.
 fn ddl(engine: Engine, sql: &str) -> String {

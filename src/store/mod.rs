@@ -30,6 +30,7 @@ mod feed;
 mod fused;
 mod managed;
 mod migrations;
+mod outbox;
 mod suspensions;
 mod usage;
 
@@ -41,6 +42,9 @@ pub use compactions::CompactionRecord;
 pub use db::default_pool_size;
 pub use feed::{ApprovalChange, ApprovalFeed, Listening};
 pub use managed::{AppendError, EventRow, ListRows, ManagedRow};
+pub use outbox::{
+    Announce, Attempt, Change, ChangeKind, Delivery, DeliveryRow, Ended, Held, Notice,
+};
 pub use suspensions::{StoredSuspension, SuspensionRecord};
 pub use usage::{
     civil_of, date_of, day_from_date, day_of, day_of_civil, UsageQuery, UsageRow, UsageTotals,
@@ -92,6 +96,8 @@ pub struct Store {
     db: Db,
     /// This replica's id: the owner written into live rows (`""` for a single gateway).
     owner: String,
+    /// What turns a change into outbox rows (unset: no endpoint, no outbox work).
+    announce: std::sync::OnceLock<std::sync::Arc<dyn Announce>>,
 }
 
 pub fn now_unix() -> u64 {
@@ -172,6 +178,7 @@ impl Store {
         Ok(Store {
             db,
             owner: owner.to_string(),
+            announce: std::sync::OnceLock::new(),
         })
     }
 
@@ -245,32 +252,83 @@ impl Store {
     /// engine's journal writer).
     pub async fn executions_journaled(&self, rows: &[Lifecycle]) -> Result<(), StoreError> {
         let owner = self.owner.as_str();
-        if self.db.engine() == db::Engine::Postgres {
+        let announces = self.announces(ChangeKind::Ended);
+        if self.db.engine() == db::Engine::Postgres && !announces {
             return self
                 .db
                 .read(async |t| fused::journaled(t, rows, owner).await)
                 .await;
         }
-        self.db
-            .tx(async |t| {
-                for row in rows {
-                    match row {
-                        Lifecycle::Started {
-                            execution_id,
-                            principal,
-                            model,
-                            at,
-                        } => started_rows(t, (execution_id, principal, model), *at, owner).await?,
-                        Lifecycle::Ended {
-                            execution_id,
-                            reason,
-                            at,
-                        } => ended_rows(t, execution_id, reason, *at).await?,
-                    }
+        self.announcing(async |t| {
+            if t.engine() == db::Engine::Postgres {
+                fused::journaled(t, rows, owner).await?;
+                return self.announce_ends(t, rows).await;
+            }
+            for row in rows {
+                match row {
+                    Lifecycle::Started {
+                        execution_id,
+                        principal,
+                        model,
+                        at,
+                    } => started_rows(t, (execution_id, principal, model), *at, owner).await?,
+                    Lifecycle::Ended {
+                        execution_id,
+                        reason,
+                        at,
+                    } => ended_rows(t, execution_id, reason, *at).await?,
                 }
-                Ok(())
-            })
-            .await
+            }
+            if announces {
+                self.announce_ends(t, rows).await?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// The outbox rows of the ends among `rows`, in their transaction.
+    async fn announce_ends(
+        &self,
+        t: &mut db::Tx<'_>,
+        rows: &[Lifecycle],
+    ) -> Result<(), StoreError> {
+        for row in rows {
+            if let Lifecycle::Ended {
+                execution_id,
+                reason,
+                ..
+            } = row
+            {
+                self.announce_end(t, execution_id, reason).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn announce_end(
+        &self,
+        t: &mut db::Tx<'_>,
+        execution_id: &str,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        let rows = t
+            .rows(
+                "SELECT principal, model FROM executions WHERE execution_id = ?1",
+                vals![execution_id],
+            )
+            .await?;
+        let Some(r) = rows.first() else {
+            return Ok(());
+        };
+        let (principal, model) = (r.t(0)?, r.t(1)?);
+        let end = Ended {
+            execution_id,
+            principal: &principal,
+            model: &model,
+            reason,
+        };
+        self.announce(t, &Change::Ended(end)).await
     }
 
     pub async fn execution_ended(
@@ -278,9 +336,14 @@ impl Store {
         execution_id: &str,
         reason: &str,
     ) -> Result<(), StoreError> {
-        self.db
-            .tx(async |t| ended_rows(t, execution_id, reason, now_unix()).await)
-            .await
+        self.announcing(async |t| {
+            ended_rows(t, execution_id, reason, now_unix()).await?;
+            if self.announces(ChangeKind::Ended) {
+                self.announce_end(t, execution_id, reason).await?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     pub async fn tombstones(&self) -> Result<Vec<StoredTombstone>, StoreError> {

@@ -5,7 +5,7 @@
 
 use super::db::{vals, Engine, Row, Tx};
 use super::fused;
-use super::{now_unix, Store, StoreError};
+use super::{now_unix, Change, ChangeKind, Held, Store, StoreError};
 use crate::continuation::Digests;
 use crate::digest::log_ref;
 use crate::turn::SurfaceId;
@@ -28,6 +28,18 @@ pub struct SuspensionRecord<'a> {
     /// What the execution has spent so far, in nano-USD (a stateless record's; its
     /// per-execution cap is checked against it wherever it is claimed).
     pub spend: u64,
+}
+
+/// What the outbox reports of a recorded suspension.
+fn held<'a>(r: &SuspensionRecord<'a>) -> Held<'a> {
+    Held {
+        execution_id: r.execution_id,
+        principal: r.principal,
+        model: r.model,
+        surface: r.surface.as_str(),
+        calls: r.tokens.len(),
+        deadline_ms: r.deadline_ms,
+    }
 }
 
 /// A durable suspension as recovered at startup.
@@ -166,12 +178,20 @@ impl Store {
                 at: now,
                 detail: &detail,
             };
+            if !self.announces(ChangeKind::Held) {
+                return self
+                    .db
+                    .read(async |t| fused::pending(t, &pending).await)
+                    .await;
+            }
             return self
-                .db
-                .read(async |t| fused::pending(t, &pending).await)
+                .announcing(async |t| {
+                    fused::pending(t, &pending).await?;
+                    self.announce(t, &Change::Held(held(r))).await
+                })
                 .await;
         }
-        self.db.tx(async |t| {
+        self.announcing(async |t| {
             for (i, token) in r.tokens.iter().enumerate() {
                 match r.ids {
                     None => t.exec(
@@ -194,7 +214,7 @@ impl Store {
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_registered', ?3)",
                 vals![now, r.execution_id, &detail],
             ).await?;
-            Ok(())
+            self.announce(t, &Change::Held(held(r))).await
         }).await
     }
 

@@ -1,0 +1,177 @@
+//! The bodies of notifications: ids, kinds, principals, reasons and the summaries the console
+//! already shows; never a prompt, an argument, a result, a token or a key.
+//!
+//! `standard`: `{"type", "timestamp", "data"}` (the Standard Webhooks payload structure).
+//! `slack`: a Block Kit message (`text` for notifications, `blocks` for the channel).
+
+use serde_json::{json, Value};
+
+use crate::approvals::to_json;
+use crate::config::WebhookFormat;
+use crate::managed::wire::rfc3339;
+use crate::store::Change;
+
+/// The event name of a change (None: no event, e.g. an execution that completed is only
+/// `execution.ended`).
+pub fn events(change: &Change<'_>) -> &'static [&'static str] {
+    match change {
+        Change::ApprovalPending(_) => &["approval.pending"],
+        Change::ApprovalDecided(_) => &["approval.decided"],
+        Change::Held(_) => &["turn.requires_action"],
+        Change::Ended(e) if failed(e.reason) => &["execution.failed", "execution.ended"],
+        Change::Ended(_) => &["execution.ended"],
+    }
+}
+
+/// The endings that are failures (not a completion, a client's cancel or interruption).
+fn failed(reason: &str) -> bool {
+    !matches!(reason, "completed" | "cancelled" | "interrupted")
+}
+
+/// The principal a change belongs to.
+pub fn principal<'a>(change: &Change<'a>) -> &'a str {
+    match change {
+        Change::ApprovalPending(r) | Change::ApprovalDecided(r) => &r.principal,
+        Change::Held(h) => h.principal,
+        Change::Ended(e) => e.principal,
+    }
+}
+
+/// What a change says, in the standard payload's `data`.
+pub fn data(change: &Change<'_>) -> Value {
+    match change {
+        Change::ApprovalPending(r) | Change::ApprovalDecided(r) => to_json(r),
+        Change::Held(h) => json!({
+            "object": "held_turn",
+            "execution_id": h.execution_id,
+            "client": h.principal,
+            "model": h.model,
+            "surface": h.surface,
+            "calls": h.calls,
+            "expires_at": h.deadline_ms / 1000,
+        }),
+        Change::Ended(e) => json!({
+            "object": "execution",
+            "execution_id": e.execution_id,
+            "client": e.principal,
+            "model": e.model,
+            "reason": e.reason,
+        }),
+    }
+}
+
+/// A whole body.
+pub fn render(format: WebhookFormat, event: &str, data: &Value, at_ms: u64) -> String {
+    match format {
+        WebhookFormat::Standard => {
+            json!({"type": event, "timestamp": rfc3339(at_ms), "data": data}).to_string()
+        }
+        WebhookFormat::Slack => slack(event, data).to_string(),
+    }
+}
+
+/// A Block Kit message: a headline, the facts as fields, and the summary as a code block.
+fn slack(event: &str, data: &Value) -> Value {
+    let s = |k: &str| data.get(k).and_then(Value::as_str).unwrap_or("");
+    let headline = match event {
+        "approval.pending" => format!("Approval needed: {} by {}", s("kind"), s("client")),
+        "approval.decided" => format!(
+            "Approval {}: {} ({})",
+            s("state"),
+            s("kind"),
+            data.get("decided_by")
+                .and_then(Value::as_str)
+                .or(data.get("reason").and_then(Value::as_str))
+                .unwrap_or("")
+        ),
+        "turn.requires_action" => format!("A turn of {} waits for its tools", s("client")),
+        "execution.failed" => format!("An execution of {} failed: {}", s("client"), s("reason")),
+        "execution.ended" => format!("An execution of {} ended: {}", s("client"), s("reason")),
+        other => format!("Turnstile: {other}"),
+    };
+    let mut fields = Vec::new();
+    for k in ["id", "execution_id", "model", "client", "state", "reason"] {
+        if let Some(v) = data.get(k).and_then(Value::as_str) {
+            fields.push(json!({"type": "mrkdwn", "text": format!("*{k}*\n{}", escape(v))}));
+        }
+    }
+    if let Some(at) = data.get("expires_at").and_then(Value::as_u64) {
+        let text = format!(
+            "*expires*\n<!date^{at}^{{date_short_pretty}} {{time}}|{}>",
+            rfc3339(at * 1000)
+        );
+        fields.push(json!({"type": "mrkdwn", "text": text}));
+    }
+    let mut blocks = vec![
+        json!({"type": "header", "text": {"type": "plain_text", "text": cut(&headline, 150)}}),
+        json!({"type": "section", "fields": fields}),
+    ];
+    if let Some(summary) = data.get("summary").filter(|v| !v.is_null()) {
+        let text = format!("```{}```", cut(&escape(&summary.to_string()), 2900));
+        blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": text}}));
+    }
+    json!({"text": headline, "blocks": blocks})
+}
+
+/// Slack's three control characters.
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// At most `n` characters.
+fn cut(s: &str, n: usize) -> String {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Ended;
+
+    #[test]
+    fn an_ending_is_a_failure_unless_it_completed_or_the_client_stopped_it() {
+        let end = |reason| {
+            Change::Ended(Ended {
+                execution_id: "exe-1",
+                principal: "alice",
+                model: "m",
+                reason,
+            })
+        };
+        assert_eq!(events(&end("completed")), ["execution.ended"]);
+        assert_eq!(
+            events(&end("lost")),
+            ["execution.failed", "execution.ended"]
+        );
+        let body = render(
+            WebhookFormat::Standard,
+            "execution.failed",
+            &data(&end("lost")),
+            0,
+        );
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["type"], "execution.failed");
+        assert_eq!(v["timestamp"], "1970-01-01T00:00:00.000Z");
+        assert_eq!(v["data"]["reason"], "lost");
+        let slack: Value = serde_json::from_str(&render(
+            WebhookFormat::Slack,
+            "execution.failed",
+            &data(&end("lost")),
+            0,
+        ))
+        .unwrap();
+        assert_eq!(slack["blocks"][0]["type"], "header");
+        assert!(slack["text"].as_str().unwrap().contains("failed: lost"));
+    }
+
+    #[test]
+    fn slack_text_is_escaped_and_cut() {
+        assert_eq!(escape("<a&b>"), "&lt;a&amp;b&gt;");
+        assert_eq!(cut("ééé", 2), "éé…");
+    }
+}

@@ -1,0 +1,281 @@
+//! Notifications (`[[webhooks]]`): every delivery verified by the `standardwebhooks` library in
+//! a real endpoint (`tests/clients/webhook_receiver.py`), retries with the same id, delivery
+//! after a crash, and nothing secret in any body.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+
+use crate::clients::sdk::python;
+use crate::support::*;
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+/// The secret being rotated out: the gateway signs with both during the overlap.
+const PREVIOUS: &str = "whsec_dHVybnN0aWxlLXByZXZpb3VzLXNlY3JldC0wMDAx";
+/// In the prompt, the tool's arguments and its result: never in a notification.
+const CANARY: &str = "canary-7f3e1d-never-notified";
+
+/// The endpoint process and the deliveries it reported.
+struct Receiver {
+    child: Child,
+    port: u16,
+    seen: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Receiver {
+    /// None when the venv is missing outside CI (a loud skip).
+    fn start(plan: &str) -> Option<Receiver> {
+        let Some(py) = python() else {
+            eprintln!("\n!!!!! SKIPPED webhook test: no venv at .cache/venv (run .ci/run) !!!!!\n");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "the venv must exist in CI"
+            );
+            return None;
+        };
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/clients/webhook_receiver.py"
+        );
+        let mut child = Command::new(py)
+            .arg(script)
+            .env("RECEIVER_SECRETS", format!("{SECRET} {PREVIOUS}"))
+            .env("RECEIVER_PLAN", plan)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("receiver");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut first = String::new();
+        out.read_line(&mut first).expect("receiver line");
+        let port = first
+            .trim()
+            .strip_prefix("listening ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("receiver said {first:?}"));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    sink.lock().expect("lock").push(v);
+                }
+            }
+        });
+        Some(Receiver { child, port, seen })
+    }
+
+    fn seen(&self) -> Vec<Value> {
+        self.seen.lock().expect("lock").clone()
+    }
+
+    /// Waits (bounded) until `n` deliveries of `event` arrived; returns them (a timeout
+    /// shows what arrived and the gateway's log).
+    async fn wait(&self, gw: &Gateway, event: &str, n: usize) -> Vec<Value> {
+        let detail = || format!("seen: {:?}\nlog: {}", self.seen(), gw.log());
+        wait_for_within(
+            &format!("{n} deliveries of {event}"),
+            WAIT,
+            detail,
+            async || {
+                let got: Vec<Value> = self
+                    .seen()
+                    .into_iter()
+                    .filter(|d| d["type"] == event)
+                    .collect();
+                (got.len() >= n).then_some(got)
+            },
+        )
+        .await
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A gateway whose endpoint `ops` (every event, standard format) is `r`.
+async fn gateway(r: &Receiver, extra: &str) -> Gateway {
+    let section = format!(
+        "\n[[webhooks]]\nid = \"ops\"\nurl = \"http://127.0.0.1:{}/hooks\"\nsecret_env = \"OPS_SECRET\"\nprevious_secret_env = \"OPS_PREVIOUS\"\n{extra}\n",
+        r.port
+    );
+    let opts = Opts {
+        env: vec![
+            ("OPS_SECRET".into(), SECRET.into()),
+            ("OPS_PREVIOUS".into(), PREVIOUS.into()),
+        ],
+        ..Opts::default()
+    };
+    Gateway::start_raw(opts, move |o, d| config_text(o, d) + &section).await
+}
+
+async fn test_event(gw: &Gateway, key: &str) -> (u16, Value) {
+    let r = gw
+        .http
+        .post(format!("{}/v1/webhooks/ops/test", gw.url))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("test event");
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn every_event_is_delivered_signed_by_both_secrets_and_carries_no_secret() {
+    let Some(r) = Receiver::start("") else {
+        return;
+    };
+    let gw = gateway(&r, "").await;
+
+    // An approval asked and decided.
+    let chat = {
+        let req = gw.post(
+            ALICE,
+            &json!({"model": "cmd-ask", "stream": true, "messages": [user(CANARY)]}),
+        );
+        tokio::spawn(async move { req.send().await.expect("chat").text().await })
+    };
+    let pending = r.wait(&gw, "approval.pending", 1).await;
+    let approval = &pending[0]["body"]["data"];
+    assert_eq!(approval["client"], "alice");
+    assert_eq!(approval["state"], "pending");
+    let id = approval["id"].as_str().expect("approval id");
+    let decided = gw
+        .http
+        .post(format!("{}/v1/approvals/{id}/decision", gw.url))
+        .bearer_auth(ROOT)
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await
+        .expect("decide");
+    assert_eq!(decided.status(), 200);
+    let decided = r.wait(&gw, "approval.decided", 1).await;
+    assert_eq!(decided[0]["body"]["data"]["state"], "approved");
+    assert_eq!(decided[0]["body"]["data"]["decided_by"], "root");
+    chat.await.expect("join").expect("chat body");
+
+    // A held turn: its calls exposed, then answered.
+    let req = tool_request("tool", CANARY);
+    let (s, held) = gw.chat(ALICE, &req).await;
+    assert_eq!(s, 200, "{held}");
+    let requires = r.wait(&gw, "turn.requires_action", 1).await;
+    let data = &requires[0]["body"]["data"];
+    assert_eq!(
+        (data["client"].as_str(), data["calls"].as_u64()),
+        (Some("alice"), Some(1))
+    );
+    let next = continuation(&req, &held, |_, _| json!(CANARY));
+    let (s, done) = gw.chat(ALICE, &next).await;
+    assert_eq!(s, 200, "{done}");
+
+    // A failed execution; then a test event asked by an approver (anyone else: 404).
+    let (s, _) = gw
+        .chat(ALICE, &json!({"model": "fail", "messages": [user(CANARY)]}))
+        .await;
+    assert!(s.is_server_error(), "{s}");
+    let failed = r.wait(&gw, "execution.failed", 1).await;
+    assert_eq!(failed[0]["body"]["data"]["reason"], "failed");
+    assert_eq!(test_event(&gw, ALICE).await.0, 404);
+    let (s, queued) = test_event(&gw, ROOT).await;
+    assert_eq!(s, 202, "{queued}");
+    let test = r.wait(&gw, "webhook.test", 1).await;
+    assert_eq!(test[0]["id"], queued["id"]);
+
+    let all = r.seen();
+    for d in &all {
+        assert_eq!(
+            d["verified"],
+            json!([true, true]),
+            "both secrets verify: {d}"
+        );
+        let raw = d["raw"].as_str().expect("raw");
+        for secret in [CANARY, ALICE, ROOT, SECRET, PREVIOUS, "srct-", "sk-"] {
+            assert!(!raw.contains(secret), "{secret} in {raw}");
+        }
+        assert!(
+            d["id"].as_str().is_some_and(|i| i.starts_with("msg_")),
+            "{d}"
+        );
+    }
+    let ids: std::collections::HashSet<_> = all.iter().map(|d| d["id"].clone()).collect();
+    assert_eq!(ids.len(), all.len(), "each event once: {all:?}");
+
+    // The console's view and the metrics agree.
+    let (s, view) = get(&gw, ROOT, "/v1/webhooks").await;
+    assert_eq!(s, 200, "{view}");
+    assert_eq!(get(&gw, ALICE, "/v1/webhooks").await.0, 404);
+    let sent = view["endpoints"][0]["sent"].as_u64().expect("sent");
+    assert!(sent >= all.len() as u64 - 1, "{view}");
+    let delivered = view["deliveries"]
+        .as_array()
+        .expect("deliveries")
+        .iter()
+        .filter(|d| d["state"] == "delivered")
+        .count();
+    assert!(delivered >= all.len() - 1, "{view}");
+    let (_, metrics) = get_text(&gw, ROOT, "/metrics").await;
+    assert!(
+        metrics.contains("turnstile_webhook_deliveries_total{endpoint=\"ops\",outcome=\"sent\"}"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_delivery_is_retried_with_the_same_id() {
+    let Some(r) = Receiver::start("500") else {
+        return;
+    };
+    let gw = gateway(&r, "events = [\"approval.pending\"]").await;
+    let (s, queued) = test_event(&gw, ROOT).await;
+    assert_eq!(s, 202);
+    let got = r.wait(&gw, "webhook.test", 2).await;
+    assert_eq!(
+        (got[0]["answered"].as_str(), got[1]["answered"].as_str()),
+        (Some("500"), Some("200"))
+    );
+    assert_eq!(got[0]["id"], queued["id"]);
+    assert_eq!(got[1]["id"], queued["id"]);
+    assert_ne!(
+        got[0]["timestamp"], got[1]["timestamp"],
+        "each attempt is signed anew"
+    );
+    let row = wait_for("the delivery recorded", async || {
+        let (_, v) = get(&gw, ROOT, "/v1/webhooks").await;
+        let row = v["deliveries"][0].clone();
+        (row["state"] == "delivered").then_some(row)
+    })
+    .await;
+    assert_eq!(
+        (row["attempts"].as_u64(), row["last_status"].as_u64()),
+        (Some(2), Some(200))
+    );
+    let (_, metrics) = get_text(&gw, ROOT, "/metrics").await;
+    assert!(
+        metrics
+            .contains("turnstile_webhook_deliveries_total{endpoint=\"ops\",outcome=\"retried\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn an_event_whose_delivery_a_crash_cut_short_arrives_after_the_restart() {
+    let Some(r) = Receiver::start("hang") else {
+        return;
+    };
+    let mut gw = gateway(&r, "").await;
+    let (s, queued) = test_event(&gw, ROOT).await;
+    assert_eq!(s, 202);
+    // The attempt is in flight (the endpoint never answers) when the gateway dies.
+    r.wait(&gw, "webhook.test", 1).await;
+    gw.signal("KILL");
+    let _ = gw.child.take().map(|mut c| c.wait());
+    gw.spawn().await;
+    let got = r.wait(&gw, "webhook.test", 2).await;
+    assert_eq!(got[1]["id"], queued["id"]);
+    assert_eq!(got[1]["verified"], json!([true, true]));
+}
