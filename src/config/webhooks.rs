@@ -10,14 +10,22 @@ use serde::Deserialize;
 
 use super::{err, ConfigError};
 
-/// The events an endpoint may subscribe to.
-pub const EVENTS: [&str; 6] = [
+/// The events an endpoint may subscribe to: the gateway's, then the Managed Agents API's
+/// session events (Anthropic's names and shapes).
+pub const EVENTS: [&str; 13] = [
     "approval.pending",
     "approval.decided",
     "turn.requires_action",
     "execution.failed",
     "execution.ended",
     "budget.threshold",
+    "session.created",
+    "session.running",
+    "session.idled",
+    "session.requires_action",
+    "session.budget_reached",
+    "session.status_terminated",
+    "session.deleted",
 ];
 
 #[derive(Debug, Deserialize)]

@@ -13,13 +13,14 @@ use crate::store::Change;
 
 /// The event name of a change (None: no event, e.g. an execution that completed is only
 /// `execution.ended`).
-pub fn events(change: &Change<'_>) -> &'static [&'static str] {
+pub fn events<'a>(change: &Change<'a>) -> &'a [&'static str] {
     match change {
         Change::ApprovalPending(_) => &["approval.pending"],
         Change::ApprovalDecided(_) => &["approval.decided"],
         Change::Held(_) => &["turn.requires_action"],
         Change::Ended(e) if failed(e.reason) => &["execution.failed", "execution.ended"],
         Change::Ended(_) => &["execution.ended"],
+        Change::Session { events, .. } => events,
     }
 }
 
@@ -34,6 +35,7 @@ pub fn principal<'a>(change: &Change<'a>) -> &'a str {
         Change::ApprovalPending(r) | Change::ApprovalDecided(r) => &r.principal,
         Change::Held(h) => h.principal,
         Change::Ended(e) => e.principal,
+        Change::Session { principal, .. } => principal,
     }
 }
 
@@ -57,17 +59,41 @@ pub fn data(change: &Change<'_>) -> Value {
             "model": e.model,
             "reason": e.reason,
         }),
+        Change::Session {
+            session_id,
+            principal,
+            ..
+        } => json!({"id": session_id, "client": principal}),
     }
 }
 
-/// A whole body.
-pub fn render(format: WebhookFormat, event: &str, data: &Value, at_ms: u64) -> String {
+/// A whole body; `id` is also its `webhook-id`.
+pub fn render(format: WebhookFormat, id: &str, event: &str, data: &Value, at_ms: u64) -> String {
     match format {
+        WebhookFormat::Standard if event.starts_with("session.") => anthropic(id, event, data, at_ms),
         WebhookFormat::Standard => {
             json!({"type": event, "timestamp": rfc3339(at_ms), "data": data}).to_string()
         }
         WebhookFormat::Slack => slack(event, data).to_string(),
     }
+}
+
+/// A Managed Agents session event as Anthropic's webhooks send it (what the SDK's
+/// `client.beta.webhooks.unwrap` parses): a thin event naming the session. The gateway is
+/// one organization; the session's principal is its workspace.
+fn anthropic(id: &str, event: &str, data: &Value, at_ms: u64) -> String {
+    json!({
+        "type": "event",
+        "id": id,
+        "created_at": rfc3339(at_ms),
+        "data": {
+            "type": event,
+            "id": data["id"],
+            "organization_id": "turnstile",
+            "workspace_id": data["client"],
+        },
+    })
+    .to_string()
 }
 
 /// A Block Kit message: a headline, the facts as fields, and the summary as a code block.
@@ -87,6 +113,9 @@ fn slack(event: &str, data: &Value) -> Value {
         "turn.requires_action" => format!("A turn of {} waits for its tools", s("client")),
         "execution.failed" => format!("An execution of {} failed: {}", s("client"), s("reason")),
         "execution.ended" => format!("An execution of {} ended: {}", s("client"), s("reason")),
+        session if session.starts_with("session.") => {
+            format!("Session {} of {}: {}", s("id"), s("client"), &session["session.".len()..])
+        }
         other => format!("Turnstile: {other}"),
     };
     let mut fields = Vec::new();

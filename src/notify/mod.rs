@@ -92,6 +92,7 @@ fn kind_of(event: &str) -> Option<ChangeKind> {
         "approval.pending" | "approval.decided" => Some(ChangeKind::Approval),
         "turn.requires_action" => Some(ChangeKind::Held),
         "execution.failed" | "execution.ended" => Some(ChangeKind::Ended),
+        s if s.starts_with("session.") => Some(ChangeKind::Session),
         _ => None,
     }
 }
@@ -156,12 +157,13 @@ impl Notifier {
         let e = self.endpoint(id)?;
         let at_ms = now_unix_ms();
         let data = json!({"object": "webhook_test", "endpoint": id, "requested_by": by});
+        let msg = new_id("msg_");
         let notice = Notice {
-            id: new_id("msg_"),
             endpoint: id.to_string(),
             event: TEST_EVENT.into(),
             principal: by.to_string(),
-            body: body::render(e.cfg.format, TEST_EVENT, &data, at_ms),
+            body: body::render(e.cfg.format, &msg, TEST_EVENT, &data, at_ms),
+            id: msg,
             at_ms,
         };
         let msg = notice.id.clone();
@@ -265,12 +267,13 @@ impl Announce for Notifier {
                 .filter(|e| e.cfg.subscribes(event, principal))
             {
                 let data = data.get_or_insert_with(|| body::data(change));
+                let id = new_id("msg_");
                 out.push(Notice {
-                    id: new_id("msg_"),
                     endpoint: e.cfg.id.clone(),
                     event: event.to_string(),
                     principal: principal.to_string(),
-                    body: body::render(e.cfg.format, event, data, at_ms),
+                    body: body::render(e.cfg.format, &id, event, data, at_ms),
+                    id,
                     at_ms,
                 });
             }

@@ -6,8 +6,8 @@
 //! principal (`managed_quota`, kept in the same transaction as each append) and deleted with
 //! its session.
 
-use super::db::vals;
-use super::{Store, StoreError};
+use super::db::{vals, Tx};
+use super::{Change, ChangeKind, Store, StoreError};
 
 /// A stored API object: its latest (or asked-for) version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,8 +74,7 @@ impl Store {
         max: usize,
     ) -> Result<bool, StoreError> {
         let owner = self.owner.as_str();
-        self.db
-            .tx(async |t| {
+        self.announcing(async |t| {
                 if r.version == 1 {
                     let n = t
                         .rows(
@@ -105,6 +104,9 @@ impl Store {
                     ],
                 )
                 .await?;
+                if kind == "session" && r.version == 1 {
+                    self.announce_session(t, &r.id, principal, &["session.created"]).await?;
+                }
                 Ok(true)
             })
             .await
@@ -270,8 +272,7 @@ impl Store {
         id: &str,
         principal: &str,
     ) -> Result<bool, StoreError> {
-        self.db
-            .tx(async |t| {
+        self.announcing(async |t| {
                 let n = t
                     .exec(
                         "DELETE FROM managed_objects WHERE kind = ?1 AND id = ?2 AND principal = ?3",
@@ -280,6 +281,9 @@ impl Store {
                     .await?;
                 if n == 0 {
                     return Ok(false);
+                }
+                if kind == "session" {
+                    self.announce_session(t, id, principal, &["session.deleted"]).await?;
                 }
                 let freed = t
                     .rows(
@@ -314,8 +318,7 @@ impl Store {
     ) -> Result<Vec<i64>, AppendError> {
         let bytes: u64 = events.iter().map(|(_, b)| b.len() as u64).sum();
         let added = self
-            .db
-            .tx(async |t| {
+            .announcing(async |t| {
                 let n = t
                     .exec(
                         "INSERT INTO managed_quota (principal, event_bytes) VALUES (?1, ?2)
@@ -338,6 +341,10 @@ impl Store {
                         )
                         .await?;
                     seqs.push(rows.first().map(|r| r.i(0)).transpose()?.unwrap_or(0));
+                    if self.announces(ChangeKind::Session) {
+                        let events = session_events(body);
+                        self.announce_session(t, session, principal, events).await?;
+                    }
                 }
                 Ok(seqs)
             })
@@ -524,5 +531,53 @@ mod tests {
         s.events_append("s2", "alice", &[("e4", "01234567890123456789")], 20)
             .await
             .unwrap();
+    }
+}
+
+/// The webhook events a session log entry makes: its status changes, in Anthropic's names.
+fn session_events(body: &str) -> &'static [&'static str] {
+    #[derive(serde::Deserialize)]
+    struct Entry<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: &'a str,
+        #[serde(default)]
+        stop_reason: Option<StopReason<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct StopReason<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: &'a str,
+    }
+    let Ok(e) = serde_json::from_str::<Entry<'_>>(body) else {
+        return &[];
+    };
+    match (e.kind, e.stop_reason.map(|s| s.kind)) {
+        ("session.status_running", _) => &["session.running"],
+        ("session.status_idle", Some("requires_action")) => &["session.requires_action"],
+        ("session.status_idle", Some("budget_reached")) => &["session.budget_reached", "session.idled"],
+        ("session.status_idle", _) => &["session.idled"],
+        ("session.status_terminated", _) => &["session.status_terminated"],
+        _ => &[],
+    }
+}
+
+impl Store {
+    /// The outbox rows of a session's change, in its transaction.
+    async fn announce_session(
+        &self,
+        t: &mut Tx<'_>,
+        session_id: &str,
+        principal: &str,
+        events: &[&'static str],
+    ) -> Result<(), StoreError> {
+        if events.is_empty() || !self.announces(ChangeKind::Session) {
+            return Ok(());
+        }
+        let change = Change::Session {
+            session_id,
+            principal,
+            events,
+        };
+        self.announce(t, &change).await
     }
 }

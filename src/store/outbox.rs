@@ -25,6 +25,13 @@ pub enum Change<'a> {
     Held(Held<'a>),
     /// An execution ended.
     Ended(Ended<'a>),
+    /// A Managed Agents session changed (`events`: the webhook events it makes, in
+    /// Anthropic's names).
+    Session {
+        session_id: &'a str,
+        principal: &'a str,
+        events: &'a [&'static str],
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +59,7 @@ pub enum ChangeKind {
     Approval,
     Held,
     Ended,
+    Session,
 }
 
 /// An outbox row to write.

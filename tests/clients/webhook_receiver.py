@@ -9,7 +9,10 @@ Environment:
 
 The first line is `listening <port>`; then one line per request:
   {"id", "timestamp", "signature", "verified": [bool per secret], "type", "body", "raw",
-   "answered"}
+   "answered", "unwrapped"}
+`unwrapped` is, for a Managed Agents session event (`"type": "event"`), what the `anthropic`
+SDK's `client.beta.webhooks.unwrap` made of it with the first secret: `[data.type, data.id]`,
+or the error it raised.
 """
 
 import json
@@ -19,12 +22,24 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from anthropic import Anthropic
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 SECRETS = os.environ.get("RECEIVER_SECRETS", "").split()
 PLAN = [p for p in os.environ.get("RECEIVER_PLAN", "").split(",") if p]
 LOCK = threading.Lock()
 SEEN = [0]
+
+
+ANTHROPIC = Anthropic(api_key="unused", base_url="http://127.0.0.1:9")
+
+
+def unwrapped(raw, headers):
+    try:
+        event = ANTHROPIC.beta.webhooks.unwrap(raw.decode(), headers=headers, key=SECRETS[0])
+        return [event.data.type, event.data.id, event.type, event.id]
+    except Exception as e:  # the test shows what failed
+        return f"{type(e).__name__}: {e}"
 
 
 def verified(raw, headers):
@@ -60,6 +75,7 @@ class Handler(BaseHTTPRequestHandler):
             "body": body,
             "raw": raw.decode("utf-8", "replace"),
             "answered": answer,
+            "unwrapped": unwrapped(raw, headers) if isinstance(body, dict) and body.get("type") == "event" else None,
         }
         with LOCK:
             print(json.dumps(line), flush=True)

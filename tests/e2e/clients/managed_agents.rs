@@ -5,7 +5,7 @@ use super::sdk::run_script_with;
 use crate::support::*;
 
 /// Runs the SDK script's part `name` against `gw`, with `env` besides; false when skipped.
-async fn part(gw: &Gateway, name: &str, env: &[(&str, String)]) -> bool {
+pub(crate) async fn part(gw: &Gateway, name: &str, env: &[(&str, String)]) -> bool {
     let mut all = vec![("MANAGED_PART", name.to_string())];
     all.extend(env.iter().cloned());
     run_script_with(gw, "anthropic_managed.py", "", &all).await

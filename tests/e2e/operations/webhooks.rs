@@ -279,3 +279,37 @@ async fn an_event_whose_delivery_a_crash_cut_short_arrives_after_the_restart() {
     assert_eq!(got[1]["id"], queued["id"]);
     assert_eq!(got[1]["verified"], json!([true, true]));
 }
+
+/// A Managed Agents session's status changes reach an endpoint in Anthropic's webhook shape:
+/// the `anthropic` SDK's `client.beta.webhooks.unwrap` verifies and parses each.
+#[tokio::test]
+async fn managed_agents_session_events_unwrap_with_the_anthropic_sdk() {
+    let Some(r) = Receiver::start("") else {
+        return;
+    };
+    let gw = gateway(&r, "events = [\"session.created\", \"session.running\", \"session.requires_action\", \"session.idled\", \"session.deleted\"]").await;
+    if !crate::clients::managed_agents::part(&gw, "roundtrip", &[]).await {
+        return;
+    }
+    let created = r.wait(&gw, "event", 1).await;
+    let session = created[0]["unwrapped"][1].as_str().expect("unwrapped").to_string();
+    assert!(session.starts_with("sesn_"), "{created:?}");
+    let kinds = wait_for("the session's events", async || {
+        let kinds: Vec<String> = r
+            .seen()
+            .iter()
+            .filter(|d| d["unwrapped"][1] == session.as_str())
+            .map(|d| d["unwrapped"][0].as_str().unwrap_or("?").to_string())
+            .collect();
+        kinds.iter().any(|k| k == "session.idled").then_some(kinds)
+    })
+    .await;
+    for want in ["session.created", "session.running", "session.requires_action", "session.idled"] {
+        assert!(kinds.iter().any(|k| k == want), "{want} in {kinds:?}");
+    }
+    for d in r.seen() {
+        assert_eq!(d["verified"], json!([true, true]), "{d}");
+        assert_eq!(d["unwrapped"][2], "event", "{d}");
+        assert_eq!(d["unwrapped"][3], d["id"], "the event id is its webhook-id: {d}");
+    }
+}
