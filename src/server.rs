@@ -51,6 +51,10 @@ pub async fn serve(cfg: config::Config, config_path: &Path) -> Result<(), StartE
         }
     };
     let (addr, listener) = listener;
+    if let Some(n) = gw.notifier() {
+        let public = gw.config().server.public_url.clone();
+        n.links_at(&public.unwrap_or_else(|| format!("http://{addr}")));
+    }
     let internal = match internal_listener(&gw).await {
         Ok(l) => l,
         Err(e) => {

@@ -151,6 +151,8 @@ pub struct ServerConfig {
     pub websocket_idle_timeout: Duration,
     /// How often a Responses WebSocket is pinged.
     pub websocket_ping: Duration,
+    /// The gateway's URL as people reach it (decision links); None: the address it listens on.
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Clone)]

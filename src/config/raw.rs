@@ -174,6 +174,8 @@ pub(super) struct RawServer {
     pub shutdown_drain_seconds: u64,
     pub websocket_idle_timeout_seconds: u64,
     pub websocket_ping_seconds: u64,
+    /// The gateway's URL as people reach it (decision links point there).
+    pub public_url: Option<String>,
 }
 
 impl Default for RawServer {
@@ -189,6 +191,7 @@ impl Default for RawServer {
             shutdown_drain_seconds: DEFAULT_SHUTDOWN_DRAIN_SECONDS,
             websocket_idle_timeout_seconds: DEFAULT_WEBSOCKET_IDLE_TIMEOUT_SECONDS,
             websocket_ping_seconds: DEFAULT_WEBSOCKET_PING_SECONDS,
+            public_url: None,
         }
     }
 }

@@ -94,6 +94,23 @@ pub(super) fn validate(
         spec.set_mcp_bridge(mcp_bridge);
     }
     let webhooks = super::webhooks::webhooks(raw.webhooks, base)?;
+    let public_url = match raw.server.public_url.clone() {
+        None => None,
+        Some(u) => {
+            let uri: ::http::Uri = u
+                .parse()
+                .map_err(|_| err("server.public_url", "is not a URL"))?;
+            let plain = uri.query().is_none() && matches!(uri.path(), "" | "/");
+            if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() || !plain
+            {
+                return Err(err(
+                    "server.public_url",
+                    "must be an http:// or https:// URL without a path or query",
+                ));
+            }
+            Some(u.trim_end_matches('/').to_string())
+        }
+    };
     // The store password, the cluster key and the signing secrets are the gateway's alone.
     let mut secrets = vec![
         match &store {
@@ -141,6 +158,7 @@ pub(super) fn validate(
             shutdown_drain: Duration::from_secs(raw.server.shutdown_drain_seconds),
             websocket_idle_timeout: Duration::from_secs(raw.server.websocket_idle_timeout_seconds),
             websocket_ping: Duration::from_secs(raw.server.websocket_ping_seconds),
+            public_url,
         },
         store,
         cluster,

@@ -9,6 +9,7 @@ mod approvals;
 mod caller;
 pub mod cluster;
 mod console;
+mod decisions;
 mod error;
 mod managed;
 mod socket;
@@ -87,6 +88,10 @@ pub fn router(state: impl Into<AppState>) -> Router {
         .route("/v1/approvals/events", get(approvals::events))
         .route("/v1/approvals/{id}", get(approvals::show))
         .route("/v1/approvals/{id}/decision", post(approvals::decide))
+        .route(
+            "/v1/decisions/{token}",
+            get(decisions::show).post(decisions::decide),
+        )
         .route("/v1/webhooks", get(webhooks::list))
         .route("/v1/webhooks/{id}/test", post(webhooks::test))
         .route("/v1/whoami", get(activity::whoami))

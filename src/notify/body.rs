@@ -67,14 +67,29 @@ pub fn data(change: &Change<'_>) -> Value {
     }
 }
 
+/// The single-use decision links of a pending approval's message.
+pub struct Buttons {
+    pub approve: String,
+    pub deny: String,
+}
+
 /// A whole body; `id` is also its `webhook-id`.
-pub fn render(format: WebhookFormat, id: &str, event: &str, data: &Value, at_ms: u64) -> String {
+pub fn render(
+    format: WebhookFormat,
+    id: &str,
+    event: &str,
+    data: &Value,
+    at_ms: u64,
+    buttons: Option<&Buttons>,
+) -> String {
     match format {
-        WebhookFormat::Standard if event.starts_with("session.") => anthropic(id, event, data, at_ms),
+        WebhookFormat::Standard if event.starts_with("session.") => {
+            anthropic(id, event, data, at_ms)
+        }
         WebhookFormat::Standard => {
             json!({"type": event, "timestamp": rfc3339(at_ms), "data": data}).to_string()
         }
-        WebhookFormat::Slack => slack(event, data).to_string(),
+        WebhookFormat::Slack => slack(event, data, buttons).to_string(),
     }
 }
 
@@ -96,8 +111,10 @@ fn anthropic(id: &str, event: &str, data: &Value, at_ms: u64) -> String {
     .to_string()
 }
 
-/// A Block Kit message: a headline, the facts as fields, and the summary as a code block.
-fn slack(event: &str, data: &Value) -> Value {
+/// A Block Kit message: a headline, the facts as fields, the summary as a code block, and
+/// for a pending approval its Approve and Deny links. `metadata` names the event and the
+/// object, so a Slack app can find the message of an approval when it is decided.
+fn slack(event: &str, data: &Value, buttons: Option<&Buttons>) -> Value {
     let s = |k: &str| data.get(k).and_then(Value::as_str).unwrap_or("");
     let headline = match event {
         "approval.pending" => format!("Approval needed: {} by {}", s("kind"), s("client")),
@@ -114,7 +131,12 @@ fn slack(event: &str, data: &Value) -> Value {
         "execution.failed" => format!("An execution of {} failed: {}", s("client"), s("reason")),
         "execution.ended" => format!("An execution of {} ended: {}", s("client"), s("reason")),
         session if session.starts_with("session.") => {
-            format!("Session {} of {}: {}", s("id"), s("client"), &session["session.".len()..])
+            format!(
+                "Session {} of {}: {}",
+                s("id"),
+                s("client"),
+                &session["session.".len()..]
+            )
         }
         other => format!("Turnstile: {other}"),
     };
@@ -139,7 +161,21 @@ fn slack(event: &str, data: &Value) -> Value {
         let text = format!("```{}```", cut(&escape(&summary.to_string()), 2900));
         blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": text}}));
     }
-    json!({"text": headline, "blocks": blocks})
+    if let Some(b) = buttons {
+        let button = |text: &str, style: &str, url: &str| {
+            json!({"type": "button", "action_id": text.to_lowercase(), "style": style,
+                   "text": {"type": "plain_text", "text": text}, "url": url})
+        };
+        blocks.push(json!({"type": "actions", "elements": [
+            button("Approve", "primary", &b.approve),
+            button("Deny", "danger", &b.deny),
+        ]}));
+    }
+    let metadata = json!({
+        "event_type": event.replace('.', "_"),
+        "event_payload": {"id": data.get("id"), "execution_id": data.get("execution_id")},
+    });
+    json!({"text": headline, "blocks": blocks, "metadata": metadata})
 }
 
 /// Slack's three control characters.
@@ -179,9 +215,11 @@ mod tests {
         );
         let body = render(
             WebhookFormat::Standard,
+            "msg_1",
             "execution.failed",
             &data(&end("lost")),
             0,
+            None,
         );
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["type"], "execution.failed");
@@ -189,9 +227,11 @@ mod tests {
         assert_eq!(v["data"]["reason"], "lost");
         let slack: Value = serde_json::from_str(&render(
             WebhookFormat::Slack,
+            "msg_1",
             "execution.failed",
             &data(&end("lost")),
             0,
+            None,
         ))
         .unwrap();
         assert_eq!(slack["blocks"][0]["type"], "header");

@@ -122,7 +122,8 @@ async fn attempt(n: &Notifier, d: Delivery) {
         return;
     };
     let timestamp = now_unix();
-    let signature = sign::signature(&e.secrets, &d.id, timestamp, d.body.as_bytes());
+    let body = super::links::expand(&d.body, &e.secrets);
+    let signature = sign::signature(&e.secrets, &d.id, timestamp, body.as_bytes());
     let started = Instant::now();
     let sent = e
         .client
@@ -131,7 +132,7 @@ async fn attempt(n: &Notifier, d: Delivery) {
         .header("webhook-id", &d.id)
         .header("webhook-timestamp", timestamp.to_string())
         .header("webhook-signature", signature)
-        .body(d.body)
+        .body(body)
         .send()
         .await;
     let took = started.elapsed();

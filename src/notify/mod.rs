@@ -9,6 +9,7 @@
 
 mod body;
 mod deliver;
+pub mod links;
 pub mod sign;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +20,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::WebhookConfig;
+use crate::config::{WebhookConfig, WebhookFormat};
 use crate::ids::new_id;
 use crate::metrics::Histogram;
 use crate::store::{
@@ -55,6 +56,9 @@ pub struct Notifier {
     wake: Notify,
     /// Which change kinds any endpoint subscribes to.
     kinds: Vec<ChangeKind>,
+    /// Where decision links point: `server.public_url`, else the address the gateway
+    /// listens on (set once it is bound).
+    base_url: std::sync::OnceLock<String>,
 }
 
 /// Why notifications cannot start.
@@ -140,6 +144,7 @@ impl Notifier {
             fresh: AtomicU64::new(0),
             wake: Notify::new(),
             kinds,
+            base_url: std::sync::OnceLock::new(),
         });
         store.announce_with(n.clone());
         let task = n.clone();
@@ -162,9 +167,10 @@ impl Notifier {
             endpoint: id.to_string(),
             event: TEST_EVENT.into(),
             principal: by.to_string(),
-            body: body::render(e.cfg.format, &msg, TEST_EVENT, &data, at_ms),
+            body: body::render(e.cfg.format, &msg, TEST_EVENT, &data, at_ms, None),
             id: msg,
             at_ms,
+            links: Vec::new(),
         };
         let msg = notice.id.clone();
         let queued = self.store.outbox_enqueue(&[notice]).await;
@@ -268,13 +274,18 @@ impl Announce for Notifier {
             {
                 let data = data.get_or_insert_with(|| body::data(change));
                 let id = new_id("msg_");
+                let (links, buttons) = match (e.cfg.format, change) {
+                    (WebhookFormat::Slack, Change::ApprovalPending(r)) => self.links(&e.cfg.id, r),
+                    _ => (Vec::new(), None),
+                };
                 out.push(Notice {
                     endpoint: e.cfg.id.clone(),
                     event: event.to_string(),
                     principal: principal.to_string(),
-                    body: body::render(e.cfg.format, &id, event, data, at_ms),
+                    body: body::render(e.cfg.format, &id, event, data, at_ms, buttons.as_ref()),
                     id,
                     at_ms,
+                    links,
                 });
             }
         }

@@ -30,6 +30,10 @@ impl Secret {
         }
         Ok(Secret(bytes))
     }
+
+    pub(super) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
 }
 
 /// The `webhook-signature` header of one attempt.

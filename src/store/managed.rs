@@ -6,8 +6,9 @@
 //! principal (`managed_quota`, kept in the same transaction as each append) and deleted with
 //! its session.
 
-use super::db::{vals, Tx};
-use super::{Change, ChangeKind, Store, StoreError};
+use super::db::vals;
+use super::outbox::session_events;
+use super::{ChangeKind, Store, StoreError};
 
 /// A stored API object: its latest (or asked-for) version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,41 +76,42 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let owner = self.owner.as_str();
         self.announcing(async |t| {
-                if r.version == 1 {
-                    let n = t
-                        .rows(
-                            "SELECT COUNT(*) FROM managed_objects
+            if r.version == 1 {
+                let n = t
+                    .rows(
+                        "SELECT COUNT(*) FROM managed_objects
                              WHERE principal = ?1 AND kind = ?2 AND version = 1",
-                            vals![principal, kind],
-                        )
-                        .await?;
-                    let n = n.first().map(|r| r.i(0)).transpose()?.unwrap_or(0);
-                    if n as usize >= max {
-                        return Ok(false);
-                    }
+                        vals![principal, kind],
+                    )
+                    .await?;
+                let n = n.first().map(|r| r.i(0)).transpose()?.unwrap_or(0);
+                if n as usize >= max {
+                    return Ok(false);
                 }
-                t.exec(
-                    "INSERT INTO managed_objects
+            }
+            t.exec(
+                "INSERT INTO managed_objects
                        (kind, id, version, principal, body, archived, created_at_ms, owner)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                    vals![
-                        kind,
-                        &r.id,
-                        r.version,
-                        principal,
-                        &r.body,
-                        i64::from(r.archived),
-                        r.created_at_ms,
-                        owner
-                    ],
-                )
-                .await?;
-                if kind == "session" && r.version == 1 {
-                    self.announce_session(t, &r.id, principal, &["session.created"]).await?;
-                }
-                Ok(true)
-            })
-            .await
+                vals![
+                    kind,
+                    &r.id,
+                    r.version,
+                    principal,
+                    &r.body,
+                    i64::from(r.archived),
+                    r.created_at_ms,
+                    owner
+                ],
+            )
+            .await?;
+            if kind == "session" && r.version == 1 {
+                self.announce_session(t, &r.id, principal, &["session.created"])
+                    .await?;
+            }
+            Ok(true)
+        })
+        .await
     }
 
     /// The principal's object: `version`, or its latest. Another principal's is `None`.
@@ -531,53 +533,5 @@ mod tests {
         s.events_append("s2", "alice", &[("e4", "01234567890123456789")], 20)
             .await
             .unwrap();
-    }
-}
-
-/// The webhook events a session log entry makes: its status changes, in Anthropic's names.
-fn session_events(body: &str) -> &'static [&'static str] {
-    #[derive(serde::Deserialize)]
-    struct Entry<'a> {
-        #[serde(borrow, rename = "type")]
-        kind: &'a str,
-        #[serde(default)]
-        stop_reason: Option<StopReason<'a>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct StopReason<'a> {
-        #[serde(borrow, rename = "type")]
-        kind: &'a str,
-    }
-    let Ok(e) = serde_json::from_str::<Entry<'_>>(body) else {
-        return &[];
-    };
-    match (e.kind, e.stop_reason.map(|s| s.kind)) {
-        ("session.status_running", _) => &["session.running"],
-        ("session.status_idle", Some("requires_action")) => &["session.requires_action"],
-        ("session.status_idle", Some("budget_reached")) => &["session.budget_reached", "session.idled"],
-        ("session.status_idle", _) => &["session.idled"],
-        ("session.status_terminated", _) => &["session.status_terminated"],
-        _ => &[],
-    }
-}
-
-impl Store {
-    /// The outbox rows of a session's change, in its transaction.
-    async fn announce_session(
-        &self,
-        t: &mut Tx<'_>,
-        session_id: &str,
-        principal: &str,
-        events: &[&'static str],
-    ) -> Result<(), StoreError> {
-        if events.is_empty() || !self.announces(ChangeKind::Session) {
-            return Ok(());
-        }
-        let change = Change::Session {
-            session_id,
-            principal,
-            events,
-        };
-        self.announce(t, &change).await
     }
 }

@@ -178,7 +178,7 @@ CREATE TABLE managed_quota (
 ";
 
 /// Version 8: the notification outbox (one row per event and endpoint, leased by the replica
-/// delivering it).
+/// delivering it) and the single-use decision links of approvals (digests only).
 const V8: &str = "
 CREATE TABLE outbox (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -199,6 +199,15 @@ CREATE TABLE outbox (
   latency_ms INTEGER
 );
 CREATE INDEX outbox_due ON outbox(state, due_at_ms);
+CREATE TABLE decision_links (
+  digest BLOB PRIMARY KEY,
+  approval_id TEXT NOT NULL,
+  decision TEXT NOT NULL,
+  endpoint TEXT NOT NULL,
+  expires_at INTEGER NOT NULL,
+  used_at INTEGER
+);
+CREATE INDEX decision_links_approval ON decision_links(approval_id);
 ";
 
 const MIGRATIONS: &[(i64, &str)] = &[

@@ -28,6 +28,7 @@ mod compactions;
 mod db;
 mod feed;
 mod fused;
+mod links;
 mod managed;
 mod migrations;
 mod outbox;
@@ -43,7 +44,7 @@ pub use db::default_pool_size;
 pub use feed::{ApprovalChange, ApprovalFeed, Listening};
 pub use managed::{AppendError, EventRow, ListRows, ManagedRow};
 pub use outbox::{
-    Announce, Attempt, Change, ChangeKind, Delivery, DeliveryRow, Ended, Held, Notice,
+    Announce, Attempt, Change, ChangeKind, Delivery, DeliveryRow, Ended, Held, LinkRow, Notice,
 };
 pub use suspensions::{StoredSuspension, SuspensionRecord};
 pub use usage::{
@@ -285,50 +286,6 @@ impl Store {
             Ok(())
         })
         .await
-    }
-
-    /// The outbox rows of the ends among `rows`, in their transaction.
-    async fn announce_ends(
-        &self,
-        t: &mut db::Tx<'_>,
-        rows: &[Lifecycle],
-    ) -> Result<(), StoreError> {
-        for row in rows {
-            if let Lifecycle::Ended {
-                execution_id,
-                reason,
-                ..
-            } = row
-            {
-                self.announce_end(t, execution_id, reason).await?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn announce_end(
-        &self,
-        t: &mut db::Tx<'_>,
-        execution_id: &str,
-        reason: &str,
-    ) -> Result<(), StoreError> {
-        let rows = t
-            .rows(
-                "SELECT principal, model FROM executions WHERE execution_id = ?1",
-                vals![execution_id],
-            )
-            .await?;
-        let Some(r) = rows.first() else {
-            return Ok(());
-        };
-        let (principal, model) = (r.t(0)?, r.t(1)?);
-        let end = Ended {
-            execution_id,
-            principal: &principal,
-            model: &model,
-            reason,
-        };
-        self.announce(t, &Change::Ended(end)).await
     }
 
     pub async fn execution_ended(

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use super::db::{vals, Row, Tx};
-use super::{ApprovalRecord, Store, StoreError};
+use super::{ApprovalRecord, Lifecycle, Store, StoreError};
 
 /// A change the outbox may report.
 #[derive(Debug, Clone, Copy)]
@@ -72,6 +72,23 @@ pub struct Notice {
     pub principal: String,
     pub body: String,
     pub at_ms: u64,
+    /// The decision links the body carries, stored with it.
+    pub links: Vec<LinkRow>,
+}
+
+/// A single-use decision link: the digest of its token, bound to one approval, one decision
+/// and an expiry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkRow {
+    pub digest: [u8; 32],
+    pub approval_id: String,
+    /// `approve` or `deny`.
+    pub decision: &'static str,
+    pub endpoint: String,
+    /// Unix seconds.
+    pub expires_at: u64,
+    /// Unix seconds, once used.
+    pub used_at: Option<u64>,
 }
 
 /// Turns changes into outbox rows (the notifier).
@@ -366,8 +383,118 @@ async fn write(t: &mut Tx<'_>, notices: &[Notice]) -> Result<(), StoreError> {
             vals![&n.id, &n.endpoint, &n.event, &n.principal, &n.body, n.at_ms],
         )
         .await?;
+        for l in &n.links {
+            t.exec(
+                "INSERT INTO decision_links (digest, approval_id, decision, endpoint, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                vals![
+                    &l.digest,
+                    &l.approval_id,
+                    l.decision,
+                    &l.endpoint,
+                    l.expires_at
+                ],
+            )
+            .await?;
+        }
     }
     Ok(())
+}
+
+/// The webhook events a session log entry makes: its status changes, in Anthropic's names.
+pub(super) fn session_events(body: &str) -> &'static [&'static str] {
+    #[derive(serde::Deserialize)]
+    struct Entry<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: &'a str,
+        #[serde(default)]
+        stop_reason: Option<StopReason<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct StopReason<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: &'a str,
+    }
+    let Ok(e) = serde_json::from_str::<Entry<'_>>(body) else {
+        return &[];
+    };
+    match (e.kind, e.stop_reason.map(|s| s.kind)) {
+        ("session.status_running", _) => &["session.running"],
+        ("session.status_idle", Some("requires_action")) => &["session.requires_action"],
+        ("session.status_idle", Some("budget_reached")) => {
+            &["session.budget_reached", "session.idled"]
+        }
+        ("session.status_idle", _) => &["session.idled"],
+        ("session.status_terminated", _) => &["session.status_terminated"],
+        _ => &[],
+    }
+}
+
+impl Store {
+    /// The outbox rows of a session's change, in its transaction.
+    pub(super) async fn announce_session(
+        &self,
+        t: &mut Tx<'_>,
+        session_id: &str,
+        principal: &str,
+        events: &[&'static str],
+    ) -> Result<(), StoreError> {
+        if events.is_empty() || !self.announces(ChangeKind::Session) {
+            return Ok(());
+        }
+        let change = Change::Session {
+            session_id,
+            principal,
+            events,
+        };
+        self.announce(t, &change).await
+    }
+}
+
+impl Store {
+    /// The outbox rows of the ends among `rows`, in their transaction.
+    pub(super) async fn announce_ends(
+        &self,
+        t: &mut Tx<'_>,
+        rows: &[Lifecycle],
+    ) -> Result<(), StoreError> {
+        for row in rows {
+            if let Lifecycle::Ended {
+                execution_id,
+                reason,
+                ..
+            } = row
+            {
+                self.announce_end(t, execution_id, reason).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn announce_end(
+        &self,
+        t: &mut Tx<'_>,
+        execution_id: &str,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        let rows = t
+            .rows(
+                "SELECT principal, model FROM executions WHERE execution_id = ?1",
+                vals![execution_id],
+            )
+            .await?;
+        let Some(r) = rows.first() else {
+            return Ok(());
+        };
+        let (principal, model) = (r.t(0)?, r.t(1)?);
+        let end = Ended {
+            execution_id,
+            principal: &principal,
+            model: &model,
+            reason,
+        };
+        self.announce(t, &Change::Ended(end)).await
+    }
 }
 
 #[cfg(test)]
@@ -382,6 +509,7 @@ mod tests {
             principal: "alice".into(),
             body: "{}".into(),
             at_ms: 1_000,
+            links: Vec::new(),
         }
     }
 

@@ -292,7 +292,10 @@ async fn managed_agents_session_events_unwrap_with_the_anthropic_sdk() {
         return;
     }
     let created = r.wait(&gw, "event", 1).await;
-    let session = created[0]["unwrapped"][1].as_str().expect("unwrapped").to_string();
+    let session = created[0]["unwrapped"][1]
+        .as_str()
+        .expect("unwrapped")
+        .to_string();
     assert!(session.starts_with("sesn_"), "{created:?}");
     let kinds = wait_for("the session's events", async || {
         let kinds: Vec<String> = r
@@ -304,12 +307,140 @@ async fn managed_agents_session_events_unwrap_with_the_anthropic_sdk() {
         kinds.iter().any(|k| k == "session.idled").then_some(kinds)
     })
     .await;
-    for want in ["session.created", "session.running", "session.requires_action", "session.idled"] {
+    for want in [
+        "session.created",
+        "session.running",
+        "session.requires_action",
+        "session.idled",
+    ] {
         assert!(kinds.iter().any(|k| k == want), "{want} in {kinds:?}");
     }
     for d in r.seen() {
         assert_eq!(d["verified"], json!([true, true]), "{d}");
         assert_eq!(d["unwrapped"][2], "event", "{d}");
-        assert_eq!(d["unwrapped"][3], d["id"], "the event id is its webhook-id: {d}");
+        assert_eq!(
+            d["unwrapped"][3], d["id"],
+            "the event id is its webhook-id: {d}"
+        );
     }
+}
+
+/// The POST of a decision link, as the confirmation page's button sends it.
+async fn follow(gw: &Gateway, url: &str, post: bool) -> (u16, String) {
+    let req = if post {
+        gw.http.post(url)
+    } else {
+        gw.http.get(url)
+    };
+    let r = req.send().await.expect("link");
+    (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
+/// Slack-ready approvals: the Block Kit message's Approve and Deny links. A GET only shows
+/// the confirmation page; the POST decides once; a second use, the other link and a link of
+/// an approval decided in the console change nothing.
+#[tokio::test]
+async fn a_decision_link_decides_once_and_a_get_never_decides() {
+    let Some(r) = Receiver::start("") else {
+        return;
+    };
+    let gw = gateway(
+        &r,
+        "events = [\"approval.pending\", \"approval.decided\"]\nformat = \"slack\"",
+    )
+    .await;
+    let start = |gw: &Gateway| {
+        let req = gw.post(
+            ALICE,
+            &json!({"model": "cmd-ask", "stream": true, "messages": [user("go")]}),
+        );
+        tokio::spawn(async move { req.send().await.expect("chat").text().await })
+    };
+    let buttons = |d: &Value| -> (String, String) {
+        let blocks = d["body"]["blocks"].as_array().expect("blocks");
+        let actions = blocks
+            .iter()
+            .find(|b| b["type"] == "actions")
+            .expect("actions");
+        let url = |i: usize| {
+            actions["elements"][i]["url"]
+                .as_str()
+                .expect("url")
+                .to_string()
+        };
+        (url(0), url(1))
+    };
+    let chat = start(&gw);
+    let msg = wait_for("the Block Kit message", async || {
+        r.seen()
+            .into_iter()
+            .find(|d| d["body"]["blocks"].is_array())
+    })
+    .await;
+    assert!(msg["verified"][0].as_bool().unwrap_or(false), "{msg}");
+    let (approve, deny) = buttons(&msg);
+    assert!(
+        approve.contains("/v1/decisions/sdl-") && deny.contains("/v1/decisions/sdl-"),
+        "{approve}"
+    );
+    let (s, page) = follow(&gw, &approve, false).await;
+    assert_eq!(s, 200, "{page}");
+    assert!(page.contains("<form method=\"post\">"), "{page}");
+    let (_, pending) = get(&gw, ROOT, "/v1/approvals?state=pending").await;
+    assert_eq!(
+        pending["data"].as_array().map(Vec::len),
+        Some(1),
+        "a GET decided: {pending}"
+    );
+    let (s, page) = follow(&gw, &approve, true).await;
+    assert_eq!(s, 200, "{page}");
+    assert!(page.contains("Approved"), "{page}");
+    assert_eq!(follow(&gw, &approve, true).await.0, 410);
+    assert_eq!(follow(&gw, &deny, true).await.0, 410);
+    assert_eq!(follow(&gw, &deny, false).await.0, 410);
+    chat.await.expect("join").expect("chat body");
+    let (_, approved) = get(&gw, ROOT, "/v1/approvals?state=approved").await;
+    assert_eq!(
+        approved["data"][0]["decided_by"], "webhook:ops",
+        "{approved}"
+    );
+
+    // Decided in the console first: the links show it and change nothing.
+    let chat = start(&gw);
+    let second = wait_for("the second message", async || {
+        let msgs: Vec<Value> = r
+            .seen()
+            .into_iter()
+            .filter(|d| d["body"]["blocks"].is_array())
+            .collect();
+        msgs.iter()
+            .filter(|d| d["body"]["metadata"]["event_type"] == "approval_pending")
+            .nth(1)
+            .cloned()
+    })
+    .await;
+    let (approve, _) = buttons(&second);
+    let id = second["body"]["metadata"]["event_payload"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let r2 = gw
+        .http
+        .post(format!("{}/v1/approvals/{id}/decision", gw.url))
+        .bearer_auth(ROOT)
+        .json(&json!({"decision": "deny"}))
+        .send()
+        .await
+        .expect("decide");
+    assert_eq!(r2.status(), 200);
+    let (s, page) = follow(&gw, &approve, true).await;
+    assert_eq!(s, 409, "{page}");
+    assert!(page.contains("already denied by root"), "{page}");
+    chat.await.expect("join").expect("chat body");
+    // Unknown tokens look alike.
+    let unknown = format!(
+        "{}/v1/decisions/sdl-00000000000000000000000000000000",
+        gw.url
+    );
+    assert_eq!(follow(&gw, &unknown, true).await.0, 404);
 }
