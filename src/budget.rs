@@ -183,6 +183,62 @@ impl Budget {
     }
 }
 
+/// The shares of a cap, in percent, whose crossing notifies (`budget.threshold`).
+pub const THRESHOLDS: [u8; 3] = [75, 95, 100];
+
+/// A threshold of a cap that usage crossed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Threshold {
+    pub cap: Cap,
+    pub percent: u8,
+    pub limit: u64,
+    pub used: u64,
+    /// The first day of the cap's window.
+    pub window: u32,
+    /// Unix seconds when the window starts again.
+    pub resets_at: u64,
+}
+
+impl Budget {
+    /// For each cap that gates fresh turns, the highest of [`THRESHOLDS`] that going from
+    /// `before` to `after` on day `today` crossed (one event for a jump over several).
+    pub fn crossed(&self, before: &Used, after: &Used, today: u32) -> Vec<Threshold> {
+        [
+            (Cap::UsdPerDay, before.nanos_today, after.nanos_today, today),
+            (
+                Cap::UsdPerMonth,
+                before.nanos_month,
+                after.nanos_month,
+                month_start(today),
+            ),
+            (
+                Cap::TokensPerDay,
+                before.tokens_today,
+                after.tokens_today,
+                today,
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(cap, was, is, window)| {
+            let limit = self.limit(cap)?;
+            let at = |pct: u8| u128::from(limit) * u128::from(pct);
+            let percent = THRESHOLDS
+                .into_iter()
+                .rev()
+                .find(|&pct| u128::from(was) * 100 < at(pct) && at(pct) <= u128::from(is) * 100)?;
+            Some(Threshold {
+                cap,
+                percent,
+                limit,
+                used: is,
+                window,
+                resets_at: u64::from(resets_on(cap, today)) * 86_400,
+            })
+        })
+        .collect()
+    }
+}
+
 /// The first day of `day`'s calendar month.
 pub fn month_start(day: u32) -> u32 {
     let (y, m, _) = civil_of(day);
@@ -330,5 +386,47 @@ mod tests {
         assert_eq!(b.execution_reached(nanos(0.49)), None);
         assert_eq!(b.execution_reached(nanos(0.5)).unwrap().amount(), "$0.50");
         assert!(Budget::default().reached(&all, today).is_none());
+    }
+
+    #[test]
+    fn a_write_crosses_the_highest_threshold_it_passes_once() {
+        let b = Budget {
+            usd_per_day: Some(nanos(10.0)),
+            tokens_per_day: Some(1000),
+            ..Budget::default()
+        };
+        let today = day("2026-12-06");
+        let used = |usd: f64, tokens: u64| Used {
+            tokens_today: tokens,
+            nanos_today: nanos(usd),
+            nanos_month: nanos(usd),
+        };
+        let crossed = |was: Used, is: Used| -> Vec<(Cap, u8)> {
+            b.crossed(&was, &is, today)
+                .iter()
+                .map(|t| (t.cap, t.percent))
+                .collect()
+        };
+        assert_eq!(crossed(used(0.0, 0), used(7.4, 749)), []);
+        assert_eq!(
+            crossed(used(7.4, 749), used(7.5, 750)),
+            [(Cap::UsdPerDay, 75), (Cap::TokensPerDay, 75)]
+        );
+        assert_eq!(
+            crossed(used(7.5, 750), used(9.0, 800)),
+            [],
+            "already past 75"
+        );
+        assert_eq!(
+            crossed(used(1.0, 0), used(12.0, 0)),
+            [(Cap::UsdPerDay, 100)],
+            "a jump over three thresholds is one event"
+        );
+        let t = b.crossed(&used(9.0, 0), &used(9.6, 0), today)[0];
+        assert_eq!((t.percent, t.used, t.window), (95, nanos(9.6), today));
+        assert_eq!(t.resets_at, u64::from(today + 1) * 86_400);
+        assert!(Budget::default()
+            .crossed(&used(0.0, 0), &used(100.0, 10_000), today)
+            .is_empty());
     }
 }

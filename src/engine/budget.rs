@@ -92,9 +92,10 @@ impl Budgets {
         }
     }
 
-    /// Writes the usage deltas to the store.
-    pub async fn flush(&self) -> Result<(), StoreError> {
-        self.ledger.flush(&self.store).await
+    /// Writes the usage deltas to the store (`caps`: each principal's budget, for the
+    /// thresholds the write crosses).
+    pub async fn flush(&self, caps: &(dyn Fn(&str) -> Budget + Sync)) -> Result<(), StoreError> {
+        self.ledger.flush(&self.store, caps).await
     }
 
     /// What the principal used today and this month (UTC), on day `today`.
@@ -284,7 +285,7 @@ mod tests {
         assert_eq!(e.cap, crate::budget::Cap::UsdPerDay);
         assert_eq!(e.resets_at, Some(NEW_YEARS_EVE + 30), "midnight, UTC");
         // Half of it written to the store, half still in memory: both count.
-        ledger.flush(&store).await.unwrap();
+        ledger.flush(&store, &|_| Budget::default()).await.unwrap();
         meter(Usage {
             prompt_tokens: 2_000_000,
             ..Usage::default()

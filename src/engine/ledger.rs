@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::Meter;
-use crate::budget::{Clock, Price};
+use crate::budget::{month_start, Budget, Clock, Price, Used};
 use crate::metrics::{slot, Metrics};
-use crate::store::{day_of, Store, StoreError, UsageRow, UsageTotals};
+use crate::store::{day_of, ChangeKind, Crossed, Store, StoreError, UsageRow, UsageTotals, Watch};
 use crate::turn::Usage;
 
 /// One key's delta: its usage, model requests and spend (nano-USD).
@@ -168,21 +168,31 @@ impl Ledger {
         Ok(t)
     }
 
-    /// Writes the deltas to the store; on failure they are kept for the next flush.
-    pub async fn flush(&self, store: &Store) -> Result<(), StoreError> {
+    /// Writes the deltas to the store; on failure they are kept for the next flush. `caps`
+    /// is each principal's budget under the current config: while an endpoint subscribes to
+    /// `budget.threshold`, the write reports the thresholds of them it crossed.
+    pub async fn flush(
+        &self,
+        store: &Store,
+        caps: &(dyn Fn(&str) -> Budget + Sync),
+    ) -> Result<(), StoreError> {
         let _turn = self.flush_turn.lock().await;
         if self.pending.lock().is_empty() {
             return Ok(());
         }
         self.flush_gen.fetch_add(1, Ordering::AcqRel);
-        let written = self.write_pending(store).await;
+        let written = self.write_pending(store, caps).await;
         self.flush_gen.fetch_add(1, Ordering::AcqRel);
         written
     }
 
     /// Moves the pending deltas into the store (through `flushing`, where readers still
     /// count them), or back into `pending` when the write fails.
-    async fn write_pending(&self, store: &Store) -> Result<(), StoreError> {
+    async fn write_pending(
+        &self,
+        store: &Store,
+        caps: &(dyn Fn(&str) -> Budget + Sync),
+    ) -> Result<(), StoreError> {
         let taken = std::mem::take(&mut *self.pending.lock());
         let mut rows: Vec<UsageRow> = Vec::new();
         for (day, by_principal) in &taken {
@@ -200,7 +210,29 @@ impl Ledger {
             }
         }
         *self.flushing.lock() = taken;
-        let written = store.usage_added(&rows).await;
+        let watched: Vec<(&str, Budget)> = match store.announces(ChangeKind::Budget) {
+            false => Vec::new(),
+            true => {
+                let mut principals: Vec<&str> = rows.iter().map(|r| r.principal.as_str()).collect();
+                principals.sort_unstable();
+                principals.dedup();
+                principals
+                    .into_iter()
+                    .map(|p| (p, caps(p)))
+                    .filter(|(_, b)| b.gates_fresh())
+                    .collect()
+            }
+        };
+        let today = day_of(self.clock.now());
+        let watch = Watch {
+            principals: watched.iter().map(|(p, _)| *p).collect(),
+            since: month_start(today),
+            today,
+            crossed: &|principal, before, after| {
+                crossings(&watched, today, principal, before, after)
+            },
+        };
+        let written = store.usage_added(&rows, Some(&watch)).await;
         let taken = std::mem::take(&mut *self.flushing.lock());
         if written.is_err() {
             let mut pending = self.pending.lock();
@@ -214,6 +246,38 @@ impl Ledger {
         }
         written
     }
+}
+
+/// The thresholds of `principal`'s caps (among `watched`) that going from `before` to
+/// `after` on day `today` crossed.
+fn crossings<'p>(
+    watched: &[(&str, Budget)],
+    today: u32,
+    principal: &'p str,
+    before: &UsageTotals,
+    after: &UsageTotals,
+) -> Vec<Crossed<'p>> {
+    let Some((_, budget)) = watched.iter().find(|(p, _)| *p == principal) else {
+        return Vec::new();
+    };
+    let used = |t: &UsageTotals| Used {
+        tokens_today: t.tokens_today,
+        nanos_today: t.spend_today,
+        nanos_month: t.spend_since,
+    };
+    budget
+        .crossed(&used(before), &used(after), today)
+        .into_iter()
+        .map(|t| Crossed {
+            principal,
+            cap: t.cap.as_str(),
+            percent: t.percent,
+            limit: t.limit,
+            used: t.used,
+            window: t.window,
+            resets_at: t.resets_at,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -237,8 +301,8 @@ mod tests {
         };
         meter(u);
         meter(u);
-        ledger.flush(&store).await.unwrap();
-        ledger.flush(&store).await.unwrap();
+        ledger.flush(&store, &|_| Budget::default()).await.unwrap();
+        ledger.flush(&store, &|_| Budget::default()).await.unwrap();
         let rows = store.usage(&UsageQuery::default()).await.unwrap();
         assert_eq!(rows.len(), 1);
         assert_eq!((rows[0].usage.prompt_tokens, rows[0].requests), (20, 2));

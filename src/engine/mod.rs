@@ -327,13 +327,13 @@ impl Engine {
         if !principal.approver {
             q.principal = Some(principal.id.clone());
         }
-        self.inner.budgets.flush().await?;
+        self.inner.budgets.flush(&|p| self.budget_of(p)).await?;
         self.inner.store.usage(&q).await
     }
 
     /// Writes the usage deltas to the store (the timer does this about once a second).
     async fn flush_usage(&self) {
-        if let Err(e) = self.inner.budgets.flush().await {
+        if let Err(e) = self.inner.budgets.flush(&|p| self.budget_of(p)).await {
             tracing::error!(error = %e, "could not write usage totals; kept for the next try");
         }
     }

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use crate::approvals::to_json;
 use crate::config::WebhookFormat;
+use crate::ids::new_id;
 use crate::managed::wire::rfc3339;
 use crate::store::Change;
 
@@ -21,7 +22,23 @@ pub fn events<'a>(change: &Change<'a>) -> &'a [&'static str] {
         Change::Ended(e) if failed(e.reason) => &["execution.failed", "execution.ended"],
         Change::Ended(_) => &["execution.ended"],
         Change::Session { events, .. } => events,
+        Change::Budget(_) => &["budget.threshold"],
     }
+}
+
+/// The `webhook-id` of a change's row for `endpoint`: fresh, except a budget threshold's,
+/// which names the endpoint, principal, cap, window, limit and threshold (every replica
+/// that sees it crossed writes the same row, so it is sent once).
+pub fn id(change: &Change<'_>, endpoint: &str) -> String {
+    let Change::Budget(c) = change else {
+        return new_id("msg_");
+    };
+    let key = format!(
+        "{endpoint}\n{}\n{}\n{}\n{}\n{}",
+        c.principal, c.cap, c.window, c.limit, c.percent
+    );
+    let d = crate::digest::sha256(key.as_bytes());
+    format!("msg_{}", hex::encode(&d[..16]))
 }
 
 /// The endings that are failures (not a completion, a client's cancel or interruption).
@@ -36,6 +53,7 @@ pub fn principal<'a>(change: &Change<'a>) -> &'a str {
         Change::Held(h) => h.principal,
         Change::Ended(e) => e.principal,
         Change::Session { principal, .. } => principal,
+        Change::Budget(c) => c.principal,
     }
 }
 
@@ -64,6 +82,23 @@ pub fn data(change: &Change<'_>) -> Value {
             principal,
             ..
         } => json!({"id": session_id, "client": principal}),
+        Change::Budget(c) => {
+            let usd = !c.cap.starts_with("tokens");
+            let amount = |n: u64| match usd {
+                true => json!(crate::budget::usd(n)),
+                false => json!(n),
+            };
+            json!({
+                "object": "budget_threshold",
+                "client": c.principal,
+                "cap": c.cap,
+                "threshold": c.percent,
+                "limit": amount(c.limit),
+                "used": amount(c.used),
+                "unit": if usd { "usd" } else { "tokens" },
+                "resets_at": c.resets_at,
+            })
+        }
     }
 }
 
@@ -130,6 +165,12 @@ fn slack(event: &str, data: &Value, buttons: Option<&Buttons>) -> Value {
         "turn.requires_action" => format!("A turn of {} waits for its tools", s("client")),
         "execution.failed" => format!("An execution of {} failed: {}", s("client"), s("reason")),
         "execution.ended" => format!("An execution of {} ended: {}", s("client"), s("reason")),
+        "budget.threshold" => format!(
+            "{} has used {}% of its {} budget",
+            s("client"),
+            data["threshold"],
+            s("cap")
+        ),
         session if session.starts_with("session.") => {
             format!(
                 "Session {} of {}: {}",

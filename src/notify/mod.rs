@@ -96,6 +96,7 @@ fn kind_of(event: &str) -> Option<ChangeKind> {
         "approval.pending" | "approval.decided" => Some(ChangeKind::Approval),
         "turn.requires_action" => Some(ChangeKind::Held),
         "execution.failed" | "execution.ended" => Some(ChangeKind::Ended),
+        "budget.threshold" => Some(ChangeKind::Budget),
         s if s.starts_with("session.") => Some(ChangeKind::Session),
         _ => None,
     }
@@ -273,7 +274,7 @@ impl Announce for Notifier {
                 .filter(|e| e.cfg.subscribes(event, principal))
             {
                 let data = data.get_or_insert_with(|| body::data(change));
-                let id = new_id("msg_");
+                let id = body::id(change, &e.cfg.id);
                 let (links, buttons) = match (e.cfg.format, change) {
                     (WebhookFormat::Slack, Change::ApprovalPending(r)) => self.links(&e.cfg.id, r),
                     _ => (Vec::new(), None),

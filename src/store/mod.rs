@@ -44,11 +44,13 @@ pub use db::default_pool_size;
 pub use feed::{ApprovalChange, ApprovalFeed, Listening};
 pub use managed::{AppendError, EventRow, ListRows, ManagedRow};
 pub use outbox::{
-    Announce, Attempt, Change, ChangeKind, Delivery, DeliveryRow, Ended, Held, LinkRow, Notice,
+    Announce, Attempt, Change, ChangeKind, Crossed, Delivery, DeliveryRow, Ended, Held, LinkRow,
+    Notice,
 };
 pub use suspensions::{StoredSuspension, SuspensionRecord};
 pub use usage::{
     civil_of, date_of, day_from_date, day_of, day_of_civil, UsageQuery, UsageRow, UsageTotals,
+    Watch,
 };
 
 /// Why a store call failed.

@@ -32,6 +32,26 @@ pub enum Change<'a> {
         principal: &'a str,
         events: &'a [&'static str],
     },
+    /// A principal's usage crossed a threshold of one of its caps.
+    Budget(Crossed<'a>),
+}
+
+/// A threshold of a principal's cap that a usage write crossed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crossed<'a> {
+    pub principal: &'a str,
+    /// `usd_per_day`, `usd_per_month` or `tokens_per_day`.
+    pub cap: &'static str,
+    /// Of the limit: 75, 95 or 100.
+    pub percent: u8,
+    /// In nano-USD, or tokens.
+    pub limit: u64,
+    pub used: u64,
+    /// The first day of the cap's window (an event is sent once per window, threshold and
+    /// limit).
+    pub window: u32,
+    /// Unix seconds when the window starts again.
+    pub resets_at: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +80,7 @@ pub enum ChangeKind {
     Held,
     Ended,
     Session,
+    Budget,
 }
 
 /// An outbox row to write.
@@ -150,7 +171,7 @@ impl Store {
     }
 
     /// Whether a change of `kind` may write outbox rows.
-    pub(super) fn announces(&self, kind: ChangeKind) -> bool {
+    pub fn announces(&self, kind: ChangeKind) -> bool {
         self.announce.get().is_some_and(|a| a.wants(kind))
     }
 
@@ -375,11 +396,14 @@ fn delivery_row(r: &Row) -> Result<DeliveryRow, StoreError> {
     })
 }
 
+/// Writes rows; a row whose id is already there is not written again (a budget threshold's id
+/// names its window, so two replicas that both saw it cross write it once).
 async fn write(t: &mut Tx<'_>, notices: &[Notice]) -> Result<(), StoreError> {
     for n in notices {
         t.exec(
             "INSERT INTO outbox (id, endpoint, event, principal, body, created_ms, due_at_ms,
-             attempts, state, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, 0, 'pending', '')",
+             attempts, state, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, 0, 'pending', '')
+             ON CONFLICT (id) DO NOTHING",
             vals![&n.id, &n.endpoint, &n.event, &n.principal, &n.body, n.at_ms],
         )
         .await?;

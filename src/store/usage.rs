@@ -3,6 +3,7 @@
 //! in-memory deltas in with one upsert per key.
 
 use super::db::{vals, Tx, Val};
+use super::outbox::{Change, ChangeKind, Crossed};
 use super::{Store, StoreError};
 use crate::turn::Usage;
 
@@ -26,6 +27,18 @@ pub struct UsageTotals {
     pub tokens_today: u64,
     pub spend_today: u64,
     pub spend_since: u64,
+}
+
+/// The principals whose caps a usage write watches: their totals on `today` and since
+/// `since` are read back in the write's transaction, and `crossed` says, from the totals
+/// before and after, which thresholds the write crossed (each an outbox row).
+pub struct Watch<'a> {
+    pub principals: Vec<&'a str>,
+    pub since: u32,
+    pub today: u32,
+    #[allow(clippy::type_complexity)]
+    pub crossed:
+        &'a (dyn for<'p> Fn(&'p str, &UsageTotals, &UsageTotals) -> Vec<Crossed<'p>> + Sync),
 }
 
 /// Which rows to read; `None` is unbounded.
@@ -74,19 +87,50 @@ async fn add(t: &mut Tx<'_>, r: &UsageRow) -> Result<u64, StoreError> {
 }
 
 impl Store {
-    /// Adds these deltas to the daily totals, in one transaction.
-    pub async fn usage_added(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
+    /// Adds these deltas to the daily totals, in one transaction, with the thresholds they
+    /// crossed of the watched principals' caps (only while an endpoint subscribes).
+    pub async fn usage_added(
+        &self,
+        rows: &[UsageRow],
+        watch: Option<&Watch<'_>>,
+    ) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());
         }
-        self.db
-            .tx(async |t| {
-                for r in rows {
-                    add(t, r).await?;
+        let watch =
+            watch.filter(|w| !w.principals.is_empty() && self.announces(ChangeKind::Budget));
+        let Some(w) = watch else {
+            return self
+                .db
+                .tx(async |t| {
+                    for r in rows {
+                        add(t, r).await?;
+                    }
+                    Ok(())
+                })
+                .await;
+        };
+        self.announcing(async |t| {
+            for r in rows {
+                add(t, r).await?;
+            }
+            for principal in &w.principals {
+                // Read back after the write (a concurrent replica's committed rows count):
+                // what was there before is that less this write's own rows.
+                let after = totals(t, principal, w.since, w.today).await?;
+                let own = own_totals(rows, principal, w.since, w.today);
+                let before = UsageTotals {
+                    tokens_today: after.tokens_today.saturating_sub(own.tokens_today),
+                    spend_today: after.spend_today.saturating_sub(own.spend_today),
+                    spend_since: after.spend_since.saturating_sub(own.spend_since),
+                };
+                for c in (w.crossed)(principal, &before, &after) {
+                    self.announce(t, &Change::Budget(c)).await?;
                 }
-                Ok(())
-            })
-            .await
+            }
+            Ok(())
+        })
+        .await
     }
 
     /// Daily totals, oldest day first, then by principal and model.
@@ -141,29 +185,56 @@ impl Store {
         since: u32,
         today: u32,
     ) -> Result<UsageTotals, StoreError> {
-        let rows = self
-            .db
-            .read(async |t| {
-                t.rows(
-                    "SELECT day, CAST(SUM(input_tokens + output_tokens) AS BIGINT),
-                            CAST(SUM(spend_nanousd) AS BIGINT) FROM usage_daily
-                     WHERE principal = ?1 AND day >= ?2 AND day <= ?3 GROUP BY day",
-                    vals![principal, since, today],
-                )
-                .await
-            })
-            .await?;
-        let mut totals = UsageTotals::default();
-        for r in &rows {
-            let (day, tokens, spend) = (r.i(0)?, r.i(1)? as u64, r.i(2)? as u64);
-            if day == i64::from(today) {
-                totals.tokens_today += tokens;
-                totals.spend_today += spend;
-            }
-            totals.spend_since += spend;
-        }
-        Ok(totals)
+        self.db
+            .read(async |t| totals(t, principal, since, today).await)
+            .await
     }
+}
+
+async fn totals(
+    t: &mut Tx<'_>,
+    principal: &str,
+    since: u32,
+    today: u32,
+) -> Result<UsageTotals, StoreError> {
+    let rows = t
+        .rows(
+            "SELECT day, CAST(SUM(input_tokens + output_tokens) AS BIGINT),
+                    CAST(SUM(spend_nanousd) AS BIGINT) FROM usage_daily
+             WHERE principal = ?1 AND day >= ?2 AND day <= ?3 GROUP BY day",
+            vals![principal, since, today],
+        )
+        .await?;
+    let mut totals = UsageTotals::default();
+    for r in &rows {
+        let (day, tokens, spend) = (r.i(0)?, r.i(1)? as u64, r.i(2)? as u64);
+        if day == i64::from(today) {
+            totals.tokens_today += tokens;
+            totals.spend_today += spend;
+        }
+        totals.spend_since += spend;
+    }
+    Ok(totals)
+}
+
+/// What `rows` add to the principal's totals (the same sums as [`totals`]).
+fn own_totals(rows: &[UsageRow], principal: &str, since: u32, today: u32) -> UsageTotals {
+    let mut t = UsageTotals::default();
+    for r in rows
+        .iter()
+        .filter(|r| r.principal == principal && (since..=today).contains(&r.day))
+    {
+        let (tokens, spend) = (
+            db(r.usage.prompt_tokens) + db(r.usage.completion_tokens),
+            db(r.spend),
+        );
+        if r.day == today {
+            t.tokens_today = t.tokens_today.saturating_add(tokens);
+            t.spend_today = t.spend_today.saturating_add(spend);
+        }
+        t.spend_since = t.spend_since.saturating_add(spend);
+    }
+    t
 }
 
 /// Days since 1970-01-01 of a Unix time (UTC).
@@ -256,10 +327,10 @@ mod tests {
             requests: 1,
             spend: 7,
         };
-        s.usage_added(&[row(5, "alice", 10), row(5, "bob", 1)])
+        s.usage_added(&[row(5, "alice", 10), row(5, "bob", 1)], None)
             .await
             .unwrap();
-        s.usage_added(&[row(5, "alice", 20), row(6, "alice", 3)])
+        s.usage_added(&[row(5, "alice", 20), row(6, "alice", 3)], None)
             .await
             .unwrap();
         let alice = UsageQuery {

@@ -11,22 +11,24 @@ use serde_json::{json, Value};
 use crate::clients::sdk::python;
 use crate::support::*;
 
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+mod replicas;
+
+pub(crate) const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// The secret being rotated out: the gateway signs with both during the overlap.
-const PREVIOUS: &str = "whsec_dHVybnN0aWxlLXByZXZpb3VzLXNlY3JldC0wMDAx";
+pub(crate) const PREVIOUS: &str = "whsec_dHVybnN0aWxlLXByZXZpb3VzLXNlY3JldC0wMDAx";
 /// In the prompt, the tool's arguments and its result: never in a notification.
-const CANARY: &str = "canary-7f3e1d-never-notified";
+pub(crate) const CANARY: &str = "canary-7f3e1d-never-notified";
 
 /// The endpoint process and the deliveries it reported.
-struct Receiver {
+pub(crate) struct Receiver {
     child: Child,
-    port: u16,
+    pub port: u16,
     seen: Arc<Mutex<Vec<Value>>>,
 }
 
 impl Receiver {
     /// None when the venv is missing outside CI (a loud skip).
-    fn start(plan: &str) -> Option<Receiver> {
+    pub fn start(plan: &str) -> Option<Receiver> {
         let Some(py) = python() else {
             eprintln!("\n!!!!! SKIPPED webhook test: no venv at .cache/venv (run .ci/run) !!!!!\n");
             assert!(
@@ -66,13 +68,13 @@ impl Receiver {
         Some(Receiver { child, port, seen })
     }
 
-    fn seen(&self) -> Vec<Value> {
+    pub fn seen(&self) -> Vec<Value> {
         self.seen.lock().expect("lock").clone()
     }
 
     /// Waits (bounded) until `n` deliveries of `event` arrived; returns them (a timeout
     /// shows what arrived and the gateway's log).
-    async fn wait(&self, gw: &Gateway, event: &str, n: usize) -> Vec<Value> {
+    pub async fn wait(&self, gw: &Gateway, event: &str, n: usize) -> Vec<Value> {
         let detail = || format!("seen: {:?}\nlog: {}", self.seen(), gw.log());
         wait_for_within(
             &format!("{n} deliveries of {event}"),
@@ -98,20 +100,29 @@ impl Drop for Receiver {
     }
 }
 
-/// A gateway whose endpoint `ops` (every event, standard format) is `r`.
-async fn gateway(r: &Receiver, extra: &str) -> Gateway {
-    let section = format!(
+/// The endpoint `ops` (every event unless `extra` says, standard format unless it says) at `r`.
+pub(crate) fn section(r: &Receiver, extra: &str) -> String {
+    format!(
         "\n[[webhooks]]\nid = \"ops\"\nurl = \"http://127.0.0.1:{}/hooks\"\nsecret_env = \"OPS_SECRET\"\nprevious_secret_env = \"OPS_PREVIOUS\"\n{extra}\n",
         r.port
-    );
-    let opts = Opts {
+    )
+}
+
+/// Options whose environment holds the endpoint's secrets.
+pub(crate) fn opts() -> Opts {
+    Opts {
         env: vec![
             ("OPS_SECRET".into(), SECRET.into()),
             ("OPS_PREVIOUS".into(), PREVIOUS.into()),
         ],
         ..Opts::default()
-    };
-    Gateway::start_raw(opts, move |o, d| config_text(o, d) + &section).await
+    }
+}
+
+/// A gateway whose endpoint `ops` is `r`.
+pub(crate) async fn gateway(r: &Receiver, extra: &str) -> Gateway {
+    let section = section(r, extra);
+    Gateway::start_raw(opts(), move |o, d| config_text(o, d) + &section).await
 }
 
 async fn test_event(gw: &Gateway, key: &str) -> (u16, Value) {
@@ -443,4 +454,106 @@ async fn a_decision_link_decides_once_and_a_get_never_decides() {
         gw.url
     );
     assert_eq!(follow(&gw, &unknown, true).await.0, 404);
+}
+
+/// `budget.threshold`: a usage write that crosses 75 %, 95 % or 100 % of a daily, monthly or
+/// token cap is one event, sent once per threshold in the cap's window.
+#[tokio::test]
+async fn a_budget_threshold_crossed_is_notified_once() {
+    let Some(r) = Receiver::start("") else {
+        return;
+    };
+    let section = section(&r, "events = [\"budget.threshold\"]");
+    let gw = Gateway::start_raw(opts(), move |o, d| {
+        let text = config_text(o, d) + &section;
+        crate::operations::budgets::priced(text, &[("alice", "{ usd_per_day = 4.0 }")])
+    })
+    .await;
+    // $1 a turn; a usage read writes the turn's usage at once.
+    let turn = async || {
+        let (s, v) = gw
+            .chat(
+                ALICE,
+                &json!({"model": "p-echo", "messages": [user(CANARY)]}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(get(&gw, ALICE, "/v1/usage").await.0, 200);
+    };
+    for _ in 0..3 {
+        turn().await;
+    }
+    let first = r.wait(&gw, "budget.threshold", 1).await;
+    let data = &first[0]["body"]["data"];
+    assert_eq!(
+        *data,
+        json!({"object": "budget_threshold", "client": "alice", "cap": "usd_per_day",
+               "threshold": 75, "limit": 4.0, "used": 3.0, "unit": "usd",
+               "resets_at": data["resets_at"]}),
+    );
+    assert!(data["resets_at"].as_u64().is_some_and(|t| t % 86_400 == 0));
+    turn().await;
+    let both = r.wait(&gw, "budget.threshold", 2).await;
+    assert_eq!(both[1]["body"]["data"]["threshold"], 100);
+    assert_eq!(both.len(), 2, "75 % once: {both:?}");
+    assert_eq!(both[1]["verified"], json!([true, true]));
+    assert!(!both[1]["raw"].as_str().unwrap_or("").contains(CANARY));
+}
+
+/// A decision link of an approval that expired shows so and changes nothing.
+#[tokio::test]
+async fn a_decision_link_after_its_approval_expired_changes_nothing() {
+    let Some(r) = Receiver::start("") else {
+        return;
+    };
+    let section = section(
+        &r,
+        "events = [\"approval.pending\", \"approval.decided\"]\nformat = \"slack\"",
+    );
+    let gw = Gateway::start_raw(
+        Opts {
+            approval_ttl_seconds: 1,
+            ..opts()
+        },
+        move |o, d| config_text(o, d) + &section,
+    )
+    .await;
+    let req = gw.post(
+        ALICE,
+        &json!({"model": "cmd-ask", "stream": true, "messages": [user("go")]}),
+    );
+    let chat = tokio::spawn(async move { req.send().await.expect("chat").text().await });
+    let msg = wait_for("the Block Kit message", async || {
+        r.seen()
+            .into_iter()
+            .find(|d| d["body"]["metadata"]["event_type"] == "approval_pending")
+    })
+    .await;
+    let approve = msg["body"]["blocks"]
+        .as_array()
+        .and_then(|b| b.iter().find(|b| b["type"] == "actions"))
+        .and_then(|a| a["elements"][0]["url"].as_str())
+        .expect("approve url")
+        .to_string();
+    // The approval expires; the message is updated.
+    let decided = wait_for("the expiry's message", async || {
+        r.seen()
+            .into_iter()
+            .find(|d| d["body"]["metadata"]["event_type"] == "approval_decided")
+    })
+    .await;
+    assert!(
+        decided["body"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("expired")),
+        "{decided}"
+    );
+    for post in [false, true] {
+        let (s, page) = follow(&gw, &approve, post).await;
+        assert!(s == 409 || s == 410, "{s} {page}");
+        assert!(page.contains("expired"), "{page}");
+    }
+    chat.await.expect("join").expect("chat body");
+    let (_, approved) = get(&gw, ROOT, "/v1/approvals?state=approved").await;
+    assert_eq!(approved["data"], json!([]), "{approved}");
 }
