@@ -28,6 +28,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ("/console/queue.js", JS, include_str!("console/queue.js")),
     ("/console/views.js", JS, include_str!("console/views.js")),
     (
+        "/console/notifications.js",
+        JS,
+        include_str!("console/notifications.js"),
+    ),
+    (
         "/console/app.css",
         "text/css; charset=utf-8",
         include_str!("console/app.css"),

@@ -331,6 +331,7 @@ async fn console_assets_carry_a_strict_csp_and_no_inline_script() {
         ("/console/dom.js", "text/javascript"),
         ("/console/queue.js", "text/javascript"),
         ("/console/views.js", "text/javascript"),
+        ("/console/notifications.js", "text/javascript"),
         ("/console/app.css", "text/css"),
         ("/console/icon.svg", "image/svg+xml"),
     ] {

@@ -178,7 +178,7 @@ test("the page has a strict CSP and loads only its own assets", async (browser) 
   page.on("request", (req) => loaded.push(new URL(req.url()).pathname));
   await page.reload();
   await page.getByLabel("API key or JWT").waitFor();
-  const assets = ["", "/api.js", "/app.css", "/app.js", "/dom.js", "/icon.svg", "/queue.js", "/views.js"];
+  const assets = ["", "/api.js", "/app.css", "/app.js", "/dom.js", "/icon.svg", "/notifications.js", "/queue.js", "/views.js"];
   assert.deepEqual([...new Set(loaded)].sort(), assets.map((a) => `/console${a}`));
   await context.close();
 });

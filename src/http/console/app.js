@@ -8,6 +8,7 @@ import {
   askNotifications, confirmClosed, confirmDecision, onListKey, startQueue, stopQueue, tick,
   updateNotifyButton,
 } from "./queue.js";
+import { notificationsAvailable } from "./notifications.js";
 import { clearViews, loadHistory, onTabKey, selectTab, TABS } from "./views.js";
 
 const STORE_KEY = "turnstile.credential";
@@ -39,6 +40,8 @@ async function signIn(credential, fromStorage) {
   const gen = ++session.generation;
   selectTab("tab-pending", false);
   startQueue(gen);
+  const notifications = await notificationsAvailable();
+  if (gen === session.generation) $("tab-notifications").hidden = !notifications;
 }
 
 function signOut(message) {

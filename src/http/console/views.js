@@ -4,6 +4,7 @@
 
 import { getJson, guard, session } from "./api.js";
 import { $, clock, el, now, span, summaryText } from "./dom.js";
+import { clearNotifications, startNotifications, stopNotifications } from "./notifications.js";
 
 const ACTIVITY_MS = 5000;
 
@@ -14,13 +15,18 @@ let activityTimer = null;
 /** Empties both views (sign-out). */
 export function clearViews() {
   stopActivity();
+  clearNotifications();
+  $("tab-notifications").hidden = true;
   $("history-rows").replaceChildren();
   for (const id of ["executions-rows", "threads-rows", "usage-rows", "budget-rows", "backends-rows"]) $(id).replaceChildren();
 }
 
 // ---------------------------------------------------------------- tabs
 
-export const TABS = ["tab-pending", "tab-history", "tab-activity"];
+export const TABS = ["tab-pending", "tab-history", "tab-activity", "tab-notifications"];
+
+/** The tabs shown (Notifications only for an approver on a gateway with endpoints). */
+const shown = () => TABS.filter((t) => !$(t).hidden);
 
 export function selectTab(id, focus) {
   for (const t of TABS) {
@@ -34,19 +40,22 @@ export function selectTab(id, focus) {
   if (id === "tab-history") loadHistory();
   if (id === "tab-activity") startActivity();
   else stopActivity();
+  if (id === "tab-notifications") startNotifications();
+  else stopNotifications();
 }
 
 export function onTabKey(e) {
-  const i = TABS.indexOf(e.target.id);
+  const tabs = shown();
+  const i = tabs.indexOf(e.target.id);
   if (i < 0) return;
   let j = null;
-  if (e.key === "ArrowRight") j = (i + 1) % TABS.length;
-  else if (e.key === "ArrowLeft") j = (i + TABS.length - 1) % TABS.length;
+  if (e.key === "ArrowRight") j = (i + 1) % tabs.length;
+  else if (e.key === "ArrowLeft") j = (i + tabs.length - 1) % tabs.length;
   else if (e.key === "Home") j = 0;
-  else if (e.key === "End") j = TABS.length - 1;
+  else if (e.key === "End") j = tabs.length - 1;
   if (j == null) return;
   e.preventDefault();
-  selectTab(TABS[j], true);
+  selectTab(tabs[j], true);
 }
 
 // ---------------------------------------------------------------- history

@@ -15,7 +15,7 @@ use crate::support::*;
 /// Bound on the whole script (about 20 s here).
 const SCRIPT_LIMIT: Duration = Duration::from_secs(300);
 
-fn chromium() -> Option<PathBuf> {
+pub(super) fn chromium() -> Option<PathBuf> {
     let path = std::env::var_os("TURNSTILE_CHROMIUM")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
@@ -31,7 +31,7 @@ fn chromium() -> Option<PathBuf> {
     }
 }
 
-fn screenshots() -> PathBuf {
+pub(super) fn screenshots() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))

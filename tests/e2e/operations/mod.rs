@@ -15,4 +15,4 @@ mod security_ii;
 mod store_pg;
 mod threads;
 mod traces;
-mod webhooks;
+pub(crate) mod webhooks;

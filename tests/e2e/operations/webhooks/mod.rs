@@ -102,8 +102,13 @@ impl Drop for Receiver {
 
 /// The endpoint `ops` (every event unless `extra` says, standard format unless it says) at `r`.
 pub(crate) fn section(r: &Receiver, extra: &str) -> String {
+    endpoint("ops", r, extra)
+}
+
+/// Endpoint `id` at `r`, signing with the test secrets.
+pub(crate) fn endpoint(id: &str, r: &Receiver, extra: &str) -> String {
     format!(
-        "\n[[webhooks]]\nid = \"ops\"\nurl = \"http://127.0.0.1:{}/hooks\"\nsecret_env = \"OPS_SECRET\"\nprevious_secret_env = \"OPS_PREVIOUS\"\n{extra}\n",
+        "\n[[webhooks]]\nid = \"{id}\"\nurl = \"http://127.0.0.1:{}/hooks\"\nsecret_env = \"OPS_SECRET\"\nprevious_secret_env = \"OPS_PREVIOUS\"\n{extra}\n",
         r.port
     )
 }
