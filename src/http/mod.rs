@@ -204,7 +204,7 @@ async fn metrics(State(app): State<AppState>, headers: HeaderMap) -> Response {
     let gw = &app.engine;
     let mut text = gw.metrics().render(&gw.gauges(), clients);
     if let Some(n) = gw.notifier() {
-        n.render_metrics(&mut text);
+        n.render_metrics(&mut text).await;
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -183,6 +183,13 @@ impl Notifier {
     /// deliveries.
     pub async fn view(&self) -> Result<Value, StoreError> {
         let recent = self.store.outbox_recent(None, 100).await?;
+        let counts = self.store.outbox_counts().await?;
+        let count = |id: &str, state: &str| {
+            counts
+                .iter()
+                .find(|(e, s, _)| e == id && s == state)
+                .map_or(0, |c| c.2)
+        };
         let endpoints: Vec<Value> = self
             .endpoints
             .iter()
@@ -199,6 +206,10 @@ impl Notifier {
                     "failed": s.failed.load(Ordering::Relaxed),
                     "retried": s.retried.load(Ordering::Relaxed),
                     "dead_lettered": s.dead.load(Ordering::Relaxed),
+                    "outbox": {
+                        "pending": count(&e.cfg.id, "pending"),
+                        "dead": count(&e.cfg.id, "dead"),
+                    },
                 })
             })
             .collect();
@@ -209,9 +220,26 @@ impl Notifier {
         }))
     }
 
-    /// The delivery metrics, in Prometheus text.
-    pub fn render_metrics(&self, out: &mut String) {
+    /// The delivery metrics, in Prometheus text: this replica's counts and latencies, and the
+    /// outbox's rows (one store read; left out when the store cannot say).
+    pub async fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write;
+        if let Ok(counts) = self.store.outbox_counts().await {
+            out.push_str("# HELP turnstile_webhook_outbox Notifications in the outbox by endpoint and state (pending; dead: dead-lettered, kept 7 days), every replica's.\n# TYPE turnstile_webhook_outbox gauge\n");
+            for e in &self.endpoints {
+                for state in ["pending", "dead"] {
+                    let n = counts
+                        .iter()
+                        .find(|(id, s, _)| *id == e.cfg.id && s == state)
+                        .map_or(0, |c| c.2);
+                    let _ = writeln!(
+                        out,
+                        "turnstile_webhook_outbox{{endpoint=\"{}\",state=\"{state}\"}} {n}",
+                        e.cfg.id
+                    );
+                }
+            }
+        }
         out.push_str("# HELP turnstile_webhook_deliveries_total Notification attempts by endpoint and outcome (sent, failed; a failed one is retried or dead-lettered).\n# TYPE turnstile_webhook_deliveries_total counter\n");
         for e in &self.endpoints {
             let s = &e.stats;

@@ -351,19 +351,23 @@ impl Store {
         rows.iter().map(delivery_row).collect()
     }
 
-    /// Rows dead-lettered per endpoint (kept until pruned).
-    pub async fn outbox_dead(&self) -> Result<Vec<(String, u64)>, StoreError> {
+    /// Rows waiting (`pending`) and dead-lettered (`dead`, kept until pruned), per endpoint:
+    /// `(endpoint, state, count)`, every replica's.
+    pub async fn outbox_counts(&self) -> Result<Vec<(String, String, u64)>, StoreError> {
         let rows = self
             .db
             .read(async |t| {
                 t.rows(
-                    "SELECT endpoint, COUNT(*) FROM outbox WHERE state = 'dead' GROUP BY endpoint",
+                    "SELECT endpoint, state, COUNT(*) FROM outbox
+                     WHERE state IN ('pending', 'dead') GROUP BY endpoint, state",
                     &[],
                 )
                 .await
             })
             .await?;
-        rows.iter().map(|r| Ok((r.t(0)?, r.i(1)? as u64))).collect()
+        rows.iter()
+            .map(|r| Ok((r.t(0)?, r.t(1)?, r.i(2)? as u64)))
+            .collect()
     }
 
     /// Deletes delivered and dead rows finished before `before_ms`.
@@ -568,7 +572,10 @@ mod tests {
         };
         s.outbox_attempted("msg_1", &dead, 80_000).await.unwrap();
         assert_eq!(s.outbox_next_due().await.unwrap(), None);
-        assert_eq!(s.outbox_dead().await.unwrap(), [("ops".to_string(), 1)]);
+        assert_eq!(
+            s.outbox_counts().await.unwrap(),
+            [("ops".to_string(), "dead".to_string(), 1)]
+        );
         let row = &s.outbox_recent(None, 10).await.unwrap()[0];
         assert_eq!((row.state.as_str(), row.attempts), ("dead", 2));
         assert_eq!(s.outbox_prune(80_001).await.unwrap(), 1);

@@ -84,8 +84,10 @@ async function loadNotifications() {
       el("td", { text: String(e.failed) }),
       el("td", { text: String(e.retried) }),
       el("td", { class: e.dead_lettered > 0 ? "health-failing" : null, text: String(e.dead_lettered) }),
+      el("td", { text: String(e.outbox.pending) }),
+      el("td", { class: e.outbox.dead > 0 ? "health-failing" : null, text: String(e.outbox.dead) }),
       el("td", {}, button));
-  }), 8, "No endpoint.");
+  }), 10, "No endpoint.");
   rowsOrEmpty("deliveries-rows", v.deliveries.map((d) =>
     el("tr", { "data-id": d.id, "data-state": d.state },
       el("td", { class: "nowrap", text: clock(d.created_at) }),

@@ -18,7 +18,9 @@ const SCRIPT_LIMIT: Duration = Duration::from_secs(300);
 /// The approval id and the Approve and Deny links of a captured `approval.pending` message.
 fn links(msg: &Value) -> (String, String, String) {
     let body = &msg["body"];
-    let id = body["metadata"]["event_payload"]["id"].as_str().expect("id");
+    let id = body["metadata"]["event_payload"]["id"]
+        .as_str()
+        .expect("id");
     let actions = body["blocks"]
         .as_array()
         .and_then(|b| b.iter().find(|b| b["type"] == "actions"))
@@ -81,7 +83,12 @@ async fn block_kit_links_decide_once_in_headless_chromium() {
     let stdout = node::succeeded(&out, "decision_links.mjs", &gw.log());
     eprintln!("{stdout}");
     assert!(stdout.contains(" 0 failed"), "{stdout}");
-    for name in ["link-confirm", "link-approved", "link-denied", "notifications"] {
+    for name in [
+        "link-confirm",
+        "link-approved",
+        "link-denied",
+        "notifications",
+    ] {
         let png = shots.join(format!("{name}.png"));
         assert!(png.exists(), "no screenshot {}", png.display());
     }

@@ -239,6 +239,11 @@ async fn every_event_is_delivered_signed_by_both_secrets_and_carries_no_secret()
         metrics.contains("turnstile_webhook_deliveries_total{endpoint=\"ops\",outcome=\"sent\"}"),
         "{metrics}"
     );
+    assert!(
+        metrics.contains("turnstile_webhook_outbox{endpoint=\"ops\",state=\"dead\"} 0"),
+        "{metrics}"
+    );
+    assert_eq!(view["endpoints"][0]["outbox"]["dead"], 0, "{view}");
 }
 
 #[tokio::test]
