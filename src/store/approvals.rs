@@ -77,7 +77,8 @@ impl Store {
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'approval_created', ?3)",
                 vals![a.created_at, &a.execution_id, &detail],
             ).await?;
-            self.announce(t, &Change::ApprovalPending(a)).await?;
+            let write = self.announce(t, &Change::ApprovalPending(a));
+            write.await?;
             feed::notify(t, &a.id, &self.owner).await
         }).await
     }
@@ -112,7 +113,8 @@ impl Store {
                     if self.announces(ChangeKind::Approval) {
                         let sql = format!("SELECT {COLUMNS} FROM approvals WHERE id = ?1");
                         if let Some(r) = t.rows(&sql, vals![id]).await?.first() {
-                            self.announce(t, &Change::ApprovalDecided(&record(r)?)).await?;
+                            let write = self.announce(t, &Change::ApprovalDecided(&record(r)?));
+                            write.await?;
                         }
                     }
                     feed::notify(t, id, &self.owner).await?;

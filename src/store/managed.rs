@@ -6,8 +6,8 @@
 //! principal (`managed_quota`, kept in the same transaction as each append) and deleted with
 //! its session.
 
+use super::announce::session_events;
 use super::db::vals;
-use super::outbox::session_events;
 use super::{ChangeKind, Store, StoreError};
 
 /// A stored API object: its latest (or asked-for) version.

@@ -22,6 +22,7 @@
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+mod announce;
 mod approvals;
 mod cluster;
 mod compactions;
@@ -37,16 +38,14 @@ mod usage;
 
 use db::{vals, Db};
 
+pub use announce::{Announce, Change, ChangeKind, Crossed, Ended, Held, LinkRow, Notice};
 pub use approvals::ApprovalRecord;
 pub use cluster::{Lease, RemotePending, ReplicaSettlement};
 pub use compactions::CompactionRecord;
 pub use db::default_pool_size;
 pub use feed::{ApprovalChange, ApprovalFeed, Listening};
 pub use managed::{AppendError, EventRow, ListRows, ManagedRow};
-pub use outbox::{
-    Announce, Attempt, Change, ChangeKind, Crossed, Delivery, DeliveryRow, Ended, Held, LinkRow,
-    Notice,
-};
+pub use outbox::{Attempt, Delivery, DeliveryRow};
 pub use suspensions::{StoredSuspension, SuspensionRecord};
 pub use usage::{
     civil_of, date_of, day_from_date, day_of, day_of_civil, UsageQuery, UsageRow, UsageTotals,
@@ -298,7 +297,7 @@ impl Store {
         self.announcing(async |t| {
             ended_rows(t, execution_id, reason, now_unix()).await?;
             if self.announces(ChangeKind::Ended) {
-                self.announce_end(t, execution_id, reason).await?;
+                Box::pin(self.announce_end(t, execution_id, reason)).await?;
             }
             Ok(())
         })

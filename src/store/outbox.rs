@@ -6,119 +6,11 @@
 //! replica in `owner`: a replica that dies mid-attempt leaves a row that falls due again by
 //! itself, and the conditional write lets exactly one replica lease a due row. The body is
 //! rendered when the row is written (ids, kinds and summaries only); it is signed when sent.
-//!
-//! The store does not know what subscribes: an [`Announce`] set once at start turns each
-//! change into rows. Without one (no endpoint configured) no write does any outbox work.
+//! The rows come from `announce.rs`; this is their table.
 
-use std::sync::Arc;
-
+use super::announce::Notice;
 use super::db::{vals, Row, Tx};
-use super::{ApprovalRecord, Lifecycle, Store, StoreError};
-
-/// A change the outbox may report.
-#[derive(Debug, Clone, Copy)]
-pub enum Change<'a> {
-    ApprovalPending(&'a ApprovalRecord),
-    /// Settled in any way (a human, an expiry, a cancellation).
-    ApprovalDecided(&'a ApprovalRecord),
-    /// A held turn's calls were exposed to the client.
-    Held(Held<'a>),
-    /// An execution ended.
-    Ended(Ended<'a>),
-    /// A Managed Agents session changed (`events`: the webhook events it makes, in
-    /// Anthropic's names).
-    Session {
-        session_id: &'a str,
-        principal: &'a str,
-        events: &'a [&'static str],
-    },
-    /// A principal's usage crossed a threshold of one of its caps.
-    Budget(Crossed<'a>),
-}
-
-/// A threshold of a principal's cap that a usage write crossed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Crossed<'a> {
-    pub principal: &'a str,
-    /// `usd_per_day`, `usd_per_month` or `tokens_per_day`.
-    pub cap: &'static str,
-    /// Of the limit: 75, 95 or 100.
-    pub percent: u8,
-    /// In nano-USD, or tokens.
-    pub limit: u64,
-    pub used: u64,
-    /// The first day of the cap's window (an event is sent once per window, threshold and
-    /// limit).
-    pub window: u32,
-    /// Unix seconds when the window starts again.
-    pub resets_at: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct Held<'a> {
-    pub execution_id: &'a str,
-    pub principal: &'a str,
-    pub model: &'a str,
-    pub surface: &'a str,
-    pub calls: usize,
-    pub deadline_ms: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct Ended<'a> {
-    pub execution_id: &'a str,
-    pub principal: &'a str,
-    pub model: &'a str,
-    pub reason: &'a str,
-}
-
-/// Which kind of change (to ask whether anything subscribes before reading what a notice
-/// needs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChangeKind {
-    Approval,
-    Held,
-    Ended,
-    Session,
-    Budget,
-}
-
-/// An outbox row to write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Notice {
-    /// The `webhook-id` of every attempt (`msg_…`).
-    pub id: String,
-    pub endpoint: String,
-    pub event: String,
-    pub principal: String,
-    pub body: String,
-    pub at_ms: u64,
-    /// The decision links the body carries, stored with it.
-    pub links: Vec<LinkRow>,
-}
-
-/// A single-use decision link: the digest of its token, bound to one approval, one decision
-/// and an expiry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkRow {
-    pub digest: [u8; 32],
-    pub approval_id: String,
-    /// `approve` or `deny`.
-    pub decision: &'static str,
-    pub endpoint: String,
-    /// Unix seconds.
-    pub expires_at: u64,
-    /// Unix seconds, once used.
-    pub used_at: Option<u64>,
-}
-
-/// Turns changes into outbox rows (the notifier).
-pub trait Announce: Send + Sync {
-    fn wants(&self, kind: ChangeKind) -> bool;
-    fn notices(&self, change: &Change<'_>) -> Vec<Notice>;
-    /// A transaction that may have written rows committed: they can be delivered.
-    fn committed(&self);
-}
+use super::{Store, StoreError};
 
 /// A leased row, to attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,40 +57,6 @@ pub enum Attempt {
 }
 
 impl Store {
-    /// Sets what turns changes into outbox rows (once, at start; a second call is ignored).
-    pub fn announce_with(&self, a: Arc<dyn Announce>) {
-        let _ = self.announce.set(a);
-    }
-
-    /// Whether a change of `kind` may write outbox rows.
-    pub fn announces(&self, kind: ChangeKind) -> bool {
-        self.announce.get().is_some_and(|a| a.wants(kind))
-    }
-
-    /// Writes the rows `change` makes, in the caller's transaction.
-    pub(super) async fn announce(
-        &self,
-        t: &mut Tx<'_>,
-        change: &Change<'_>,
-    ) -> Result<(), StoreError> {
-        let Some(a) = self.announce.get() else {
-            return Ok(());
-        };
-        write(t, &a.notices(change)).await
-    }
-
-    /// One transaction, as `Db::tx`, after which the rows it announced can be delivered.
-    pub(super) async fn announcing<T>(
-        &self,
-        f: impl AsyncFnOnce(&mut Tx<'_>) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let done = self.db.tx(f).await;
-        if let (Ok(_), Some(a)) = (&done, self.announce.get()) {
-            a.committed();
-        }
-        done
-    }
-
     /// Writes rows by themselves (a test event).
     pub async fn outbox_enqueue(&self, notices: &[Notice]) -> Result<(), StoreError> {
         self.db.tx(async |t| write(t, notices).await).await
@@ -402,7 +260,7 @@ fn delivery_row(r: &Row) -> Result<DeliveryRow, StoreError> {
 
 /// Writes rows; a row whose id is already there is not written again (a budget threshold's id
 /// names its window, so two replicas that both saw it cross write it once).
-async fn write(t: &mut Tx<'_>, notices: &[Notice]) -> Result<(), StoreError> {
+pub(super) async fn write(t: &mut Tx<'_>, notices: &[Notice]) -> Result<(), StoreError> {
     for n in notices {
         t.exec(
             "INSERT INTO outbox (id, endpoint, event, principal, body, created_ms, due_at_ms,
@@ -427,102 +285,6 @@ async fn write(t: &mut Tx<'_>, notices: &[Notice]) -> Result<(), StoreError> {
         }
     }
     Ok(())
-}
-
-/// The webhook events a session log entry makes: its status changes, in Anthropic's names.
-pub(super) fn session_events(body: &str) -> &'static [&'static str] {
-    #[derive(serde::Deserialize)]
-    struct Entry<'a> {
-        #[serde(borrow, rename = "type")]
-        kind: &'a str,
-        #[serde(default)]
-        stop_reason: Option<StopReason<'a>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct StopReason<'a> {
-        #[serde(borrow, rename = "type")]
-        kind: &'a str,
-    }
-    let Ok(e) = serde_json::from_str::<Entry<'_>>(body) else {
-        return &[];
-    };
-    match (e.kind, e.stop_reason.map(|s| s.kind)) {
-        ("session.status_running", _) => &["session.running"],
-        ("session.status_idle", Some("requires_action")) => &["session.requires_action"],
-        ("session.status_idle", Some("budget_reached")) => {
-            &["session.budget_reached", "session.idled"]
-        }
-        ("session.status_idle", _) => &["session.idled"],
-        ("session.status_terminated", _) => &["session.status_terminated"],
-        _ => &[],
-    }
-}
-
-impl Store {
-    /// The outbox rows of a session's change, in its transaction.
-    pub(super) async fn announce_session(
-        &self,
-        t: &mut Tx<'_>,
-        session_id: &str,
-        principal: &str,
-        events: &[&'static str],
-    ) -> Result<(), StoreError> {
-        if events.is_empty() || !self.announces(ChangeKind::Session) {
-            return Ok(());
-        }
-        let change = Change::Session {
-            session_id,
-            principal,
-            events,
-        };
-        self.announce(t, &change).await
-    }
-}
-
-impl Store {
-    /// The outbox rows of the ends among `rows`, in their transaction.
-    pub(super) async fn announce_ends(
-        &self,
-        t: &mut Tx<'_>,
-        rows: &[Lifecycle],
-    ) -> Result<(), StoreError> {
-        for row in rows {
-            if let Lifecycle::Ended {
-                execution_id,
-                reason,
-                ..
-            } = row
-            {
-                self.announce_end(t, execution_id, reason).await?;
-            }
-        }
-        Ok(())
-    }
-
-    pub(super) async fn announce_end(
-        &self,
-        t: &mut Tx<'_>,
-        execution_id: &str,
-        reason: &str,
-    ) -> Result<(), StoreError> {
-        let rows = t
-            .rows(
-                "SELECT principal, model FROM executions WHERE execution_id = ?1",
-                vals![execution_id],
-            )
-            .await?;
-        let Some(r) = rows.first() else {
-            return Ok(());
-        };
-        let (principal, model) = (r.t(0)?, r.t(1)?);
-        let end = Ended {
-            execution_id,
-            principal: &principal,
-            model: &model,
-            reason,
-        };
-        self.announce(t, &Change::Ended(end)).await
-    }
 }
 
 #[cfg(test)]

@@ -146,6 +146,27 @@ pub(super) async fn settle(
 }
 
 impl Store {
+    /// A held turn's pending tokens on PostgreSQL: one fused statement, in a transaction only
+    /// while an endpoint subscribes to held turns (their outbox rows go with it).
+    async fn pending_fused(
+        &self,
+        r: &SuspensionRecord<'_>,
+        pending: &fused::Pending<'_>,
+    ) -> Result<(), StoreError> {
+        if !self.announces(ChangeKind::Held) {
+            return self
+                .db
+                .read(async |t| fused::pending(t, pending).await)
+                .await;
+        }
+        self.announcing(async |t| {
+            fused::pending(t, pending).await?;
+            let write = self.announce(t, &Change::Held(held(r)));
+            write.await
+        })
+        .await
+    }
+
     /// Records a suspension before any of its tokens is exposed: a stateless upstream's in
     /// full (it must survive a restart), a held turn's as pending token digests with what
     /// another replica needs to validate a continuation before forwarding it here (a restart
@@ -178,18 +199,9 @@ impl Store {
                 at: now,
                 detail: &detail,
             };
-            if !self.announces(ChangeKind::Held) {
-                return self
-                    .db
-                    .read(async |t| fused::pending(t, &pending).await)
-                    .await;
-            }
-            return self
-                .announcing(async |t| {
-                    fused::pending(t, &pending).await?;
-                    self.announce(t, &Change::Held(held(r))).await
-                })
-                .await;
+            // One await here: `pending` lives in one state of this call's future, so the
+            // branch below does not make it larger.
+            return self.pending_fused(r, &pending).await;
         }
         self.announcing(async |t| {
             for (i, token) in r.tokens.iter().enumerate() {
@@ -214,7 +226,8 @@ impl Store {
                 "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_registered', ?3)",
                 vals![now, r.execution_id, &detail],
             ).await?;
-            self.announce(t, &Change::Held(held(r))).await
+            let write = self.announce(t, &Change::Held(held(r)));
+            write.await
         }).await
     }
 

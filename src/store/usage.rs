@@ -2,8 +2,8 @@
 //! backends reported. Rows are added to, never rewritten: the engine's ledger folds its
 //! in-memory deltas in with one upsert per key.
 
+use super::announce::{Change, ChangeKind, Crossed};
 use super::db::{vals, Tx, Val};
-use super::outbox::{Change, ChangeKind, Crossed};
 use super::{Store, StoreError};
 use crate::turn::Usage;
 
@@ -125,7 +125,8 @@ impl Store {
                     spend_since: after.spend_since.saturating_sub(own.spend_since),
                 };
                 for c in (w.crossed)(principal, &before, &after) {
-                    self.announce(t, &Change::Budget(c)).await?;
+                    let write = self.announce(t, &Change::Budget(c));
+                    write.await?;
                 }
             }
             Ok(())

@@ -8,31 +8,14 @@
 // TURNSTILE_CHROMIUM (default /usr/bin/chromium), TURNSTILE_SCREENSHOTS (a folder).
 
 import assert from "node:assert/strict";
-import { mkdirSync } from "node:fs";
-import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { run, shot, watch } from "./browser.mjs";
 
 const BASE = process.env.TURNSTILE_URL;
 const ROOT = process.env.TURNSTILE_APPROVER_KEY;
 const BOT_JWT = process.env.TURNSTILE_APPROVER_JWT;
 const ALICE = process.env.TURNSTILE_KEY;
 const BOB = process.env.TURNSTILE_OTHER_KEY;
-const SHOTS = process.env.TURNSTILE_SCREENSHOTS;
 const WAIT = 20000; // bound on any single wait
-
-const external = [];
-const problems = [];
-
-function loopback(raw) {
-  const u = new URL(raw);
-  if (["data:", "blob:", "about:"].includes(u.protocol)) return true;
-  return ["127.0.0.1", "localhost", "[::1]"].includes(u.hostname);
-}
-
-async function shot(page, name) {
-  if (!SHOTS) return;
-  await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
-}
 
 // ------------------------------------------------------------------ gateway side
 
@@ -91,9 +74,6 @@ async function waitingTurn() {
 
 async function newConsole(browser, { viewport = { width: 1200, height: 860 }, notifications = false } = {}) {
   const context = await browser.newContext({ viewport });
-  context.on("request", (req) => {
-    if (!loopback(req.url())) external.push(req.url());
-  });
   // Headless Chromium shows no notification UI: the page gets a stand-in that records what
   // it was asked (permission requests, notifications shown) and starts at "default".
   await context.addInitScript((grant) => {
@@ -114,14 +94,7 @@ async function newConsole(browser, { viewport = { width: 1200, height: 860 }, no
     };
   }, notifications);
   const page = await context.newPage();
-  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
-  // A refused request (401, 409, an aborted stream) is logged by Chromium itself and is part
-  // of what the cases provoke; anything else (a CSP violation, say) is a problem.
-  page.on("console", (m) => {
-    if (m.type() === "error" && !m.text().startsWith("Failed to load resource:")) {
-      problems.push(`console error: ${m.text()}`);
-    }
-  });
+  watch(context, page);
   await page.goto(`${BASE}/console`);
   return { context, page };
 }
@@ -495,37 +468,4 @@ test("signing out forgets the credential", async (browser) => {
 
 // ------------------------------------------------------------------ run
 
-if (SHOTS) mkdirSync(SHOTS, { recursive: true });
-const browser = await chromium.launch({
-  executablePath: process.env.TURNSTILE_CHROMIUM || "/usr/bin/chromium",
-  args: [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-  ],
-});
-let failed = 0;
-const only = process.env.TURNSTILE_CONSOLE_ONLY;
-for (const { name, fn } of cases) {
-  if (only && !name.includes(only)) continue;
-  const before = problems.length;
-  try {
-    await fn(browser);
-    assert.deepEqual(problems.slice(before), [], "page or console errors");
-    console.log(`ok - ${name}`);
-  } catch (e) {
-    failed++;
-    console.log(`not ok - ${name}\n${e.stack}`);
-  }
-}
-await browser.close();
-if (external.length) {
-  failed++;
-  console.log(`not ok - non-loopback requests: ${external.join(", ")}`);
-}
-console.log(`console: ${cases.length - failed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+await run("console", cases, process.env.TURNSTILE_CONSOLE_ONLY);

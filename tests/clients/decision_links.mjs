@@ -11,30 +11,13 @@
 // TURNSTILE_CHROMIUM (default /usr/bin/chromium), TURNSTILE_SCREENSHOTS (a folder).
 
 import assert from "node:assert/strict";
-import { mkdirSync } from "node:fs";
-import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { run, shot, watch } from "./browser.mjs";
 
 const BASE = process.env.TURNSTILE_URL;
 const ROOT = process.env.TURNSTILE_APPROVER_KEY;
 const APPROVE = { url: process.env.TURNSTILE_APPROVE_URL, id: process.env.TURNSTILE_APPROVE_ID };
 const DENY = { url: process.env.TURNSTILE_DENY_URL, id: process.env.TURNSTILE_DENY_ID };
-const SHOTS = process.env.TURNSTILE_SCREENSHOTS;
 const WAIT = 20000;
-
-const external = [];
-const problems = [];
-
-function loopback(raw) {
-  const u = new URL(raw);
-  if (["data:", "blob:", "about:"].includes(u.protocol)) return true;
-  return ["127.0.0.1", "localhost", "[::1]"].includes(u.hostname);
-}
-
-async function shot(page, name) {
-  if (!SHOTS) return;
-  await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
-}
 
 async function approval(id) {
   const r = await fetch(`${BASE}/v1/approvals/${id}`, { headers: { authorization: `Bearer ${ROOT}` } });
@@ -44,16 +27,8 @@ async function approval(id) {
 
 async function newPage(browser, viewport = { width: 390, height: 844 }) {
   const context = await browser.newContext({ viewport, isMobile: viewport.width < 600 });
-  context.on("request", (req) => {
-    if (!loopback(req.url())) external.push(req.url());
-  });
   const page = await context.newPage();
-  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
-  page.on("console", (m) => {
-    if (m.type() === "error" && !m.text().startsWith("Failed to load resource:")) {
-      problems.push(`console error: ${m.text()}`);
-    }
-  });
+  watch(context, page);
   return { context, page };
 }
 
@@ -137,35 +112,4 @@ test("the console's Notifications view lists deliveries and sends a test event",
   await context.close();
 });
 
-if (SHOTS) mkdirSync(SHOTS, { recursive: true });
-const browser = await chromium.launch({
-  executablePath: process.env.TURNSTILE_CHROMIUM || "/usr/bin/chromium",
-  args: [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-  ],
-});
-let failed = 0;
-for (const { name, fn } of cases) {
-  const before = problems.length;
-  try {
-    await fn(browser);
-    assert.deepEqual(problems.slice(before), [], "page or console errors");
-    console.log(`ok - ${name}`);
-  } catch (e) {
-    failed++;
-    console.log(`not ok - ${name}\n${e.stack}`);
-  }
-}
-await browser.close();
-if (external.length) {
-  failed++;
-  console.log(`not ok - non-loopback requests: ${external.join(", ")}`);
-}
-console.log(`decision links: ${cases.length - failed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+await run("decision links", cases);
