@@ -12,6 +12,7 @@
 
 pub mod grant;
 pub mod jwt;
+pub mod oidc;
 
 use subtle::ConstantTimeEq;
 
@@ -84,6 +85,28 @@ impl Authenticator {
         authorization: Option<&str>,
     ) -> Result<Principal, ApiError> {
         authenticate_cached(cfg, Some(&self.jwt), authorization, jwt_now())
+    }
+
+    /// [`Authenticator::authenticate`]; when that fails on a token of an OpenID provider
+    /// whose kept keys lack the token's `kid` (the provider rotated its keys), once more after
+    /// fetching them (at most once per [`oidc::MIN_REFETCH`] per provider).
+    pub async fn authenticate_fetching(
+        &self,
+        cfg: &Config,
+        authorization: Option<&str>,
+    ) -> Result<Principal, ApiError> {
+        let first = self.authenticate(cfg, authorization);
+        let token = bearer(authorization).filter(|t| jwt::looks_like_jwt(t));
+        let (Err(_), Some(token)) = (&first, token) else {
+            return first;
+        };
+        let Some(remote) = jwt::unknown_remote_kid(&cfg.jwt, token) else {
+            return first;
+        };
+        if !remote.refetch(jwt_now()).await {
+            return first;
+        }
+        self.authenticate(cfg, authorization)
     }
 }
 

@@ -6,23 +6,39 @@ use std::sync::Arc;
 
 use jsonwebtoken::Algorithm;
 
-use super::raw::RawJwt;
+use super::raw::{RawJwt, RawOidc};
 use super::validate::{globs, limits, roles};
 use super::{err, resolve, ConfigError, JwtIssuer};
-use crate::auth::jwt::{family_name, jwks_keys, parse_algorithm, pem_keys};
+use crate::auth::jwt::{family_name, jwks_keys, parse_algorithm, pem_keys, Keys};
+use crate::auth::oidc::Remote;
 
 /// The most clock skew an issuer may be granted.
 const MAX_LEEWAY_SECONDS: u64 = 300;
 
-/// `[[auth.jwt]]`: validates each issuer and reads its key material through `read`.
+/// The shortest `refresh_seconds` of an `[[auth.oidc]]` provider.
+const MIN_REFRESH_SECONDS: u64 = 1;
+
+/// `[[auth.jwt]]` and `[[auth.oidc]]`: validates each issuer and reads its key files (and an
+/// OpenID provider's `ca_file`) through `read`. A provider's keys are fetched later, by the
+/// engine: here its entry gets an empty [`Remote`].
 pub(super) fn jwt_issuers(
     raw: Vec<RawJwt>,
+    oidc: Vec<RawOidc>,
     base: &Path,
     read: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
 ) -> Result<Vec<Arc<JwtIssuer>>, ConfigError> {
     let mut out: Vec<Arc<JwtIssuer>> = Vec::new();
-    for (i, j) in raw.into_iter().enumerate() {
-        let at = |k: &str| format!("auth.jwt[{i}].{k}");
+    let entries = (raw
+        .into_iter()
+        .enumerate()
+        .map(|(i, j)| (format!("auth.jwt[{i}]"), j, None)))
+    .chain(
+        oidc.into_iter()
+            .enumerate()
+            .map(|(i, o)| (format!("auth.oidc[{i}]"), o.rules(), Some(o))),
+    );
+    for (section, j, provider) in entries {
+        let at = |k: &str| format!("{section}.{k}");
         if j.issuer.is_empty() || j.issuer.contains('#') || j.issuer.chars().any(char::is_control) {
             return Err(err(
                 at("issuer"),
@@ -40,7 +56,7 @@ pub(super) fn jwt_issuers(
         }
         if let Some(k) = j.audiences.iter().position(String::is_empty) {
             return Err(err(
-                format!("auth.jwt[{i}].audiences[{k}]"),
+                format!("{section}.audiences[{k}]"),
                 "must not be empty",
             ));
         }
@@ -52,12 +68,12 @@ pub(super) fn jwt_issuers(
         }
         let mut algorithms: Vec<Algorithm> = Vec::new();
         for (k, name) in j.algorithms.iter().enumerate() {
-            let alg = parse_algorithm(name)
-                .map_err(|m| err(format!("auth.jwt[{i}].algorithms[{k}]"), m))?;
+            let alg =
+                parse_algorithm(name).map_err(|m| err(format!("{section}.algorithms[{k}]"), m))?;
             if let Some(first) = algorithms.first() {
                 if first.family() != alg.family() {
                     return Err(err(
-                        format!("auth.jwt[{i}].algorithms[{k}]"),
+                        format!("{section}.algorithms[{k}]"),
                         format!(
                             "`{name}` is {} but `{}` is {}: one issuer's algorithms share one key family",
                             family_name(alg.family()),
@@ -77,6 +93,15 @@ pub(super) fn jwt_issuers(
             read(&path).map_err(|e| err(at(key), format!("cannot read {}: {e}", path.display())))
         };
         let keys = match (&j.pem_file, &j.jwks_file) {
+            _ if provider.is_some() => {
+                let o = provider.as_ref().expect("an OpenID provider");
+                let ca = o
+                    .ca_file
+                    .as_deref()
+                    .map(|f| load("ca_file", f))
+                    .transpose()?;
+                remote(o, &at, &algorithms, ca)?
+            }
             (Some(_), Some(_)) => {
                 return Err(err(
                     at("jwks_file"),
@@ -102,10 +127,7 @@ pub(super) fn jwt_issuers(
             ));
         }
         if let Some(k) = j.require.iter().position(String::is_empty) {
-            return Err(err(
-                format!("auth.jwt[{i}].require[{k}]"),
-                "must not be empty",
-            ));
+            return Err(err(format!("{section}.require[{k}]"), "must not be empty"));
         }
         if j.typ.as_deref() == Some("") {
             return Err(err(
@@ -113,10 +135,10 @@ pub(super) fn jwt_issuers(
                 "must not be empty (leave it out to accept any)",
             ));
         }
-        let models = globs(&j.models, &format!("auth.jwt[{i}].models"))?;
-        let roles = roles(&j.roles, &format!("auth.jwt[{i}].roles"))?;
+        let models = globs(&j.models, &at("models"))?;
+        let roles = roles(&j.roles, &at("roles"))?;
         let limits = limits(
-            &format!("auth.jwt[{i}]"),
+            &section,
             j.requests_per_minute,
             j.burst,
             j.concurrent_executions,
@@ -138,4 +160,51 @@ pub(super) fn jwt_issuers(
         }));
     }
     Ok(out)
+}
+
+/// An OpenID provider's keys, to fetch: its issuer must be an `https` URL, its refresh and
+/// key age sensible, its `ca_file` readable.
+fn remote(
+    o: &RawOidc,
+    at: &dyn Fn(&str) -> String,
+    algorithms: &[Algorithm],
+    ca: Option<Vec<u8>>,
+) -> Result<Keys, ConfigError> {
+    let url = reqwest::Url::parse(&o.issuer).map_err(|e| err(at("issuer"), e.to_string()))?;
+    if url.scheme() != "https"
+        || url.host().is_none()
+        || url.query().is_some()
+        || url.fragment().is_some()
+    {
+        return Err(err(
+            at("issuer"),
+            "must be an https URL without query or fragment (what the provider's tokens say in `iss`)",
+        ));
+    }
+    if o.refresh_seconds < MIN_REFRESH_SECONDS {
+        return Err(err(
+            at("refresh_seconds"),
+            format!("must be at least {MIN_REFRESH_SECONDS}"),
+        ));
+    }
+    if o.max_key_age_seconds < o.refresh_seconds {
+        return Err(err(
+            at("max_key_age_seconds"),
+            "must be at least refresh_seconds (else good keys would age out between two fetches)",
+        ));
+    }
+    let ca_pem = match ca {
+        Some(pem) => match reqwest::Certificate::from_pem_bundle(&pem) {
+            Ok(certs) if !certs.is_empty() => Some(pem),
+            _ => return Err(err(at("ca_file"), "holds no PEM certificate")),
+        },
+        None => None,
+    };
+    Ok(Keys::Remote(Arc::new(Remote::new(
+        o.issuer.clone(),
+        algorithms.to_vec(),
+        ca_pem,
+        std::time::Duration::from_secs(o.refresh_seconds),
+        std::time::Duration::from_secs(o.max_key_age_seconds),
+    ))))
 }

@@ -125,6 +125,23 @@ fn default_leeway_seconds() -> u64 {
     DEFAULT_LEEWAY_SECONDS
 }
 
+fn default_oidc_algorithms() -> Vec<String> {
+    vec!["RS256".into()]
+}
+
+/// `auth.oidc[N].refresh_seconds`: the provider's keys are fetched again this often.
+pub(super) const DEFAULT_OIDC_REFRESH_SECONDS: u64 = 3600;
+/// `auth.oidc[N].max_key_age_seconds`: keys not refreshed for this long verify nothing.
+pub(super) const DEFAULT_OIDC_MAX_KEY_AGE_SECONDS: u64 = 86_400;
+
+fn default_oidc_refresh_seconds() -> u64 {
+    DEFAULT_OIDC_REFRESH_SECONDS
+}
+
+fn default_oidc_max_key_age_seconds() -> u64 {
+    DEFAULT_OIDC_MAX_KEY_AGE_SECONDS
+}
+
 // ---------- sections ----------
 
 #[derive(Debug, Deserialize)]
@@ -216,7 +233,7 @@ pub(super) struct RawClient {
 }
 
 /// `budget = { … }` of a client entry or an issuer: USD and tokens, every key optional.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawBudget {
     pub usd_per_day: Option<f64>,
@@ -248,6 +265,63 @@ pub(super) struct RawClientJwt {
 pub(super) struct RawAuth {
     #[serde(default)]
     pub jwt: Vec<RawJwt>,
+    #[serde(default)]
+    pub oidc: Vec<RawOidc>,
+}
+
+/// One OpenID provider whose keys are found by discovery: what `[[auth.jwt]]` takes, with the
+/// key files replaced by where and how often to fetch.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOidc {
+    pub issuer: String,
+    pub audiences: Vec<String>,
+    #[serde(default = "default_oidc_algorithms")]
+    pub algorithms: Vec<String>,
+    pub ca_file: Option<String>,
+    #[serde(default = "default_oidc_refresh_seconds")]
+    pub refresh_seconds: u64,
+    #[serde(default = "default_oidc_max_key_age_seconds")]
+    pub max_key_age_seconds: u64,
+    #[serde(default = "default_leeway_seconds")]
+    pub leeway_seconds: u64,
+    #[serde(default)]
+    pub require: Vec<String>,
+    pub typ: Option<String>,
+    #[serde(default)]
+    pub models: Vec<String>,
+    #[serde(default)]
+    pub roles: Vec<String>,
+    pub requests_per_minute: Option<u32>,
+    pub burst: Option<u32>,
+    pub concurrent_executions: Option<usize>,
+    pub max_suspended: Option<usize>,
+    pub max_streams: Option<usize>,
+    pub budget: Option<RawBudget>,
+}
+
+impl RawOidc {
+    /// The `[[auth.jwt]]` rules it shares, without key files.
+    pub fn rules(&self) -> RawJwt {
+        RawJwt {
+            issuer: self.issuer.clone(),
+            audiences: self.audiences.clone(),
+            algorithms: self.algorithms.clone(),
+            pem_file: None,
+            jwks_file: None,
+            leeway_seconds: self.leeway_seconds,
+            require: self.require.clone(),
+            typ: self.typ.clone(),
+            models: self.models.clone(),
+            roles: self.roles.clone(),
+            requests_per_minute: self.requests_per_minute,
+            burst: self.burst,
+            concurrent_executions: self.concurrent_executions,
+            max_suspended: self.max_suspended,
+            max_streams: self.max_streams,
+            budget: self.budget.clone(),
+        }
+    }
 }
 
 /// One trusted JWT issuer. (The limit keys are spelled out rather than flattened:

@@ -136,7 +136,7 @@ pub(super) fn validate(
         }
     }
     let models = models(raw.models, &backends)?;
-    let jwt_issuers = jwt::jwt_issuers(raw.auth.jwt, base, read)?;
+    let jwt_issuers = jwt::jwt_issuers(raw.auth.jwt, raw.auth.oidc, base, read)?;
     let clients = clients(raw.clients, &jwt_issuers)?;
     let continuations = continuations(raw.continuations)?;
     let continuity = continuity(raw.continuity)?;

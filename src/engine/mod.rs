@@ -163,6 +163,7 @@ impl Engine {
                 .map(|t| (t.digest, t.principal, Reason::parse(&t.reason))),
         );
         let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+        crate::auth::oidc::keep_fresh(&cfg.jwt, &[], &tracker, &shutdown);
         let notifier = Notifier::start(&cfg.webhooks, store.clone(), &tracker, shutdown.clone())
             .await
             .map_err(StartError::Notify)?;
@@ -220,6 +221,12 @@ impl Engine {
             tracing::warn!("{w}");
         }
         let old = self.config();
+        crate::auth::oidc::keep_fresh(
+            &new.jwt,
+            &old.jwt,
+            &self.inner.tracker,
+            &self.inner.shutdown,
+        );
         if new.backends != old.backends {
             tracing::warn!(
                 "backend settings changed in the config file; they apply after a restart"

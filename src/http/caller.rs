@@ -27,8 +27,8 @@ impl<const LIMIT: usize> FromRequestParts<AppState> for Caller<LIMIT> {
 
     async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, ApiError> {
         declared_within(&parts.headers, LIMIT)?;
+        let principal = app.admit(&parts.headers).await?;
         let credential = authorization(&parts.headers);
-        let principal = app.check(credential.as_deref())?;
         Ok(Caller {
             principal,
             credential: credential.map(|c| c.into_owned()),
@@ -55,7 +55,7 @@ impl FromRequest<AppState> for Admitted {
         let cfg = app.engine.config();
         let server = &cfg.server;
         declared_within(req.headers(), server.max_body_bytes)?;
-        let principal = app.authenticate(req.headers())?;
+        let principal = app.admit(req.headers()).await?;
         let body = req.into_body();
         let bytes = read_body(body, server.max_body_bytes, server.body_read_timeout).await?;
         Ok(Admitted {

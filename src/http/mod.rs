@@ -66,6 +66,15 @@ impl AppState {
         self.check(authorization(headers).as_deref())
     }
 
+    /// [`AppState::authenticate`], fetching an OpenID provider's keys again when a token
+    /// names one they lack (what a request's first authentication does).
+    async fn admit(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+        let credential = authorization(headers);
+        (self.auth)
+            .authenticate_fetching(&self.engine.config(), credential.as_deref())
+            .await
+    }
+
     /// The principal behind a credential, under the current config (a long-lived stream
     /// re-checks its own this way).
     fn check(&self, credential: Option<&str>) -> Result<Principal, ApiError> {

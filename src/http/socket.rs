@@ -39,7 +39,7 @@ pub(super) async fn upgrade(
     let Ok(ws) = ws else {
         return super::method_not_allowed().await.into_response();
     };
-    let principal = match app.authenticate(&headers) {
+    let principal = match app.admit(&headers).await {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };

@@ -141,7 +141,7 @@ async fn extra(
     let (uri, headers) = (parts.uri.clone(), parts.headers.clone());
     let admitted = match body {
         true => Admitted::from_request(Request::from_parts(parts, payload), &app).await,
-        false => app.authenticate(&headers).map(|principal| Admitted {
+        false => app.admit(&headers).await.map(|principal| Admitted {
             arrived: tokio::time::Instant::now(),
             cfg: app.engine.config(),
             bytes: Default::default(),

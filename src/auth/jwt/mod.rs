@@ -6,7 +6,8 @@
 //!   issuer's key material, and only public-key families are accepted. `alg:none` does not
 //!   parse, and an `HS256` token "signed" with an RSA public key's bytes can never verify,
 //!   because no HMAC algorithm and no shared secret exist here.
-//! - Key material comes only from files read at config load (`pem_file`, `jwks_file`). The
+//! - Key material comes only from files read at config load (`pem_file`, `jwks_file`) or,
+//!   for an `[[auth.oidc]]` provider, from its own discovery document (`super::oidc`). The
 //!   header's `jku`, `x5u`, `jwk` and `x5c` are never followed or used; `kid` is only a lookup
 //!   key into the issuer's own JWKS.
 //! - The unverified `iss` claim only *selects* the issuer entry; after the signature check the
@@ -87,6 +88,8 @@ pub enum JwtError {
     MissingClaim(String),
     #[error("`sub` is not a usable subject")]
     Subject,
+    #[error("the provider's keys were never fetched or are too old")]
+    NoKeys,
 }
 
 /// The key material of one issuer, already checked against its algorithm family.
@@ -96,6 +99,8 @@ pub enum Keys {
     Pem(DecodingKey),
     /// `jwks_file`: signing keys by `kid`; a token must name one of them.
     Jwks(Vec<JwkKey>),
+    /// `[[auth.oidc]]`: the provider's keys as last fetched; a token must name one of them.
+    Remote(Arc<super::oidc::Remote>),
 }
 
 #[derive(Debug, Clone)]
@@ -180,58 +185,95 @@ pub fn jwks_keys(
         serde_json::from_slice(json).map_err(|e| format!("not a JWKS document: {e}"))?;
     let mut keys: Vec<JwkKey> = Vec::new();
     for (i, jwk) in set.keys.iter().enumerate() {
-        if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
-            continue;
-        }
-        let kid = jwk
-            .common
-            .key_id
-            .clone()
-            .filter(|k| !k.is_empty())
-            .ok_or_else(|| format!("keys[{i}] has no `kid`"))?;
-        let key_family = match &jwk.algorithm {
-            AlgorithmParameters::RSA(_) => AlgorithmFamily::Rsa,
-            AlgorithmParameters::EllipticCurve(_) => AlgorithmFamily::Ec,
-            AlgorithmParameters::OctetKeyPair(_) => AlgorithmFamily::Ed,
-            AlgorithmParameters::OctetKey(_) => {
-                return Err(format!(
-                    "key `{kid}` is a shared secret (kty oct); only public keys are accepted"
-                ))
+        if let Some(k) = jwk_key(i, jwk, family, algorithms)? {
+            if keys.iter().any(|o| o.kid == k.kid) {
+                return Err(format!("duplicate `kid` `{}`", k.kid));
             }
-            _ => return Err(format!("key `{kid}` has an unsupported key type")),
-        };
-        if key_family != family {
-            return Err(format!(
-                "key `{kid}` is {} but the algorithms are {}",
-                family_name(key_family),
-                family_name(family)
-            ));
+            keys.push(k);
         }
-        let alg = match jwk.common.key_algorithm {
-            None => None,
-            Some(a) => {
-                let alg: Algorithm = a
-                    .to_string()
-                    .parse()
-                    .map_err(|_| format!("key `{kid}` states an unsupported `alg` {a}"))?;
-                if !algorithms.contains(&alg) {
-                    return Err(format!(
-                        "key `{kid}` is for {alg:?}, which is not in `algorithms`"
-                    ));
-                }
-                Some(alg)
-            }
-        };
-        if keys.iter().any(|k| k.kid == kid) {
-            return Err(format!("duplicate `kid` `{kid}`"));
-        }
-        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key `{kid}`: {e}"))?;
-        keys.push(JwkKey { kid, alg, key });
     }
     if keys.is_empty() {
         return Err("no signing key in the JWKS".into());
     }
     Ok(Keys::Jwks(keys))
+}
+
+/// A provider's published JWKS: the signing keys usable with `algorithms` (all of one
+/// family); keys of another family or algorithm, shared secrets, keys without a `kid` and
+/// repeated `kid`s (both copies) are skipped, as a provider publishes keys for other uses too.
+pub fn usable_jwks(json: &[u8], algorithms: &[Algorithm]) -> Result<Vec<JwkKey>, String> {
+    let family = algorithms.first().ok_or("no algorithm")?.family();
+    let set: JwkSet =
+        serde_json::from_slice(json).map_err(|e| format!("not a JWKS document: {e}"))?;
+    let mut keys: Vec<JwkKey> = Vec::new();
+    let mut repeated: Vec<String> = Vec::new();
+    for (i, jwk) in set.keys.iter().enumerate() {
+        if let Ok(Some(k)) = jwk_key(i, jwk, family, algorithms) {
+            if keys.iter().any(|o| o.kid == k.kid) {
+                repeated.push(k.kid);
+            } else {
+                keys.push(k);
+            }
+        }
+    }
+    keys.retain(|k| !repeated.contains(&k.kid));
+    if keys.is_empty() {
+        return Err("no usable signing key".into());
+    }
+    Ok(keys)
+}
+
+/// One JWK as a signing key of `family` (None: an encryption key).
+fn jwk_key(
+    i: usize,
+    jwk: &jsonwebtoken::jwk::Jwk,
+    family: AlgorithmFamily,
+    algorithms: &[Algorithm],
+) -> Result<Option<JwkKey>, String> {
+    if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
+        return Ok(None);
+    }
+    let kid = jwk
+        .common
+        .key_id
+        .clone()
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| format!("keys[{i}] has no `kid`"))?;
+    let key_family = match &jwk.algorithm {
+        AlgorithmParameters::RSA(_) => AlgorithmFamily::Rsa,
+        AlgorithmParameters::EllipticCurve(_) => AlgorithmFamily::Ec,
+        AlgorithmParameters::OctetKeyPair(_) => AlgorithmFamily::Ed,
+        AlgorithmParameters::OctetKey(_) => {
+            return Err(format!(
+                "key `{kid}` is a shared secret (kty oct); only public keys are accepted"
+            ))
+        }
+        _ => return Err(format!("key `{kid}` has an unsupported key type")),
+    };
+    if key_family != family {
+        return Err(format!(
+            "key `{kid}` is {} but the algorithms are {}",
+            family_name(key_family),
+            family_name(family)
+        ));
+    }
+    let alg = match jwk.common.key_algorithm {
+        None => None,
+        Some(a) => {
+            let alg: Algorithm = a
+                .to_string()
+                .parse()
+                .map_err(|_| format!("key `{kid}` states an unsupported `alg` {a}"))?;
+            if !algorithms.contains(&alg) {
+                return Err(format!(
+                    "key `{kid}` is for {alg:?}, which is not in `algorithms`"
+                ));
+            }
+            Some(alg)
+        }
+    };
+    let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key `{kid}`: {e}"))?;
+    Ok(Some(JwkKey { kid, alg, key }))
 }
 
 /// What a verified token proves.
@@ -269,18 +311,15 @@ pub fn verify(issuers: &[Arc<JwtIssuer>], token: &str) -> Result<Verified, JwtEr
             return Err(JwtError::Type);
         }
     }
+    let fetched;
     let key = match &issuer.keys {
         Keys::Pem(key) => key,
-        Keys::Jwks(keys) => {
-            let kid = header.kid.as_deref().ok_or(JwtError::UnknownKey)?;
-            let k = keys
-                .iter()
-                .find(|k| k.kid == kid)
-                .ok_or(JwtError::UnknownKey)?;
-            if k.alg.is_some_and(|a| a != header.alg) {
-                return Err(JwtError::Algorithm);
-            }
-            &k.key
+        Keys::Jwks(keys) => by_kid(keys, &header)?,
+        Keys::Remote(remote) => {
+            fetched = remote
+                .current(jsonwebtoken::get_current_timestamp())
+                .ok_or(JwtError::NoKeys)?;
+            by_kid(&fetched.keys, &header)?
         }
     };
 
@@ -332,6 +371,43 @@ pub fn verify(issuers: &[Arc<JwtIssuer>], token: &str) -> Result<Verified, JwtEr
         subject,
         expires,
     })
+}
+
+/// The key a header's `kid` names; its `alg`, when the key states one, must match.
+fn by_kid<'k>(
+    keys: &'k [JwkKey],
+    header: &jsonwebtoken::Header,
+) -> Result<&'k DecodingKey, JwtError> {
+    let kid = header.kid.as_deref().ok_or(JwtError::UnknownKey)?;
+    let k = keys
+        .iter()
+        .find(|k| k.kid == kid)
+        .ok_or(JwtError::UnknownKey)?;
+    if k.alg.is_some_and(|a| a != header.alg) {
+        return Err(JwtError::Algorithm);
+    }
+    Ok(&k.key)
+}
+
+/// The provider whose kept keys lack the `kid` of `token` (a token of a configured
+/// `[[auth.oidc]]` issuer): fetching its keys again may let the token verify.
+pub fn unknown_remote_kid(
+    issuers: &[Arc<JwtIssuer>],
+    token: &str,
+) -> Option<Arc<super::oidc::Remote>> {
+    let header = jsonwebtoken::decode_header(token).ok()?;
+    let kid = header.kid?;
+    let peek: Map<String, Value> = jsonwebtoken::dangerous::insecure_decode_claims(token).ok()?;
+    let iss = peek.get("iss")?.as_str()?;
+    let issuer = issuers.iter().find(|i| i.issuer == iss)?;
+    let Keys::Remote(remote) = &issuer.keys else {
+        return None;
+    };
+    let now = jsonwebtoken::get_current_timestamp();
+    let known = remote
+        .current(now)
+        .is_some_and(|s| s.keys.iter().any(|k| k.kid == kid));
+    (!known).then(|| remote.clone())
 }
 
 struct Entry {
@@ -386,8 +462,13 @@ impl Cache {
                 let current = issuers
                     .iter()
                     .find(|i| std::ptr::eq(Arc::as_ptr(i), e.issuer.as_ptr()));
+                // A provider's token is only as good as its keys: none kept fresh, none passes.
+                let keys_fresh = |i: &JwtIssuer| match &i.keys {
+                    Keys::Remote(r) => r.current(now).is_some(),
+                    _ => true,
+                };
                 match current {
-                    Some(issuer) if now <= e.valid_until => {
+                    Some(issuer) if now <= e.valid_until && keys_fresh(issuer) => {
                         return Ok(Verified {
                             issuer: issuer.clone(),
                             subject: e.subject.clone(),

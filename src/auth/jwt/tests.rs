@@ -314,3 +314,22 @@ fn cache_serves_only_live_entries_of_the_current_generation() {
     }
     assert!(cache.len() <= 2);
 }
+
+#[test]
+fn a_providers_jwks_keeps_only_the_keys_it_can_use() {
+    let set: Value =
+        serde_json::from_str(include_str!("../../../fixtures/jwt/other-jwks.json")).unwrap();
+    let rsa = set["keys"][0].clone();
+    let mut enc = rsa.clone();
+    enc["use"] = json!("enc");
+    enc["kid"] = json!("enc-1");
+    let mut twin = rsa.clone();
+    twin["kid"] = json!("twin");
+    let secret = json!({"kty": "oct", "kid": "hmac", "k": "c2VjcmV0"});
+    let doc = json!({"keys": [rsa, enc, twin.clone(), twin, secret, {"kty": "RSA"}]});
+    let keys = usable_jwks(doc.to_string().as_bytes(), &[Algorithm::RS256]).unwrap();
+    let kids: Vec<&str> = keys.iter().map(|k| k.kid.as_str()).collect();
+    assert_eq!(kids, ["other-1"], "a repeated kid is dropped, both copies");
+    assert!(usable_jwks(doc.to_string().as_bytes(), &[Algorithm::ES256]).is_err());
+    assert!(usable_jwks(b"[]", &[Algorithm::RS256]).is_err());
+}

@@ -11,6 +11,7 @@ mod crash;
 mod flood;
 pub(crate) mod jwt;
 mod lifecycle;
+mod oidc;
 mod security_ii;
 mod store_pg;
 mod threads;
