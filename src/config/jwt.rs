@@ -208,3 +208,63 @@ fn remote(
         std::time::Duration::from_secs(o.max_key_age_seconds),
     ))))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{jwt_toml, parse_jwt, ISSUER};
+    use jsonwebtoken::Algorithm;
+
+    const PROVIDER: &str = r#"
+[[auth.oidc]]
+issuer = "https://login.example.com/tenant"
+audiences = ["turnstile"]
+models = ["*"]
+"#;
+
+    #[test]
+    fn an_openid_provider_gets_keys_to_fetch_and_checked_settings() {
+        let cfg = parse_jwt(&jwt_toml(PROVIDER, "")).unwrap();
+        let i = &cfg.jwt[0];
+        assert_eq!(i.algorithms, vec![Algorithm::RS256], "the default");
+        let crate::auth::jwt::Keys::Remote(r) = &i.keys else {
+            panic!("keys to fetch")
+        };
+        assert_eq!(r.refresh.as_secs(), 3600);
+        assert_eq!(r.max_key_age.as_secs(), 86_400);
+        assert!(r.current(0).is_none(), "nothing fetched at load");
+        for (bad, path) in [
+            (
+                "issuer = \"http://login.example.com\"",
+                "auth.oidc[0].issuer",
+            ),
+            (
+                "issuer = \"https://login.example.com/?q\"",
+                "auth.oidc[0].issuer",
+            ),
+            ("refresh_seconds = 0", "auth.oidc[0].refresh_seconds"),
+            (
+                "max_key_age_seconds = 60",
+                "auth.oidc[0].max_key_age_seconds",
+            ),
+            ("ca_file = \"keys/idp.pem\"", "auth.oidc[0].ca_file"),
+            ("ca_file = \"missing.pem\"", "auth.oidc[0].ca_file"),
+            ("pem_file = \"keys/idp.pem\"", ""),
+        ] {
+            let key = bad.split(' ').next().unwrap();
+            let text = PROVIDER
+                .lines()
+                .filter(|l| key != "issuer" || !l.starts_with("issuer"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let e = parse_jwt(&jwt_toml(&format!("{text}\n{bad}\n"), "")).unwrap_err();
+            assert!(e.path.starts_with(path), "{bad}: {e}");
+        }
+        // One issuer is trusted one way.
+        let both = format!(
+            "{ISSUER}{}",
+            PROVIDER.replace("https://login.example.com/tenant", "https://idp.test")
+        );
+        let e = parse_jwt(&jwt_toml(&both, "")).unwrap_err();
+        assert_eq!(e.path, "auth.oidc[0].issuer", "{e}");
+    }
+}
