@@ -18,10 +18,7 @@ fn asking(responder: ApprovalResponder) -> ApprovalAsk {
 }
 
 fn who(id: &str, approver: bool) -> Principal {
-    Principal {
-        id: id.into(),
-        approver,
-    }
+    Principal::new(id, approver)
 }
 
 #[tokio::test]

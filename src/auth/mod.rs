@@ -16,7 +16,7 @@ pub mod oidc;
 
 use subtle::ConstantTimeEq;
 
-use self::grant::Role;
+use self::grant::{Groups, Role};
 use crate::config::{ClientConfig, Config, Credential};
 use crate::error::ApiError;
 
@@ -25,6 +25,20 @@ use crate::error::ApiError;
 pub struct Principal {
     pub id: String,
     pub approver: bool,
+    /// The groups its token named (empty for an API key): what it may do is its entry's and
+    /// the configured groups' among these, under the current config.
+    pub groups: Groups,
+}
+
+impl Principal {
+    /// An API key's principal, or any without groups.
+    pub fn new(id: impl Into<String>, approver: bool) -> Principal {
+        Principal {
+            id: id.into(),
+            approver,
+            groups: Groups::default(),
+        }
+    }
 }
 
 pub use crate::digest::sha256;
@@ -130,22 +144,26 @@ pub fn authenticate_cached(
         }
     }
     let client = find_client(cfg, authorization).ok_or_else(ApiError::unauthenticated)?;
-    Ok(Principal {
-        id: client.id.clone(),
-        approver: client.roles.contains(&Role::Approver),
-    })
+    Ok(Principal::new(
+        client.id.clone(),
+        client.roles.contains(&Role::Approver),
+    ))
 }
 
+/// A verified token's principal: the client entry naming it, or its issuer's subject; an
+/// approver when its entry or one of its configured groups says so.
 fn jwt_principal(cfg: &Config, v: &jwt::Verified) -> Principal {
-    match cfg.jwt_client(&v.issuer.issuer, &v.subject) {
-        Some(client) => Principal {
-            id: client.id.clone(),
-            approver: client.roles.contains(&Role::Approver),
-        },
-        None => Principal {
-            id: jwt::principal_id(&v.issuer.issuer, &v.subject),
-            approver: v.issuer.roles.contains(&Role::Approver),
-        },
+    let id = match cfg.jwt_client(&v.issuer.issuer, &v.subject) {
+        Some(client) => client.id.clone(),
+        None => jwt::principal_id(&v.issuer.issuer, &v.subject),
+    };
+    let approver = cfg
+        .grant(&id, &v.groups)
+        .is_some_and(|g| g.approver());
+    Principal {
+        id,
+        approver,
+        groups: v.groups.clone(),
     }
 }
 

@@ -135,6 +135,12 @@ pub(super) fn jwt_issuers(
                 "must not be empty (leave it out to accept any)",
             ));
         }
+        if j.groups_claim.is_empty() || j.groups_claim.split('.').any(str::is_empty) {
+            return Err(err(
+                at("groups_claim"),
+                "must name a claim (`groups`, or a path such as `realm_access.roles`)",
+            ));
+        }
         let models = globs(&j.models, &at("models"))?;
         let roles = roles(&j.roles, &at("roles"))?;
         let limits = limits(
@@ -154,6 +160,7 @@ pub(super) fn jwt_issuers(
             leeway_seconds: j.leeway_seconds,
             require: j.require,
             typ: j.typ,
+            groups_claim: j.groups_claim,
             models,
             roles,
             limits,

@@ -36,7 +36,7 @@ use std::time::Duration;
 use globset::GlobSet;
 use serde::Deserialize;
 
-pub use crate::auth::grant::{ClientLimits, Rate, Role};
+pub use crate::auth::grant::{ClientLimits, Entry, Grant, GroupConfig, Groups, Rate, Role};
 pub use crate::auth::jwt::JwtIssuer;
 pub use backends::*;
 pub use cluster::{ClusterConfig, StoreConfig};
@@ -122,6 +122,8 @@ pub struct Config {
     /// ones and the JWT cache can tell generations apart.
     pub jwt: Vec<Arc<JwtIssuer>>,
     pub clients: Vec<ClientConfig>,
+    /// `[[groups]]`: what the members of an identity provider's group get.
+    pub groups: Vec<GroupConfig>,
     pub models: Vec<ModelConfig>,
     /// `[backends.NAME]`, each of its kind.
     pub backends: BTreeMap<String, BackendSpec>,
@@ -177,24 +179,6 @@ pub enum Credential {
     Key([u8; 32]),
     /// `jwt = { issuer, subject }`: tokens of a configured issuer with this `sub`.
     Jwt { issuer: String, subject: String },
-}
-
-/// What a principal may do under one config: its models, roles and limits.
-#[derive(Debug, Clone, Copy)]
-pub struct Grant<'a> {
-    pub models: &'a GlobSet,
-    pub roles: &'a [Role],
-    pub limits: &'a ClientLimits,
-}
-
-impl Grant<'_> {
-    pub fn may_use(&self, model: &str) -> bool {
-        self.models.is_match(model)
-    }
-
-    pub fn approver(&self) -> bool {
-        self.roles.contains(&Role::Approver)
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -264,18 +248,16 @@ impl Config {
         })
     }
 
-    /// What the principal `id` may do under this config: its client entry, or for a JWT
-    /// subject no entry names (`jwt:<iss>#<sub>`), its issuer's defaults. None when neither
-    /// exists (any more).
-    /// Whether principal `id` may use `model` under this config.
-    pub fn may_use(&self, id: &str, model: &str) -> bool {
-        self.grant(id).is_some_and(|g| g.may_use(model))
+    /// Whether principal `id`, a member of `groups`, may use `model` under this config.
+    pub fn may_use(&self, id: &str, groups: &[String], model: &str) -> bool {
+        self.grant(id, groups).is_some_and(|g| g.may_use(model))
     }
 
-    /// The model `model` names, if it exists and principal `id` may use it (else the two
-    /// are indistinguishable: 404 `model_not_found`).
-    pub fn usable_model(&self, id: &str, model: &str) -> Option<&ModelConfig> {
-        self.model(model).filter(|m| self.may_use(id, &m.id))
+    /// The model `model` names, if it exists and principal `id` (a member of `groups`) may
+    /// use it (else the two are indistinguishable: 404 `model_not_found`).
+    pub fn usable_model(&self, id: &str, groups: &[String], model: &str) -> Option<&ModelConfig> {
+        self.model(model)
+            .filter(|m| self.may_use(id, groups, &m.id))
     }
 
     /// What `turnstile check` and the start warn about, without refusing the config: a USD
@@ -286,6 +268,10 @@ impl Config {
             .chain(
                 (self.jwt.iter())
                     .map(|i| (format!("auth.jwt `{}`", i.issuer), &i.models, &i.limits)),
+            )
+            .chain(
+                (self.groups.iter())
+                    .map(|g| (format!("groups `{}`", g.name), &g.models, &g.limits)),
             );
         let mut out = Vec::new();
         for (who, models, limits) in entries {
@@ -304,21 +290,47 @@ impl Config {
         out
     }
 
-    pub fn grant(&self, id: &str) -> Option<Grant<'_>> {
-        if let Some(c) = self.client(id) {
-            return Some(Grant {
+    /// What the principal `id`, a member of `groups`, may do under this config: its client
+    /// entry, or for a JWT subject no entry names (`jwt:<iss>#<sub>`) its issuer's defaults,
+    /// with the configured groups among `groups` added. None when neither exists (any more).
+    pub fn grant(&self, id: &str, groups: &[String]) -> Option<Grant<'_>> {
+        let own = match self.client(id) {
+            Some(c) => Entry {
                 models: &c.models,
                 roles: &c.roles,
                 limits: &c.limits,
-            });
+            },
+            None => {
+                let (issuer, _) = crate::auth::jwt::split_principal(id)?;
+                let i = self.jwt.iter().find(|i| i.issuer == issuer)?;
+                Entry {
+                    models: &i.models,
+                    roles: &i.roles,
+                    limits: &i.limits,
+                }
+            }
+        };
+        let groups = match groups.is_empty() {
+            true => Vec::new(),
+            false => (self.groups.iter())
+                .filter(|g| groups.contains(&g.name))
+                .collect(),
+        };
+        Some(Grant { own, groups })
+    }
+
+    /// The budget counted under `id` in the usage ledger: a principal's own caps, or a
+    /// group's pooled ones ([`crate::auth::grant::pool_id`]).
+    pub fn budget_of(&self, id: &str) -> crate::budget::Budget {
+        if let Some(name) = id.strip_prefix(crate::auth::grant::GROUP_PREFIX) {
+            return (self.groups.iter())
+                .find(|g| g.name == name)
+                .map(|g| g.limits.budget)
+                .unwrap_or_default();
         }
-        let (issuer, _) = crate::auth::jwt::split_principal(id)?;
-        let i = self.jwt.iter().find(|i| i.issuer == issuer)?;
-        Some(Grant {
-            models: &i.models,
-            roles: &i.roles,
-            limits: &i.limits,
-        })
+        (self.grant(id, &[]))
+            .map(|g| g.own.limits.budget)
+            .unwrap_or_default()
     }
 }
 

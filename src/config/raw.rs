@@ -158,6 +158,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub clients: Vec<RawClient>,
     #[serde(default)]
+    pub groups: Vec<RawGroup>,
+    #[serde(default)]
     pub models: Vec<RawModel>,
     #[serde(default)]
     pub backends: BTreeMap<String, RawBackend>,
@@ -232,6 +234,24 @@ pub(super) struct RawClient {
     pub budget: Option<RawBudget>,
 }
 
+/// One `[[groups]]` entry: what members of an identity provider's group get, on top of their
+/// own entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawGroup {
+    pub name: String,
+    #[serde(default)]
+    pub models: Vec<String>,
+    #[serde(default)]
+    pub roles: Vec<String>,
+    pub requests_per_minute: Option<u32>,
+    pub burst: Option<u32>,
+    pub concurrent_executions: Option<usize>,
+    pub max_suspended: Option<usize>,
+    pub max_streams: Option<usize>,
+    pub budget: Option<RawBudget>,
+}
+
 /// `budget = { … }` of a client entry or an issuer: USD and tokens, every key optional.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -288,6 +308,8 @@ pub(super) struct RawOidc {
     #[serde(default)]
     pub require: Vec<String>,
     pub typ: Option<String>,
+    #[serde(default = "default_groups_claim")]
+    pub groups_claim: String,
     #[serde(default)]
     pub models: Vec<String>,
     #[serde(default)]
@@ -312,6 +334,7 @@ impl RawOidc {
             leeway_seconds: self.leeway_seconds,
             require: self.require.clone(),
             typ: self.typ.clone(),
+            groups_claim: self.groups_claim.clone(),
             models: self.models.clone(),
             roles: self.roles.clone(),
             requests_per_minute: self.requests_per_minute,
@@ -339,6 +362,8 @@ pub(super) struct RawJwt {
     #[serde(default)]
     pub require: Vec<String>,
     pub typ: Option<String>,
+    #[serde(default = "default_groups_claim")]
+    pub groups_claim: String,
     #[serde(default)]
     pub models: Vec<String>,
     #[serde(default)]
@@ -458,4 +483,8 @@ impl Default for RawMcpBridge {
             listen: DEFAULT_MCP_BRIDGE_LISTEN.into(),
         }
     }
+}
+
+fn default_groups_claim() -> String {
+    "groups".into()
 }

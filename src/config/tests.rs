@@ -162,10 +162,10 @@ fn jwt_issuer_defaults_and_relative_key_path() {
     assert!(i.roles.is_empty() && i.require.is_empty() && i.typ.is_none());
     assert_eq!(i.limits, ClientLimits::default());
     // Unnamed subjects get the issuer's defaults: no models unless granted.
-    let g = cfg.grant("jwt:https://idp.test#sam").unwrap();
+    let g = cfg.grant("jwt:https://idp.test#sam", &[]).unwrap();
     assert!(!g.may_use("demo") && !g.approver());
-    assert!(cfg.grant("jwt:https://other.test#sam").is_none());
-    assert!(cfg.grant("alice").unwrap().may_use("demo"));
+    assert!(cfg.grant("jwt:https://other.test#sam", &[]).is_none());
+    assert!(cfg.grant("alice", &[]).unwrap().may_use("demo"));
 
     let jwks = ISSUER
         .replace("pem_file = \"keys/idp.pem\"", "jwks_file = \"/keys/jwks.json\"")
@@ -173,12 +173,12 @@ fn jwt_issuer_defaults_and_relative_key_path() {
     let cfg = parse_jwt(&jwt_toml(&jwks, "")).unwrap();
     let i = &cfg.jwt[0];
     assert!(matches!(&i.keys, jwt::Keys::Jwks(k) if k.len() == 1 && k[0].kid == "other-1"));
-    let g = cfg.grant("jwt:https://idp.test#sam").unwrap();
+    let g = cfg.grant("jwt:https://idp.test#sam", &[]).unwrap();
     assert!(g.may_use("demo") && g.approver());
-    assert_eq!(g.limits.rate.unwrap().burst.get(), 2);
-    assert_eq!(g.limits.rate.unwrap().per_minute.get(), 60);
+    assert_eq!(g.limits().rate.unwrap().burst.get(), 2);
+    assert_eq!(g.limits().rate.unwrap().per_minute.get(), 60);
     assert_eq!(
-        (g.limits.concurrent_executions, g.limits.max_suspended),
+        (g.limits().concurrent_executions, g.limits().max_suspended),
         (Some(3), Some(1))
     );
     // `from_toml_str` reads no files: the error names the key that needed one.
@@ -301,7 +301,7 @@ fn clients_name_a_key_or_a_jwt_subject() {
         10,
         "burst defaults to the rate"
     );
-    assert!(cfg.grant("sam").unwrap().may_use("demo"));
+    assert!(cfg.grant("sam", &[]).unwrap().may_use("demo"));
 
     let key = format!("key_sha256 = \"{KEY}\"\n");
     let cases: Vec<(String, &str)> = vec![
@@ -563,4 +563,54 @@ fn the_container_config_is_the_demo_config_with_the_images_paths() {
         ]
         .map(String::from)
     );
+}
+
+#[test]
+fn groups_grant_their_members_models_roles_and_tightest_limits() {
+    let groups = r#"
+[[groups]]
+name = "developers"
+models = ["demo*"]
+concurrent_executions = 2
+budget = { usd_per_day = 10.0 }
+[[groups]]
+name = "approvers"
+roles = ["approver"]
+"#;
+    let cfg = parse_jwt(&jwt_toml(&format!("{ISSUER}{groups}"), "")).unwrap();
+    assert_eq!(cfg.jwt[0].groups_claim, "groups", "the default");
+    let sam = "jwt:https://idp.test#sam";
+    let alone = cfg.grant(sam, &[]).unwrap();
+    assert!(!alone.may_use("demo") && !alone.approver());
+    let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let dev = cfg.grant(sam, &names(&["developers", "unknown"])).unwrap();
+    assert!(dev.may_use("demo") && !dev.approver());
+    assert_eq!(dev.limits().concurrent_executions, Some(2));
+    assert_eq!(dev.limits().budget.usd_per_day, None, "pooled, not its own");
+    assert_eq!(dev.pools().count(), 1);
+    assert!(cfg.grant(sam, &names(&["approvers"])).unwrap().approver());
+    assert_eq!(
+        cfg.budget_of("group:developers").usd_per_day,
+        Some(crate::budget::nanos(10.0))
+    );
+    assert_eq!(cfg.budget_of("group:none"), crate::budget::Budget::default());
+
+    for (bad, path) in [
+        ("[[groups]]\nname = \"\"\n", "groups[0].name"),
+        (
+            "[[groups]]\nname = \"a\"\n[[groups]]\nname = \"a\"\n",
+            "groups[1].name",
+        ),
+        ("[[groups]]\nname = \"a\"\nroles = [\"root\"]\n", "groups[0].roles[0]"),
+        ("[[groups]]\nname = \"a\"\nburst = 2\n", "groups[0].burst"),
+        ("[[groups]]\nname = \"a\"\nmembers = []\n", ""),
+    ] {
+        let e = parse_jwt(&jwt_toml(&format!("{ISSUER}{bad}"), "")).unwrap_err();
+        assert!(e.path.starts_with(path), "{bad}: {e}");
+    }
+    let e = parse_jwt(&jwt_toml(&format!("{ISSUER}groups_claim = \"a..b\"\n"), "")).unwrap_err();
+    assert_eq!(e.path, "auth.jwt[0].groups_claim", "{e}");
+    let client = "[[clients]]\nid = \"group:x\"\nkey_sha256 = \"00\"\n";
+    let e = parse_jwt(&jwt_toml(ISSUER, client)).unwrap_err();
+    assert_eq!(e.path, "clients[1].id", "{e}");
 }

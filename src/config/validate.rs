@@ -10,13 +10,14 @@ use std::time::Duration;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
 use super::raw::{
-    RawClient, RawConfig, RawContinuations, RawContinuity, RawModel, DEFAULT_DECISION,
+    RawClient, RawConfig, RawGroup, RawContinuations, RawContinuity, RawModel, DEFAULT_DECISION,
 };
 use super::{
     backends, err, jwt, ApprovalPolicy, ClientConfig, ClientLimits, CompactionLimits, Config,
-    ConfigError, ContinuationLimits, ContinuityConfig, Credential, JwtIssuer, ModelConfig, Rate,
-    Role, ServerConfig,
+    ConfigError, ContinuationLimits, ContinuityConfig, Credential, GroupConfig, JwtIssuer,
+    ModelConfig, Rate, Role, ServerConfig,
 };
+use crate::auth::grant::{GROUP_PREFIX, MAX_GROUP_NAME_BYTES};
 use crate::auth::jwt::{MAX_SUBJECT_BYTES, PRINCIPAL_PREFIX};
 use crate::budget::{Budget, Price};
 
@@ -138,6 +139,7 @@ pub(super) fn validate(
     let models = models(raw.models, &backends)?;
     let jwt_issuers = jwt::jwt_issuers(raw.auth.jwt, raw.auth.oidc, base, read)?;
     let clients = clients(raw.clients, &jwt_issuers)?;
+    let groups = groups(raw.groups)?;
     let continuations = continuations(raw.continuations)?;
     let continuity = continuity(raw.continuity)?;
     let managed_agents = super::managed::managed_agents(raw.managed_agents, base)?;
@@ -164,6 +166,7 @@ pub(super) fn validate(
         cluster,
         jwt: jwt_issuers,
         clients,
+        groups,
         models,
         backends,
         approval_ttl: Duration::from_secs(raw.approvals.ttl_seconds),
@@ -300,6 +303,12 @@ fn clients(
                 format!("`{PRINCIPAL_PREFIX}` ids are reserved for JWT subjects"),
             ));
         }
+        if c.id.starts_with(GROUP_PREFIX) {
+            return Err(err(
+                at("id"),
+                format!("`{GROUP_PREFIX}` ids are reserved for group budgets"),
+            ));
+        }
         if !ids.insert(c.id.clone()) {
             return Err(err(at("id"), format!("duplicate client id `{}`", c.id)));
         }
@@ -374,6 +383,46 @@ fn clients(
         });
     }
     Ok(clients)
+}
+
+/// `[[groups]]`: each name once, 1 to [`MAX_GROUP_NAME_BYTES`] bytes without control
+/// characters (what a token's groups claim is matched against, exactly).
+fn groups(raw: Vec<RawGroup>) -> Result<Vec<GroupConfig>, ConfigError> {
+    let mut out: Vec<GroupConfig> = Vec::new();
+    for (i, g) in raw.into_iter().enumerate() {
+        let at = format!("groups[{i}]");
+        if g.name.is_empty()
+            || g.name.len() > MAX_GROUP_NAME_BYTES
+            || g.name.chars().any(char::is_control)
+        {
+            return Err(err(
+                format!("{at}.name"),
+                format!("must be 1 to {MAX_GROUP_NAME_BYTES} bytes without control characters"),
+            ));
+        }
+        if out.iter().any(|o| o.name == g.name) {
+            return Err(err(
+                format!("{at}.name"),
+                format!("duplicate group `{}`", g.name),
+            ));
+        }
+        let limits = limits(
+            &at,
+            g.requests_per_minute,
+            g.burst,
+            g.concurrent_executions,
+            g.max_suspended,
+            g.max_streams,
+            g.budget.as_ref(),
+        )?;
+        out.push(GroupConfig {
+            models: globs(&g.models, &format!("{at}.models"))?,
+            roles: roles(&g.roles, &format!("{at}.roles"))?,
+            name: g.name,
+            limits,
+        });
+    }
+    Ok(out)
 }
 
 fn continuations(c: RawContinuations) -> Result<ContinuationLimits, ConfigError> {

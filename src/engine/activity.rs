@@ -87,7 +87,7 @@ pub(super) fn backend_views(
     backends: &BTreeMap<String, Arc<dyn Backend>>,
     who: &Principal,
 ) -> Vec<BackendView> {
-    let grant = cfg.grant(&who.id);
+    let grant = cfg.grant(&who.id, &who.groups);
     let may_use = |model: &str| who.approver || grant.as_ref().is_some_and(|g| g.may_use(model));
     backends
         .iter()

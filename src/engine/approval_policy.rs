@@ -53,7 +53,7 @@ pub(super) async fn apply(
 ) -> Option<ApprovalNotice> {
     // Authority is the current config's: a principal whose entry (or access to the model)
     // a reload removed gets every side effect denied, and no approval is created.
-    let granted = cfg.may_use(&exec.principal, &exec.model);
+    let granted = cfg.may_use(&exec.principal, exec.groups(), &exec.model);
     let policy = cfg
         .model(&exec.model)
         .filter(|_| granted)

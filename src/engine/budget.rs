@@ -111,7 +111,7 @@ impl Budgets {
     }
 
     /// A fresh turn of a principal at or over a daily, monthly or token cap of `budget` (its
-    /// budget under the current config) is refused: 402 `budget_exceeded` (429
+    /// budget under the current config; `principal` may be a group's pool) is refused: 402 `budget_exceeded` (429
     /// `billing_error` on Messages), `Retry-After` until the cap resets. A store that cannot
     /// say fails closed (503).
     pub async fn within(&self, principal: &str, budget: &Budget) -> Result<(), EngineError> {
@@ -140,6 +140,7 @@ impl Budgets {
         Err(EngineError::BudgetExceeded {
             exceeded,
             retry_after_secs: exceeded.resets_at.map(|at| at.saturating_sub(now).max(1)),
+            group: (principal.strip_prefix(crate::auth::grant::GROUP_PREFIX)).map(str::to_string),
         })
     }
 
@@ -149,6 +150,7 @@ impl Budgets {
         EngineError::BudgetExceeded {
             exceeded,
             retry_after_secs: None,
+            group: None,
         }
     }
 
@@ -160,7 +162,7 @@ impl Budgets {
         }
         let spent = price.and(meta.spent.clone());
         self.ledger
-            .meter(&meta.principal, &meta.model, price, spent)
+            .meter(&meta.principal, meta.pools(), &meta.model, price, spent)
     }
 
     /// Where `principal` stands against its fullest cap of `budget` that gates fresh turns
@@ -271,7 +273,7 @@ mod tests {
             usd_per_execution: None,
         };
         let spent: Arc<std::sync::atomic::AtomicU64> = Arc::new(0.into());
-        let meter = ledger.meter("alice", "m", Some(price), Some(spent.clone()));
+        let meter = ledger.meter("alice", Default::default(), "m", Some(price), Some(spent.clone()));
         let million = Usage {
             prompt_tokens: 3_000_000,
             completion_tokens: 2_000_000,

@@ -89,6 +89,8 @@ pub enum EngineError {
     BudgetExceeded {
         exceeded: Exceeded,
         retry_after_secs: Option<u64>,
+        /// The group whose pooled budget it is; None for the principal's own.
+        group: Option<String>,
     },
 }
 
@@ -139,6 +141,7 @@ fn continuation(e: ContinuationError) -> ApiError {
             return EngineError::BudgetExceeded {
                 exceeded,
                 retry_after_secs: None,
+                group: None,
             }
             .into()
         }
@@ -277,6 +280,7 @@ impl From<EngineError> for ApiError {
             EngineError::BudgetExceeded {
                 exceeded,
                 retry_after_secs,
+                group,
             } => {
                 let resets = match exceeded.resets_at {
                     Some(at) => format!(
@@ -288,7 +292,8 @@ impl From<EngineError> for ApiError {
                 let mut e = ApiError::new(
                     ErrorCode::BudgetExceeded,
                     format!(
-                        "Budget exceeded: the {} cap of {} is reached{resets}.",
+                        "Budget exceeded: the {}{} cap of {} is reached{resets}.",
+                        group.map_or(String::new(), |g| format!("group `{g}`'s ")),
                         exceeded.cap.as_str(),
                         exceeded.amount()
                     ),

@@ -88,14 +88,20 @@ impl Engine {
     /// `rate_limited` with `Retry-After`, before anything runs.
     async fn admit(&self, principal: &Principal) -> Result<admission::Slot, EngineError> {
         let cfg = self.config();
-        let none = config::ClientLimits::default();
-        let grant = cfg.grant(&principal.id);
-        let limits = grant.as_ref().map_or(&none, |g| g.limits);
-        // The budget first: its refusal spends no request rate.
+        let grant = cfg.grant(&principal.id, &principal.groups);
+        let limits = grant.as_ref().map(|g| g.limits()).unwrap_or_default();
+        // The budgets first (its own, then each group's pool): a refusal spends no rate.
         if limits.budget.gates_fresh() {
             self.inner
                 .budgets
                 .within(&principal.id, &limits.budget)
+                .await?;
+        }
+        for pool in grant.iter().flat_map(|g| g.pools()) {
+            let id = crate::auth::grant::pool_id(&pool.name);
+            self.inner
+                .budgets
+                .within(&id, &pool.limits.budget)
                 .await?;
         }
         let (all, durable) =
@@ -107,7 +113,7 @@ impl Engine {
         let counts = admission::SuspendedCounts { all, durable };
         self.inner
             .limiter
-            .admit(&principal.id, limits, counts)
+            .admit(&principal.id, &limits, counts)
             .map_err(|r| {
                 let secs = admission::retry_after_secs(r.retry_after);
                 tracing::debug!(principal = %principal.id, limit = r.limit, retry_after = secs, "fresh turn refused by a client limit");
@@ -124,8 +130,8 @@ impl Engine {
     pub fn open_stream(&self, principal: &Principal) -> Result<admission::Slot, EngineError> {
         let cfg = self.config();
         let max = cfg
-            .grant(&principal.id)
-            .and_then(|g| g.limits.max_streams)
+            .grant(&principal.id, &principal.groups)
+            .and_then(|g| g.limits().max_streams)
             .unwrap_or(cfg.server.max_streams_per_client);
         self.inner.limiter.stream(&principal.id, max).ok_or_else(|| {
             tracing::debug!(principal = %principal.id, max, "stream refused: the client holds its maximum");
@@ -145,7 +151,7 @@ impl Engine {
         }
         let cfg = self.config();
         let model = cfg
-            .usable_model(&principal.id, &input.model)
+            .usable_model(&principal.id, &principal.groups, &input.model)
             .ok_or_else(|| EngineError::ModelNotFound(input.model.clone()))?;
         let backend = self
             .backend(&model.backend)
@@ -157,6 +163,7 @@ impl Engine {
         let mut meta = ExecutionMeta {
             id: new_id("exe-"),
             principal: principal.id.clone(),
+            membership: membership(&cfg, principal),
             model: model.id.clone(),
             surface: input.surface,
             created: now_unix(),
@@ -272,7 +279,7 @@ impl Engine {
         let limit = cfg.server.max_body_bytes;
         let slot = match ask.fresh {
             true => {
-                if cfg.usable_model(&principal.id, ask.model).is_none() {
+                if cfg.usable_model(&principal.id, &principal.groups, ask.model).is_none() {
                     return Err(EngineError::ModelNotFound(ask.model.to_string()).into());
                 }
                 drop(cfg);
@@ -321,4 +328,22 @@ pub struct CompactionAsk<'a> {
     pub fresh: bool,
     /// The request's size before its items are expanded.
     pub body_bytes: usize,
+}
+
+/// What an execution of `principal` keeps of its groups: None for a principal without any.
+fn membership(
+    cfg: &config::Config,
+    principal: &Principal,
+) -> Option<std::sync::Arc<super::execution::Membership>> {
+    if principal.groups.is_empty() {
+        return None;
+    }
+    let pools = (cfg.grant(&principal.id, &principal.groups).iter())
+        .flat_map(|g| g.pools())
+        .map(|g| crate::auth::grant::pool_id(&g.name))
+        .collect();
+    Some(std::sync::Arc::new(super::execution::Membership {
+        groups: principal.groups.clone(),
+        pools,
+    }))
 }

@@ -2,11 +2,13 @@
 //! leg) or suspended ([`Suspended`], parked in the registry behind its tokens).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use super::admission::Slot;
 use super::ledger::Spent;
+use crate::auth::grant::Groups;
 use crate::backend::{BackendInfo, HeldCall, Hold, Holds, Turn};
 use crate::continuation::{Batch, Digests, Parked};
 use crate::store::now_unix;
@@ -18,6 +20,9 @@ use crate::turn::{DigestFn, EchoFn, ExposedCall, Fingerprint, Message, SurfaceId
 pub struct ExecutionMeta {
     pub id: String,
     pub principal: String,
+    /// Its principal's groups when it started; None without any (one pointer: the meta is
+    /// in every held turn's future).
+    pub membership: Option<Arc<Membership>>,
     pub model: String,
     pub surface: SurfaceId,
     pub created: u64,
@@ -31,7 +36,28 @@ pub struct ExecutionMeta {
     pub trace: Parent,
 }
 
+/// The groups an execution's principal belonged to when it started.
+#[derive(Debug, Default)]
+pub struct Membership {
+    /// What its token named.
+    pub groups: Groups,
+    /// The ledger ids of the group budgets its usage is pooled into
+    /// ([`crate::auth::grant::pool_id`]).
+    pub pools: Groups,
+}
+
 impl ExecutionMeta {
+    pub fn groups(&self) -> &[String] {
+        self.membership.as_deref().map_or(&[], |m| &m.groups)
+    }
+
+    pub fn pools(&self) -> Groups {
+        self.membership
+            .as_deref()
+            .map(|m| m.pools.clone())
+            .unwrap_or_default()
+    }
+
     /// The span of the execution's leg `round` on a backend described by `info`.
     pub fn leg_span(
         &self,

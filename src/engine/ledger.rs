@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::Meter;
+use crate::auth::grant::Groups;
 use crate::budget::{month_start, Budget, Clock, Price, Used};
 use crate::metrics::{slot, Metrics};
 use crate::store::{day_of, ChangeKind, Crossed, Store, StoreError, UsageRow, UsageTotals, Watch};
@@ -82,6 +83,7 @@ impl Ledger {
     pub fn meter(
         self: &Arc<Self>,
         principal: &str,
+        pools: Groups,
         model: &str,
         price: Option<Price>,
         spent: Spent,
@@ -95,8 +97,30 @@ impl Ledger {
                     Some(n.saturating_add(cost))
                 });
                 ledger.record(&principal, &model, u, cost);
+                ledger.pool(&pools, &model, u, cost);
             }),
-            _ => Arc::new(move |u: Usage| ledger.record(&principal, &model, u, 0)),
+            _ => Arc::new(move |u: Usage| {
+                ledger.record(&principal, &model, u, 0);
+                ledger.pool(&pools, &model, u, 0);
+            }),
+        }
+    }
+
+    /// Adds a report to the group budgets it is pooled into (not to the metrics: the
+    /// principal's own record counted it there).
+    fn pool(&self, pools: &[String], model: &str, u: Usage, spend: u64) {
+        if pools.is_empty() {
+            return;
+        }
+        let d = Delta {
+            usage: u,
+            requests: 1,
+            spend,
+        };
+        let day = day_of(self.clock.now());
+        let mut pending = self.pending.lock();
+        for pool in pools {
+            fold(&mut pending, (day, pool, model), d);
         }
     }
 
@@ -290,7 +314,7 @@ mod tests {
         let metrics = Arc::new(Metrics::default());
         let ledger = Ledger::new(metrics.clone());
         let store = Store::open_in_memory().await.unwrap();
-        let meter = ledger.meter("alice", "codex", None, None);
+        let meter = ledger.meter("alice", Default::default(), "codex", None, None);
         let u = Usage {
             prompt_tokens: 10,
             completion_tokens: 5,

@@ -239,7 +239,7 @@ impl Engine {
     /// Model ids the principal may use, in config order.
     pub fn models_for(&self, principal: &Principal) -> Vec<String> {
         let cfg = self.config();
-        let Some(client) = cfg.grant(&principal.id) else {
+        let Some(client) = cfg.grant(&principal.id, &principal.groups) else {
             return Vec::new();
         };
         cfg.models
@@ -303,11 +303,17 @@ impl Engine {
         }
     }
 
-    /// The principal's caps under the current config (none when it has no grant).
+    /// The caps counted under `principal` (a principal's own, or a group's pool) under the
+    /// current config; none when it has no grant.
     fn budget_of(&self, principal: &str) -> Budget {
-        let cfg = self.config();
-        cfg.grant(principal)
-            .map(|g| g.limits.budget)
+        self.config().budget_of(principal)
+    }
+
+    /// The caps of an execution of `principal`, a member of `groups`: its own, with the
+    /// tightest per-execution cap of its groups.
+    fn execution_budget(&self, principal: &str, groups: &[String]) -> Budget {
+        (self.config().grant(principal, groups))
+            .map(|g| g.limits().budget)
             .unwrap_or_default()
     }
 

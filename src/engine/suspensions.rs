@@ -356,6 +356,9 @@ fn durable_batch(s: StoredSuspension) -> Batch<Suspended> {
     let meta = ExecutionMeta {
         id: s.execution_id.clone(),
         principal: s.principal.clone(),
+        // Not stored: a durable record resumed after a restart counts toward its principal's
+        // own caps only.
+        membership: None,
         model: s.model.clone(),
         surface: s.surface,
         created: s.created_at,

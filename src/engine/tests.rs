@@ -227,10 +227,7 @@ async fn fixture() -> Fixture {
 }
 
 fn who(id: &str) -> Principal {
-    Principal {
-        id: id.into(),
-        approver: false,
-    }
+    Principal::new(id, false)
 }
 
 fn input(messages: Value) -> TurnInput {
@@ -575,10 +572,7 @@ async fn the_activity_view_shows_a_principal_its_own_and_an_approver_all() {
     let shown = serde_json::to_string(&mine).unwrap();
     assert!(calls.iter().all(|c| !shown.contains(&c.id)));
     assert!(f.engine.suspended_for(&who("bob")).is_empty());
-    let approver = Principal {
-        id: "bob".into(),
-        approver: true,
-    };
+    let approver = Principal::new("bob", true);
     assert_eq!(f.engine.suspended_for(&approver).len(), 1);
     let backends = f.engine.backends_for(&approver);
     assert_eq!(backends.len(), 1);

@@ -16,10 +16,15 @@ use crate::engine::Engine;
 
 pub async fn whoami(State(gw): State<Engine>, caller: Caller) -> Json<Value> {
     let who = caller.principal;
+    // The configured groups its token named: the ones its grant comes from.
+    let groups: Vec<String> = (gw.config().grant(&who.id, &who.groups).iter())
+        .flat_map(|g| g.groups.iter().map(|g| g.name.clone()))
+        .collect();
     Json(json!({
         "object": "principal",
         "id": who.id,
         "approver": who.approver,
+        "groups": groups,
         "models": gw.models_for(&who),
     }))
 }

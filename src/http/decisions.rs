@@ -135,10 +135,7 @@ pub async fn decide(
         Ok(false) => return Refused::Used.page(),
         Err(_) => return Refused::Unavailable.page(),
     }
-    let who = Principal {
-        id: format!("webhook:{}", link.endpoint),
-        approver: true,
-    };
+    let who = Principal::new(format!("webhook:{}", link.endpoint), true);
     let approve = link.decision == "approve";
     match gw
         .approvals()

@@ -386,7 +386,7 @@ async fn activity_api_needs_a_credential_and_answers_lists() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(
         v,
-        serde_json::json!({"object": "principal", "id": "alice", "approver": false, "models": []})
+        serde_json::json!({"object": "principal", "id": "alice", "approver": false, "groups": [], "models": []})
     );
     for path in [
         "/v1/activity/executions",

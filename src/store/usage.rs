@@ -5,6 +5,7 @@
 use super::announce::{Change, ChangeKind, Crossed};
 use super::db::{vals, Tx, Val};
 use super::{Store, StoreError};
+use crate::auth::grant::GROUP_PREFIX;
 use crate::turn::Usage;
 
 /// Totals of one day, principal and model.
@@ -151,6 +152,10 @@ impl Store {
                 params.push(v);
                 sql.push_str(&format!(" AND {clause} ?{}", params.len()));
             }
+        }
+        // A group budget's pooled rows repeat its members' usage: listed only when asked for.
+        if q.principal.is_none() {
+            sql.push_str(&format!(" AND principal NOT LIKE '{GROUP_PREFIX}%'"));
         }
         sql.push_str(" ORDER BY day, principal, model");
         let rows = self.db.read(async |t| t.rows(&sql, &params).await).await?;

@@ -32,7 +32,7 @@ use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet, PublicKeyUse};
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
-use super::grant::{ClientLimits, Role};
+use super::grant::{ClientLimits, Groups, Role, MAX_GROUPS, MAX_GROUP_NAME_BYTES};
 
 /// Verified tokens remembered at most (by digest), whatever their lifetimes.
 pub const CACHE_CAPACITY: usize = 10_000;
@@ -125,6 +125,8 @@ pub struct JwtIssuer {
     pub require: Vec<String>,
     /// When set, the header `typ` must equal it (e.g. `at+jwt`).
     pub typ: Option<String>,
+    /// The claim naming the subject's groups (a dotted path walks into objects).
+    pub groups_claim: String,
     pub models: GlobSet,
     pub roles: Vec<Role>,
     pub limits: ClientLimits,
@@ -284,6 +286,8 @@ pub struct Verified {
     pub subject: String,
     /// `exp`, seconds since the epoch.
     pub expires: u64,
+    /// What its issuer's `groups_claim` names.
+    pub groups: Groups,
 }
 
 /// Verifies `token` against the configured issuers, without any cache.
@@ -366,11 +370,35 @@ pub fn verify(issuers: &[Arc<JwtIssuer>], token: &str) -> Result<Verified, JwtEr
         _ => None,
     }
     .ok_or_else(|| JwtError::MissingClaim("exp".into()))?;
+    let groups = groups_in(&claims, &issuer.groups_claim);
     Ok(Verified {
         issuer: issuer.clone(),
         subject,
         expires,
+        groups,
     })
+}
+
+/// The groups a token's claim `path` names: an array of strings, or one string. Names that
+/// are empty, too long or hold control characters are ignored, and at most [`MAX_GROUPS`]
+/// kept; anything else (absent, another type) is no group.
+fn groups_in(claims: &Map<String, Value>, path: &str) -> Groups {
+    let mut parts = path.split('.');
+    let first = parts.next().and_then(|p| claims.get(p));
+    let value = parts.fold(first, |v, p| v.and_then(|v| v.get(p)));
+    let ok = |s: &&str| {
+        !s.is_empty() && s.len() <= MAX_GROUP_NAME_BYTES && !s.chars().any(char::is_control)
+    };
+    match value {
+        Some(Value::Array(a)) => (a.iter())
+            .filter_map(Value::as_str)
+            .filter(ok)
+            .take(MAX_GROUPS)
+            .map(str::to_string)
+            .collect(),
+        Some(Value::String(s)) if ok(&s.as_str()) => Groups::from([s.clone()]),
+        _ => Groups::default(),
+    }
 }
 
 /// The key a header's `kid` names; its `alg`, when the key states one, must match.
@@ -415,6 +443,7 @@ struct Entry {
     /// entries of an older generation never match (the `Weak` keeps the address from reuse).
     issuer: Weak<JwtIssuer>,
     subject: String,
+    groups: Groups,
     /// `exp` plus the issuer's leeway: what a fresh verification would still accept.
     valid_until: u64,
 }
@@ -473,6 +502,7 @@ impl Cache {
                             issuer: issuer.clone(),
                             subject: e.subject.clone(),
                             expires: e.valid_until.saturating_sub(issuer.leeway_seconds),
+                            groups: e.groups.clone(),
                         });
                     }
                     _ => {
@@ -500,6 +530,7 @@ impl Cache {
             Entry {
                 issuer: Arc::downgrade(&verified.issuer),
                 subject: verified.subject.clone(),
+                groups: verified.groups.clone(),
                 valid_until,
             },
         );

@@ -287,6 +287,7 @@ fn cache_serves_only_live_entries_of_the_current_generation() {
             Entry {
                 issuer: Arc::downgrade(&cfg.jwt[0]),
                 subject: "alice".into(),
+                groups: Default::default(),
                 valid_until: now() + 1000,
             },
         );
@@ -332,4 +333,45 @@ fn a_providers_jwks_keeps_only_the_keys_it_can_use() {
     assert_eq!(kids, ["other-1"], "a repeated kid is dropped, both copies");
     assert!(usable_jwks(doc.to_string().as_bytes(), &[Algorithm::ES256]).is_err());
     assert!(usable_jwks(b"[]", &[Algorithm::RS256]).is_err());
+}
+
+#[test]
+fn the_groups_claim_names_the_subjects_groups() {
+    let groups = |extra: &str, claim: Value| {
+        let cfg = cfg(extra);
+        let mut c = claims();
+        let mut path: Vec<&str> = cfg.jwt[0].groups_claim.split('.').collect();
+        let last = path.pop().unwrap();
+        let mut at = &mut c;
+        for p in path {
+            at[p] = json!({});
+            at = &mut at[p];
+        }
+        at[last] = claim;
+        let token = rs256(&c);
+        let g = verify_one(&cfg, &token).unwrap().groups;
+        // The cache keeps them.
+        let cache = Cache::default();
+        cache.verify(&cfg.jwt, &token, now()).unwrap();
+        assert_eq!(cache.verify(&cfg.jwt, &token, now()).unwrap().groups, g);
+        g.to_vec()
+    };
+    assert_eq!(groups("", json!(["dev", "ops"])), ["dev", "ops"]);
+    assert_eq!(groups("", json!("dev")), ["dev"], "one group as a string");
+    assert!(groups("", json!({"dev": true})).is_empty(), "another type");
+    assert_eq!(
+        groups("", json!(["dev", 7, "", "a\u{7}b", "x".repeat(300), "ops"])),
+        ["dev", "ops"],
+        "what is not a usable name is ignored"
+    );
+    let many: Vec<String> = (0..300).map(|i| format!("g{i}")).collect();
+    assert_eq!(groups("", json!(many)).len(), MAX_GROUPS);
+    assert_eq!(
+        groups("groups_claim = \"realm_access.roles\"", json!(["admin"])),
+        ["admin"],
+        "a dotted path walks into objects"
+    );
+    // No claim: no groups.
+    let cfg = cfg("");
+    assert!(verify_one(&cfg, &rs256(&claims())).unwrap().groups.is_empty());
 }

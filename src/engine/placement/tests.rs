@@ -71,10 +71,7 @@ async fn held(
 }
 
 fn who(id: &str) -> Principal {
-    Principal {
-        id: id.into(),
-        approver: false,
-    }
+    Principal::new(id, false)
 }
 
 /// A continuation answering `token`, by reference (the owner checks the conversation) or not.

@@ -40,6 +40,7 @@ fn durable(execution: &str) -> Batch<Suspended> {
     let meta = ExecutionMeta {
         id: execution.into(),
         principal: "alice".into(),
+        membership: None,
         model: "m".into(),
         surface: SurfaceId::Chat,
         created: 0,

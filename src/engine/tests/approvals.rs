@@ -34,7 +34,7 @@ async fn a_side_effect_of_a_revoked_principal_is_denied_without_a_notice() {
         .replace("[[clients]]\nid = \"alice\"\nkey_sha256 = \"KEY_A\"\n", "")
         .replace("KEY_B", &crate::auth::hash_key("sk-b"));
     let cfg = crate::config::from_toml_str(&without, f.dir.path()).unwrap();
-    assert!(cfg.grant("alice").is_none());
+    assert!(cfg.grant("alice", &[]).is_none());
     *f.engine.inner.config.write() = Arc::new(cfg);
     let tx = f.spy.senders.lock()[&leg.execution_id].clone();
     tx.unbounded_send(ask(&f.spy)).unwrap();
