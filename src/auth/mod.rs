@@ -157,9 +157,7 @@ fn jwt_principal(cfg: &Config, v: &jwt::Verified) -> Principal {
         Some(client) => client.id.clone(),
         None => jwt::principal_id(&v.issuer.issuer, &v.subject),
     };
-    let approver = cfg
-        .grant(&id, &v.groups)
-        .is_some_and(|g| g.approver());
+    let approver = cfg.grant(&id, &v.groups).is_some_and(|g| g.approver());
     Principal {
         id,
         approver,

@@ -274,4 +274,61 @@ models = ["*"]
         let e = parse_jwt(&jwt_toml(&both, "")).unwrap_err();
         assert_eq!(e.path, "auth.oidc[0].issuer", "{e}");
     }
+
+    #[test]
+    fn groups_grant_their_members_models_roles_and_tightest_limits() {
+        let groups = r#"
+    [[groups]]
+    name = "developers"
+    models = ["demo*"]
+    concurrent_executions = 2
+    budget = { usd_per_day = 10.0 }
+    [[groups]]
+    name = "approvers"
+    roles = ["approver"]
+    "#;
+        let cfg = parse_jwt(&jwt_toml(&format!("{ISSUER}{groups}"), "")).unwrap();
+        assert_eq!(cfg.jwt[0].groups_claim, "groups", "the default");
+        let sam = "jwt:https://idp.test#sam";
+        let alone = cfg.grant(sam, &[]).unwrap();
+        assert!(!alone.may_use("demo") && !alone.approver());
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let dev = cfg.grant(sam, &names(&["developers", "unknown"])).unwrap();
+        assert!(dev.may_use("demo") && !dev.approver());
+        assert_eq!(dev.limits().concurrent_executions, Some(2));
+        assert_eq!(dev.limits().budget.usd_per_day, None, "pooled, not its own");
+        assert_eq!(dev.pools().count(), 1);
+        assert!(cfg.grant(sam, &names(&["approvers"])).unwrap().approver());
+        assert_eq!(
+            cfg.budget_of("group:developers").usd_per_day,
+            Some(crate::budget::nanos(10.0))
+        );
+        assert_eq!(
+            cfg.budget_of("group:none"),
+            crate::budget::Budget::default()
+        );
+
+        for (bad, path) in [
+            ("[[groups]]\nname = \"\"\n", "groups[0].name"),
+            (
+                "[[groups]]\nname = \"a\"\n[[groups]]\nname = \"a\"\n",
+                "groups[1].name",
+            ),
+            (
+                "[[groups]]\nname = \"a\"\nroles = [\"root\"]\n",
+                "groups[0].roles[0]",
+            ),
+            ("[[groups]]\nname = \"a\"\nburst = 2\n", "groups[0].burst"),
+            ("[[groups]]\nname = \"a\"\nmembers = []\n", ""),
+        ] {
+            let e = parse_jwt(&jwt_toml(&format!("{ISSUER}{bad}"), "")).unwrap_err();
+            assert!(e.path.starts_with(path), "{bad}: {e}");
+        }
+        let e =
+            parse_jwt(&jwt_toml(&format!("{ISSUER}groups_claim = \"a..b\"\n"), "")).unwrap_err();
+        assert_eq!(e.path, "auth.jwt[0].groups_claim", "{e}");
+        let client = "[[clients]]\nid = \"group:x\"\nkey_sha256 = \"00\"\n";
+        let e = parse_jwt(&jwt_toml(ISSUER, client)).unwrap_err();
+        assert_eq!(e.path, "clients[1].id", "{e}");
+    }
 }

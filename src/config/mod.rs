@@ -319,6 +319,14 @@ impl Config {
         Some(Grant { own, groups })
     }
 
+    /// The caps of an execution of `id`, a member of `groups`: its own, with the tightest
+    /// per-execution cap of its groups.
+    pub fn execution_budget(&self, id: &str, groups: &[String]) -> crate::budget::Budget {
+        (self.grant(id, groups))
+            .map(|g| g.limits().budget)
+            .unwrap_or_default()
+    }
+
     /// The budget counted under `id` in the usage ledger: a principal's own caps, or a
     /// group's pooled ones ([`crate::auth::grant::pool_id`]).
     pub fn budget_of(&self, id: &str) -> crate::budget::Budget {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
 use super::raw::{
-    RawClient, RawConfig, RawGroup, RawContinuations, RawContinuity, RawModel, DEFAULT_DECISION,
+    RawClient, RawConfig, RawContinuations, RawContinuity, RawGroup, RawModel, DEFAULT_DECISION,
 };
 use super::{
     backends, err, jwt, ApprovalPolicy, ClientConfig, ClientLimits, CompactionLimits, Config,

@@ -273,7 +273,13 @@ mod tests {
             usd_per_execution: None,
         };
         let spent: Arc<std::sync::atomic::AtomicU64> = Arc::new(0.into());
-        let meter = ledger.meter("alice", Default::default(), "m", Some(price), Some(spent.clone()));
+        let meter = ledger.meter(
+            "alice",
+            Default::default(),
+            "m",
+            Some(price),
+            Some(spent.clone()),
+        );
         let million = Usage {
             prompt_tokens: 3_000_000,
             completion_tokens: 2_000_000,

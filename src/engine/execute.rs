@@ -99,10 +99,7 @@ impl Engine {
         }
         for pool in grant.iter().flat_map(|g| g.pools()) {
             let id = crate::auth::grant::pool_id(&pool.name);
-            self.inner
-                .budgets
-                .within(&id, &pool.limits.budget)
-                .await?;
+            self.inner.budgets.within(&id, &pool.limits.budget).await?;
         }
         let (all, durable) =
             if limits.max_suspended.is_some() || limits.concurrent_executions.is_some() {
@@ -279,7 +276,10 @@ impl Engine {
         let limit = cfg.server.max_body_bytes;
         let slot = match ask.fresh {
             true => {
-                if cfg.usable_model(&principal.id, &principal.groups, ask.model).is_none() {
+                if cfg
+                    .usable_model(&principal.id, &principal.groups, ask.model)
+                    .is_none()
+                {
                     return Err(EngineError::ModelNotFound(ask.model.to_string()).into());
                 }
                 drop(cfg);

@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::backend::Meter;
 use crate::auth::grant::Groups;
+use crate::backend::Meter;
 use crate::budget::{month_start, Budget, Clock, Price, Used};
 use crate::metrics::{slot, Metrics};
 use crate::store::{day_of, ChangeKind, Crossed, Store, StoreError, UsageRow, UsageTotals, Watch};

@@ -182,7 +182,10 @@ impl Engine {
             // its next model request (the next report) stops it. The cap is read once per
             // leg, and only for a priced execution.
             budget: (exec.meta.spent.is_some())
-                .then(|| self.execution_budget(&exec.meta.principal, exec.meta.groups()))
+                .then(|| {
+                    self.config()
+                        .execution_budget(&exec.meta.principal, exec.meta.groups())
+                })
                 .map(|b| b.capped(exec.meta.cap))
                 .filter(|b| b.usd_per_execution.is_some()),
             crossed: None,

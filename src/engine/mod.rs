@@ -69,7 +69,6 @@ use self::threads::Threads;
 use crate::approvals::Approvals;
 use crate::auth::Principal;
 use crate::backend::{self, Backend, Holds};
-use crate::budget::Budget;
 use crate::config::{self, Config, ConfigError};
 use crate::continuation::{Limits, Reason, Registry};
 use crate::metrics::{Gauges, Metrics};
@@ -303,30 +302,16 @@ impl Engine {
         }
     }
 
-    /// The caps counted under `principal` (a principal's own, or a group's pool) under the
-    /// current config; none when it has no grant.
-    fn budget_of(&self, principal: &str) -> Budget {
-        self.config().budget_of(principal)
-    }
-
-    /// The caps of an execution of `principal`, a member of `groups`: its own, with the
-    /// tightest per-execution cap of its groups.
-    fn execution_budget(&self, principal: &str, groups: &[String]) -> Budget {
-        (self.config().grant(principal, groups))
-            .map(|g| g.limits().budget)
-            .unwrap_or_default()
-    }
-
     /// Where `principal` stands against its fullest cap that gates fresh turns, for the
     /// surfaces that report it on every answer (see [`budget::Budgets::standing`]).
     pub async fn standing(&self, principal: &str) -> Option<Standing> {
-        let budget = self.budget_of(principal);
+        let budget = self.config().budget_of(principal);
         self.inner.budgets.standing(principal, &budget).await
     }
 
     /// The caps of `principal` and what is left of each; empty when it has none.
     pub async fn budget_view(&self, principal: &str) -> Result<Vec<CapView>, StoreError> {
-        let budget = self.budget_of(principal);
+        let budget = self.config().budget_of(principal);
         self.inner.budgets.view(principal, &budget).await
     }
 
@@ -340,13 +325,21 @@ impl Engine {
         if !principal.approver {
             q.principal = Some(principal.id.clone());
         }
-        self.inner.budgets.flush(&|p| self.budget_of(p)).await?;
+        self.inner
+            .budgets
+            .flush(&|p| self.config().budget_of(p))
+            .await?;
         self.inner.store.usage(&q).await
     }
 
     /// Writes the usage deltas to the store (the timer does this about once a second).
     async fn flush_usage(&self) {
-        if let Err(e) = self.inner.budgets.flush(&|p| self.budget_of(p)).await {
+        if let Err(e) = self
+            .inner
+            .budgets
+            .flush(&|p| self.config().budget_of(p))
+            .await
+        {
             tracing::error!(error = %e, "could not write usage totals; kept for the next try");
         }
     }

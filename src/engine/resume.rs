@@ -242,7 +242,9 @@ impl Engine {
         let positions = check(&view, input, c, cfg.continuations.max_tool_result_bytes)?;
 
         // Authority under the current config, for the original model.
-        let allowed = cfg.usable_model(&principal.id, &principal.groups, &view.model).is_some();
+        let allowed = cfg
+            .usable_model(&principal.id, &principal.groups, &view.model)
+            .is_some();
         if !allowed {
             if let Some(s) = suspensions.settle(view.batch, Reason::Revoked) {
                 tracing::info!(execution = %s.execution_id, "grant revoked while suspended; turn interrupted");
@@ -256,8 +258,8 @@ impl Engine {
         // spent nothing, an unpriced model's, has nothing to check.)
         let over = (view.spent > 0)
             .then(|| {
-                let budget = (self.execution_budget(&principal.id, &principal.groups))
-                    .capped(view.cap);
+                let budget =
+                    (cfg.execution_budget(&principal.id, &principal.groups)).capped(view.cap);
                 budget.execution_reached(view.spent)
             })
             .flatten();

@@ -72,8 +72,11 @@ pub async fn create(m: &Managed, who: &Principal, body: &Value) -> Result<Value,
         return Err(refused("agent", "the agent is archived"));
     }
     let model = agent["model"]["id"].as_str().unwrap_or_default();
-    let priced =
-        (m.engine().config().usable_model(&who.id, &who.groups, model)).is_some_and(|c| c.price.is_some());
+    let priced = (m
+        .engine()
+        .config()
+        .usable_model(&who.id, &who.groups, model))
+    .is_some_and(|c| c.price.is_some());
     if ceiling.is_some() && !priced {
         return Err(refused(
             "budget",

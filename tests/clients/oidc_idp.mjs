@@ -13,6 +13,7 @@
 //   GET  /forged?kid=K       a token of the issuer's shape signed by a key the provider never
 //                            had, naming kid K
 //   POST /rotate             a new signing key, published first (the old one kept after it)
+//   POST /groups?user=bob&group=developers   the user's groups from now on (next token)
 //   POST /down, POST /up     the provider answers 503 to everything, or again serves
 //   GET  /stats              {"discovery": n, "jwks": n} requests the HTTPS listener answered
 
@@ -208,6 +209,12 @@ const control = http.createServer(async (req, res) => {
       keys = [signingKey(), ...keys];
       provider = build(ISSUER);
       return json(200, { kid: keys[0].kid });
+    }
+    if (url.pathname === "/groups") {
+      const user = USERS[url.searchParams.get("user")];
+      if (!user) return json(404, { error: "no such user" });
+      user.groups = url.searchParams.getAll("group");
+      return json(200, user);
     }
     if (url.pathname === "/down") return json(200, { down: (down = true) });
     if (url.pathname === "/up") return json(200, { down: (down = false) });

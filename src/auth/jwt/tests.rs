@@ -373,5 +373,8 @@ fn the_groups_claim_names_the_subjects_groups() {
     );
     // No claim: no groups.
     let cfg = cfg("");
-    assert!(verify_one(&cfg, &rs256(&claims())).unwrap().groups.is_empty());
+    assert!(verify_one(&cfg, &rs256(&claims()))
+        .unwrap()
+        .groups
+        .is_empty());
 }

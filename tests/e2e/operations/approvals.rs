@@ -490,7 +490,7 @@ async fn cli_approves_end_to_end() {
 }
 
 /// Opens `GET /v1/approvals/events` as `key` and reads its opening comment.
-async fn open_events(gw: &Gateway, key: &str) -> reqwest::Response {
+pub(super) async fn open_events(gw: &Gateway, key: &str) -> reqwest::Response {
     let mut events = gw
         .http
         .get(format!("{}/v1/approvals/events", gw.url))
@@ -510,7 +510,7 @@ async fn open_events(gw: &Gateway, key: &str) -> reqwest::Response {
 }
 
 /// Reads a stream to its end (bounded); what it carried.
-async fn to_end(mut events: reqwest::Response) -> String {
+pub(super) async fn to_end(mut events: reqwest::Response) -> String {
     let mut seen = String::new();
     loop {
         match tokio::time::timeout(WAIT, events.chunk()).await {

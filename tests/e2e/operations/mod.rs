@@ -9,6 +9,7 @@ mod connections;
 mod continuation;
 mod crash;
 mod flood;
+mod groups;
 pub(crate) mod jwt;
 mod lifecycle;
 mod oidc;

@@ -15,9 +15,9 @@ use crate::support::tls::TestCa;
 use crate::support::*;
 
 /// The provider process, its issuer URL and its control listener.
-struct Idp {
+pub(super) struct Idp {
     child: Child,
-    issuer: String,
+    pub issuer: String,
     control: String,
     ca_file: std::path::PathBuf,
     _dir: tempfile::TempDir,
@@ -26,7 +26,7 @@ struct Idp {
 
 impl Idp {
     /// None when node or `oidc-provider` is missing outside CI (a loud skip).
-    fn start() -> Option<Idp> {
+    pub fn start() -> Option<Idp> {
         let node = node_with("oidc-provider", "OpenID provider test")?;
         let ca = TestCa::new("idp");
         let dir = tempfile::tempdir().expect("tempdir");
@@ -66,11 +66,15 @@ impl Idp {
             control: format!("http://127.0.0.1:{control}"),
             ca_file,
             _dir: dir,
-            http: reqwest::Client::new(),
+            // Bounded: a provider that stops answering fails the test instead of hanging it.
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("client"),
         })
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str) -> Value {
+    pub async fn call(&self, method: reqwest::Method, path: &str) -> Value {
         let r = self
             .http
             .request(method, format!("{}{path}", self.control))
@@ -82,7 +86,7 @@ impl Idp {
     }
 
     /// An ID token of `user`, by a device-flow login.
-    async fn token(&self, user: &str) -> String {
+    pub async fn token(&self, user: &str) -> String {
         let v = self
             .call(reqwest::Method::GET, &format!("/token?user={user}"))
             .await;
@@ -102,13 +106,18 @@ impl Idp {
             .expect("jwks count")
     }
 
-    /// A gateway trusting this provider (`extra`: more keys of its entry).
-    async fn gateway(&self, extra: &str) -> Gateway {
-        let section = format!(
-            "\n[[auth.oidc]]\nissuer = \"{}\"\naudiences = [\"turnstile\"]\nalgorithms = [\"ES256\"]\nca_file = \"{}\"\nmodels = [\"*\"]\n{extra}\n",
+    /// The `[[auth.oidc]]` entry trusting this provider, with `extra` keys.
+    pub fn section(&self, extra: &str) -> String {
+        format!(
+            "\n[[auth.oidc]]\nissuer = \"{}\"\naudiences = [\"turnstile\"]\nalgorithms = [\"ES256\"]\nca_file = \"{}\"\n{extra}\n",
             self.issuer,
             self.ca_file.display()
-        );
+        )
+    }
+
+    /// A gateway trusting this provider (`extra`: more keys of its entry).
+    async fn gateway(&self, extra: &str) -> Gateway {
+        let section = self.section(&format!("models = [\"*\"]\n{extra}"));
         Gateway::start_raw(Opts::default(), move |o, d| config_text(o, d) + &section).await
     }
 }
@@ -120,7 +129,7 @@ impl Drop for Idp {
     }
 }
 
-async fn whoami(gw: &Gateway, token: &str) -> (u16, Value) {
+pub(super) async fn whoami(gw: &Gateway, token: &str) -> (u16, Value) {
     let r = gw
         .http
         .get(format!("{}/v1/whoami", gw.url))
