@@ -22,6 +22,8 @@
 //! - [`store`]: the durable journal, suspensions, tombstones and approvals (SQLite or
 //!   PostgreSQL).
 //! - [`auth`]: principals from API keys (SHA-256 digests, constant-time match) and JWTs.
+//! - [`sso`]: sign-in through an identity provider, the gateway's own short-lived tokens,
+//!   and `turnstile login` / `turnstile token`.
 //! - [`budget`]: prices, costs and spend caps over the UTC calendar.
 //! - [`config`]: TOML config, parsed strictly, validated and frozen.
 //! - [`error`]: stable error codes and their statuses.
@@ -48,6 +50,7 @@ pub mod metrics;
 pub mod notify;
 pub mod server;
 pub mod sse;
+pub mod sso;
 pub mod store;
 pub mod surface;
 pub mod telemetry;

@@ -74,6 +74,63 @@ enum Command {
         #[arg(long)]
         to: Option<String>,
     },
+    /// Sign in to a gateway with its identity provider (device flow); keeps the sign-in in a
+    /// file only you can read.
+    Login {
+        /// Gateway base URL.
+        #[arg(long, env = "TURNSTILE_URL")]
+        gateway: String,
+        /// The provider's issuer, when the gateway offers several.
+        #[arg(long)]
+        issuer: Option<String>,
+        /// The credentials file (default: ~/.config/turnstile/credentials.json).
+        #[arg(long, env = "TURNSTILE_CREDENTIALS")]
+        credentials: Option<PathBuf>,
+    },
+    /// Print a valid short-lived access token of a gateway you signed in to (for
+    /// `apiKeyHelper` and provider auth commands), refreshing it when needed.
+    Token {
+        /// Gateway base URL (default: the only one signed in to).
+        #[arg(long)]
+        gateway: Option<String>,
+        #[arg(long, env = "TURNSTILE_CREDENTIALS")]
+        credentials: Option<PathBuf>,
+    },
+    /// Sign out of a gateway: its sign-in is revoked and forgotten.
+    Logout {
+        #[arg(long)]
+        gateway: Option<String>,
+        #[arg(long, env = "TURNSTILE_CREDENTIALS")]
+        credentials: Option<PathBuf>,
+    },
+}
+
+/// Runs a sign-in command on a small runtime; its error on stderr, exit 1.
+fn sign_in_cli<F, T>(
+    credentials: Option<PathBuf>,
+    run: impl FnOnce(PathBuf) -> F,
+    done: impl FnOnce(T),
+) -> ExitCode
+where
+    F: std::future::Future<Output = Result<T, String>>,
+{
+    let Some(path) = credentials.or_else(turnstile::sso::client::default_path) else {
+        eprintln!("error: no home folder: name the credentials file with --credentials");
+        return ExitCode::FAILURE;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    match runtime.map_err(|e| e.to_string()).and_then(|r| r.block_on(run(path))) {
+        Ok(v) => {
+            done(v);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -184,8 +241,18 @@ fn call_cli(
 
 /// Runs each `claude-code` backend's `command --version` and reports what it found.
 /// Each endpoint's signing secrets are set and well formed, and its client can be built.
-fn check_webhooks(cfg: &turnstile::config::Config) -> ExitCode {
+/// The secrets `check` reads from the environment: sign-in clients' and webhooks'.
+fn check_secrets(cfg: &turnstile::config::Config) -> ExitCode {
     let mut ok = true;
+    for (issuer, s) in (cfg.jwt.iter()).filter_map(|i| Some((&i.issuer, i.sign_in()?.1))) {
+        match (&s.client_secret_env, s.secret()) {
+            (Some(var), None) => {
+                eprintln!("error: auth.oidc `{issuer}`: client_secret_env: the environment variable {var} is not set");
+                ok = false;
+            }
+            _ => println!("sign-in through {issuer} as client {}", s.client_id),
+        }
+    }
     for w in &cfg.webhooks {
         match turnstile::notify::secrets(w) {
             Ok(s) => println!(
@@ -369,7 +436,7 @@ fn main() -> ExitCode {
                 for w in cfg.warnings() {
                     eprintln!("warning: {w}");
                 }
-                match check_webhooks(&cfg) {
+                match check_secrets(&cfg) {
                     ExitCode::SUCCESS => check_agents(&cfg),
                     failed => failed,
                 }
@@ -380,5 +447,30 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve { config } => serve(config, cli.log_format),
+        Command::Login {
+            gateway,
+            issuer,
+            credentials,
+        } => sign_in_cli(
+            credentials,
+            async |p| turnstile::sso::client::login(&gateway, issuer.as_deref(), &p).await,
+            |()| {},
+        ),
+        Command::Token {
+            gateway,
+            credentials,
+        } => sign_in_cli(
+            credentials,
+            async |p| turnstile::sso::client::token(gateway.as_deref(), &p).await,
+            |t| println!("{t}"),
+        ),
+        Command::Logout {
+            gateway,
+            credentials,
+        } => sign_in_cli(
+            credentials,
+            async |p| turnstile::sso::client::logout(gateway.as_deref(), &p).await,
+            |()| eprintln!("Signed out."),
+        ),
     }
 }

@@ -33,6 +33,17 @@ pub async fn serve(cfg: config::Config, config_path: &Path) -> Result<(), StartE
     for w in cfg.warnings() {
         tracing::warn!("{w}");
     }
+    // A sign-in client's secret is read at each use; an unset one fails the start instead.
+    let unset = (cfg.jwt.iter())
+        .filter_map(|i| i.sign_in()?.1.client_secret_env.as_ref().zip(i.sign_in()))
+        .find(|(_, (_, s))| s.secret().is_none());
+    if let Some((var, _)) = unset {
+        return Err(StartError::Environment {
+            key: "auth.oidc.client_secret_env",
+            var: var.clone(),
+            problem: "is not set",
+        });
+    }
     let listen = cfg.server.listen;
     let gw = Engine::start(cfg, Some(config_path.to_path_buf())).await?;
     let listen_error = |error| StartError::Listen {
@@ -83,7 +94,14 @@ pub async fn serve(cfg: config::Config, config_path: &Path) -> Result<(), StartE
         stopping.begin_shutdown().await;
     };
 
-    let state = crate::http::AppState::from(gw.clone());
+    let sso = match crate::sso::Sso::load(gw.clone()).await {
+        Ok(sso) => std::sync::Arc::new(sso),
+        Err(e) => {
+            gw.shutdown().await;
+            return Err(StartError::Store(e));
+        }
+    };
+    let state = crate::http::AppState::from(gw.clone()).with_sso(sso);
     let app = crate::http::router(state.clone());
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();

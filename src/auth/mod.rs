@@ -90,15 +90,38 @@ pub fn jwt_now() -> u64 {
 #[derive(Default)]
 pub struct Authenticator {
     jwt: jwt::Cache,
+    /// The gateway's own access tokens, when it serves sign-in.
+    sso: Option<std::sync::Arc<crate::sso::Sso>>,
 }
 
 impl Authenticator {
+    pub fn with_sso(sso: std::sync::Arc<crate::sso::Sso>) -> Authenticator {
+        Authenticator {
+            jwt: jwt::Cache::default(),
+            sso: Some(sso),
+        }
+    }
+
+    /// Without waiting: a gateway access token passes only while its session's state read
+    /// within the last seconds admits it ([`Authenticator::authenticate_fetching`] reads it).
     pub fn authenticate(
         &self,
         cfg: &Config,
         authorization: Option<&str>,
     ) -> Result<Principal, ApiError> {
+        if let Some(token) = self.gateway_token(authorization) {
+            let sso = self.sso.as_deref().expect("a gateway token needs sign-in");
+            return sso
+                .principal_now(cfg, token)
+                .ok_or_else(ApiError::unauthenticated);
+        }
         authenticate_cached(cfg, Some(&self.jwt), authorization, jwt_now())
+    }
+
+    /// The bearer value, when it is one of the gateway's own access tokens.
+    fn gateway_token<'a>(&self, authorization: Option<&'a str>) -> Option<&'a str> {
+        self.sso.as_ref()?;
+        bearer(authorization).filter(|t| crate::sso::tokens::is_gateway_token(t))
     }
 
     /// [`Authenticator::authenticate`]; when that fails on a token of an OpenID provider
@@ -109,6 +132,10 @@ impl Authenticator {
         cfg: &Config,
         authorization: Option<&str>,
     ) -> Result<Principal, ApiError> {
+        if let Some(token) = self.gateway_token(authorization) {
+            let sso = self.sso.as_deref().expect("a gateway token needs sign-in");
+            return (sso.principal(cfg, token).await).ok_or_else(ApiError::unauthenticated);
+        }
         let first = self.authenticate(cfg, authorization);
         let token = bearer(authorization).filter(|t| jwt::looks_like_jwt(t));
         let (Err(_), Some(token)) = (&first, token) else {
@@ -150,18 +177,33 @@ pub fn authenticate_cached(
     ))
 }
 
-/// A verified token's principal: the client entry naming it, or its issuer's subject; an
-/// approver when its entry or one of its configured groups says so.
 fn jwt_principal(cfg: &Config, v: &jwt::Verified) -> Principal {
-    let id = match cfg.jwt_client(&v.issuer.issuer, &v.subject) {
+    subject_principal(cfg, &v.issuer.issuer, &v.subject, v.groups.clone())
+}
+
+/// The principal of `subject` of `issuer`, a member of `groups`: the client entry naming
+/// it, or the issuer's subject; an approver when its entry or one of its configured groups
+/// says so.
+pub fn subject_principal(cfg: &Config, issuer: &str, subject: &str, groups: Groups) -> Principal {
+    let id = match cfg.jwt_client(issuer, subject) {
         Some(client) => client.id.clone(),
-        None => jwt::principal_id(&v.issuer.issuer, &v.subject),
+        None => jwt::principal_id(issuer, subject),
     };
-    let approver = cfg.grant(&id, &v.groups).is_some_and(|g| g.approver());
+    let approver = cfg.grant(&id, &groups).is_some_and(|g| g.approver());
     Principal {
         id,
         approver,
-        groups: v.groups.clone(),
+        groups,
+    }
+}
+
+/// The (issuer, subject) behind principal `id`: a JWT subject's, or the one its client entry
+/// names; None for an API key's.
+pub fn subject_of<'c>(cfg: &'c Config, id: &'c str) -> Option<(&'c str, &'c str)> {
+    match cfg.client(id).map(|c| &c.credential) {
+        Some(Credential::Jwt { issuer, subject }) => Some((issuer, subject)),
+        Some(Credential::Key(_)) => None,
+        None => jwt::split_principal(id),
     }
 }
 

@@ -37,10 +37,41 @@ pub const MAX_BODY: usize = 1 << 20;
 /// The first retry after a failed refresh; doubled each time, up to the refresh interval.
 const FIRST_RETRY: Duration = Duration::from_secs(5);
 
-/// Keys fetched at one time (Unix seconds).
+/// Keys fetched at one time (Unix seconds), with the endpoints discovery named.
 pub struct Snapshot {
     pub keys: Vec<JwkKey>,
     pub fetched_at: u64,
+    pub endpoints: Endpoints,
+}
+
+/// The provider's endpoints that sign-in uses, as its discovery document names them.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Endpoints {
+    pub token_endpoint: Option<String>,
+    pub device_authorization_endpoint: Option<String>,
+    pub authorization_endpoint: Option<String>,
+    pub end_session_endpoint: Option<String>,
+}
+
+/// The gateway as the provider's OAuth client (`client_id`, …): users sign in through it,
+/// and get the gateway's own short-lived tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignIn {
+    pub client_id: String,
+    /// The variable holding the client secret; None for a public client.
+    pub client_secret_env: Option<String>,
+    pub scopes: Vec<String>,
+    /// The lifetime of a gateway access token.
+    pub token_ttl: Duration,
+    /// How long a sign-in lasts before the user signs in again.
+    pub session_ttl: Duration,
+}
+
+impl SignIn {
+    /// The client secret from the environment (`turnstile check` says when it is unset).
+    pub fn secret(&self) -> Option<String> {
+        std::env::var(self.client_secret_env.as_deref()?).ok()
+    }
 }
 
 /// One provider's keys and how to fetch them.
@@ -51,6 +82,8 @@ pub struct Remote {
     pub ca_pem: Option<Vec<u8>>,
     pub refresh: Duration,
     pub max_key_age: Duration,
+    /// Sign-in through this provider, when the gateway is its client.
+    pub sign_in: Option<SignIn>,
     keys: RwLock<Option<Arc<Snapshot>>>,
     /// Held while fetching (one fetch at a time); with the time of the last fetch that an
     /// unknown `kid` asked for (Unix seconds), which the rate limit counts.
@@ -82,6 +115,8 @@ pub enum FetchError {
 struct Discovery {
     issuer: String,
     jwks_uri: String,
+    #[serde(flatten)]
+    endpoints: Endpoints,
 }
 
 impl Remote {
@@ -91,6 +126,7 @@ impl Remote {
         ca_pem: Option<Vec<u8>>,
         refresh: Duration,
         max_key_age: Duration,
+        sign_in: Option<SignIn>,
     ) -> Remote {
         Remote {
             issuer,
@@ -98,6 +134,7 @@ impl Remote {
             ca_pem,
             refresh,
             max_key_age,
+            sign_in,
             keys: RwLock::new(None),
             fetching: Mutex::new(None),
         }
@@ -154,12 +191,14 @@ impl Remote {
         *self.keys.write() = Some(Arc::new(Snapshot {
             keys,
             fetched_at: now,
+            endpoints: doc.endpoints,
         }));
         tracing::info!(issuer = %self.issuer, keys = n, "fetched the provider's signing keys");
         Ok(n)
     }
 
-    fn client(&self) -> Result<reqwest::Client, FetchError> {
+    /// An HTTPS client for this provider (its `ca_file` added; no redirects, no proxy).
+    pub fn client(&self) -> Result<reqwest::Client, FetchError> {
         let mut b = reqwest::Client::builder()
             .https_only(true)
             .timeout(FETCH_TIMEOUT)
@@ -183,7 +222,7 @@ async fn get(
     url: &str,
     what: &'static str,
 ) -> Result<Vec<u8>, FetchError> {
-    let mut resp = client
+    let resp = client
         .get(url)
         .header("accept", "application/json")
         .send()
@@ -195,6 +234,49 @@ async fn get(
             status: resp.status().as_u16(),
         });
     }
+    read_body(resp, what).await
+}
+
+/// A form POST to the provider as its client (HTTP Basic with `client`'s id and secret
+/// when it has one, RFC 6749 §2.3.1): the status and body, whatever the status.
+pub async fn post_form(
+    client: &reqwest::Client,
+    url: &str,
+    what: &'static str,
+    credentials: (&str, Option<&str>),
+    form: &[(&str, &str)],
+) -> Result<(u16, Vec<u8>), FetchError> {
+    let mut fields = form.to_vec();
+    let mut req = client.post(url).header("accept", "application/json");
+    match credentials {
+        (id, Some(secret)) => req = req.basic_auth(form_encode(id), Some(form_encode(secret))),
+        (id, None) => fields.push(("client_id", id)),
+    }
+    let resp = req
+        .form(&fields)
+        .send()
+        .await
+        .map_err(|e| FetchError::Http(format!("{what}: {}", e.without_url())))?;
+    let status = resp.status().as_u16();
+    Ok((status, read_body(resp, what).await?))
+}
+
+/// RFC 6749 §2.3.1: the client id and secret are form-encoded before Basic encoding
+/// (`application/x-www-form-urlencoded`; by hand: four lines, where no direct dependency
+/// offers it).
+fn form_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' => out.push(b as char),
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+async fn read_body(mut resp: reqwest::Response, what: &'static str) -> Result<Vec<u8>, FetchError> {
     let mut body = Vec::new();
     while let Some(chunk) = resp
         .chunk()
@@ -285,6 +367,7 @@ mod tests {
             None,
             Duration::from_secs(60),
             Duration::from_secs(120),
+            None,
         )
     }
 
@@ -303,6 +386,7 @@ mod tests {
         *old.keys.write() = Some(Arc::new(Snapshot {
             keys: Vec::new(),
             fetched_at: 1_000,
+            endpoints: Endpoints::default(),
         }));
         assert!(old.current(1_120).is_some());
         assert!(old.current(1_121).is_none(), "older than max_key_age");

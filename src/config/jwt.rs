@@ -10,7 +10,7 @@ use super::raw::{RawJwt, RawOidc};
 use super::validate::{globs, limits, roles};
 use super::{err, resolve, ConfigError, JwtIssuer};
 use crate::auth::jwt::{family_name, jwks_keys, parse_algorithm, pem_keys, Keys};
-use crate::auth::oidc::Remote;
+use crate::auth::oidc::{Remote, SignIn};
 
 /// The most clock skew an issuer may be granted.
 const MAX_LEEWAY_SECONDS: u64 = 300;
@@ -213,7 +213,47 @@ fn remote(
         ca_pem,
         std::time::Duration::from_secs(o.refresh_seconds),
         std::time::Duration::from_secs(o.max_key_age_seconds),
+        sign_in(o, at)?,
     ))))
+}
+
+/// Sign-in through the provider, when `client_id` is set: the provider's ID tokens for the
+/// gateway name it in `aud`, so it must be one of `audiences`.
+fn sign_in(o: &RawOidc, at: &dyn Fn(&str) -> String) -> Result<Option<SignIn>, ConfigError> {
+    let Some(client_id) = &o.client_id else {
+        if o.client_secret_env.is_some() {
+            return Err(err(at("client_secret_env"), "needs client_id beside it"));
+        }
+        return Ok(None);
+    };
+    if client_id.is_empty() || !o.audiences.contains(client_id) {
+        return Err(err(
+            at("client_id"),
+            "must be one of audiences (the provider's ID tokens for the gateway name it in `aud`)",
+        ));
+    }
+    if o.client_secret_env.as_deref() == Some("") {
+        return Err(err(at("client_secret_env"), "must name a variable"));
+    }
+    if !o.scopes.iter().any(|s| s == "openid") {
+        return Err(err(at("scopes"), "must contain `openid`"));
+    }
+    if !(1..=86_400).contains(&o.token_ttl_seconds) {
+        return Err(err(at("token_ttl_seconds"), "must be 1 to 86400"));
+    }
+    if o.session_ttl_seconds < o.token_ttl_seconds {
+        return Err(err(
+            at("session_ttl_seconds"),
+            "must be at least token_ttl_seconds",
+        ));
+    }
+    Ok(Some(SignIn {
+        client_id: client_id.clone(),
+        client_secret_env: o.client_secret_env.clone(),
+        scopes: o.scopes.clone(),
+        token_ttl: std::time::Duration::from_secs(o.token_ttl_seconds),
+        session_ttl: std::time::Duration::from_secs(o.session_ttl_seconds),
+    }))
 }
 
 #[cfg(test)]
@@ -330,5 +370,43 @@ models = ["*"]
         let client = "[[clients]]\nid = \"group:x\"\nkey_sha256 = \"00\"\n";
         let e = parse_jwt(&jwt_toml(ISSUER, client)).unwrap_err();
         assert_eq!(e.path, "clients[1].id", "{e}");
+    }
+
+    #[test]
+    fn sign_in_needs_a_client_among_the_audiences_and_sane_lifetimes() {
+        let cfg = parse_jwt(&jwt_toml(PROVIDER, "")).unwrap();
+        assert!(cfg.jwt[0].sign_in().is_none(), "no client_id: no sign-in");
+        let with = |extra: &str| {
+            parse_jwt(&jwt_toml(
+                &PROVIDER.replace("audiences = [\"turnstile\"]", &format!("audiences = [\"turnstile\"]\n{extra}")),
+                "",
+            ))
+        };
+        let cfg = with("client_id = \"turnstile\"\nclient_secret_env = \"IDP_SECRET\"").unwrap();
+        let (_, s) = cfg.jwt[0].sign_in().unwrap();
+        assert_eq!(s.client_id, "turnstile");
+        assert_eq!(s.scopes, ["openid", "offline_access"]);
+        assert_eq!((s.token_ttl.as_secs(), s.session_ttl.as_secs()), (900, 604_800));
+        for (bad, key) in [
+            ("client_id = \"other\"", "client_id"),
+            ("client_secret_env = \"X\"", "client_secret_env"),
+            ("client_id = \"turnstile\"\nscopes = [\"email\"]", "scopes"),
+            ("client_id = \"turnstile\"\ntoken_ttl_seconds = 0", "token_ttl_seconds"),
+            (
+                "client_id = \"turnstile\"\ntoken_ttl_seconds = 600\nsession_ttl_seconds = 60",
+                "session_ttl_seconds",
+            ),
+        ] {
+            let e = with(bad).unwrap_err();
+            assert_eq!(e.path, format!("auth.oidc[0].{key}"), "{bad}: {e}");
+        }
+        // Its secret is the gateway's alone.
+        let child = "[backends.x]\nkind = \"claude-code\"\ncommand = [\"claude\"]\nenv_passthrough = [\"IDP_SECRET\"]\n";
+        let text = jwt_toml(
+            &PROVIDER.replace("audiences = [\"turnstile\"]", "audiences = [\"turnstile\"]\nclient_id = \"turnstile\"\nclient_secret_env = \"IDP_SECRET\""),
+            child,
+        );
+        let e = parse_jwt(&text).unwrap_err();
+        assert_eq!(e.path, "backends.x.env_passthrough", "{e}");
     }
 }

@@ -134,6 +134,18 @@ pub(super) const DEFAULT_OIDC_REFRESH_SECONDS: u64 = 3600;
 /// `auth.oidc[N].max_key_age_seconds`: keys not refreshed for this long verify nothing.
 pub(super) const DEFAULT_OIDC_MAX_KEY_AGE_SECONDS: u64 = 86_400;
 
+fn default_oidc_scopes() -> Vec<String> {
+    vec!["openid".into(), "offline_access".into()]
+}
+
+fn default_token_ttl_seconds() -> u64 {
+    900
+}
+
+fn default_session_ttl_seconds() -> u64 {
+    7 * 86_400
+}
+
 fn default_oidc_refresh_seconds() -> u64 {
     DEFAULT_OIDC_REFRESH_SECONDS
 }
@@ -303,6 +315,15 @@ pub(super) struct RawOidc {
     pub refresh_seconds: u64,
     #[serde(default = "default_oidc_max_key_age_seconds")]
     pub max_key_age_seconds: u64,
+    /// Sign-in through the provider (the gateway as its OAuth client): none without it.
+    pub client_id: Option<String>,
+    pub client_secret_env: Option<String>,
+    #[serde(default = "default_oidc_scopes")]
+    pub scopes: Vec<String>,
+    #[serde(default = "default_token_ttl_seconds")]
+    pub token_ttl_seconds: u64,
+    #[serde(default = "default_session_ttl_seconds")]
+    pub session_ttl_seconds: u64,
     #[serde(default = "default_leeway_seconds")]
     pub leeway_seconds: u64,
     #[serde(default)]

@@ -175,8 +175,8 @@ pub(super) struct Authority {
 }
 
 impl Authority {
-    pub fn current(&self) -> Option<&crate::auth::Principal> {
-        let now = self.app.check(self.credential.as_deref()).ok()?;
+    pub async fn current(&self) -> Option<&crate::auth::Principal> {
+        let now = self.app.recheck(self.credential.as_deref()).await.ok()?;
         (now.id == self.opened.id && now.approver == self.opened.approver).then_some(&self.opened)
     }
 }
@@ -213,7 +213,7 @@ pub async fn events(State(app): State<AppState>, caller: Caller) -> Result<Respo
                     _ = stop.cancelled() => return None,
                     r = tokio::time::timeout(keepalive.max(Duration::from_millis(100)), rx.recv()) => r,
                 };
-                let Some(current) = who.current() else {
+                let Some(current) = who.current().await else {
                     tracing::info!(client = %who.opened.id, "approvals event stream ended: its authority is gone");
                     return None;
                 };

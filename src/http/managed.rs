@@ -260,7 +260,7 @@ async fn event_stream(
                     _ = stop.cancelled() => return None,
                     r = tokio::time::timeout(keepalive, rx.recv()) => r,
                 };
-                who.current()?;
+                who.current().await?;
                 let chunk = match next {
                     Err(_) => Bytes::from_static(b": keep-alive\n\n"),
                     Ok(Ok(p)) if p.seq <= sent => continue,

@@ -13,6 +13,7 @@ mod decisions;
 mod error;
 mod managed;
 mod socket;
+mod sso;
 mod surfaces;
 mod turn;
 mod usage;
@@ -42,6 +43,8 @@ pub struct AppState {
     auth: Arc<Authenticator>,
     /// The Managed Agents API's sessions loaded here.
     managed: crate::managed::Managed,
+    /// Sign-in through identity providers (None in router tests without a store key).
+    sso: Option<Arc<crate::sso::Sso>>,
 }
 
 impl From<Engine> for AppState {
@@ -50,6 +53,7 @@ impl From<Engine> for AppState {
             managed: crate::managed::Managed::new(engine.clone()),
             engine,
             auth: Arc::default(),
+            sso: None,
         }
     }
 }
@@ -63,7 +67,9 @@ impl FromRef<AppState> for Engine {
 impl AppState {
     /// The principal behind a request's credential, under the current config.
     fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
-        self.check(authorization(headers).as_deref())
+        let credential = authorization(headers);
+        self.auth
+            .authenticate(&self.engine.config(), credential.as_deref())
     }
 
     /// [`AppState::authenticate`], fetching an OpenID provider's keys again when a token
@@ -77,8 +83,19 @@ impl AppState {
 
     /// The principal behind a credential, under the current config (a long-lived stream
     /// re-checks its own this way).
-    fn check(&self, credential: Option<&str>) -> Result<Principal, ApiError> {
-        self.auth.authenticate(&self.engine.config(), credential)
+    async fn recheck(&self, credential: Option<&str>) -> Result<Principal, ApiError> {
+        let cfg = self.engine.config();
+        self.auth.authenticate_fetching(&cfg, credential).await
+    }
+
+    /// The same state, with sign-in through identity providers served and its tokens
+    /// accepted.
+    pub fn with_sso(self, sso: Arc<crate::sso::Sso>) -> AppState {
+        AppState {
+            auth: Arc::new(Authenticator::with_sso(sso.clone())),
+            sso: Some(sso),
+            ..self
+        }
     }
 }
 
@@ -118,6 +135,7 @@ pub fn router(state: impl Into<AppState>) -> Router {
         )
         .merge(console::routes())
         .merge(managed::routes(&app))
+        .merge(sso::routes())
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

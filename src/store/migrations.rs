@@ -210,6 +210,31 @@ CREATE TABLE decision_links (
 CREATE INDEX decision_links_approval ON decision_links(approval_id);
 ";
 
+/// Version 9: single sign-on. The key that signs the gateway's own access tokens (one row,
+/// written by the first replica to start), and the sign-in sessions behind them (the
+/// gateway's refresh token as a digest; the provider's, sealed).
+const V9: &str = "
+CREATE TABLE sso_keys (
+  id TEXT PRIMARY KEY,
+  secret BLOB NOT NULL,
+  created_at INTEGER NOT NULL
+);
+CREATE TABLE sso_sessions (
+  id TEXT PRIMARY KEY,
+  refresh_digest BLOB NOT NULL UNIQUE,
+  issuer TEXT NOT NULL,
+  subject TEXT NOT NULL,
+  groups TEXT NOT NULL,
+  idp_refresh BLOB,
+  generation INTEGER NOT NULL,
+  created_at INTEGER NOT NULL,
+  refreshed_at INTEGER NOT NULL,
+  expires_at INTEGER NOT NULL,
+  revoked_at INTEGER
+);
+CREATE INDEX sso_sessions_subject ON sso_sessions(issuer, subject);
+";
+
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, V1),
     (2, V2),
@@ -219,10 +244,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (6, V6),
     (7, V7),
     (8, V8),
+    (9, V9),
 ];
 
 /// The schema version this build writes.
-pub const CURRENT: i64 = 8;
+pub const CURRENT: i64 = 9;
 
 /// SQLite's DDL in PostgreSQL's types.
 fn ddl(engine: Engine, sql: &str) -> String {

@@ -33,6 +33,7 @@ mod links;
 mod managed;
 mod migrations;
 mod outbox;
+mod sso;
 mod suspensions;
 mod usage;
 
@@ -46,6 +47,7 @@ pub use db::default_pool_size;
 pub use feed::{ApprovalChange, ApprovalFeed, Listening};
 pub use managed::{AppendError, EventRow, ListRows, ManagedRow};
 pub use outbox::{Attempt, Delivery, DeliveryRow};
+pub use sso::{SessionRow, MAX_SESSIONS_PER_SUBJECT};
 pub use suspensions::{StoredSuspension, SuspensionRecord};
 pub use usage::{
     civil_of, date_of, day_from_date, day_of, day_of_civil, UsageQuery, UsageRow, UsageTotals,

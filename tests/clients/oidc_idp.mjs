@@ -13,6 +13,9 @@
 //   GET  /forged?kid=K       a token of the issuer's shape signed by a key the provider never
 //                            had, naming kid K
 //   POST /rotate             a new signing key, published first (the old one kept after it)
+//   POST /approve?user=bob&code=ABCD-EFGH   the user confirms a device code another client
+//                            started (the verification pages: login, consent)
+//   POST /disable?user=alice the user no longer exists for the provider (refreshes fail)
 //   POST /groups?user=bob&group=developers   the user's groups from now on (next token)
 //   POST /down, POST /up     the provider answers 503 to everything, or again serves
 //   GET  /stats              {"discovery": n, "jwks": n} requests the HTTPS listener answered
@@ -87,7 +90,7 @@ function build(issuer) {
         grant_types: ["urn:ietf:params:oauth:grant-type:device_code", "refresh_token", "authorization_code"],
         response_types: ["code"],
         redirect_uris: ["https://127.0.0.1/callback"],
-        token_endpoint_auth_method: "client_secret_post",
+        token_endpoint_auth_method: "client_secret_basic",
         id_token_signed_response_alg: "ES256",
       },
     ],
@@ -98,7 +101,7 @@ function build(issuer) {
     scopes: ["openid", "offline_access", "profile", "groups"],
     async findAccount(ctx, sub) {
       const user = USERS[sub];
-      if (!user) return undefined;
+      if (!user || user.disabled) return undefined;
       return { accountId: sub, async claims() { return { sub, ...user }; } };
     },
     ttl: { IdToken: 3600, AccessToken: 3600, DeviceCode: 600, Session: 3600, Grant: 3600, Interaction: 600, RefreshToken: 86400 },
@@ -125,10 +128,11 @@ server.on("request", (req, res) => {
 
 // The device flow a harness runs, driven over the same HTTPS listener.
 const agent = new https.Agent({ ca: readFileSync(process.env.IDP_CA || process.env.IDP_CERT) });
-function call(path, { method = "GET", form, jar } = {}) {
+function call(path, { method = "GET", form, jar, basic } = {}) {
   return new Promise((resolve, reject) => {
     const body = form ? new URLSearchParams(form).toString() : undefined;
     const headers = {};
+    if (basic) headers.authorization = `Basic ${Buffer.from(`${CLIENT.id}:${CLIENT.secret}`).toString("base64")}`;
     if (body) headers["content-type"] = "application/x-www-form-urlencoded";
     if (jar && jar.size) headers.cookie = [...jar].map(([k, v]) => `${k}=${v}`).join("; ");
     const req = https.request(`${ISSUER}${path}`, { method, headers, agent }, (res) => {
@@ -159,10 +163,8 @@ const field = (html, name) => {
 };
 const pathOf = (location) => (location.startsWith("http") ? new URL(location).pathname + new URL(location).search : location);
 
-async function deviceLogin(user) {
-  const creds = { client_id: CLIENT.id, client_secret: CLIENT.secret };
-  const start = await call("/device/auth", { method: "POST", form: { ...creds, scope: "openid offline_access groups profile", prompt: "consent" } });
-  const { device_code, user_code } = JSON.parse(start.text);
+/** Completes the verification pages of device code `user_code` as `user` (login, consent). */
+async function approveDevice(user, user_code) {
   const jar = new Map();
   let page = await call("/device", { jar });
   page = await call("/device", { method: "POST", jar, form: { xsrf: field(page.text, "xsrf"), user_code } });
@@ -183,7 +185,16 @@ async function deviceLogin(user) {
       break;
     }
   }
-  const token = await call("/token", { method: "POST", form: { ...creds, grant_type: "urn:ietf:params:oauth:grant-type:device_code", device_code } });
+  return { approved: user_code };
+}
+
+async function deviceLogin(user) {
+  const scope = "openid offline_access groups profile";
+  const start = await call("/device/auth", { method: "POST", basic: true, form: { scope, prompt: "consent" } });
+  const { device_code, user_code } = JSON.parse(start.text);
+  await approveDevice(user, user_code);
+  const grant_type = "urn:ietf:params:oauth:grant-type:device_code";
+  const token = await call("/token", { method: "POST", basic: true, form: { grant_type, device_code } });
   if (token.status !== 200) throw new Error(`token endpoint answered ${token.status}: ${token.text}`);
   return JSON.parse(token.text);
 }
@@ -209,6 +220,13 @@ const control = http.createServer(async (req, res) => {
       keys = [signingKey(), ...keys];
       provider = build(ISSUER);
       return json(200, { kid: keys[0].kid });
+    }
+    if (url.pathname === "/approve") return json(200, await approveDevice(url.searchParams.get("user"), url.searchParams.get("code")));
+    if (url.pathname === "/disable") {
+      const user = USERS[url.searchParams.get("user")];
+      if (!user) return json(404, { error: "no such user" });
+      user.disabled = true;
+      return json(200, user);
     }
     if (url.pathname === "/groups") {
       const user = USERS[url.searchParams.get("user")];

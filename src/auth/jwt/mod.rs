@@ -132,6 +132,16 @@ pub struct JwtIssuer {
     pub limits: ClientLimits,
 }
 
+impl JwtIssuer {
+    /// Its provider and how users sign in through it, when the gateway is its client.
+    pub fn sign_in(&self) -> Option<(&super::oidc::Remote, &super::oidc::SignIn)> {
+        match &self.keys {
+            Keys::Remote(r) => Some((r, r.sign_in.as_ref()?)),
+            _ => None,
+        }
+    }
+}
+
 /// Parses one configured algorithm name. `none` and the shared-secret `HS*` family are refused:
 /// key material here is public, and an HMAC "secret" taken from it would be public too.
 pub fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
