@@ -121,7 +121,10 @@ where
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
-    match runtime.map_err(|e| e.to_string()).and_then(|r| r.block_on(run(path))) {
+    match runtime
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.block_on(run(path)))
+    {
         Ok(v) => {
             done(v);
             ExitCode::SUCCESS

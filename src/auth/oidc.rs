@@ -153,6 +153,24 @@ impl Remote {
         }
     }
 
+    /// The kept keys; when there are none yet (a start still fetching, a provider that was
+    /// down), after waiting for the fetch under way or running one (rate-limited as
+    /// [`Remote::refetch`]).
+    pub async fn current_or_fetch(&self, now: u64) -> Option<Arc<Snapshot>> {
+        if let Some(s) = self.current(now) {
+            return Some(s);
+        }
+        {
+            // The refresher holds this while it fetches: wait for it.
+            let _one = self.fetching.lock().await;
+            if let Some(s) = self.current(now) {
+                return Some(s);
+            }
+        }
+        self.refetch(now).await;
+        self.current(now)
+    }
+
     /// Fetches the keys now unless an unknown `kid` asked for a fetch less than
     /// [`MIN_REFETCH`] ago. Concurrent callers wait for one fetch. Returns whether one ran.
     pub async fn refetch(&self, now: u64) -> bool {
@@ -268,7 +286,9 @@ fn form_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' => out.push(b as char),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' => {
+                out.push(b as char)
+            }
             b' ' => out.push('+'),
             _ => out.push_str(&format!("%{b:02X}")),
         }

@@ -378,7 +378,10 @@ models = ["*"]
         assert!(cfg.jwt[0].sign_in().is_none(), "no client_id: no sign-in");
         let with = |extra: &str| {
             parse_jwt(&jwt_toml(
-                &PROVIDER.replace("audiences = [\"turnstile\"]", &format!("audiences = [\"turnstile\"]\n{extra}")),
+                &PROVIDER.replace(
+                    "audiences = [\"turnstile\"]",
+                    &format!("audiences = [\"turnstile\"]\n{extra}"),
+                ),
                 "",
             ))
         };
@@ -386,12 +389,18 @@ models = ["*"]
         let (_, s) = cfg.jwt[0].sign_in().unwrap();
         assert_eq!(s.client_id, "turnstile");
         assert_eq!(s.scopes, ["openid", "offline_access"]);
-        assert_eq!((s.token_ttl.as_secs(), s.session_ttl.as_secs()), (900, 604_800));
+        assert_eq!(
+            (s.token_ttl.as_secs(), s.session_ttl.as_secs()),
+            (900, 604_800)
+        );
         for (bad, key) in [
             ("client_id = \"other\"", "client_id"),
             ("client_secret_env = \"X\"", "client_secret_env"),
             ("client_id = \"turnstile\"\nscopes = [\"email\"]", "scopes"),
-            ("client_id = \"turnstile\"\ntoken_ttl_seconds = 0", "token_ttl_seconds"),
+            (
+                "client_id = \"turnstile\"\ntoken_ttl_seconds = 0",
+                "token_ttl_seconds",
+            ),
             (
                 "client_id = \"turnstile\"\ntoken_ttl_seconds = 600\nsession_ttl_seconds = 60",
                 "session_ttl_seconds",

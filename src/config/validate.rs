@@ -126,9 +126,7 @@ pub(super) fn validate(
             .iter()
             .flat_map(|w| w.secret_envs().map(|e| Some(e.to_string()))),
     );
-    secrets.extend(
-        (raw.auth.oidc.iter()).map(|o| o.client_secret_env.clone()),
-    );
+    secrets.extend((raw.auth.oidc.iter()).map(|o| o.client_secret_env.clone()));
     for (name, child) in backends.iter().filter_map(|(n, b)| Some((n, b.child()?))) {
         for secret in secrets.iter().flatten() {
             if child.env_passthrough.contains(secret) {

@@ -84,8 +84,11 @@ async fn providers(State(app): State<AppState>) -> Json<Value> {
         .filter(|_| app.sso.is_some())
         .filter_map(|i| {
             let (remote, s) = i.sign_in()?;
-            let endpoints = remote.current(crate::auth::jwt_now()).map(|k| k.endpoints.clone());
-            let has = |f: fn(&crate::auth::oidc::Endpoints) -> bool| endpoints.as_ref().is_some_and(f);
+            let endpoints = remote
+                .current(crate::auth::jwt_now())
+                .map(|k| k.endpoints.clone());
+            let has =
+                |f: fn(&crate::auth::oidc::Endpoints) -> bool| endpoints.as_ref().is_some_and(f);
             Some(json!({
                 "issuer": i.issuer,
                 "client_id": s.client_id,
@@ -121,11 +124,17 @@ async fn token(State(app): State<AppState>, req: Request) -> Response {
             let missing = |k: &str| OAuthError::invalid_request(format!("`{k}` is required"));
             let issued = match f.grant_type.as_deref() {
                 Some("urn:ietf:params:oauth:grant-type:device_code") => {
-                    let code = f.device_code.as_deref().ok_or_else(|| missing("device_code"))?;
+                    let code = f
+                        .device_code
+                        .as_deref()
+                        .ok_or_else(|| missing("device_code"))?;
                     sso.device_token(&cfg, f.issuer.as_deref(), code).await?
                 }
                 Some("refresh_token") => {
-                    let r = f.refresh_token.as_deref().ok_or_else(|| missing("refresh_token"))?;
+                    let r = f
+                        .refresh_token
+                        .as_deref()
+                        .ok_or_else(|| missing("refresh_token"))?;
                     sso.refresh(&cfg, r).await?
                 }
                 Some(other) => {
@@ -171,7 +180,10 @@ fn session_json(s: &crate::store::SessionRow) -> Value {
 
 fn unavailable(e: crate::store::StoreError) -> ApiError {
     tracing::error!(error = %e, "sign-in sessions unavailable");
-    ApiError::new(ErrorCode::StoreUnavailable, "The session store is unavailable.")
+    ApiError::new(
+        ErrorCode::StoreUnavailable,
+        "The session store is unavailable.",
+    )
 }
 
 fn not_found() -> ApiError {
@@ -184,7 +196,10 @@ async fn sessions(State(app): State<AppState>, caller: Caller) -> Result<Json<Va
         return Ok(Json(json!({"object": "list", "data": []})));
     };
     let cfg = app.engine.config();
-    let rows = sso.sessions(&cfg, &caller.principal).await.map_err(unavailable)?;
+    let rows = sso
+        .sessions(&cfg, &caller.principal)
+        .await
+        .map_err(unavailable)?;
     let data: Vec<Value> = rows.iter().map(session_json).collect();
     Ok(Json(json!({"object": "list", "data": data})))
 }
@@ -211,5 +226,7 @@ async fn end_session(
         .await
         .map_err(unavailable)?;
     tracing::info!(session = %row.id, by = %who.id, "sign-in session ended");
-    Ok(Json(json!({"object": "sign_in_session.deleted", "id": row.id, "deleted": true})))
+    Ok(Json(
+        json!({"object": "sign_in_session.deleted", "id": row.id, "deleted": true}),
+    ))
 }

@@ -132,16 +132,24 @@ pub async fn login(gateway: &str, issuer: Option<&str>, path: &Path) -> Result<(
     }
     let (status, v) = post(&client, &format!("{gw}/v1/auth/device"), &start).await?;
     if status != 200 {
-        return Err(format!("the gateway refused to start a sign-in: {}", oauth_error(&v)));
+        return Err(format!(
+            "the gateway refused to start a sign-in: {}",
+            oauth_error(&v)
+        ));
     }
     let text = |k: &str| v[k].as_str().map(str::to_string);
-    let (Some(device_code), Some(user_code), Some(uri)) =
-        (text("device_code"), text("user_code"), text("verification_uri"))
-    else {
+    let (Some(device_code), Some(user_code), Some(uri)) = (
+        text("device_code"),
+        text("user_code"),
+        text("verification_uri"),
+    ) else {
         return Err("the gateway's answer lacks the device code".into());
     };
     let complete = text("verification_uri_complete");
-    eprintln!("To sign in, open {} and confirm the code {user_code}", complete.as_deref().unwrap_or(&uri));
+    eprintln!(
+        "To sign in, open {} and confirm the code {user_code}",
+        complete.as_deref().unwrap_or(&uri)
+    );
     let mut interval = v["interval"].as_u64().unwrap_or(5).clamp(1, 60);
     let deadline = now() + v["expires_in"].as_u64().unwrap_or(600).min(3600);
     let mut poll = json!({
@@ -154,7 +162,9 @@ pub async fn login(gateway: &str, issuer: Option<&str>, path: &Path) -> Result<(
     loop {
         tokio::time::sleep(Duration::from_secs(interval)).await;
         if now() > deadline {
-            return Err("the code expired before it was confirmed; run `turnstile login` again".into());
+            return Err(
+                "the code expired before it was confirmed; run `turnstile login` again".into(),
+            );
         }
         let (status, t) = post(&client, &format!("{gw}/v1/auth/token"), &poll).await?;
         match (status, t["error"].as_str()) {
@@ -175,7 +185,9 @@ pub async fn login(gateway: &str, issuer: Option<&str>, path: &Path) -> Result<(
 
 /// The entry a token answer makes (`refresh`: the refresh token kept from before).
 fn entry_of(t: &Value, refresh: Option<&str>) -> Result<Entry, String> {
-    let access = t["access_token"].as_str().ok_or("the gateway gave no access token")?;
+    let access = t["access_token"]
+        .as_str()
+        .ok_or("the gateway gave no access token")?;
     let refresh = t["refresh_token"]
         .as_str()
         .or(refresh)
@@ -192,11 +204,19 @@ fn entry_of(t: &Value, refresh: Option<&str>) -> Result<Entry, String> {
 /// The gateway entry to use: `gateway`'s, or the only one in the file.
 fn pick(c: &Credentials, gateway: Option<&str>) -> Result<(String, Entry), String> {
     match gateway.map(base) {
-        Some(g) => c.gateways.get(&g).cloned().map(|e| (g.clone(), e)).ok_or_else(|| {
-            format!("not signed in to {g}; run `turnstile login --gateway {g}`")
-        }),
+        Some(g) => c
+            .gateways
+            .get(&g)
+            .cloned()
+            .map(|e| (g.clone(), e))
+            .ok_or_else(|| format!("not signed in to {g}; run `turnstile login --gateway {g}`")),
         None => match c.gateways.len() {
-            1 => Ok(c.gateways.iter().next().map(|(g, e)| (g.clone(), e.clone())).expect("one")),
+            1 => Ok(c
+                .gateways
+                .iter()
+                .next()
+                .map(|(g, e)| (g.clone(), e.clone()))
+                .expect("one")),
             0 => Err("not signed in; run `turnstile login --gateway URL`".into()),
             _ => Err("signed in to several gateways; name one with --gateway".into()),
         },
@@ -211,7 +231,10 @@ pub async fn token(gateway: Option<&str>, path: &Path) -> Result<String, String>
     let (gw, e) = pick(&c, gateway)?;
     let client = http()?;
     let half = e.issued_at + (e.expires_at.saturating_sub(e.issued_at)) / 2;
-    if !e.access_token.is_empty() && now() < half && still_taken(&client, &gw, &e.access_token).await {
+    if !e.access_token.is_empty()
+        && now() < half
+        && still_taken(&client, &gw, &e.access_token).await
+    {
         return Ok(e.access_token);
     }
     let body = json!({"grant_type": "refresh_token", "refresh_token": e.refresh_token});
@@ -233,7 +256,11 @@ pub async fn token(gateway: Option<&str>, path: &Path) -> Result<String, String>
 /// Whether the gateway still accepts `token` (a revoked session, or one whose groups changed,
 /// is not: the harness asking again after a 401 gets a new token).
 async fn still_taken(client: &reqwest::Client, gw: &str, token: &str) -> bool {
-    let r = client.get(format!("{gw}/v1/whoami")).bearer_auth(token).send().await;
+    let r = client
+        .get(format!("{gw}/v1/whoami"))
+        .bearer_auth(token)
+        .send()
+        .await;
     r.is_ok_and(|r| r.status().is_success())
 }
 
@@ -244,7 +271,10 @@ pub async fn logout(gateway: Option<&str>, path: &Path) -> Result<(), String> {
     let body = json!({"token": e.refresh_token});
     let (status, t) = post(&http()?, &format!("{gw}/v1/auth/revoke"), &body).await?;
     if status != 200 {
-        return Err(format!("the gateway refused the sign-out: {}", oauth_error(&t)));
+        return Err(format!(
+            "the gateway refused the sign-out: {}",
+            oauth_error(&t)
+        ));
     }
     c.gateways.remove(&gw);
     write(path, &c)
@@ -261,17 +291,30 @@ mod tests {
         let path = dir.path().join("sub").join("credentials.json");
         assert!(read(&path).unwrap().gateways.is_empty(), "no file yet");
         let mut c = Credentials::default();
-        c.gateways.insert("https://gw.test".into(), Entry {
-            refresh_token: "tsr-1".into(),
-            ..Entry::default()
-        });
+        c.gateways.insert(
+            "https://gw.test".into(),
+            Entry {
+                refresh_token: "tsr-1".into(),
+                ..Entry::default()
+            },
+        );
         write(&path, &c).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let dir_mode = std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode();
+        let dir_mode = std::fs::metadata(path.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(dir_mode & 0o777, 0o700);
-        assert_eq!(read(&path).unwrap().gateways["https://gw.test"].refresh_token, "tsr-1");
-        assert_eq!(std::fs::read_dir(path.parent().unwrap()).unwrap().count(), 1, "no temporary left");
+        assert_eq!(
+            read(&path).unwrap().gateways["https://gw.test"].refresh_token,
+            "tsr-1"
+        );
+        assert_eq!(
+            std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
+            1,
+            "no temporary left"
+        );
         // One gateway: it is picked without naming it; a trailing slash names the same one.
         assert_eq!(pick(&c, None).unwrap().0, "https://gw.test");
         assert!(pick(&c, Some("https://gw.test/")).is_ok());

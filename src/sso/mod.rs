@@ -72,8 +72,13 @@ impl OAuthError {
     fn from_provider(status: u16, v: &Value) -> OAuthError {
         let error = v.get("error").and_then(Value::as_str).unwrap_or_default();
         match error {
-            "authorization_pending" | "slow_down" | "expired_token" | "access_denied"
-            | "invalid_grant" => Self::new(400, error, format!("the identity provider said {error}")),
+            "authorization_pending"
+            | "slow_down"
+            | "expired_token"
+            | "access_denied"
+            | "invalid_grant" => {
+                Self::new(400, error, format!("the identity provider said {error}"))
+            }
             _ => {
                 tracing::warn!(status, error, "the identity provider refused a request");
                 Self::unavailable("the identity provider refused the request")
@@ -137,7 +142,7 @@ impl Sso {
         material.extend_from_slice(&secret);
         Ok(Sso {
             engine,
-            signer: Signer::new(&secret),
+            signer: Signer::new(&secret).ok_or(StoreError::Missing("sso_keys"))?,
             seal: ChaCha20Poly1305::new(Key::from_slice(&sha256(&material))),
             calls: tokio::sync::Semaphore::new(MAX_PROVIDER_CALLS),
         })
@@ -176,7 +181,11 @@ impl Sso {
     }
 
     /// Starts a device login with provider `issuer` (the only one, when None).
-    pub async fn device_start(&self, cfg: &Config, issuer: Option<&str>) -> Result<Value, OAuthError> {
+    pub async fn device_start(
+        &self,
+        cfg: &Config,
+        issuer: Option<&str>,
+    ) -> Result<Value, OAuthError> {
         let (i, remote, s) = provider(cfg, issuer)?;
         let _call = self.call()?;
         let mut v = provider::device_authorization(remote, s).await?;
@@ -218,7 +227,7 @@ impl Sso {
             expires_at: now + s.session_ttl.as_secs(),
             revoked_at: None,
         };
-        self.store
+        self.store()
             .sso_session_create(&row, &digest)
             .await
             .map_err(store_failed)?;
@@ -230,9 +239,13 @@ impl Sso {
 
     /// A new access token for the session of `refresh`, after asking the provider again.
     pub async fn refresh(&self, cfg: &Config, refresh: &str) -> Result<Issued, OAuthError> {
-        let gone = || OAuthError::invalid_grant("the sign-in is revoked or ended; run `turnstile login`");
+        let gone =
+            || OAuthError::invalid_grant("the sign-in is revoked or ended; run `turnstile login`");
         let now = crate::auth::jwt_now();
-        let row = (self.store().sso_session_by_refresh(&sha256(refresh.as_bytes())).await)
+        let row = (self
+            .store()
+            .sso_session_by_refresh(&sha256(refresh.as_bytes()))
+            .await)
             .map_err(store_failed)?
             .filter(|r| r.live(now))
             .ok_or_else(gone)?;
@@ -243,12 +256,15 @@ impl Sso {
             Some(idp) => {
                 let tokens = {
                     let _call = self.call()?;
-                    let grant = [("grant_type", "refresh_token"), ("refresh_token", idp.as_str())];
+                    let grant = [
+                        ("grant_type", "refresh_token"),
+                        ("refresh_token", idp.as_str()),
+                    ];
                     match provider::token(remote, s, &grant).await {
                         Ok(t) => t,
                         Err(e) if e.error == "invalid_grant" => {
                             // The provider ended it (a disabled user, a revoked grant).
-                            let _ = self.store().sso_session_revoke(&row.id, now).await;
+                            let _ = self.revoke(&row.id, now).await;
                             tracing::info!(session = %row.id, "the identity provider ended a sign-in");
                             return Err(gone());
                         }
@@ -259,7 +275,9 @@ impl Sso {
                     Some(t) => {
                         let v = verify_id_token(cfg, i, t)?;
                         if v.subject != row.subject {
-                            return Err(OAuthError::invalid_grant("the identity provider named another subject"));
+                            return Err(OAuthError::invalid_grant(
+                                "the identity provider named another subject",
+                            ));
                         }
                         v.groups.to_vec()
                     }
@@ -271,7 +289,10 @@ impl Sso {
             // The provider gave no refresh token: the session lasts as it is.
             None => (row.groups.clone(), None),
         };
-        let row = (self.store().sso_session_refreshed(&row.id, &groups, idp_refresh.as_deref(), now))
+        let row =
+            (self
+                .store()
+                .sso_session_refreshed(&row.id, &groups, idp_refresh.as_deref(), now))
             .await
             .map_err(store_failed)?
             .ok_or_else(gone)?;
@@ -282,7 +303,10 @@ impl Sso {
     /// Ends the session of a refresh token (RFC 7009: unknown tokens are not an error).
     pub async fn revoke_refresh(&self, refresh: &str) -> Result<(), OAuthError> {
         let now = crate::auth::jwt_now();
-        if let Some(row) = (self.store().sso_session_by_refresh(&sha256(refresh.as_bytes())).await)
+        if let Some(row) = (self
+            .store()
+            .sso_session_by_refresh(&sha256(refresh.as_bytes()))
+            .await)
             .map_err(store_failed)?
         {
             self.revoke(&row.id, now).await.map_err(store_failed)?;
@@ -298,7 +322,11 @@ impl Sso {
 
     /// The live sessions `who` may see: its own (its provider subject's), or everyone's for
     /// an approver.
-    pub async fn sessions(&self, cfg: &Config, who: &Principal) -> Result<Vec<SessionRow>, StoreError> {
+    pub async fn sessions(
+        &self,
+        cfg: &Config,
+        who: &Principal,
+    ) -> Result<Vec<SessionRow>, StoreError> {
         let now = crate::auth::jwt_now();
         match who.approver {
             true => self.store().sso_sessions(None, now).await,
@@ -338,9 +366,9 @@ impl Sso {
     }
 
     fn call(&self) -> Result<tokio::sync::SemaphorePermit<'_>, OAuthError> {
-        self.calls
-            .try_acquire()
-            .map_err(|_| OAuthError::new(429, "slow_down", "too many sign-ins at once; retry shortly"))
+        self.calls.try_acquire().map_err(|_| {
+            OAuthError::new(429, "slow_down", "too many sign-ins at once; retry shortly")
+        })
     }
 
     fn sealed(&self, plain: &str) -> Vec<u8> {
@@ -348,7 +376,11 @@ impl Sso {
         rand::rng().fill_bytes(&mut nonce);
         let mut out = nonce.to_vec();
         // Cannot fail for a message this small.
-        out.extend(self.seal.encrypt(Nonce::from_slice(&nonce), plain.as_bytes()).unwrap_or_default());
+        out.extend(
+            self.seal
+                .encrypt(Nonce::from_slice(&nonce), plain.as_bytes())
+                .unwrap_or_default(),
+        );
         out
     }
 
@@ -366,7 +398,12 @@ fn admitted(cfg: &Config, c: Claims, status: Status) -> Option<Principal> {
         return None;
     }
     let groups = c.groups.into();
-    Some(crate::auth::subject_principal(cfg, &issuer.issuer, &c.sub, groups))
+    Some(crate::auth::subject_principal(
+        cfg,
+        &issuer.issuer,
+        &c.sub,
+        groups,
+    ))
 }
 
 /// A fresh refresh token and its digest.
@@ -397,7 +434,9 @@ fn provider<'c>(
         None => match (all.next(), all.next()) {
             (Some(one), None) => Some(one),
             (Some(_), Some(_)) => {
-                return Err(OAuthError::invalid_request("several identity providers: name `issuer`"))
+                return Err(OAuthError::invalid_request(
+                    "several identity providers: name `issuer`",
+                ))
             }
             _ => None,
         },
@@ -418,7 +457,9 @@ fn verify_id_token(
         OAuthError::invalid_grant("the identity provider's ID token did not verify")
     })?;
     if v.issuer.issuer != i.issuer {
-        return Err(OAuthError::invalid_grant("the ID token is another provider's"));
+        return Err(OAuthError::invalid_grant(
+            "the ID token is another provider's",
+        ));
     }
     Ok(v)
 }

@@ -19,16 +19,16 @@ pub struct Tokens {
 
 /// The provider's endpoint `pick` names in its discovery document, when its keys are
 /// fetched (else the provider is not reachable yet: 503 `temporarily_unavailable`).
-fn endpoint(
+async fn endpoint(
     remote: &Remote,
     pick: impl Fn(&crate::auth::oidc::Endpoints) -> Option<String>,
     what: &str,
 ) -> Result<String, OAuthError> {
-    let snapshot = remote
-        .current(crate::auth::jwt_now())
+    let snapshot = (remote.current_or_fetch(crate::auth::jwt_now()).await)
         .ok_or_else(|| OAuthError::unavailable("the identity provider has not answered yet"))?;
-    let url = pick(&snapshot.endpoints)
-        .ok_or_else(|| OAuthError::unsupported(format!("the identity provider offers no {what}")))?;
+    let url = pick(&snapshot.endpoints).ok_or_else(|| {
+        OAuthError::unsupported(format!("the identity provider offers no {what}"))
+    })?;
     if !url.starts_with("https://") {
         return Err(OAuthError::unavailable(format!(
             "the identity provider's {what} is not https"
@@ -51,7 +51,8 @@ pub async fn device_authorization(remote: &Remote, s: &SignIn) -> Result<Value, 
         remote,
         |e| e.device_authorization_endpoint.clone(),
         "device authorization endpoint",
-    )?;
+    )
+    .await?;
     let scope = s.scopes.join(" ");
     let secret = s.secret();
     let (status, body) = post_form(
@@ -84,7 +85,7 @@ pub async fn token(
     s: &SignIn,
     grant: &[(&str, &str)],
 ) -> Result<Tokens, OAuthError> {
-    let url = endpoint(remote, |e| e.token_endpoint.clone(), "token endpoint")?;
+    let url = endpoint(remote, |e| e.token_endpoint.clone(), "token endpoint").await?;
     let secret = s.secret();
     let (status, body) = post_form(
         &client(remote)?,

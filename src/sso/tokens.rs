@@ -59,7 +59,11 @@ impl Status {
     pub fn of(s: &SessionRow) -> Status {
         Status {
             generation: s.generation,
-            live_until: if s.revoked_at.is_some() { 0 } else { s.expires_at },
+            live_until: if s.revoked_at.is_some() {
+                0
+            } else {
+                s.expires_at
+            },
         }
     }
 
@@ -75,12 +79,13 @@ pub struct Signer {
 }
 
 impl Signer {
-    pub fn new(secret: &[u8]) -> Signer {
-        Signer {
-            encoding: EncodingKey::from_secret(secret),
-            decoding: DecodingKey::from_secret(secret),
+    /// None for an empty secret.
+    pub fn new(secret: &[u8]) -> Option<Signer> {
+        Some(Signer {
+            encoding: EncodingKey::from_secret(secret).ok()?,
+            decoding: DecodingKey::from_secret(secret).ok()?,
             statuses: Mutex::new(HashMap::new()),
-        }
+        })
     }
 
     pub fn sign(&self, c: &Claims) -> String {
@@ -124,9 +129,8 @@ impl Signer {
 /// Whether a bearer value is shaped like a gateway token (its header names this gateway):
 /// cheap, and says nothing about its validity.
 pub fn is_gateway_token(token: &str) -> bool {
-    jsonwebtoken::decode_header(token).is_ok_and(|h| {
-        h.alg == Algorithm::HS256 && h.kid.as_deref() == Some(GATEWAY_ISSUER)
-    })
+    jsonwebtoken::decode_header(token)
+        .is_ok_and(|h| h.alg == Algorithm::HS256 && h.kid.as_deref() == Some(GATEWAY_ISSUER))
 }
 
 #[cfg(test)]
@@ -150,30 +154,48 @@ mod tests {
     #[test]
     fn a_token_verifies_only_under_its_key_and_within_exp() {
         let now = jsonwebtoken::get_current_timestamp();
-        let signer = Signer::new(&[7; 32]);
+        let signer = Signer::new(&[7; 32]).unwrap();
         let token = signer.sign(&claims(now + 60));
         assert!(is_gateway_token(&token));
         assert_eq!(signer.verify(&token), Some(claims(now + 60)));
-        assert_eq!(Signer::new(&[8; 32]).verify(&token), None, "another key");
-        assert_eq!(signer.verify(&signer.sign(&claims(now - 1))), None, "expired");
+        assert_eq!(
+            Signer::new(&[8; 32]).unwrap().verify(&token),
+            None,
+            "another key"
+        );
+        assert_eq!(
+            signer.verify(&signer.sign(&claims(now - 1))),
+            None,
+            "expired"
+        );
         let mut other = claims(now + 60);
         other.aud = "someone".into();
-        assert_eq!(signer.verify(&signer.sign(&other)), None, "another audience");
+        assert_eq!(
+            signer.verify(&signer.sign(&other)),
+            None,
+            "another audience"
+        );
         // A token signed with the key as an RS256 "public key" trick is not one of ours.
         assert!(!is_gateway_token("a.b.c"));
     }
 
     #[tokio::test(start_paused = true)]
     async fn session_states_are_trusted_for_a_few_seconds() {
-        let signer = Signer::new(&[7; 32]);
+        let signer = Signer::new(&[7; 32]).unwrap();
         let live = Status {
             generation: 2,
             live_until: u64::MAX,
         };
         assert!(live.admits(&claims(0), 10));
-        let raised = Status { generation: 3, ..live };
+        let raised = Status {
+            generation: 3,
+            ..live
+        };
         assert!(!raised.admits(&claims(0), 10), "an older generation");
-        let revoked = Status { live_until: 0, ..live };
+        let revoked = Status {
+            live_until: 0,
+            ..live
+        };
         assert!(!revoked.admits(&claims(0), 10));
         signer.remember("ses-1", live);
         assert_eq!(signer.cached("ses-1"), Some(live));

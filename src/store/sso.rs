@@ -68,9 +68,7 @@ impl Store {
                 let rows = t
                     .rows("SELECT secret FROM sso_keys WHERE id = 'access'", &[])
                     .await?;
-                rows.first()
-                    .ok_or(StoreError::Missing("sso_keys"))?
-                    .b(0)
+                rows.first().ok_or(StoreError::Missing("sso_keys"))?.b(0)
             })
             .await
     }
@@ -132,13 +130,19 @@ impl Store {
         digest: &[u8; 32],
     ) -> Result<Option<SessionRow>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM sso_sessions WHERE refresh_digest = ?1");
-        let rows = self.db.read(async |t| t.rows(&sql, vals![digest]).await).await?;
+        let rows = self
+            .db
+            .read(async |t| t.rows(&sql, vals![digest]).await)
+            .await?;
         rows.first().map(session).transpose()
     }
 
     pub async fn sso_session(&self, id: &str) -> Result<Option<SessionRow>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM sso_sessions WHERE id = ?1");
-        let rows = self.db.read(async |t| t.rows(&sql, vals![id]).await).await?;
+        let rows = self
+            .db
+            .read(async |t| t.rows(&sql, vals![id]).await)
+            .await?;
         rows.first().map(session).transpose()
     }
 
@@ -237,40 +241,85 @@ mod tests {
         let store = Store::open_in_memory().await.unwrap();
         let key = store.sso_key(&[1; 32], 10).await.unwrap();
         assert_eq!(key, vec![1; 32]);
-        assert_eq!(store.sso_key(&[2; 32], 11).await.unwrap(), key, "the first key stays");
+        assert_eq!(
+            store.sso_key(&[2; 32], 11).await.unwrap(),
+            key,
+            "the first key stays"
+        );
 
-        store.sso_session_create(&row("s1", "alice", 100), &[7; 32]).await.unwrap();
-        let s = store.sso_session_by_refresh(&[7; 32]).await.unwrap().unwrap();
-        assert_eq!((s.id.as_str(), s.groups.clone()), ("s1", vec!["dev".to_string()]));
-        assert!(store.sso_session_by_refresh(&[8; 32]).await.unwrap().is_none());
+        store
+            .sso_session_create(&row("s1", "alice", 100), &[7; 32])
+            .await
+            .unwrap();
+        let s = store
+            .sso_session_by_refresh(&[7; 32])
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (s.id.as_str(), s.groups.clone()),
+            ("s1", vec!["dev".to_string()])
+        );
+        assert!(store
+            .sso_session_by_refresh(&[8; 32])
+            .await
+            .unwrap()
+            .is_none());
 
         // Same groups: same generation, the sealed token kept; other groups: raised.
         let same = ["dev".to_string()];
-        let s = store.sso_session_refreshed("s1", &same, None, 200).await.unwrap().unwrap();
-        assert_eq!((s.generation, s.idp_refresh.as_deref()), (0, Some(&b"sealed"[..])));
+        let s = store
+            .sso_session_refreshed("s1", &same, None, 200)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (s.generation, s.idp_refresh.as_deref()),
+            (0, Some(&b"sealed"[..]))
+        );
         let s = store
             .sso_session_refreshed("s1", &[], Some(b"new"), 300)
             .await
             .unwrap()
             .unwrap();
         assert_eq!((s.generation, s.refreshed_at), (1, 300));
-        assert!(store.sso_session_refreshed("s1", &[], None, 1100).await.unwrap().is_none(), "ended");
+        assert!(
+            store
+                .sso_session_refreshed("s1", &[], None, 1100)
+                .await
+                .unwrap()
+                .is_none(),
+            "ended"
+        );
 
         assert!(store.sso_session_revoke("s1", 400).await.unwrap());
         assert!(!store.sso_session_revoke("s1", 401).await.unwrap());
         let s = store.sso_session("s1").await.unwrap().unwrap();
         assert_eq!((s.revoked_at, s.idp_refresh), (Some(400), None));
-        assert!(store.sso_session_refreshed("s1", &[], None, 402).await.unwrap().is_none());
+        assert!(store
+            .sso_session_refreshed("s1", &[], None, 402)
+            .await
+            .unwrap()
+            .is_none());
 
         // At most MAX_SESSIONS_PER_SUBJECT each; the oldest go first.
         for i in 0..(MAX_SESSIONS_PER_SUBJECT + 3) {
             let r = row(&format!("b{i:02}"), "bob", 500 + i as u64);
-            store.sso_session_create(&r, &[i as u8 + 20; 32]).await.unwrap();
+            store
+                .sso_session_create(&r, &[i as u8 + 20; 32])
+                .await
+                .unwrap();
         }
-        let bobs = store.sso_sessions(Some(("https://idp.test", "bob")), 600).await.unwrap();
+        let bobs = store
+            .sso_sessions(Some(("https://idp.test", "bob")), 600)
+            .await
+            .unwrap();
         assert_eq!(bobs.len(), MAX_SESSIONS_PER_SUBJECT);
         assert_eq!(bobs[0].id, format!("b{:02}", MAX_SESSIONS_PER_SUBJECT + 2));
         assert!(store.sso_session("b00").await.unwrap().is_none());
-        assert_eq!(store.sso_sessions(None, 600).await.unwrap().len(), MAX_SESSIONS_PER_SUBJECT);
+        assert_eq!(
+            store.sso_sessions(None, 600).await.unwrap().len(),
+            MAX_SESSIONS_PER_SUBJECT
+        );
     }
 }

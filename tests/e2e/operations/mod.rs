@@ -14,6 +14,7 @@ pub(crate) mod jwt;
 mod lifecycle;
 mod oidc;
 mod security_ii;
+mod sign_in;
 mod store_pg;
 mod threads;
 mod traces;
