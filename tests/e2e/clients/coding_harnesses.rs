@@ -189,7 +189,7 @@ pub(crate) fn run_bounded(mut cmd: Command, limit: Duration) -> (Option<ExitStat
     (status, elapsed)
 }
 
-fn tail(text: &str, lines: usize) -> String {
+pub(crate) fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }

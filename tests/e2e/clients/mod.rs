@@ -9,3 +9,4 @@ mod decision_links;
 pub(crate) mod managed_agents;
 pub(crate) mod sdk;
 mod sdk_node;
+mod signed_in;

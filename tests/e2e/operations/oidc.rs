@@ -15,7 +15,7 @@ use crate::support::tls::TestCa;
 use crate::support::*;
 
 /// The provider process, its issuer URL and its control listener.
-pub(super) struct Idp {
+pub(crate) struct Idp {
     child: Child,
     pub issuer: String,
     control: String,
@@ -129,7 +129,7 @@ impl Drop for Idp {
     }
 }
 
-pub(super) async fn whoami(gw: &Gateway, token: &str) -> (u16, Value) {
+pub(crate) async fn whoami(gw: &Gateway, token: &str) -> (u16, Value) {
     let r = gw
         .http
         .get(format!("{}/v1/whoami", gw.url))

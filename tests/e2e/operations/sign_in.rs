@@ -16,7 +16,7 @@ use super::approvals::{open_events, to_end};
 use super::oidc::{whoami, Idp};
 use crate::support::*;
 
-const SECRET_ENV: &str = "TURNSTILE_TEST_IDP_SECRET";
+pub(crate) const SECRET_ENV: &str = "TURNSTILE_TEST_IDP_SECRET";
 const SECRET: &str = "turnstile-test-client-secret";
 
 /// The provider as the gateway's sign-in, with developers and approvers groups.
@@ -28,7 +28,7 @@ pub(super) fn sign_in_section(idp: &Idp, extra: &str) -> String {
         + "\n[[groups]]\nname = \"developers\"\nmodels = [\"echo\", \"cmd-ask\"]\n\n[[groups]]\nname = \"approvers\"\nroles = [\"approver\"]\n"
 }
 
-fn opts() -> Opts {
+pub(crate) fn opts() -> Opts {
     Opts {
         env: vec![(SECRET_ENV.into(), SECRET.into())],
         ..Opts::default()
@@ -43,12 +43,14 @@ async fn gateway(idp: &Idp) -> Gateway {
 /// The `turnstile` binary with the credentials file `creds`.
 fn turnstile(creds: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_turnstile"));
-    c.args(args).env("TURNSTILE_CREDENTIALS", creds).env_remove("TURNSTILE_URL");
+    c.args(args)
+        .env("TURNSTILE_CREDENTIALS", creds)
+        .env_remove("TURNSTILE_URL");
     c
 }
 
 /// `turnstile login`, its code approved at the provider as `user`.
-pub(super) async fn login(idp: &Idp, gw: &Gateway, creds: &Path, user: &str) {
+pub(crate) async fn login(idp: &Idp, gw: &Gateway, creds: &Path, user: &str) {
     let mut child = turnstile(creds, &["login", "--gateway", &gw.url])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -140,10 +142,19 @@ async fn login_then_token_signs_a_harness_in_and_group_changes_apply_at_the_refr
     let (s, me) = whoami(&gw, &t1).await;
     assert_eq!(s, 200, "{me}\n{}", gw.log());
     assert_eq!(me["id"], format!("jwt:{}#bob", idp.issuer));
-    assert_eq!((me["approver"].clone(), me["groups"].clone()), (json!(true), json!(["developers", "approvers"])));
-    let (s, v) = gw.chat(&t1, &json!({"model": "echo", "messages": [user("hi")]})).await;
+    assert_eq!(
+        (me["approver"].clone(), me["groups"].clone()),
+        (json!(true), json!(["developers", "approvers"]))
+    );
+    let (s, v) = gw
+        .chat(&t1, &json!({"model": "echo", "messages": [user("hi")]}))
+        .await;
     assert_eq!(s, 200, "{v}");
-    assert_eq!(token(&creds).await.unwrap(), t1, "kept while young and taken");
+    assert_eq!(
+        token(&creds).await.unwrap(),
+        t1,
+        "kept while young and taken"
+    );
     let (_, sessions) = get(&gw, &t1, "/v1/auth/sessions").await;
     assert_eq!(sessions["data"].as_array().unwrap().len(), 1, "{sessions}");
 
@@ -154,7 +165,10 @@ async fn login_then_token_signs_a_harness_in_and_group_changes_apply_at_the_refr
         .await;
     let (s, t2) = refresh(&gw, &refresh_token(&creds)).await;
     assert_eq!(s, 200, "{t2}");
-    assert!(t2.get("refresh_token").is_none(), "a refresh keeps the refresh token");
+    assert!(
+        t2.get("refresh_token").is_none(),
+        "a refresh keeps the refresh token"
+    );
     let t2 = t2["access_token"].as_str().unwrap().to_string();
     let seen = tokio::time::timeout(Duration::from_secs(30), to_end(events))
         .await
@@ -162,7 +176,10 @@ async fn login_then_token_signs_a_harness_in_and_group_changes_apply_at_the_refr
     assert!(!seen.contains("event: created"), "{seen}");
     assert_eq!(whoami(&gw, &t1).await.0, 401);
     let (_, me) = whoami(&gw, &t2).await;
-    assert_eq!((me["approver"].clone(), me["groups"].clone()), (json!(false), json!(["developers"])));
+    assert_eq!(
+        (me["approver"].clone(), me["groups"].clone()),
+        (json!(false), json!(["developers"]))
+    );
     // `turnstile token` finds its kept token refused and refreshes.
     let t3 = token(&creds).await.unwrap();
     assert_ne!(t3, t1);
@@ -170,7 +187,11 @@ async fn login_then_token_signs_a_harness_in_and_group_changes_apply_at_the_refr
 
     // Sign-out: every token of the sign-in is refused, and no new one is had.
     let out = turnstile(&creds, &["logout"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(whoami(&gw, &t3).await.0, 401);
     let e = token(&creds).await.unwrap_err();
     assert!(e.contains("not signed in"), "{e}");
@@ -193,7 +214,11 @@ async fn a_user_the_provider_disabled_gets_no_new_token_and_bad_requests_consume
 
     // Unknown or malformed grants: OAuth errors, nothing changed.
     let (s, v) = refresh(&gw, "tsr-unknown").await;
-    assert_eq!((s, v["error"].as_str()), (400, Some("invalid_grant")), "{v}");
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (400, Some("invalid_grant")),
+        "{v}"
+    );
     let r = gw
         .http
         .post(format!("{}/v1/auth/token", gw.url))
@@ -202,7 +227,10 @@ async fn a_user_the_provider_disabled_gets_no_new_token_and_bad_requests_consume
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
-    assert_eq!(r.json::<Value>().await.unwrap()["error"], "unsupported_grant_type");
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"],
+        "unsupported_grant_type"
+    );
     // Another principal's session is unknown to alice.
     let alice = token(&creds).await.unwrap();
     let (s, _) = get(&gw, &alice, "/v1/auth/sessions").await;
@@ -218,7 +246,11 @@ async fn a_user_the_provider_disabled_gets_no_new_token_and_bad_requests_consume
 
     idp.call(reqwest::Method::POST, "/disable?user=alice").await;
     let (s, v) = refresh(&gw, &refresh_of).await;
-    assert_eq!((s, v["error"].as_str()), (400, Some("invalid_grant")), "{v}");
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (400, Some("invalid_grant")),
+        "{v}"
+    );
     // The provider ended it, so the gateway ended the sign-in: its token is refused too.
     assert_eq!(whoami(&gw, &alice).await.0, 401);
     let (s, _) = refresh(&gw, &refresh_of).await;
@@ -248,7 +280,11 @@ async fn a_gateway_token_is_accepted_by_every_replica() {
     let t = token(&creds).await.unwrap();
     for gw in [a, b] {
         let (s, me) = whoami(gw, &t).await;
-        assert_eq!((s, me["id"].clone()), (200, json!(format!("jwt:{}#bob", idp.issuer))), "{me}");
+        assert_eq!(
+            (s, me["id"].clone()),
+            (200, json!(format!("jwt:{}#bob", idp.issuer))),
+            "{me}"
+        );
     }
     // Signed out on b: refused on a within the few seconds a replica trusts a session state.
     let (_, sessions) = get(b, &t, "/v1/auth/sessions").await;
