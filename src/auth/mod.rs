@@ -109,19 +109,21 @@ impl Authenticator {
         cfg: &Config,
         authorization: Option<&str>,
     ) -> Result<Principal, ApiError> {
-        if let Some(token) = self.gateway_token(authorization) {
-            let sso = self.sso.as_deref().expect("a gateway token needs sign-in");
-            return sso
-                .principal_now(cfg, token)
-                .ok_or_else(ApiError::unauthenticated);
+        if let Some((sso, token)) = self.gateway_token(authorization) {
+            return (sso.principal_now(cfg, token)).ok_or_else(ApiError::unauthenticated);
         }
         authenticate_cached(cfg, Some(&self.jwt), authorization, jwt_now())
     }
 
-    /// The bearer value, when it is one of the gateway's own access tokens.
-    fn gateway_token<'a>(&self, authorization: Option<&'a str>) -> Option<&'a str> {
-        self.sso.as_ref()?;
-        bearer(authorization).filter(|t| crate::sso::tokens::is_gateway_token(t))
+    /// The bearer value, when it is one of the gateway's own access tokens, and what
+    /// verifies it.
+    fn gateway_token<'a>(
+        &self,
+        authorization: Option<&'a str>,
+    ) -> Option<(&crate::sso::Sso, &'a str)> {
+        let sso = self.sso.as_deref()?;
+        let token = bearer(authorization).filter(|t| crate::sso::tokens::is_gateway_token(t))?;
+        Some((sso, token))
     }
 
     /// [`Authenticator::authenticate`]; when that fails on a token of an OpenID provider
@@ -132,8 +134,7 @@ impl Authenticator {
         cfg: &Config,
         authorization: Option<&str>,
     ) -> Result<Principal, ApiError> {
-        if let Some(token) = self.gateway_token(authorization) {
-            let sso = self.sso.as_deref().expect("a gateway token needs sign-in");
+        if let Some((sso, token)) = self.gateway_token(authorization) {
             return (sso.principal(cfg, token).await).ok_or_else(ApiError::unauthenticated);
         }
         let first = self.authenticate(cfg, authorization);
