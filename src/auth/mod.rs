@@ -110,19 +110,25 @@ impl Authenticator {
         authorization: Option<&str>,
     ) -> Result<Principal, ApiError> {
         if let Some((sso, token)) = self.gateway_token(authorization) {
-            return (sso.principal_now(cfg, token)).ok_or_else(ApiError::unauthenticated);
+            let p = match token.starts_with(crate::sso::console::PREFIX) {
+                true => sso.console_principal_now(cfg, token),
+                false => sso.principal_now(cfg, token),
+            };
+            return p.ok_or_else(ApiError::unauthenticated);
         }
         authenticate_cached(cfg, Some(&self.jwt), authorization, jwt_now())
     }
 
-    /// The bearer value, when it is one of the gateway's own access tokens, and what
-    /// verifies it.
+    /// The bearer value, when it is one of the gateway's own access tokens or a console
+    /// session's cookie, and what verifies it.
     fn gateway_token<'a>(
         &self,
         authorization: Option<&'a str>,
     ) -> Option<(&crate::sso::Sso, &'a str)> {
         let sso = self.sso.as_deref()?;
-        let token = bearer(authorization).filter(|t| crate::sso::tokens::is_gateway_token(t))?;
+        let token = bearer(authorization).filter(|t| {
+            t.starts_with(crate::sso::console::PREFIX) || crate::sso::tokens::is_gateway_token(t)
+        })?;
         Some((sso, token))
     }
 
@@ -135,7 +141,11 @@ impl Authenticator {
         authorization: Option<&str>,
     ) -> Result<Principal, ApiError> {
         if let Some((sso, token)) = self.gateway_token(authorization) {
-            return (sso.principal(cfg, token).await).ok_or_else(ApiError::unauthenticated);
+            let p = match token.starts_with(crate::sso::console::PREFIX) {
+                true => sso.console_principal(cfg, token).await,
+                false => sso.principal(cfg, token).await,
+            };
+            return p.ok_or_else(ApiError::unauthenticated);
         }
         let first = self.authenticate(cfg, authorization);
         let token = bearer(authorization).filter(|t| jwt::looks_like_jwt(t));

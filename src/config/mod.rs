@@ -135,6 +135,8 @@ pub struct Config {
     pub telemetry: Option<TelemetryConfig>,
     /// `[[webhooks]]`: where notifications go. Fixed at start: a reload keeps them.
     pub webhooks: Vec<WebhookConfig>,
+    /// `[console] api_key_sign_in`: the console offers a pasted key or JWT.
+    pub console_api_key_sign_in: bool,
 }
 
 #[derive(Debug, Clone)]

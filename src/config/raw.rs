@@ -189,6 +189,8 @@ pub(super) struct RawConfig {
     pub telemetry: super::telemetry::RawTelemetry,
     #[serde(default)]
     pub webhooks: Vec<super::webhooks::RawWebhook>,
+    #[serde(default)]
+    pub console: RawConsole,
 }
 
 #[derive(Debug, Deserialize)]
@@ -508,4 +510,25 @@ impl Default for RawMcpBridge {
 
 fn default_groups_claim() -> String {
     "groups".into()
+}
+
+/// `[console]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConsole {
+    /// The console offers signing in with a pasted API key or JWT (besides any provider).
+    #[serde(default = "yes")]
+    pub api_key_sign_in: bool,
+}
+
+impl Default for RawConsole {
+    fn default() -> Self {
+        RawConsole {
+            api_key_sign_in: true,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
 }

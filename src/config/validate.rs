@@ -175,6 +175,7 @@ pub(super) fn validate(
         continuity,
         managed_agents,
         webhooks,
+        console_api_key_sign_in: raw.console.api_key_sign_in,
         telemetry,
     })
 }

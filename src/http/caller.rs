@@ -68,13 +68,42 @@ impl FromRequest<AppState> for Admitted {
 }
 
 /// The credential: `Authorization`, else an Anthropic client's `x-api-key` (the same keys and
-/// JWTs, as a bearer token).
+/// JWTs, as a bearer token), else a console session's cookie, only beside its CSRF header.
 pub(super) fn authorization(headers: &HeaderMap) -> Option<std::borrow::Cow<'_, str>> {
     let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
     match header(header::AUTHORIZATION.as_str()) {
         Some(a) => Some(a.into()),
-        None => header("x-api-key").map(|k| format!("Bearer {k}").into()),
+        None => match header("x-api-key") {
+            Some(k) => Some(format!("Bearer {k}").into()),
+            None => console_cookie(headers).map(|c| format!("Bearer {c}").into()),
+        },
     }
+}
+
+/// The console session cookie, when the request also carries its CSRF token (which a
+/// cross-site page cannot set).
+fn console_cookie(headers: &HeaderMap) -> Option<&str> {
+    use crate::sso::console::{csrf_of, CSRF_HEADER};
+    let cookie = session_cookie(headers)?;
+    let csrf = headers.get(CSRF_HEADER)?.to_str().ok()?;
+    let ok = subtle::ConstantTimeEq::ct_eq(csrf.as_bytes(), csrf_of(cookie).as_bytes());
+    bool::from(ok).then_some(cookie)
+}
+
+/// The console session cookie's value (`__Host-` or loopback name), if sent.
+pub(super) fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+    use crate::sso::console::{COOKIE_LOOPBACK, COOKIE_SECURE};
+    cookie(headers, COOKIE_SECURE).or_else(|| cookie(headers, COOKIE_LOOPBACK))
+}
+
+/// The value of cookie `name` among the request's `Cookie` headers.
+pub(super) fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    (headers.get_all(header::COOKIE).iter())
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
 }
 
 /// A declared `Content-Length` over the limit: 413 from the headers, before anything else.

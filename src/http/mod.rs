@@ -14,6 +14,7 @@ mod error;
 mod managed;
 mod socket;
 mod sso;
+mod sso_console;
 mod surfaces;
 mod turn;
 mod usage;
@@ -136,6 +137,7 @@ pub fn router(state: impl Into<AppState>) -> Router {
         .merge(console::routes())
         .merge(managed::routes(&app))
         .merge(sso::routes())
+        .merge(sso_console::routes())
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -14,8 +14,11 @@
 //! `client.rs` is the other side: `turnstile login` and `turnstile token`.
 
 pub mod client;
+pub mod console;
 mod provider;
 pub mod tokens;
+
+use std::collections::HashMap;
 
 use chacha20poly1305::aead::{Aead, KeyInit};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
@@ -127,6 +130,10 @@ pub struct Sso {
     signer: Signer,
     /// Seals the providers' refresh tokens in the store (derived from the signing key).
     seal: ChaCha20Poly1305,
+    /// Signs the console sign-in's state cookie (derived from the signing key).
+    mac_key: [u8; 32],
+    /// Console sessions by their cookie's digest, as last read (trusted a few seconds).
+    consoles: parking_lot::Mutex<HashMap<[u8; 32], (SessionRow, tokio::time::Instant)>>,
     calls: tokio::sync::Semaphore,
 }
 
@@ -140,10 +147,14 @@ impl Sso {
             .await?;
         let mut material = b"turnstile provider refresh tokens\0".to_vec();
         material.extend_from_slice(&secret);
+        let mut mac = b"turnstile console sign-in state\0".to_vec();
+        mac.extend_from_slice(&secret);
         Ok(Sso {
             engine,
             signer: Signer::new(&secret).ok_or(StoreError::Missing("sso_keys"))?,
             seal: ChaCha20Poly1305::new(Key::from_slice(&sha256(&material))),
+            mac_key: sha256(&mac),
+            consoles: Default::default(),
             calls: tokio::sync::Semaphore::new(MAX_PROVIDER_CALLS),
         })
     }
@@ -213,14 +224,31 @@ impl Sso {
             .id_token
             .ok_or_else(|| OAuthError::unavailable("the identity provider gave no ID token"))?;
         let v = verify_id_token(cfg, i, &id_token)?;
-        let now = crate::auth::jwt_now();
         let (refresh, digest) = refresh_token();
+        let refresh_idp = tokens.refresh_token.as_deref();
+        let row = self.start_session(i, s, v, refresh_idp, &digest).await?;
+        tracing::info!(session = %row.id, issuer = %row.issuer, "signed in by the device flow");
+        let mut issued = self.issue(&row, s, row.created_at);
+        issued.refresh_token = Some(refresh);
+        Ok(issued)
+    }
+
+    /// Records a new sign-in of the subject `v` names, its credential's digest `digest`.
+    async fn start_session(
+        &self,
+        i: &JwtIssuer,
+        s: &SignIn,
+        v: crate::auth::jwt::Verified,
+        idp_refresh: Option<&str>,
+        digest: &[u8; 32],
+    ) -> Result<SessionRow, OAuthError> {
+        let now = crate::auth::jwt_now();
         let row = SessionRow {
             id: crate::ids::new_id("ses-"),
             issuer: i.issuer.clone(),
             subject: v.subject,
             groups: v.groups.to_vec(),
-            idp_refresh: tokens.refresh_token.as_deref().map(|t| self.sealed(t)),
+            idp_refresh: idp_refresh.map(|t| self.sealed(t)),
             generation: 0,
             created_at: now,
             refreshed_at: now,
@@ -228,13 +256,10 @@ impl Sso {
             revoked_at: None,
         };
         self.store()
-            .sso_session_create(&row, &digest)
+            .sso_session_create(&row, digest)
             .await
             .map_err(store_failed)?;
-        tracing::info!(session = %row.id, issuer = %row.issuer, "signed in by the device flow");
-        let mut issued = self.issue(&row, s, now);
-        issued.refresh_token = Some(refresh);
-        Ok(issued)
+        Ok(row)
     }
 
     /// A new access token for the session of `refresh`, after asking the provider again.
@@ -249,8 +274,24 @@ impl Sso {
             .map_err(store_failed)?
             .filter(|r| r.live(now))
             .ok_or_else(gone)?;
-        let Ok((i, remote, s)) = provider(cfg, Some(&row.issuer)) else {
+        let Ok((_, _, s)) = provider(cfg, Some(&row.issuer)) else {
             return Err(gone());
+        };
+        let row = self.renewed(cfg, &row, now).await?.ok_or_else(gone)?;
+        Ok(self.issue(&row, s, now))
+    }
+
+    /// Session `row` after asking its provider again (its sealed refresh token): None when
+    /// the provider or the gateway ended it meanwhile, or the provider is no longer
+    /// configured for sign-in.
+    async fn renewed(
+        &self,
+        cfg: &Config,
+        row: &SessionRow,
+        now: u64,
+    ) -> Result<Option<SessionRow>, OAuthError> {
+        let Ok((i, remote, s)) = provider(cfg, Some(&row.issuer)) else {
+            return Ok(None);
         };
         let (groups, idp_refresh) = match row.idp_refresh.as_deref().and_then(|b| self.opened(b)) {
             Some(idp) => {
@@ -266,7 +307,7 @@ impl Sso {
                             // The provider ended it (a disabled user, a revoked grant).
                             let _ = self.revoke(&row.id, now).await;
                             tracing::info!(session = %row.id, "the identity provider ended a sign-in");
-                            return Err(gone());
+                            return Ok(None);
                         }
                         Err(e) => return Err(e),
                     }
@@ -289,15 +330,59 @@ impl Sso {
             // The provider gave no refresh token: the session lasts as it is.
             None => (row.groups.clone(), None),
         };
-        let row =
-            (self
-                .store()
-                .sso_session_refreshed(&row.id, &groups, idp_refresh.as_deref(), now))
+        let row = (self.store())
+            .sso_session_refreshed(&row.id, &groups, idp_refresh.as_deref(), now)
             .await
-            .map_err(store_failed)?
-            .ok_or_else(gone)?;
-        self.signer.remember(&row.id, Status::of(&row));
-        Ok(self.issue(&row, s, now))
+            .map_err(store_failed)?;
+        if let Some(r) = &row {
+            self.signer.remember(&r.id, Status::of(r));
+        }
+        self.consoles.lock().clear();
+        Ok(row)
+    }
+
+    /// The principal of a console session's cookie value: its session live (read from the
+    /// store at most every [`tokens::STATUS_TTL`]), renewed with the provider once per
+    /// `token_ttl_seconds`.
+    pub async fn console_principal(&self, cfg: &Config, cookie: &str) -> Option<Principal> {
+        let now = crate::auth::jwt_now();
+        let digest = sha256(cookie.as_bytes());
+        let row = match self.console_cached(&digest) {
+            Some(row) => row,
+            None => {
+                let row = match self.store().sso_session_by_refresh(&digest).await {
+                    Ok(row) => row?,
+                    Err(e) => {
+                        tracing::error!(error = %e, "could not read a console session");
+                        return None;
+                    }
+                };
+                let (_, _, s) = provider(cfg, Some(&row.issuer)).ok()?;
+                let row = match row.live(now) && now >= row.refreshed_at + s.token_ttl.as_secs() {
+                    true => self.renewed(cfg, &row, now).await.ok()??,
+                    false => row,
+                };
+                let mut map = self.consoles.lock();
+                if map.len() >= 10_000 {
+                    map.clear();
+                }
+                map.insert(digest, (row.clone(), tokio::time::Instant::now()));
+                row
+            }
+        };
+        console_admitted(cfg, &row, now)
+    }
+
+    /// [`Sso::console_principal`] from the sessions read within the last seconds alone.
+    pub fn console_principal_now(&self, cfg: &Config, cookie: &str) -> Option<Principal> {
+        let row = self.console_cached(&sha256(cookie.as_bytes()))?;
+        console_admitted(cfg, &row, crate::auth::jwt_now())
+    }
+
+    fn console_cached(&self, digest: &[u8; 32]) -> Option<SessionRow> {
+        let map = self.consoles.lock();
+        let (row, at) = map.get(digest)?;
+        (at.elapsed() < tokens::STATUS_TTL).then(|| row.clone())
     }
 
     /// Ends the session of a refresh token (RFC 7009: unknown tokens are not an error).
@@ -314,9 +399,18 @@ impl Sso {
         Ok(())
     }
 
+    /// Signs out the console session whose cookie has this digest (nothing when unknown).
+    pub async fn end_console(&self, digest: &[u8; 32]) -> Result<(), StoreError> {
+        if let Some(row) = self.store().sso_session_by_refresh(digest).await? {
+            self.revoke(&row.id, crate::auth::jwt_now()).await?;
+        }
+        Ok(())
+    }
+
     pub async fn revoke(&self, id: &str, now: u64) -> Result<bool, StoreError> {
         let done = self.store().sso_session_revoke(id, now).await?;
         self.signer.remember(id, Status::GONE);
+        self.consoles.lock().retain(|_, (row, _)| row.id != id);
         Ok(done)
     }
 
@@ -389,6 +483,21 @@ impl Sso {
         let plain = self.seal.decrypt(Nonce::from_slice(nonce), body).ok()?;
         String::from_utf8(plain).ok()
     }
+}
+
+/// The principal of a console session `row`, while it is live.
+fn console_admitted(cfg: &Config, row: &SessionRow, now: u64) -> Option<Principal> {
+    let issuer = sign_in_issuer(cfg, &row.issuer)?;
+    if !row.live(now) {
+        return None;
+    }
+    let groups = row.groups.clone().into();
+    Some(crate::auth::subject_principal(
+        cfg,
+        &issuer.issuer,
+        &row.subject,
+        groups,
+    ))
 }
 
 /// The principal of verified claims `c` whose session is in state `status`.

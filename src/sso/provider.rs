@@ -19,7 +19,7 @@ pub struct Tokens {
 
 /// The provider's endpoint `pick` names in its discovery document, when its keys are
 /// fetched (else the provider is not reachable yet: 503 `temporarily_unavailable`).
-async fn endpoint(
+pub(super) async fn endpoint(
     remote: &Remote,
     pick: impl Fn(&crate::auth::oidc::Endpoints) -> Option<String>,
     what: &str,

@@ -149,9 +149,15 @@ test("the page has a strict CSP and loads only its own assets", async (browser) 
   const { context, page } = await newConsole(browser);
   const loaded = [];
   page.on("request", (req) => loaded.push(new URL(req.url()).pathname));
+  // The page also asks how it may sign in, and whether a provider's session is open.
+  const asked = page.waitForResponse((r) => r.url().endsWith("/console/sso/session"));
   await page.reload();
+  await asked;
   await page.getByLabel("API key or JWT").waitFor();
-  const assets = ["", "/api.js", "/app.css", "/app.js", "/dom.js", "/icon.svg", "/notifications.js", "/queue.js", "/views.js"];
+  const assets = [
+    "", "/api.js", "/app.css", "/app.js", "/dom.js", "/icon.svg", "/notifications.js", "/queue.js",
+    "/sso/providers", "/sso/session", "/views.js",
+  ];
   assert.deepEqual([...new Set(loaded)].sort(), assets.map((a) => `/console${a}`));
   await context.close();
 });

@@ -15,6 +15,7 @@
 //   POST /rotate             a new signing key, published first (the old one kept after it)
 //   POST /approve?user=bob&code=ABCD-EFGH   the user confirms a device code another client
 //                            started (the verification pages: login, consent)
+//   POST /redirect?uri=U     the client's redirect URI from now on (a console's callback)
 //   POST /disable?user=alice the user no longer exists for the provider (refreshes fail)
 //   POST /groups?user=bob&group=developers   the user's groups from now on (next token)
 //   POST /down, POST /up     the provider answers 503 to everything, or again serves
@@ -30,7 +31,7 @@ const USERS = {
   alice: { name: "Alice", groups: ["developers"] },
   bob: { name: "Bob", groups: ["developers", "approvers"] },
 };
-const CLIENT = { id: "turnstile", secret: "turnstile-test-client-secret" };
+const CLIENT = { id: "turnstile", secret: "turnstile-test-client-secret", redirect: "https://127.0.0.1/callback" };
 
 let keys = [signingKey()];
 let provider = null;
@@ -89,7 +90,7 @@ function build(issuer) {
         client_secret: CLIENT.secret,
         grant_types: ["urn:ietf:params:oauth:grant-type:device_code", "refresh_token", "authorization_code"],
         response_types: ["code"],
-        redirect_uris: ["https://127.0.0.1/callback"],
+        redirect_uris: [CLIENT.redirect],
         token_endpoint_auth_method: "client_secret_basic",
         id_token_signed_response_alg: "ES256",
       },
@@ -123,8 +124,23 @@ server.on("request", (req, res) => {
   }
   if (req.url.startsWith("/.well-known/openid-configuration")) stats.discovery++;
   if (req.url.startsWith("/jwks")) stats.jwks++;
+  offline(res);
   provider.callback()(req, res);
 });
+
+/** The development login pages import a web font: dropped, so a browser test stays on loopback. */
+function offline(res) {
+  const end = res.end.bind(res);
+  res.end = (body, ...rest) => {
+    const text = typeof body === "string" ? body : Buffer.isBuffer(body) ? body.toString("utf8") : null;
+    if (text && text.includes("fonts.googleapis.com") && !res.headersSent) {
+      const out = text.replace(/@import url\(https:\/\/fonts\.googleapis\.com[^)]*\);/g, "");
+      res.setHeader("content-length", Buffer.byteLength(out));
+      return end(out, ...rest);
+    }
+    return end(body, ...rest);
+  };
+}
 
 // The device flow a harness runs, driven over the same HTTPS listener.
 const agent = new https.Agent({ ca: readFileSync(process.env.IDP_CA || process.env.IDP_CERT) });
@@ -222,6 +238,11 @@ const control = http.createServer(async (req, res) => {
       return json(200, { kid: keys[0].kid });
     }
     if (url.pathname === "/approve") return json(200, await approveDevice(url.searchParams.get("user"), url.searchParams.get("code")));
+    if (url.pathname === "/redirect") {
+      CLIENT.redirect = url.searchParams.get("uri");
+      provider = build(ISSUER);
+      return json(200, { redirect: CLIENT.redirect });
+    }
     if (url.pathname === "/disable") {
       const user = USERS[url.searchParams.get("user")];
       if (!user) return json(404, { error: "no such user" });

@@ -298,6 +298,8 @@ pub struct Verified {
     pub expires: u64,
     /// What its issuer's `groups_claim` names.
     pub groups: Groups,
+    /// Its `nonce` (an ID token's), when verified without the cache.
+    pub nonce: Option<String>,
 }
 
 /// Verifies `token` against the configured issuers, without any cache.
@@ -381,11 +383,16 @@ pub fn verify(issuers: &[Arc<JwtIssuer>], token: &str) -> Result<Verified, JwtEr
     }
     .ok_or_else(|| JwtError::MissingClaim("exp".into()))?;
     let groups = groups_in(&claims, &issuer.groups_claim);
+    let nonce = claims
+        .get("nonce")
+        .and_then(Value::as_str)
+        .map(str::to_string);
     Ok(Verified {
         issuer: issuer.clone(),
         subject,
         expires,
         groups,
+        nonce,
     })
 }
 
@@ -513,6 +520,7 @@ impl Cache {
                             subject: e.subject.clone(),
                             expires: e.valid_until.saturating_sub(issuer.leeway_seconds),
                             groups: e.groups.clone(),
+                            nonce: None,
                         });
                     }
                     _ => {

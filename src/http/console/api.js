@@ -1,8 +1,12 @@
-// The gateway's API with the signed-in credential (a bearer header), and the session it
-// belongs to. `generation` changes at every sign-out, so loops of an old session stop.
+// The gateway's API with the signed-in credential (a bearer header), or, signed in through
+// the identity provider, the session cookie (sent by the browser) beside its CSRF token, and
+// the session it belongs to. `generation` changes at every sign-out, so loops of an old
+// session stop.
 
 export const session = {
   credential: null,
+  /** The CSRF token of a provider sign-in (its cookie is HttpOnly); null otherwise. */
+  csrf: null,
   me: null,
   generation: 0,
   /** Set by the app: signs out with a message (a 401 anywhere). */
@@ -13,8 +17,9 @@ export class Unauthorized extends Error {}
 
 export async function api(path, init = {}) {
   const headers = new Headers(init.headers || {});
-  headers.set("authorization", `Bearer ${session.credential}`);
-  const resp = await fetch(path, { ...init, headers, cache: "no-store" });
+  if (session.csrf) headers.set("x-turnstile-csrf", session.csrf);
+  else headers.set("authorization", `Bearer ${session.credential}`);
+  const resp = await fetch(path, { ...init, headers, cache: "no-store", credentials: "same-origin" });
   if (resp.status === 401) throw new Unauthorized();
   return resp;
 }

@@ -1,6 +1,8 @@
 // Turnstile console: works an approval queue and shows the signed-in principal's activity.
-// Everything comes from the gateway's own API with the credential typed into the page, kept in
-// this tab's sessionStorage only. Text from the API is only ever set with textContent.
+// Everything comes from the gateway's own API, either with the credential typed into the page
+// (kept in this tab's sessionStorage only) or, signed in through the identity provider, with
+// the gateway's HttpOnly session cookie and its CSRF token. Text from the API is only ever set
+// with textContent.
 
 import { getJson, session, Unauthorized } from "./api.js";
 import { $, setConn } from "./dom.js";
@@ -13,14 +15,16 @@ import { clearViews, loadHistory, onTabKey, selectTab, TABS } from "./views.js";
 
 const STORE_KEY = "turnstile.credential";
 
-async function signIn(credential, fromStorage) {
+async function signIn(credential, fromStorage, csrf = null) {
   session.credential = credential;
+  session.csrf = csrf;
   $("signin-error").textContent = "";
   let me;
   try {
     me = await getJson("/v1/whoami");
   } catch (e) {
     session.credential = null;
+    session.csrf = null;
     sessionStorage.removeItem(STORE_KEY);
     $("signin-error").textContent = e instanceof Unauthorized
       ? "This key or token was refused."
@@ -28,7 +32,7 @@ async function signIn(credential, fromStorage) {
     if (fromStorage) showSignIn();
     return;
   }
-  sessionStorage.setItem(STORE_KEY, credential);
+  if (credential) sessionStorage.setItem(STORE_KEY, credential);
   session.me = me;
   $("credential").value = "";
   $("who").textContent = `Signed in as ${me.id}${me.approver ? " (approver)" : ""}`;
@@ -46,6 +50,13 @@ async function signIn(credential, fromStorage) {
 
 function signOut(message) {
   session.generation++;
+  // A provider sign-in ends at the gateway too (its cookie cleared, its session revoked).
+  if (session.csrf) {
+    const csrf = session.csrf;
+    fetch("/console/sso/logout", { method: "POST", headers: { "x-turnstile-csrf": csrf }, credentials: "same-origin" })
+      .catch(() => {});
+  }
+  session.csrf = null;
   session.credential = null;
   session.me = null;
   sessionStorage.removeItem(STORE_KEY);
@@ -91,6 +102,41 @@ function start() {
   $("confirm-cancel").addEventListener("click", () => $("confirm").close());
   $("confirm").addEventListener("close", confirmClosed);
   setInterval(tick, 1000);
+  resume();
+}
+
+/** Offers the providers (and the key form unless switched off), then resumes a provider
+ * sign-in the cookie still holds, or a pasted credential this tab kept. */
+async function resume() {
+  try {
+    const r = await fetch("/console/sso/providers", { cache: "no-store" });
+    const p = await r.json();
+    $("signin-form").hidden = !p.api_key_sign_in;
+    $("signin-key-hint").hidden = !p.api_key_sign_in;
+    const list = $("providers");
+    list.replaceChildren();
+    for (const prov of p.providers || []) {
+      const a = document.createElement("a");
+      a.className = "button primary";
+      a.href = `/console/sso/start?issuer=${encodeURIComponent(prov.issuer)}`;
+      a.textContent = `Sign in with ${new URL(prov.issuer).host}`;
+      const li = document.createElement("li");
+      li.append(a);
+      list.append(li);
+    }
+    list.hidden = !(p.providers || []).length;
+  } catch (e) {
+    // The key form stays.
+  }
+  try {
+    const r = await fetch("/console/sso/session", { cache: "no-store", credentials: "same-origin" });
+    if (r.ok) {
+      const s = await r.json();
+      return signIn(null, true, s.csrf);
+    }
+  } catch (e) {
+    // Not signed in through a provider.
+  }
   const saved = sessionStorage.getItem(STORE_KEY);
   if (saved) signIn(saved, true);
   else showSignIn();

@@ -5,6 +5,7 @@ mod claude_code;
 pub(crate) mod codex_cli;
 pub(crate) mod coding_harnesses;
 mod console;
+mod console_sso;
 mod decision_links;
 pub(crate) mod managed_agents;
 pub(crate) mod sdk;

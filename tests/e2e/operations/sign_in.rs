@@ -20,7 +20,7 @@ pub(crate) const SECRET_ENV: &str = "TURNSTILE_TEST_IDP_SECRET";
 const SECRET: &str = "turnstile-test-client-secret";
 
 /// The provider as the gateway's sign-in, with developers and approvers groups.
-pub(super) fn sign_in_section(idp: &Idp, extra: &str) -> String {
+pub(crate) fn sign_in_section(idp: &Idp, extra: &str) -> String {
     let keys = format!(
         "client_id = \"turnstile\"\nclient_secret_env = \"{SECRET_ENV}\"\nscopes = [\"openid\", \"offline_access\", \"groups\"]\n{extra}"
     );
