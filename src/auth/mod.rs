@@ -110,11 +110,7 @@ impl Authenticator {
         authorization: Option<&str>,
     ) -> Result<Principal, ApiError> {
         if let Some((sso, token)) = self.gateway_token(authorization) {
-            let p = match token.starts_with(crate::sso::console::PREFIX) {
-                true => sso.console_principal_now(cfg, token),
-                false => sso.principal_now(cfg, token),
-            };
-            return p.ok_or_else(ApiError::unauthenticated);
+            return (sso.credential_now(cfg, token)).ok_or_else(ApiError::unauthenticated);
         }
         authenticate_cached(cfg, Some(&self.jwt), authorization, jwt_now())
     }
@@ -126,9 +122,7 @@ impl Authenticator {
         authorization: Option<&'a str>,
     ) -> Option<(&crate::sso::Sso, &'a str)> {
         let sso = self.sso.as_deref()?;
-        let token = bearer(authorization).filter(|t| {
-            t.starts_with(crate::sso::console::PREFIX) || crate::sso::tokens::is_gateway_token(t)
-        })?;
+        let token = bearer(authorization).filter(|t| crate::sso::is_own(t))?;
         Some((sso, token))
     }
 
@@ -141,11 +135,7 @@ impl Authenticator {
         authorization: Option<&str>,
     ) -> Result<Principal, ApiError> {
         if let Some((sso, token)) = self.gateway_token(authorization) {
-            let p = match token.starts_with(crate::sso::console::PREFIX) {
-                true => sso.console_principal(cfg, token).await,
-                false => sso.principal(cfg, token).await,
-            };
-            return p.ok_or_else(ApiError::unauthenticated);
+            return (sso.credential(cfg, token).await).ok_or_else(ApiError::unauthenticated);
         }
         let first = self.authenticate(cfg, authorization);
         let token = bearer(authorization).filter(|t| jwt::looks_like_jwt(t));

@@ -159,6 +159,23 @@ impl Sso {
         })
     }
 
+    /// The principal of one of the gateway's own credentials ([`is_own`]): a console
+    /// session's cookie value, or an access token.
+    pub async fn credential(&self, cfg: &Config, token: &str) -> Option<Principal> {
+        match token.starts_with(console::PREFIX) {
+            true => self.console_principal(cfg, token).await,
+            false => self.principal(cfg, token).await,
+        }
+    }
+
+    /// [`Sso::credential`] from the session states kept within the last seconds alone.
+    pub fn credential_now(&self, cfg: &Config, token: &str) -> Option<Principal> {
+        match token.starts_with(console::PREFIX) {
+            true => self.console_principal_now(cfg, token),
+            false => self.principal_now(cfg, token),
+        }
+    }
+
     /// The principal of a gateway access token, under `cfg`: None when the token does not
     /// verify, its provider is no longer configured for sign-in, or its session is revoked,
     /// ended or at another generation. The session's state is read from the store when the
@@ -513,6 +530,12 @@ fn admitted(cfg: &Config, c: Claims, status: Status) -> Option<Principal> {
         &c.sub,
         groups,
     ))
+}
+
+/// Whether a bearer value is one of the gateway's own credentials (a console session's cookie
+/// value, or shaped like its access token): cheap, and says nothing about its validity.
+pub fn is_own(token: &str) -> bool {
+    token.starts_with(console::PREFIX) || tokens::is_gateway_token(token)
 }
 
 /// A fresh refresh token and its digest.

@@ -9,6 +9,27 @@ import { chromium } from "playwright-core";
 
 const SHOTS = process.env.TURNSTILE_SCREENSHOTS;
 
+/** A streaming chat of `key`'s on `model` at gateway `base`; resolves once the stream ends,
+ *  with its status and the text its deltas carried. */
+export function streamingChat(base, key, model, prompt = "go") {
+  return fetch(`${base}/v1/chat/completions`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ model, stream: true, messages: [{ role: "user", content: prompt }] }),
+  }).then(async (r) => ({ status: r.status, text: streamed(await r.text()) }));
+}
+
+/** The text of a streamed chat answer's deltas. */
+export function streamed(body) {
+  let text = "";
+  for (const line of body.split("\n")) {
+    if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
+    const ev = JSON.parse(line.slice(6));
+    text += (ev.choices && ev.choices[0] && ev.choices[0].delta && ev.choices[0].delta.content) || "";
+  }
+  return text;
+}
+
 /** Requests a page made to anything but loopback, and page or console errors. */
 export const external = [];
 export const problems = [];

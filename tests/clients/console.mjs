@@ -8,7 +8,7 @@
 // TURNSTILE_CHROMIUM (default /usr/bin/chromium), TURNSTILE_SCREENSHOTS (a folder).
 
 import assert from "node:assert/strict";
-import { run, shot, watch } from "./browser.mjs";
+import { run, shot, streamingChat, watch } from "./browser.mjs";
 
 const BASE = process.env.TURNSTILE_URL;
 const ROOT = process.env.TURNSTILE_APPROVER_KEY;
@@ -29,21 +29,7 @@ async function api(key, path, init = {}) {
 
 /** A streaming chat of alice's on `model`; resolves once the stream ends. */
 function chat(model, prompt = "go", key = ALICE) {
-  return fetch(`${BASE}/v1/chat/completions`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
-    body: JSON.stringify({ model, stream: true, messages: [{ role: "user", content: prompt }] }),
-  }).then(async (r) => ({ status: r.status, text: streamed(await r.text()) }));
-}
-
-function streamed(body) {
-  let text = "";
-  for (const line of body.split("\n")) {
-    if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
-    const ev = JSON.parse(line.slice(6));
-    text += (ev.choices && ev.choices[0] && ev.choices[0].delta && ev.choices[0].delta.content) || "";
-  }
-  return text;
+  return streamingChat(BASE, key, model, prompt);
 }
 
 /** The ids of alice's pending approvals, newest first. */

@@ -7,7 +7,7 @@
 // TURNSTILE_CHROMIUM, TURNSTILE_SCREENSHOTS.
 
 import assert from "node:assert/strict";
-import { run, shot, watch } from "./browser.mjs";
+import { run, shot, streamingChat, watch } from "./browser.mjs";
 
 const BASE = process.env.TURNSTILE_URL;
 const ALICE = process.env.TURNSTILE_KEY;
@@ -16,24 +16,6 @@ const WAIT = 20000;
 async function api(path, headers = {}, init = {}) {
   const r = await fetch(`${BASE}${path}`, { ...init, headers });
   return { status: r.status, body: await r.json().catch(() => null) };
-}
-
-function chat(model) {
-  return fetch(`${BASE}/v1/chat/completions`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${ALICE}`, "content-type": "application/json" },
-    body: JSON.stringify({ model, stream: true, messages: [{ role: "user", content: "go" }] }),
-  }).then(async (r) => ({ status: r.status, text: streamed(await r.text()) }));
-}
-
-function streamed(body) {
-  let text = "";
-  for (const line of body.split("\n")) {
-    if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
-    const ev = JSON.parse(line.slice(6));
-    text += (ev.choices && ev.choices[0] && ev.choices[0].delta && ev.choices[0].delta.content) || "";
-  }
-  return text;
 }
 
 async function pendingId() {
@@ -54,7 +36,7 @@ test("sign in through the provider, decide, sign out; the stale cookie is refuse
   const context = await browser.newContext({ ignoreHTTPSErrors: true, viewport: { width: 1200, height: 860 } });
   const page = await context.newPage();
   watch(context, page);
-  const done = chat("cmd-ask");
+  const done = streamingChat(BASE, ALICE, "cmd-ask");
   const id = await pendingId();
 
   await page.goto(`${BASE}/console/`);

@@ -20,7 +20,7 @@ use serde_json::json;
 use crate::backends::codex::codex_bin;
 use crate::clients::coding_harnesses::{command, run_bounded, tail, Scene, CLAUDE, RUN_LIMIT};
 use crate::operations::oidc::Idp;
-use crate::operations::sign_in::{login, opts, SECRET_ENV};
+use crate::operations::sign_in::{kept, login, opts, refresh, SECRET_ENV};
 use crate::support::*;
 
 const MODEL: &str = "fake-model";
@@ -83,24 +83,9 @@ async fn expire_then_answer(idp: &Idp, gw: &Gateway, creds: &Path, pipe: &Path, 
     .await;
     idp.call(reqwest::Method::POST, "/groups?user=bob&group=developers")
         .await;
-    let text = std::fs::read_to_string(creds).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let refresh = v["gateways"].as_object().unwrap().values().next().unwrap()["refresh_token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let r = gw
-        .http
-        .post(format!("{}/v1/auth/token", gw.url))
-        .form(&[("grant_type", "refresh_token"), ("refresh_token", &refresh)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let old = v["gateways"].as_object().unwrap().values().next().unwrap()["access_token"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (status, _) = refresh(gw, &kept(creds, "refresh_token")).await;
+    assert_eq!(status, 200);
+    let old = kept(creds, "access_token");
     let (s, _) = get(gw, &old, "/v1/whoami").await;
     assert_eq!(s, 401, "the harness's token no longer verifies");
     writer.write_all(format!("{secret}\n").as_bytes()).unwrap();

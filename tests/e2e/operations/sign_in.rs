@@ -96,16 +96,22 @@ pub(super) async fn token(creds: &Path) -> Result<String, String> {
     }
 }
 
-fn refresh_token(creds: &Path) -> String {
+/// The field `key` of the one gateway entry in the credentials file.
+pub(crate) fn kept(creds: &Path, key: &str) -> String {
     let v: Value = serde_json::from_slice(&std::fs::read(creds).unwrap()).unwrap();
     let entries = v["gateways"].as_object().unwrap();
-    entries.values().next().unwrap()["refresh_token"]
+    entries.values().next().unwrap()[key]
         .as_str()
         .unwrap()
         .to_string()
 }
 
-async fn refresh(gw: &Gateway, refresh: &str) -> (u16, Value) {
+fn refresh_token(creds: &Path) -> String {
+    kept(creds, "refresh_token")
+}
+
+/// A refresh at the token endpoint: its status and answer (never cached).
+pub(crate) async fn refresh(gw: &Gateway, refresh: &str) -> (u16, Value) {
     let r = gw
         .http
         .post(format!("{}/v1/auth/token", gw.url))
