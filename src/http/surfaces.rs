@@ -2,15 +2,17 @@
 //! [`Surface::PATH`], the routes it declares ([`Surface::routes`]) and a 405 on them in its
 //! own shape. A path several surfaces declare (the model list) is served by the one that
 //! claims the request ([`Surface::claims`]: an Anthropic client names its API version), else
-//! by the first; an unknown route's 404 has the shape of the surface that claims it. Nothing
-//! here knows a surface or a wire field: each one says what is its.
+//! by the first; an unknown route's 404 has the shape of the surface that claims it. A surface
+//! whose clients send their credential in a form of its own ([`Surface::CREDENTIAL`]) has it
+//! read on its routes as a bearer token, before anything authenticates. Nothing here knows a
+//! surface or a wire field: each one says what is its.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request, State};
-use axum::http::{HeaderMap, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{post, MethodRouter};
 use axum::Router;
@@ -19,7 +21,7 @@ use super::caller::Admitted;
 use super::turn::{answered, path_params, response, turn, Planner, SurfaceError};
 use super::{socket, AppState};
 use crate::error::{ApiError, ErrorCode};
-use crate::surface::{Handler, Incoming, Reply, Serve, Surface};
+use crate::surface::{Credential, Handler, Incoming, Reply, Serve, Surface};
 use crate::turn::SurfaceId;
 
 /// The surfaces' routes as they are registered.
@@ -47,6 +49,7 @@ struct Wire {
     id: SurfaceId,
     claims: fn(&Uri, &HeaderMap) -> bool,
     refuse: fn(ApiError) -> Response,
+    credential: Option<Credential>,
 }
 
 impl Wire {
@@ -55,6 +58,7 @@ impl Wire {
             id: S::ID,
             claims: S::claims,
             refuse: |e| SurfaceError::<S>::from(e).into_response(),
+            credential: S::CREDENTIAL,
         }
     }
 }
@@ -106,13 +110,21 @@ impl Surfaces {
                 methods = methods.post(move |State(app), req| extra(app, routes, req, true));
             }
             let wires = at.wires;
+            let own = wires.iter().any(|w| w.credential.is_some());
+            let refusing = wires.clone();
             methods = methods.fallback(move |uri: Uri, headers: HeaderMap| async move {
-                let wire = claimed(&wires, &uri, &headers).unwrap_or(wires[0]);
+                let wire = claimed(&refusing, &uri, &headers).unwrap_or(refusing[0]);
                 (wire.refuse)(ApiError::new(
                     ErrorCode::MethodNotAllowed,
                     "Method not allowed on this route.",
                 ))
             });
+            if own {
+                let wires = Arc::new(wires);
+                methods = methods.layer(axum::middleware::map_request(move |req| {
+                    std::future::ready(with_bearer(&wires, req))
+                }));
+            }
             router = router.route(path, methods);
         }
         let wires = self.wires;
@@ -124,6 +136,23 @@ impl Surfaces {
             }
         })
     }
+}
+
+/// The request with the credential of the surface that claims it as `Authorization`, when
+/// it sent none and the surface has a form of its own.
+fn with_bearer(wires: &[Wire], mut req: Request) -> Request {
+    if req.headers().contains_key(header::AUTHORIZATION) {
+        return req;
+    }
+    let (uri, headers) = (req.uri(), req.headers());
+    let wire = claimed(wires, uri, headers).unwrap_or(wires[0]);
+    let bearer = (wire.credential.and_then(|read| read(uri, headers)))
+        .and_then(|key| HeaderValue::from_str(&format!("Bearer {key}")).ok());
+    if let Some(mut v) = bearer {
+        v.set_sensitive(true);
+        req.headers_mut().insert(header::AUTHORIZATION, v);
+    }
+    req
 }
 
 /// A surface's own route: authenticated (and for a POST, its body admitted as a turn's),

@@ -70,6 +70,10 @@ pub enum Serve {
     Socket,
 }
 
+/// A surface's own form of credential (a header or query parameter its clients send instead
+/// of `Authorization`): the key or token it carries, if the request has one.
+pub type Credential = for<'a> fn(&'a http::Uri, &'a HeaderMap) -> Option<&'a str>;
+
 /// The handler of a [`Route`]: the request and, for its principal, the gateway.
 pub type Handler =
     for<'a> fn(Incoming<'a>, &'a dyn Host) -> BoxFuture<'a, Result<Answer, ApiError>>;
@@ -86,6 +90,9 @@ pub trait Surface: Send + Sync + 'static {
     type Request: Send;
     /// What framing the answer needs besides the leg.
     type Framing: Send + 'static;
+    /// Where its clients put the credential when they send no `Authorization` (read on its
+    /// routes only, as a bearer token).
+    const CREDENTIAL: Option<Credential> = None;
 
     /// Reads a request as it arrived, its path and headers as well as its body (400 on a bad
     /// shape).
