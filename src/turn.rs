@@ -14,6 +14,7 @@ pub enum SurfaceId {
     Chat,
     Responses,
     Messages,
+    Gemini,
     /// The Managed Agents API's sessions (`src/managed/`).
     Managed,
 }
@@ -24,6 +25,7 @@ impl SurfaceId {
             SurfaceId::Chat => "chat",
             SurfaceId::Responses => "responses",
             SurfaceId::Messages => "messages",
+            SurfaceId::Gemini => "gemini",
             SurfaceId::Managed => "managed",
         }
     }
@@ -39,6 +41,7 @@ impl SurfaceId {
             "chat" => Some(SurfaceId::Chat),
             "responses" => Some(SurfaceId::Responses),
             "messages" => Some(SurfaceId::Messages),
+            "gemini" => Some(SurfaceId::Gemini),
             "managed" => Some(SurfaceId::Managed),
             _ => None,
         }

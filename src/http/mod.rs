@@ -107,7 +107,8 @@ pub fn router(state: impl Into<AppState>) -> Router {
     let surfaces = Surfaces::default()
         .with::<Chat>()
         .with::<Responses>()
-        .with::<Messages>();
+        .with::<Messages>()
+        .with::<crate::surface::gemini::Gemini>();
     let router = surfaces
         .router()
         .route("/v1/usage", get(usage::usage))

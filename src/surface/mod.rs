@@ -9,6 +9,7 @@
 
 pub mod canonical;
 pub mod chat;
+pub mod gemini;
 pub mod messages;
 pub mod responses;
 pub mod sse;

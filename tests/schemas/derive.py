@@ -30,6 +30,9 @@ from typing import Any, Callable
 
 import pydantic
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gemini_protos  # noqa: E402  (the Gemini API's schemas)
+
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE.parent / "clients" / "requirements.txt"
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -416,6 +419,7 @@ def versions() -> dict[str, str]:
     return {
         "openai": importlib.metadata.version("openai"),
         "anthropic": importlib.metadata.version("anthropic"),
+        "google-ai-generativelanguage": importlib.metadata.version("google-ai-generativelanguage"),
     }
 
 
@@ -513,6 +517,7 @@ def build() -> dict[str, dict]:
         "resources/shared.d.ts ErrorObject agrees).",
         regen,
     )
+    out.update(gemini_protos.schemas(lambda schema, source: finish(schema, source, regen)))
     return out
 
 
@@ -541,7 +546,7 @@ def render(schema: dict) -> str:
 def check_pins() -> None:
     pins = {}
     for line in REQUIREMENTS.read_text().splitlines():
-        m = re.fullmatch(r"\s*(openai|anthropic)==(\S+)\s*", line)
+        m = re.fullmatch(r"\s*(openai|anthropic|google-ai-generativelanguage)==(\S+)\s*", line)
         if m:
             pins[m.group(1)] = m.group(2)
     have = versions()

@@ -7,6 +7,7 @@ pub mod fake_gemini;
 pub mod fake_messages;
 pub mod fake_responses;
 pub mod fake_upstream;
+pub mod gemini;
 pub mod messages;
 pub mod node;
 pub mod phoenix;

@@ -20,10 +20,15 @@ pub enum Wire {
     MessageEvent,
     MessageError,
     OpenAiError,
+    GenerateContentResponse,
+    CountTokensResponse,
+    ListModelsResponse,
+    GoogleModel,
+    GoogleError,
 }
 
 impl Wire {
-    const ALL: usize = 8;
+    const ALL: usize = 13;
 
     fn index(self) -> usize {
         self as usize
@@ -39,6 +44,11 @@ impl Wire {
             Wire::MessageEvent => include_str!("../../schemas/messages.event.json"),
             Wire::MessageError => include_str!("../../schemas/messages.error.json"),
             Wire::OpenAiError => include_str!("../../schemas/openai.error.json"),
+            Wire::GenerateContentResponse => include_str!("../../schemas/gemini.response.json"),
+            Wire::CountTokensResponse => include_str!("../../schemas/gemini.count_tokens.json"),
+            Wire::ListModelsResponse => include_str!("../../schemas/gemini.models.json"),
+            Wire::GoogleModel => include_str!("../../schemas/gemini.model.json"),
+            Wire::GoogleError => include_str!("../../schemas/gemini.error.json"),
         }
     }
 }

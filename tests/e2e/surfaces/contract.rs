@@ -1,5 +1,5 @@
 //! The surface contract: what every client API answers alike, written once and run for Chat
-//! Completions, Responses and Messages against the demo backend. A missing or wrong key is 401
+//! Completions, Responses, Messages and Gemini against the demo backend. A missing or wrong key is 401
 //! and an unknown model answers exactly as one the caller may not use, both in the wire's own
 //! shape and before a stream's first byte. A held turn's expiry and its
 //! backend's death are 410 (a retry is never a fresh turn); a disconnect mid-stream
@@ -14,13 +14,14 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::core::assert_error_shape;
-use crate::support::{messages, responses, *};
+use crate::support::{gemini, messages, responses, *};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Wire {
     Chat,
     Responses,
     Messages,
+    Gemini,
 }
 
 impl Wire {
@@ -30,6 +31,7 @@ impl Wire {
             Wire::Chat => tool_request(model, prompt),
             Wire::Responses => responses::request(model, prompt),
             Wire::Messages => messages::request(model, prompt),
+            Wire::Gemini => gemini::request(model, prompt),
         }
     }
 
@@ -40,6 +42,7 @@ impl Wire {
             Wire::Responses => json!({"model": model, "stream": stream, "input": prompt}),
             Wire::Messages => json!({"model": model, "stream": stream, "max_tokens": 10,
                                      "messages": [{"role": "user", "content": prompt}]}),
+            Wire::Gemini => gemini::plain(model, prompt, stream),
         }
     }
 
@@ -51,10 +54,14 @@ impl Wire {
             }
             Wire::Responses => responses::create_text(gw, key, body).await,
             Wire::Messages => messages::create_text(gw, key, body).await,
+            Wire::Gemini => gemini::create_text(gw, key, body).await,
         }
     }
 
     async fn create(self, gw: &Gateway, key: &str, body: &Value) -> (u16, Value) {
+        if self == Wire::Gemini {
+            return gemini::create(gw, key, body).await;
+        }
         let (s, text) = self.create_text(gw, key, body).await;
         (s, serde_json::from_str(&text).unwrap_or(Value::Null))
     }
@@ -65,6 +72,7 @@ impl Wire {
             Wire::Chat => gw.post(key, body).send().await.unwrap(),
             Wire::Responses => responses::post(gw, key, body).await,
             Wire::Messages => messages::post(gw, key, body).await,
+            Wire::Gemini => gemini::post(gw, key, body).await,
         }
     }
 
@@ -74,6 +82,7 @@ impl Wire {
             Wire::Chat => calls(resp)[0]["id"].clone(),
             Wire::Responses => responses::response_calls(resp)[0]["call_id"].clone(),
             Wire::Messages => messages::tool_uses(resp)[0]["id"].clone(),
+            Wire::Gemini => gemini::calls(resp)[0]["id"].clone(),
         };
         id.as_str().unwrap().to_string()
     }
@@ -85,6 +94,7 @@ impl Wire {
             Wire::Chat => continuation(req, resp, |_, _| json!(result)),
             Wire::Responses => responses::stateless(req, resp, |_, _| result.into()),
             Wire::Messages => messages::answer(req, resp, |_, _| json!(result), &[]),
+            Wire::Gemini => gemini::answer(req, resp, |_, _| json!(result)),
         }
     }
 
@@ -93,12 +103,14 @@ impl Wire {
             Wire::Chat => content(resp),
             Wire::Responses => responses::response_text(resp),
             Wire::Messages => messages::text(resp),
+            Wire::Gemini => gemini::text(resp),
         }
     }
 
     fn code(self, v: &Value) -> String {
         match self {
             Wire::Messages => messages::code(v),
+            Wire::Gemini => gemini::code(v),
             _ => error_code(v),
         }
     }
@@ -133,6 +145,16 @@ impl Wire {
                 }),
                 edit(&|d| d["model"] = json!("echo")),
             ],
+            Wire::Gemini => vec![
+                edit(&|d| d["contents"][0]["parts"][1]["text"] = json!("read /m!")),
+                edit(&|d| d["generationConfig"]["thinkingConfig"]["thinkingBudget"] = json!(0)),
+                edit(&|d| d["tools"][0]["functionDeclarations"][1]["description"] = json!("x")),
+                edit(&|d| {
+                    d["contents"][1]["parts"][0]["functionCall"]["args"] =
+                        json!({"absolute_path": "/elsewhere"})
+                }),
+                edit(&|d| d["model"] = json!("echo")),
+            ],
         }
     }
 
@@ -145,6 +167,8 @@ impl Wire {
                 "event: message_start\n",
                 "event: ping\ndata: {\"type\":\"ping\"}",
             ),
+            // Neither Google SDK's reader takes an SSE comment: an empty line.
+            Wire::Gemini => ("", "\r\n"),
         }
     }
 
@@ -154,6 +178,7 @@ impl Wire {
             Wire::Chat => "/v1/chat/completions",
             Wire::Responses => "/v1/responses",
             Wire::Messages => "/v1/messages",
+            Wire::Gemini => "/v1beta/models/echo:generateContent",
         }
     }
 
@@ -177,6 +202,10 @@ impl Wire {
                 keys.sort();
                 assert_eq!(keys, ["message", "type"]);
                 assert_eq!(messages::code(v), code);
+            }
+            Wire::Gemini => {
+                gemini::check_error(v);
+                assert_eq!(gemini::code(v), code);
             }
             _ => assert_error_shape(v, code),
         }
@@ -214,7 +243,12 @@ macro_rules! contract {
     };
 }
 
-contract!(chat_completions: Chat, responses_api: Responses, messages_api: Messages);
+contract!(
+    chat_completions: Chat,
+    responses_api: Responses,
+    messages_api: Messages,
+    gemini_api: Gemini,
+);
 
 async fn credentials_and_models(wire: Wire) {
     let gw = Gateway::start().await;
@@ -329,6 +363,7 @@ async fn rejections(wire: Wire) {
     match wire {
         Wire::Messages => assert_eq!(v["error"]["type"], "not_found_error"),
         Wire::Responses => assert_eq!(v["error"]["param"], "input"),
+        Wire::Gemini => assert_eq!(v["error"]["status"], "NOT_FOUND"),
         Wire::Chat => {}
     }
     // Drift of each kind: 400.
@@ -373,4 +408,7 @@ async fn rejections(wire: Wire) {
         (409, "continuation_already_resolved".into()),
         "{v}"
     );
+    if wire == Wire::Gemini {
+        assert_eq!(v["error"]["status"], "ABORTED", "{v}");
+    }
 }

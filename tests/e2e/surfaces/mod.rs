@@ -1,4 +1,4 @@
-//! One client API each: Chat Completions (`core`), Responses, Messages, their published
+//! One client API each: Chat Completions (`core`), Responses, Messages, Gemini, their published
 //! contracts (schemas, the Claude Code gateway protocol, forced tool choice), reasoning and
 //! remote compaction, driven over HTTP against the demo backend and scripted upstreams.
 
@@ -6,6 +6,7 @@ mod compaction;
 mod contract;
 mod contracts;
 mod core;
+mod gemini;
 mod messages;
 mod reasoning;
 mod responses;
