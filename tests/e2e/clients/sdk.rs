@@ -1,4 +1,4 @@
-//! The official `openai` and `anthropic` Python packages against the real binary. `.ci/run` installs it into
+//! The official `openai`, `anthropic` and `google-genai` Python packages against the real binary. `.ci/run` installs it into
 //! `.cache/venv`; when that interpreter is missing the test says so loudly and returns.
 
 use std::path::PathBuf;
@@ -86,6 +86,13 @@ async fn openai_python_sdk_plain_stream_tools_and_errors() {
 #[tokio::test]
 async fn anthropic_python_sdk_messages_stream_tools_and_errors() {
     run_script_at("anthropic_sdk.py", "").await;
+}
+
+/// The Gemini API through `google-genai`: a manual function-calling loop through held turns,
+/// streamed and not, its errors, paging and token counts (`tests/clients/gemini_sdk.py`).
+#[tokio::test]
+async fn google_genai_python_sdk_manual_function_loop_and_errors() {
+    run_script_at("gemini_sdk.py", "").await;
 }
 
 #[tokio::test]
