@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Instructions the gateway executes per request, by callgrind (not a test):
-# `bench/instructions.sh [chat|chat-sse|responses|messages|agent|agent-tool|resume-100k]`
+# `bench/instructions.sh [chat|chat-sse|responses|messages|gemini|agent|agent-tool|resume-100k]`
 # (`BENCH_BUDGET=1` prices the models and puts the client under budgets; `BENCH_TRACE=on`
 # exports every request's traces, sampled 100%, to the mock's OTLP receiver, and
 # `BENCH_TRACE=dead` to a port where nothing listens).
 #
-# chat … messages: the plain relay to the nginx mock (`kind = "openai"`). agent: a plain turn
+# chat … gemini: the plain relay to the nginx mock (`kind = "openai"`). agent: a plain turn
 # on the demo backend (`kind = "app-server"`, its processes outside valgrind); agent-tool: a
 # tool round trip there (the request that suspends plus its continuation, counted as one);
 # resume-100k: that round trip with a 100 KB conversation.
@@ -134,27 +134,32 @@ case $SCENARIO in
   chat-sse) path=/v1/chat/completions body='{"model":"mock-sse","stream":true,"messages":[{"role":"user","content":"Say hello."}]}' ;;
   responses) path=/v1/responses body='{"model":"mock","input":"Say hello."}' ;;
   messages) path=/v1/messages body='{"model":"mock","max_tokens":64,"messages":[{"role":"user","content":"Say hello."}]}' ;;
+  gemini) path=/v1beta/models/mock:generateContent body='{"contents":[{"role":"user","parts":[{"text":"Say hello."}]}]}' ;;
 esac
 # The held-turn scenarios: sequential requests on one kept-alive connection.
 drive() {
-  python3 - "$URL" "$KEY" "$SCENARIO" "$1" <<'PY'
-import http.client, json, sys, threading, urllib.parse
+  BENCH_PATH=${path:-} BENCH_BODY=${body:-} python3 - "$URL" "$KEY" "$SCENARIO" "$1" <<'PY'
+import http.client, json, os, sys, threading, urllib.parse
 url, key, scenario, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 u = urllib.parse.urlparse(url)
 local = threading.local()
-def post(body):
+def post(body, path="/v1/chat/completions"):
     if not hasattr(local, "conn"):
         local.conn = http.client.HTTPConnection(u.hostname, u.port)
     conn = local.conn
-    conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                 {"authorization": "Bearer " + key, "content-type": "application/json"})
+    conn.request("POST", path, body if isinstance(body, str) else json.dumps(body),
+                 {"authorization": "Bearer " + key, "content-type": "application/json",
+                  "anthropic-version": "2023-06-01"})
     r = conn.getresponse()
     data = r.read()
-    return r.status, json.loads(data) if r.status == 200 else None
+    streamed = r.getheader("content-type", "").startswith("text/event-stream")
+    return r.status, json.loads(data) if r.status == 200 and not streamed else None
 tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
 pad = "x" * 100_000 if scenario == "resume-100k" else ""
 def one(i):
+    if os.environ["BENCH_PATH"]:
+        return post(os.environ["BENCH_BODY"], os.environ["BENCH_PATH"])[0] == 200
     if scenario == "agent":
         s, _ = post({"model": "echo", "messages": [{"role": "user", "content": "hello"}]})
         return s == 200
@@ -179,10 +184,15 @@ for t in threads: t.join()
 print(sum(ok))
 PY
 }
+# The relays go through oha when it is installed, else through the same Python client.
 load() {
   case $SCENARIO in
     agent*|resume*) drive "$1"; return ;;
   esac
+  if [ ! -x "$OHA" ]; then
+    drive "$1"
+    return
+  fi
   "$OHA" --no-tui --output-format json -n "$1" -c 4 -m POST -H "authorization: Bearer $KEY" \
     -H "anthropic-version: 2023-06-01" -T application/json -d "$body" "$URL$path" >"$WORK/oha.json"
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["statusCodeDistribution"].get("200",0))' "$WORK/oha.json"

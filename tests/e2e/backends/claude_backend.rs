@@ -223,7 +223,7 @@ async fn claude_code_as_the_client_reads_a_file_through_a_held_turn() {
     ];
     let (stdout, why) = claude_in(&bin, &gw, &scene, &args, None).await;
     assert!(stdout.contains(&scene.secret), "{why}");
-    assert!(stdout.contains("results:"), "{why}");
+    assert!(stdout.contains("Tool result:"), "{why}");
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ pub(crate) mod coding_harnesses;
 mod console;
 mod console_sso;
 mod decision_links;
+mod gemini_cli;
 pub(crate) mod managed_agents;
 pub(crate) mod sdk;
 mod sdk_node;

@@ -11,7 +11,8 @@
 //! - `parallel`: two calls of the first client tool in one message (`a.txt`, `b.txt`).
 //! - `rounds3`: three rounds of one call each.
 //! - `readfile`: one call with `{"file_path": <the last path to a `.txt` file the user
-//!   named>}` (Claude Code's own `Read`, as a client tool).
+//!   named>}` (Claude Code's own `Read`, or Gemini CLI's `read_file`, as a client tool); the
+//!   answer starts `Tool result:`.
 //! - `shell`: `cat` of that path through Codex CLI's own `exec_command`, as a client tool;
 //!   the answer starts `Tool result:`.
 //! - `bash`: one `Bash` call (`echo gateway > bash-ran.txt`).
@@ -221,7 +222,7 @@ async fn messages(State(seen): State<Arc<Seen>>, Json(body): Json<Value>) -> Res
     };
     let text = match model.as_str() {
         "text" | "think" => format!("You said: {}", last_user_text(&body)),
-        "shell" => format!("Tool result: {}", results(&body).join(" | ")),
+        "shell" | "readfile" => format!("Tool result: {}", results(&body).join(" | ")),
         _ => format!("results: {}", results(&body).join(" | ")),
     };
     let n = body["messages"].as_array().map_or(0, Vec::len);

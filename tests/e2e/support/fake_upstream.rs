@@ -5,7 +5,8 @@
 //! TLS (HTTP/2 or HTTP/1.1 by ALPN) with a certificate the test made; the next requests can be
 //! told to fail (`fail_next`: 503 with no body, `stall_next`: no headers for 5 s,
 //! `break_next`: a stream that goes silent after its second chunk, `hold_next`: no answer
-//! until the test calls `release`). Like OpenAI, it streams usage only when
+//! until the test calls `release`). `up-read` reads the last `/….txt` path the user named with
+//! `read_file` (`file_path`) and answers `Tool result: <call id>=<result>`. Like OpenAI, it streams usage only when
 //! `stream_options.include_usage` is set; `up-no-usage` never reports usage.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -254,6 +255,13 @@ async fn handle(
         .and_then(|m| m.last())
         .cloned()
         .unwrap_or(Value::Null);
+    // `up-read`: the last `/….txt` path the user named, as a `read_file` call's `file_path`.
+    let named = last_user(&body)
+        .split_whitespace()
+        .map(|w| w.trim_end_matches(['.', ',']))
+        .rfind(|w| w.starts_with('/') && w.ends_with(".txt"))
+        .map(|p| json!({"file_path": p}).to_string())
+        .unwrap_or_default();
     let calls: Vec<(&str, &str, &str)> = match model.as_str() {
         "up-500" => return (StatusCode::INTERNAL_SERVER_ERROR, "boom at http://secret-upstream.internal").into_response(),
         "up-401" | "up-403" => {
@@ -286,6 +294,7 @@ async fn handle(
         }
         _ if last["role"] == "tool" => vec![],
         "up-tool" => vec![("call_up_1", "read_file", "{\"path\":\"/x\"}")],
+        "up-read" => vec![("call_up_1", "read_file", named.as_str())],
         "up-custom" => vec![("call_up_1", "apply_patch", "{\"input\":\"*** Begin Patch\"}")],
         "up-parallel" | "up-oneshot" => vec![("call_up_1", "read_file", "{\"path\":\"/a\"}"), ("call_up_2", "list_dir", "{\"dir\":\"/b\"}")],
         _ => vec![],
@@ -304,7 +313,10 @@ async fn handle(
                 )
             })
             .collect();
-        format!("Results: {}", results.join(", "))
+        match model.as_str() {
+            "up-read" => format!("Tool result: {}", results.join(", ")),
+            _ => format!("Results: {}", results.join(", ")),
+        }
     } else if model == "up-long" {
         // A summary as long as a model may make one: 256 KiB.
         "s".repeat(256 << 10)

@@ -17,6 +17,7 @@ use self::rig::{path_of, rig, rig_edited, Agent};
 use crate::clients::managed_agents::managed_round_trip;
 use crate::clients::sdk::run_script_with;
 use crate::support::agents::{agent_processes, agents, no_agent_left};
+use crate::support::gemini as google;
 use crate::support::{messages, responses, *};
 
 /// Scenario functions as `#[tokio::test]`s for one agent.
@@ -33,6 +34,7 @@ macro_rules! contract {
             a_held_round_trip_on_chat_completions,
             a_held_round_trip_on_responses,
             a_held_round_trip_on_messages_with_text_beside_and_an_error_result,
+            a_held_round_trip_on_gemini_with_text_beside_and_an_error_result,
             two_parallel_calls_answered_in_swapped_order,
             a_call_held_for_40_seconds_is_answered,
             an_agent_permission_under_ask_approved_then_denied,
@@ -226,6 +228,47 @@ async fn a_held_round_trip_on_messages_with_text_beside_and_an_error_result(agen
         "results: !no such file\nalso look at b.txt"
     );
     assert_eq!(done["stop_reason"], "end_turn");
+}
+
+async fn a_held_round_trip_on_gemini_with_text_beside_and_an_error_result(agent: Agent) {
+    let Some((_fake, gw)) = rig(agent, Opts::default()).await else {
+        return;
+    };
+    let mut req = google::request("agent-one", "read a.txt");
+    req["tools"] = json!([{"functionDeclarations": [{"name": "read_file",
+        "description": "Read a file", "parametersJsonSchema": {"type": "object",
+        "properties": {"path": {"type": "string"}}, "required": ["path"]}}]}]);
+    if !agent.caps().effort {
+        // An effort this kind cannot honour is refused (400); without it the turn runs.
+        let (s, _, refused) = google::stream(&gw, ALICE, &req).await;
+        assert_eq!(s, 400, "{refused}");
+        assert_eq!(refused["error"]["status"], "INVALID_ARGUMENT", "{refused}");
+        req["generationConfig"]
+            .as_object_mut()
+            .unwrap()
+            .remove("thinkingConfig");
+    }
+    let (s, ev, resp) = google::stream(&gw, ALICE, &req).await;
+    assert_eq!(s, 200, "{ev:?}\n{}", gw.log());
+    let calls = google::calls(&resp);
+    assert_eq!(calls.len(), 1, "{resp}");
+    assert!(messages::is_token(&calls[0]["id"]), "{resp}");
+    assert_eq!(calls[0]["name"], "read_file");
+    assert_eq!(calls[0]["args"], json!({"path": "a.txt"}));
+    let mut next = google::answer(&req, &resp, |_, _| json!("unused"));
+    let turn = &mut next["contents"][2]["parts"];
+    turn[0]["functionResponse"]["response"] = json!({"error": "no such file"});
+    turn.as_array_mut()
+        .unwrap()
+        .push(json!({"text": "also look at b.txt"}));
+    let (s, ev, done) = google::stream(&gw, ALICE, &next).await;
+    assert_eq!(s, 200, "{ev:?}");
+    // The failed result reached the model as an error, with the text beside it.
+    assert_eq!(
+        google::text(&done),
+        "results: !no such file\nalso look at b.txt"
+    );
+    assert_eq!(done["candidates"][0]["finishReason"], "STOP");
 }
 
 /// Claude Code and its ACP adapter run the two read-only calls together (one batch, here
