@@ -84,7 +84,7 @@ impl Framer {
 
     fn close(&self, out: &mut String) {
         if self.f.array {
-            out.push_str("]");
+            out.push(']');
         }
     }
 }

@@ -27,8 +27,7 @@ fn refused(v: Value) -> ApiError {
         Method::Generate,
         Instant::now(),
     )
-    .err()
-    .expect("refused")
+    .expect_err("refused")
 }
 
 /// A Gemini CLI-shaped first request.
