@@ -17,7 +17,7 @@ use std::process::Command;
 
 use serde_json::{json, Value};
 
-use crate::backends::codex::{codex_bin, config, root};
+use crate::backends::codex::{codex_bin, Rig, Setup};
 use crate::clients::coding_harnesses::{
     command, harness_config, reads_secret, run_bounded, Scene, GEMINI, RUN_LIMIT,
 };
@@ -156,24 +156,13 @@ async fn gemini_cli_reads_secret_through_a_held_codex_app_server_turn() {
         }
     })
     .await;
-    let homes = root().join(".cache/codex-homes");
-    std::fs::create_dir_all(&homes).expect("create .cache/codex-homes");
-    let backend_home = tempfile::Builder::new()
-        .prefix("e2e-")
-        .tempdir_in(&homes)
-        .expect("codex home");
-    std::fs::create_dir_all(backend_home.path().join("work")).expect("work folder");
-    let (base_url, folder) = (model.base_url.clone(), backend_home.path().to_path_buf());
-    let gw = Gateway::start_raw(Opts::default(), move |o, _| {
-        config(o, &bin, &base_url, &folder, false)
-    })
-    .await;
+    let rig = Rig::start(&bin, &model, Setup::default()).await;
     let saw = |secret: &str| {
         (model.requests().iter()).any(|b| {
             fake::output_for(b, "call_gem_1").is_some_and(|o| o.to_string().contains(secret))
         })
     };
-    gemini_reads_secret(&gw, "codex", "", saw).await;
+    gemini_reads_secret(&rig.gw, "codex", "", saw).await;
 }
 
 #[tokio::test]
