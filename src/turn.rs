@@ -109,10 +109,15 @@ pub struct Message {
 impl Message {
     /// A message of `role` with only text.
     pub fn text(role: Role, text: &str) -> Message {
+        Message::new(role, text.to_string(), Vec::new())
+    }
+
+    /// A message of `role` with text and image URLs, no calls.
+    pub fn new(role: Role, text: String, images: Vec<String>) -> Message {
         Message {
             role,
-            text: text.to_string(),
-            images: Vec::new(),
+            text,
+            images,
             name: None,
             tool_calls: Vec::new(),
             tool_call_id: None,

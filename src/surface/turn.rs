@@ -6,7 +6,7 @@
 use tokio::time::Instant;
 
 use crate::continuation::canonical::digest_of_digests;
-use crate::continuation::token::{classify, Run, RunError};
+use crate::continuation::token::{classify, Run, RunError, TOKEN_PREFIX};
 use crate::error::{ApiError, ErrorCode, Param};
 use crate::turn::{
     Continuation, DigestFn, EchoFn, Effort, Fingerprint, Message, Passthrough, ResponseIdFn, Role,
@@ -100,6 +100,32 @@ pub fn detect_run(
             results,
         },
     })
+}
+
+/// The results of a client's last user turn and the calls they answer, for a wire whose
+/// user turn carries them (Messages, Gemini): the last `beside` messages are what the turn
+/// holds beside its results (text, system messages). Turnstile's calls followed by a user turn
+/// without results is 400 `continuation_mismatch` with `unanswered` (a continuation missing
+/// them, never a fresh turn); else as [`detect_run`].
+pub fn detect_last_turn(
+    messages: &[Message],
+    beside: usize,
+    unanswered: &str,
+    field: &str,
+    orphan: &str,
+) -> Result<Detected, ApiError> {
+    let end = messages.len() - beside;
+    let trailing = messages[..end].last().is_some_and(|m| m.role == Role::Tool);
+    let missing = !trailing
+        && beside > 0
+        && (end.checked_sub(1).map(|i| &messages[i]))
+            .filter(|m| m.role == Role::Assistant)
+            .is_some_and(|m| m.tool_calls.iter().any(|c| c.id.starts_with(TOKEN_PREFIX)));
+    if missing {
+        return Err(ApiError::new(ErrorCode::ContinuationMismatch, unanswered)
+            .with_param(Param::Conversation));
+    }
+    detect_run(messages, end, field, orphan)
 }
 
 /// The 400 of a refused run; `field` names the id field in the message.

@@ -13,9 +13,8 @@
 
 use serde_json::Value;
 
-use crate::continuation::token::TOKEN_PREFIX;
-use crate::error::{ApiError, ErrorCode, Param};
-use crate::surface::turn::{detect_run, Detected};
+use crate::error::{ApiError, Param};
+use crate::surface::turn::{detect_last_turn, Detected};
 use crate::turn::{Call, Message, Role};
 
 /// How the text parts of a user turn or the system instruction are joined.
@@ -26,18 +25,6 @@ pub(super) fn member<'a>(v: &'a Value, camel: &str, snake: &str) -> Option<&'a V
     v.get(camel)
         .or_else(|| v.get(snake))
         .filter(|m| !m.is_null())
-}
-
-fn message(role: Role, text: String, images: Vec<String>) -> Message {
-    Message {
-        role,
-        text,
-        images,
-        name: None,
-        tool_calls: Vec::new(),
-        tool_call_id: None,
-        is_error: false,
-    }
 }
 
 fn push_text(text: &mut String, t: &str, join: &str) {
@@ -137,7 +124,7 @@ fn tool_result(fr: &Value, open: &mut Open<'_>) -> Message {
     let images = (fr["parts"].as_array())
         .map(|p| content(p, JOIN).1)
         .unwrap_or_default();
-    let mut m = message(Role::Tool, text, images);
+    let mut m = Message::new(Role::Tool, text, images);
     m.tool_call_id = Some(id);
     m.name = Some(name.to_string());
     m.is_error = is_error;
@@ -170,7 +157,7 @@ pub fn messages(system: Option<&Value>, wire: &[Value]) -> Result<Vec<Message>, 
         None => String::new(),
     };
     if !system_text.is_empty() {
-        out.push(message(Role::System, system_text, Vec::new()));
+        out.push(Message::new(Role::System, system_text, Vec::new()));
     }
     let mut last_calls: Option<usize> = None;
     for c in wire {
@@ -185,7 +172,7 @@ pub fn messages(system: Option<&Value>, wire: &[Value]) -> Result<Vec<Message>, 
         match c["role"].as_str() {
             Some("model") => {
                 let (text, images) = content(parts, "");
-                let mut a = message(Role::Assistant, text, images);
+                let mut a = Message::new(Role::Assistant, text, images);
                 a.tool_calls = (parts.iter())
                     .filter_map(|p| member(p, "functionCall", "function_call"))
                     .map(call)
@@ -209,7 +196,7 @@ pub fn messages(system: Option<&Value>, wire: &[Value]) -> Result<Vec<Message>, 
                 let answered = !results.is_empty();
                 out.extend(results);
                 if !answered || !text.is_empty() || !images.is_empty() {
-                    out.push(message(Role::User, text, images));
+                    out.push(Message::new(Role::User, text, images));
                 }
             }
             Some(_) => {
@@ -227,25 +214,10 @@ pub fn detect(messages: &[Message]) -> Result<Detected, ApiError> {
     let beside = (messages.iter().rev())
         .take_while(|m| m.role == Role::User)
         .count();
-    let end = messages.len() - beside;
-    let trailing = messages[..end].last().is_some_and(|m| m.role == Role::Tool);
-    if !trailing {
-        // Turnstile's calls followed by a user turn without their responses: a continuation
-        // that is missing them, never a fresh turn.
-        let unanswered = (end.checked_sub(1).map(|i| &messages[i]))
-            .filter(|m| m.role == Role::Assistant && beside > 0)
-            .is_some_and(|m| m.tool_calls.iter().any(|c| c.id.starts_with(TOKEN_PREFIX)));
-        if unanswered {
-            return Err(ApiError::new(
-                ErrorCode::ContinuationMismatch,
-                "every functionCall of the last model turn must be answered by a functionResponse in the next user turn",
-            )
-            .with_param(Param::Conversation));
-        }
-    }
-    detect_run(
+    detect_last_turn(
         messages,
-        end,
+        beside,
+        "every functionCall of the last model turn must be answered by a functionResponse in the next user turn",
         "functionResponse.id",
         "functionResponse parts must be in the user turn right after the model turn with the functionCall parts they answer",
     )

@@ -12,25 +12,12 @@
 
 use serde_json::Value;
 
-use crate::continuation::token::TOKEN_PREFIX;
-use crate::error::{ApiError, ErrorCode, Param};
-use crate::surface::turn::{detect_run, Detected};
+use crate::error::ApiError;
+use crate::surface::turn::{detect_last_turn, Detected};
 use crate::turn::{Call, Message, Role};
 
 /// How the text blocks of one message are joined.
 const JOIN: &str = "\n\n";
-
-fn message(role: Role, text: String, images: Vec<String>) -> Message {
-    Message {
-        role,
-        text,
-        images,
-        name: None,
-        tool_calls: Vec::new(),
-        tool_call_id: None,
-        is_error: false,
-    }
-}
 
 fn push_text(text: &mut String, t: &str) {
     if !text.is_empty() {
@@ -112,7 +99,7 @@ fn tool_result(block: &Value) -> Message {
         Value::Array(parts) => content(parts),
         _ => (String::new(), Vec::new()),
     };
-    let mut m = message(Role::Tool, text, images);
+    let mut m = Message::new(Role::Tool, text, images);
     m.tool_call_id = Some(
         block["tool_use_id"]
             .as_str()
@@ -140,13 +127,13 @@ pub fn messages(system: Option<&Value>, wire: &[Value]) -> Vec<Message> {
         _ => String::new(),
     };
     if !system_text.is_empty() {
-        out.push(message(Role::System, system_text, Vec::new()));
+        out.push(Message::new(Role::System, system_text, Vec::new()));
     }
     for m in wire {
         let role = Role::parse(m["role"].as_str().unwrap_or("user"));
         let blocks: &[Value] = match &m["content"] {
             Value::String(s) => {
-                out.push(message(role, s.clone(), Vec::new()));
+                out.push(Message::new(role, s.clone(), Vec::new()));
                 continue;
             }
             Value::Array(blocks) => blocks,
@@ -155,7 +142,7 @@ pub fn messages(system: Option<&Value>, wire: &[Value]) -> Vec<Message> {
         let (text, images) = content(blocks);
         match role {
             Role::Assistant => {
-                let mut a = message(Role::Assistant, text, images);
+                let mut a = Message::new(Role::Assistant, text, images);
                 a.tool_calls = blocks
                     .iter()
                     .filter(|b| b["type"] == "tool_use")
@@ -174,7 +161,7 @@ pub fn messages(system: Option<&Value>, wire: &[Value]) -> Vec<Message> {
                     .collect();
                 out.extend(results.iter().map(|b| tool_result(b)));
                 if results.is_empty() || !text.is_empty() || !images.is_empty() {
-                    out.push(message(role, text, images));
+                    out.push(Message::new(role, text, images));
                 }
             }
         }
@@ -190,27 +177,10 @@ pub fn detect(messages: &[Message]) -> Result<Detected, ApiError> {
         .rev()
         .take_while(|m| matches!(m.role, Role::User | Role::System))
         .count();
-    let end = messages.len() - beside;
-    let trailing = messages[..end].last().is_some_and(|m| m.role == Role::Tool);
-    if !trailing {
-        // Turnstile's calls followed by a user message without their results: a continuation
-        // that is missing them, never a fresh turn.
-        let unanswered = end
-            .checked_sub(1)
-            .map(|i| &messages[i])
-            .filter(|m| m.role == Role::Assistant && beside > 0)
-            .is_some_and(|m| m.tool_calls.iter().any(|c| c.id.starts_with(TOKEN_PREFIX)));
-        if unanswered {
-            return Err(ApiError::new(
-                ErrorCode::ContinuationMismatch,
-                "every `tool_use` block of the last assistant message must be answered by a `tool_result` block in the next user message",
-            )
-            .with_param(Param::Conversation));
-        }
-    }
-    detect_run(
+    detect_last_turn(
         messages,
-        end,
+        beside,
+        "every `tool_use` block of the last assistant message must be answered by a `tool_result` block in the next user message",
         "tool_use_id",
         "`tool_result` blocks must be in the user message right after the assistant message with the `tool_use` blocks they answer",
     )
@@ -219,6 +189,7 @@ pub fn detect(messages: &[Message]) -> Result<Detected, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Param;
     use serde_json::json;
 
     const T1: &str = "srct-0123456789abcdef0123456789abcdef";

@@ -45,18 +45,6 @@ fn content(v: &Value) -> (String, Vec<String>) {
     }
 }
 
-fn message(role: Role, text: String, images: Vec<String>) -> Message {
-    Message {
-        role,
-        text,
-        images,
-        name: None,
-        tool_calls: Vec::new(),
-        tool_call_id: None,
-        is_error: false,
-    }
-}
-
 fn call_id(item: &Value) -> String {
     item["call_id"].as_str().unwrap_or_default().to_string()
 }
@@ -65,11 +53,11 @@ fn call_id(item: &Value) -> String {
 pub fn messages(input: &Value, instructions: Option<&str>, map: &ToolMap) -> Vec<Message> {
     let mut out = Vec::new();
     if let Some(i) = instructions.filter(|i| !i.is_empty()) {
-        out.push(message(Role::System, i.to_string(), Vec::new()));
+        out.push(Message::new(Role::System, i.to_string(), Vec::new()));
     }
     let items = match input {
         Value::String(s) => {
-            out.push(message(Role::User, s.clone(), Vec::new()));
+            out.push(Message::new(Role::User, s.clone(), Vec::new()));
             return out;
         }
         Value::Array(items) => items,
@@ -84,13 +72,14 @@ pub fn messages(input: &Value, instructions: Option<&str>, map: &ToolMap) -> Vec
                 let role = Role::parse(item["role"].as_str().unwrap_or("user"));
                 let (text, images) = content(&item["content"]);
                 if role == Role::Assistant {
-                    let m =
-                        run.get_or_insert_with(|| message(Role::Assistant, String::new(), vec![]));
+                    let m = run.get_or_insert_with(|| {
+                        Message::new(Role::Assistant, String::new(), vec![])
+                    });
                     m.text.push_str(&text);
                     m.images.extend(images);
                 } else {
                     out.extend(run.take());
-                    out.push(message(role, text, images));
+                    out.push(Message::new(role, text, images));
                 }
             }
             "function_call" | "custom_tool_call" => {
@@ -107,7 +96,8 @@ pub fn messages(input: &Value, instructions: Option<&str>, map: &ToolMap) -> Vec
                         other => other.to_string(),
                     }
                 };
-                let m = run.get_or_insert_with(|| message(Role::Assistant, String::new(), vec![]));
+                let m =
+                    run.get_or_insert_with(|| Message::new(Role::Assistant, String::new(), vec![]));
                 m.tool_calls.push(Call {
                     id: call_id(item),
                     name,
@@ -117,7 +107,7 @@ pub fn messages(input: &Value, instructions: Option<&str>, map: &ToolMap) -> Vec
             "function_call_output" | "custom_tool_call_output" => {
                 out.extend(run.take());
                 let (text, images) = content(&item["output"]);
-                let mut m = message(Role::Tool, text, images);
+                let mut m = Message::new(Role::Tool, text, images);
                 m.tool_call_id = Some(call_id(item));
                 out.push(m);
             }
