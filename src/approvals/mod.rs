@@ -445,6 +445,11 @@ impl Approvals {
         .await
     }
 
+    /// Whether an approval of the execution is pending (most executions end with none).
+    pub fn pending_for(&self, execution_id: &str) -> bool {
+        (self.waiters.lock().values()).any(|w| w.execution_id == execution_id)
+    }
+
     /// Denies every pending approval of an execution that ended (`denied(cancelled)`).
     pub async fn cancel_execution(&self, execution_id: &str) -> usize {
         self.settle_where(SettleReason::Cancelled, EventKind::Cancelled, |w| {

@@ -69,6 +69,19 @@ impl Engine {
             };
             return self.fresh(principal, input, slot).await.map(Outcome::Leg);
         };
+        // Boxed: a continuation's futures are larger than a fresh turn's, and every request
+        // would otherwise carry them (and copy them at each move).
+        Box::pin(self.continuation(principal, input, c, forwarded)).await
+    }
+
+    /// A continuation: claimed and answered here, or forwarded to the replica that holds it.
+    async fn continuation(
+        &self,
+        principal: &Principal,
+        input: TurnInput,
+        c: crate::turn::Continuation,
+        forwarded: bool,
+    ) -> Result<Outcome, EngineError> {
         let claimed = self.claim(principal, &input, &c, forwarded).await;
         match claimed {
             Err(ContinuationError::Elsewhere(owner)) => Ok(Outcome::Forward(owner)),
@@ -91,15 +104,14 @@ impl Engine {
         let grant = cfg.grant(&principal.id, &principal.groups);
         let limits = grant.as_ref().map(|g| g.limits()).unwrap_or_default();
         // The budgets first (its own, then each group's pool): a refusal spends no rate.
+        // Boxed where taken: a store read's future would otherwise be in every request's.
+        let budgets = &self.inner.budgets;
         if limits.budget.gates_fresh() {
-            self.inner
-                .budgets
-                .within(&principal.id, &limits.budget)
-                .await?;
+            Box::pin(budgets.within(&principal.id, &limits.budget)).await?;
         }
         for pool in grant.iter().flat_map(|g| g.pools()) {
             let id = crate::auth::grant::pool_id(&pool.name);
-            self.inner.budgets.within(&id, &pool.limits.budget).await?;
+            Box::pin(budgets.within(&id, &pool.limits.budget)).await?;
         }
         let (all, durable) =
             if limits.max_suspended.is_some() || limits.concurrent_executions.is_some() {
@@ -175,7 +187,7 @@ impl Engine {
         // and two store transactions per relayed request would cap the plain path.
         let journaled = holds == Holds::Turn;
         if journaled {
-            if let Err(e) = self.inner.suspensions.started(&meta).await {
+            if let Err(e) = Box::pin(self.inner.suspensions.started(&meta)).await {
                 tracing::error!(error = %e, "store unavailable");
                 return Err(EngineError::Store);
             }
@@ -200,7 +212,8 @@ impl Engine {
                     Holds::Nothing => EndReason::Failed,
                 };
                 span.fail(reason.as_str());
-                self.end(&meta, journaled, reason, Leftover::Nothing).await;
+                let end = self.end(&meta, journaled, reason, Leftover::Nothing);
+                Box::pin(end).await;
                 return Err(e.into());
             }
         };

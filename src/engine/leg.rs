@@ -164,9 +164,10 @@ impl Engine {
             events: rx,
         };
         let engine = self.clone();
-        self.inner
-            .tracker
-            .spawn(async move { engine.run_leg(exec, ctx, tx).await });
+        // Boxed: the task holds a pointer, not the leg's state machine, which would be copied
+        // into the task and again at each change of its stage.
+        let run = Box::pin(async move { engine.run_leg(exec, ctx, tx).await });
+        self.inner.tracker.spawn(run);
         leg
     }
 
@@ -210,10 +211,11 @@ impl Engine {
                     let Gathered {
                         calls, text, usage, ..
                     } = got;
-                    return self.suspend(exec, ctx, calls, text, usage, tx).await;
+                    let suspend = self.suspend(exec, ctx, calls, text, usage, tx);
+                    return Box::pin(suspend).await;
                 }
-                Next::Complete => return self.complete(exec, ctx, got, tx).await,
-                Next::Stop(stop) => return self.stop(exec, stop, &tx).await,
+                Next::Complete => return Box::pin(self.complete(exec, ctx, got, tx)).await,
+                Next::Stop(stop) => return Box::pin(self.stop(exec, stop, &tx)).await,
             }
         }
     }
@@ -268,8 +270,8 @@ impl Engine {
             Some(TurnEvent::Approval(ask)) => {
                 let (cfg, i) = (self.config(), &self.inner);
                 let (at, meta) = (exec.span.parent(), &exec.meta);
-                let notice =
-                    approval_policy::apply(&cfg, &i.store, &i.approvals, meta, *ask, &at).await;
+                let apply = approval_policy::apply(&cfg, &i.store, &i.approvals, meta, *ask, &at);
+                let notice = Box::pin(apply).await;
                 if let Some(n) = notice {
                     let _ = tx.send(LegEvent::Approval(n)).await;
                 }
@@ -451,7 +453,11 @@ impl Engine {
         if let Leftover::Running(exec) = &mut left {
             std::mem::replace(&mut exec.span, LegSpan::none()).fail(reason.as_str());
         }
-        self.inner.approvals.cancel_execution(&meta.id).await;
+        // Boxed where taken: a store write's future would otherwise be in every leg's.
+        let approvals = &self.inner.approvals;
+        if approvals.pending_for(&meta.id) {
+            Box::pin(approvals.cancel_execution(&meta.id)).await;
+        }
         drop(left);
         // A stateless leg that simply answered is the request's own log line; every other
         // ending is worth a line of its own.
@@ -462,10 +468,8 @@ impl Engine {
         }
         self.inner.metrics.ended(reason.as_str());
         if journaled {
-            self.inner
-                .suspensions
-                .ended(&meta.id, reason.as_str())
-                .await;
+            let ended = self.inner.suspensions.ended(&meta.id, reason.as_str());
+            Box::pin(ended).await;
         }
     }
 

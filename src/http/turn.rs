@@ -64,7 +64,7 @@ pub(super) async fn turn<S: Surface>(
     };
     let mut resp = response(reply);
     if S::REPORTS_STANDING {
-        if let Some(standing) = gw.standing(&a.principal.id).await {
+        if let Some(standing) = Box::pin(gw.standing(&a.principal.id)).await {
             S::standing_headers(&standing, resp.headers_mut());
         }
     }
@@ -235,7 +235,7 @@ pub(super) async fn run(
                 headers,
                 body: body.unwrap_or_default(),
             };
-            let resp = cluster::to_owner(gw, "continuation", owner, &replay).await?;
+            let resp = Box::pin(cluster::to_owner(gw, "continuation", owner, &replay)).await?;
             Ok(Ran::Relayed(resp))
         }
     }
