@@ -70,12 +70,8 @@ fn decided(t: &TurnInput) -> impl PartialEq + std::fmt::Debug {
     });
     (
         t.model.clone(),
-        (
-            t.fingerprint.tools,
-            t.fingerprint.tool_choice,
-            t.fingerprint.prefix,
-        ),
-        t.message_digests.clone(),
+        (t.fingerprint.tools, t.fingerprint.tool_choice),
+        crate::turn::digests(&t.messages, t.digest),
         c,
         t.client_tool_history,
         t.follows.clone(),

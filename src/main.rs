@@ -336,6 +336,11 @@ fn init_logs(
         );
     let (writer, guard) =
         tracing_appender::non_blocking(std::io::BufWriter::new(std::io::stderr()));
+    let access = match format {
+        LogFormat::Text => turnstile::http::access::Format::Text,
+        LogFormat::Json => turnstile::http::access::Format::Json,
+    };
+    turnstile::http::access::install(writer.clone(), access);
     let Some(traces) = traces else {
         // Without traces, one subscriber with a global filter: a disabled event costs only
         // its callsite's cached interest.

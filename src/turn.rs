@@ -278,8 +278,12 @@ pub struct TurnInput {
     pub response_id: ResponseIdFn,
     pub model: String,
     pub messages: Vec<Message>,
-    /// The digest of each message, in order.
+    /// The digest of each message, in order, once [`TurnInput::digested`].
     pub message_digests: Vec<[u8; 32]>,
+    /// `message_digests` and the fingerprint's `prefix` are computed: a continuation's when
+    /// it is read, an agent's turn's before it starts, a stateless leg's only if it suspends
+    /// ([`TurnInput::digest_messages`]); a relayed request that just answers digests nothing.
+    pub digested: bool,
     /// The client's tools, or why they could not be read (a backend that declares tools to
     /// an agent refuses the request; a stateless upstream receives them as sent).
     pub tools: Result<Vec<ToolDef>, String>,
@@ -290,7 +294,7 @@ pub struct TurnInput {
     /// The client wants the answer streamed (a stateless upstream is asked the same).
     pub stream: bool,
     pub fingerprint: Fingerprint,
-    pub continuation: Option<Continuation>,
+    pub continuation: Option<Box<Continuation>>,
     /// A fresh turn that continues the conversation of this completed execution, named by
     /// reference (`previous_response_id` with new input only).
     pub follows: Option<String>,
@@ -301,8 +305,9 @@ pub struct TurnInput {
     /// is relayed with only `model` renamed, so fields the gateway does not interpret reach
     /// the upstream untouched.
     pub passthrough: Option<Passthrough>,
-    /// Sampling options a backend that builds its own request body passes on.
-    pub sampling: Sampling,
+    /// Sampling options a backend that builds its own request body passes on (boxed: the
+    /// input is moved through several futures, and these are rarely all set).
+    pub sampling: Box<Sampling>,
     /// A turn of the gateway's own (a compaction's summary): it runs on a fresh thread and
     /// its thread is not kept for the conversation.
     pub ephemeral: bool,
@@ -320,6 +325,23 @@ pub struct TurnInput {
     /// The conversation traces name (`gen_ai.conversation.id`) when it is not the execution:
     /// a Managed Agents session.
     pub conversation: Option<String>,
+}
+
+impl TurnInput {
+    /// Digests each message and the conversation (the fingerprint's prefix), once.
+    pub fn digest_messages(&mut self) {
+        if !self.digested {
+            (self.message_digests, self.fingerprint.prefix) = digests(&self.messages, self.digest);
+            self.digested = true;
+        }
+    }
+}
+
+/// The digest of each message with `digest`, and of the conversation.
+pub fn digests(messages: &[Message], digest: DigestFn) -> (Vec<[u8; 32]>, [u8; 32]) {
+    let each: Vec<[u8; 32]> = messages.iter().map(digest).collect();
+    let all = crate::continuation::canonical::digest_of_digests(&each);
+    (each, all)
 }
 
 /// A wire format a request body can be relayed in.

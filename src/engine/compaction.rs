@@ -83,6 +83,7 @@ pub(super) fn summary_turn(input: TurnInput) -> TurnInput {
     TurnInput {
         messages: vec![ask],
         message_digests: vec![digest],
+        digested: true,
         tools: Ok(Vec::new()),
         tool_choice: ToolChoice::Auto,
         parallel_tool_calls: false,

@@ -71,7 +71,7 @@ impl Engine {
         };
         // Boxed: a continuation's futures are larger than a fresh turn's, and every request
         // would otherwise carry them (and copy them at each move).
-        Box::pin(self.continuation(principal, input, c, forwarded)).await
+        Box::pin(self.continuation(principal, input, *c, forwarded)).await
     }
 
     /// A continuation: claimed and answered here, or forwarded to the replica that holds it.

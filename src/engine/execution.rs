@@ -235,6 +235,7 @@ pub struct History {
 /// What a leg's ending needs from the request that drives it: a suspension, and a completed
 /// agent turn whose thread is kept (continuity).
 pub struct LegContext {
+    /// Its `prefix` once [`LegContext::digested`].
     pub fingerprint: Fingerprint,
     pub parallel: bool,
     pub echo: EchoFn,
@@ -242,22 +243,32 @@ pub struct LegContext {
     /// The surface keeps a suspension's conversation (answers by reference).
     pub keeps_history: bool,
     /// The digest of every message of the leg's conversation (an agent's, or on a surface
-    /// that keeps history; empty otherwise).
+    /// that keeps history; empty otherwise), once digested.
     pub digests: Vec<[u8; 32]>,
-    /// The messages, for a stateless upstream on a surface that keeps history.
+    /// The messages, for a stateless upstream on a surface that keeps history, or until
+    /// they are digested.
     pub messages: Option<Vec<Message>>,
     /// A completed turn's thread may be kept for the conversation (not an ephemeral turn's).
     pub keep: bool,
+    /// `digests` and the fingerprint's prefix are computed; a stateless leg computes them
+    /// only if it suspends ([`LegContext::digest_messages`]).
+    pub digested: bool,
 }
 
 impl LegContext {
     /// Takes what the leg's ending needs out of a request whose backend leg has started.
     pub fn of(input: &mut TurnInput, holds: Holds) -> LegContext {
         let keeps_history = input.surface.keeps_history();
+        // An agent's thread is kept by its conversation's digests; a stateless leg digests
+        // its conversation only if it suspends.
+        if holds == Holds::Turn {
+            input.digest_messages();
+        }
         let digests = match keeps_history || holds == Holds::Turn {
             true => std::mem::take(&mut input.message_digests),
             false => Vec::new(),
         };
+        let messages = holds == Holds::Nothing && (keeps_history || !input.digested);
         LegContext {
             fingerprint: input.fingerprint,
             parallel: input.parallel_tool_calls,
@@ -265,9 +276,26 @@ impl LegContext {
             digest: input.digest,
             keeps_history,
             digests,
-            messages: (keeps_history && holds == Holds::Nothing)
-                .then(|| std::mem::take(&mut input.messages)),
+            messages: messages.then(|| std::mem::take(&mut input.messages)),
             keep: !input.ephemeral,
+            digested: input.digested,
         }
+    }
+
+    /// Digests the leg's conversation, once: its messages are kept after only where the
+    /// surface keeps history.
+    pub fn digest_messages(&mut self) {
+        if self.digested {
+            return;
+        }
+        let messages = self.messages.as_deref().unwrap_or_default();
+        let (each, all) = crate::turn::digests(messages, self.digest);
+        self.fingerprint.prefix = all;
+        if self.keeps_history {
+            self.digests = each;
+        } else {
+            self.messages = None;
+        }
+        self.digested = true;
     }
 }

@@ -363,6 +363,8 @@ impl Engine {
             exec.backlog.extend(calls.drain(1..));
         }
         let minted = Minted::new(calls);
+        let mut ctx = ctx;
+        ctx.digest_messages();
         let digests = Digests {
             tools: ctx.fingerprint.tools,
             tool_choice: ctx.fingerprint.tool_choice,

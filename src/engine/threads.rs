@@ -48,6 +48,10 @@ impl Threads {
         input: &mut TurnInput,
     ) -> Result<Option<Kept>, EngineError> {
         let enabled = cfg.continuity.enabled && holds == Holds::Turn && !input.ephemeral;
+        if enabled {
+            // Kept conversations are found by digest.
+            input.digest_messages();
+        }
         let metrics = &self.metrics;
         let binding = Binding::new(principal, model, input.surface, &input.fingerprint);
         if let Some(execution) = input.follows.take() {

@@ -4,6 +4,7 @@
 //! [`ApiError`] (`error.rs` renders it), including the 404 fallback and 405s. This module never
 //! sees backend ids and knows no wire format.
 
+pub mod access;
 mod activity;
 mod approvals;
 mod caller;
@@ -194,14 +195,15 @@ async fn log_request(State(gw): State<Engine>, req: Request, next: Next) -> Resp
     };
     resp.headers_mut()
         .insert("x-request-id", request_id.clone());
-    let request_id = request_id.to_str().unwrap_or_default();
-    if status >= 500 {
-        tracing::error!(request = %request_id, %method, %route, status, code, %execution, micros, "request");
-    } else if status >= 400 {
-        tracing::debug!(request = %request_id, %method, %route, status, code, %execution, micros, "request");
-    } else {
-        tracing::info!(request = %request_id, %method, %route, status, code, %execution, micros, "request");
-    }
+    access::log(&access::Line {
+        request: request_id.to_str().unwrap_or_default(),
+        method: method.as_str(),
+        route,
+        status,
+        code,
+        execution,
+        micros,
+    });
     resp
 }
 

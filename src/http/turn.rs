@@ -23,7 +23,20 @@ use crate::turn::{TurnInput, Usage};
 use parking_lot::Mutex;
 
 /// `POST` on a turn route of surface `S`.
-pub(super) async fn turn<S: Surface>(
+pub(super) fn turn<S: Surface>(
+    gw: State<Engine>,
+    hop: Option<Extension<cluster::Hop>>,
+    uri: Uri,
+    params: Result<RawPathParams, RawPathParamsRejection>,
+    headers: HeaderMap,
+    a: Result<Admitted, ApiError>,
+) -> BoxFuture<'static, Result<Response, SurfaceError<S>>> {
+    // Boxed here: axum moves a handler's future as it boxes it, and a pointer is cheaper to
+    // move than the turn's state machine.
+    Box::pin(respond::<S>(gw, hop, uri, params, headers, a))
+}
+
+async fn respond<S: Surface>(
     State(gw): State<Engine>,
     hop: Option<Extension<cluster::Hop>>,
     uri: Uri,
@@ -34,26 +47,32 @@ pub(super) async fn turn<S: Surface>(
     let mut a = a?;
     let raw = keep_raw(&gw, &a);
     let params = path_params(&params)?;
-    let req = S::read(Incoming {
-        uri: &uri,
-        params: &params,
-        headers: &headers,
-        body: std::mem::take(&mut a.bytes),
-        arrived: a.arrived,
-    })?;
-    let stream = S::streams(&req);
-    let slot = stream_place(&gw, &a, stream)?;
-    let host = Planner::new(&gw, &a.principal);
-    let (plan, framing) = S::plan(req, &host).await?;
-    let input = match plan {
-        Plan::Turn(input) => input,
-        Plan::Done(reply) => {
-            let resp = holding(response(reply), slot);
-            return Ok(answered(&gw, &a, String::new(), resp));
+    // The request is read and planned in a block of its own, and what takes long is boxed,
+    // so that this state machine keeps no copy of the request or the turn's input.
+    let (stream, slot);
+    let (input, framing, admitted) = {
+        let req = S::read(Incoming {
+            uri: &uri,
+            params: &params,
+            headers: &headers,
+            body: std::mem::take(&mut a.bytes),
+            arrived: a.arrived,
+        })?;
+        stream = S::streams(&req);
+        slot = stream_place(&gw, &a, stream)?;
+        let host = Planner::new(&gw, &a.principal);
+        let (plan, framing) = Box::pin(S::plan(req, &host)).await?;
+        match plan {
+            Plan::Turn(input) => (input, framing, host.admitted()),
+            Plan::Done(reply) => {
+                let resp = holding(response(reply), slot);
+                return Ok(answered(&gw, &a, String::new(), resp));
+            }
         }
     };
     let replay = (&uri, &headers, raw);
-    let leg = match run(&gw, &a.principal, input, (hop, host.admitted()), replay).await? {
+    let ran = Box::pin(run(&gw, &a.principal, input, (hop, admitted), replay)).await?;
+    let leg = match ran {
         Ran::Here(leg) => leg,
         Ran::Relayed(resp) => return Ok(holding(resp, slot)),
     };

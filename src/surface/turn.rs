@@ -180,7 +180,13 @@ impl Parts {
     /// continuation and the fingerprint.
     pub fn build(self) -> TurnInput {
         let p = self.projection;
-        let digests: Vec<[u8; 32]> = self.messages.iter().map(p.digest).collect();
+        // A fresh turn's messages are digested only if something needs them (an agent's
+        // turn, a suspension); a continuation's now, for its claim.
+        let digested = !matches!(self.detected, Detected::Fresh | Detected::ClientOwned);
+        let (digests, prefix) = match digested {
+            true => crate::turn::digests(&self.messages, p.digest),
+            false => (Vec::new(), [0; 32]),
+        };
         let client_tool_history = self.detected == Detected::ClientOwned;
         let mut follows = None;
         let continuation = match self.detected {
@@ -213,7 +219,7 @@ impl Parts {
         let fingerprint = Fingerprint {
             tools: self.tools_digest,
             tool_choice: self.tool_choice_digest,
-            prefix: digest_of_digests(&digests),
+            prefix,
         };
         TurnInput {
             surface: self.surface,
@@ -223,6 +229,7 @@ impl Parts {
             model: self.model,
             messages: self.messages,
             message_digests: digests,
+            digested,
             tools: self.tools,
             usd_cap: None,
             approvals: None,
@@ -233,11 +240,11 @@ impl Parts {
             parallel_tool_calls: self.parallel_tool_calls,
             stream: self.stream,
             fingerprint,
-            continuation,
+            continuation: continuation.map(Box::new),
             follows,
             client_tool_history,
             passthrough: self.passthrough,
-            sampling: self.sampling,
+            sampling: Box::new(self.sampling),
             ephemeral: false,
             arrived: self.arrived,
         }

@@ -21,9 +21,11 @@ fn config(enabled: bool) -> Config {
 
 fn turn(messages: serde_json::Value) -> TurnInput {
     let body = serde_json::json!({"model": "m", "messages": messages});
-    chat::parse(body.to_string().into(), tokio::time::Instant::now())
+    let mut input = chat::parse(body.to_string().into(), tokio::time::Instant::now())
         .unwrap()
-        .0
+        .0;
+    input.digest_messages();
+    input
 }
 
 /// Keeps a thread for `messages` (the conversation as the client will send it back), as

@@ -296,7 +296,8 @@ mod tests {
     fn continuation_prefix_is_the_fresh_prefix_of_the_same_messages() {
         const T: &str = "srct-0123456789abcdef0123456789abcdef";
         let history = json!([{"role": "user", "content": "a"}]);
-        let fresh = input(json!({"model": "m", "messages": history}));
+        let mut fresh = input(json!({"model": "m", "messages": history}));
+        fresh.digest_messages();
         let cont = input(json!({"model": "m", "messages": [
             {"role": "user", "content": "a"},
             {"role": "assistant", "tool_calls": [{"id": T, "type": "function", "function": {"name": "f", "arguments": "{}"}}]},

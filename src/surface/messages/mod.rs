@@ -509,7 +509,8 @@ mod tests {
     #[test]
     fn a_continuation_prefix_is_the_fresh_prefix_and_the_echo_the_exposed_one() {
         let history = json!([{"role": "user", "content": "a"}]);
-        let fresh = parsed(json!({"model": "m", "system": "s", "messages": history})).0;
+        let mut fresh = parsed(json!({"model": "m", "system": "s", "messages": history})).0;
+        fresh.digest_messages();
         let cont = parsed(json!({"model": "m", "system": [{"type": "text", "text": "s"}], "messages": [
             {"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}]},
             {"role": "assistant", "content": [{"type": "text", "text": "ok"},

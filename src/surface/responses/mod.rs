@@ -521,7 +521,8 @@ mod tests {
     #[test]
     fn a_stateless_continuation_has_the_fresh_prefix() {
         let history = json!([{"role": "user", "content": "a"}]);
-        let fresh = parsed(json!({"model": "m", "input": history})).0;
+        let mut fresh = parsed(json!({"model": "m", "input": history})).0;
+        fresh.digest_messages();
         let cont = parsed(json!({"model": "m", "input": [
             {"role": "user", "content": "a"},
             {"type": "function_call", "call_id": T, "name": "f", "arguments": "{}"},
