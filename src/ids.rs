@@ -3,16 +3,18 @@
 
 use rand::RngCore;
 
-fn random_hex() -> String {
+/// A fresh id with the given prefix.
+pub fn new_id(prefix: &str) -> String {
     let mut bytes = [0u8; 16];
     // ThreadRng is a CSPRNG (ChaCha, seeded and periodically reseeded from the OS).
     rand::rng().fill_bytes(&mut bytes);
-    hex::encode(bytes)
-}
-
-/// A fresh id with the given prefix.
-pub fn new_id(prefix: &str) -> String {
-    format!("{prefix}{}", random_hex())
+    let mut hex = [0u8; 32];
+    // Cannot fail: the output is exactly twice the input.
+    let _ = hex::encode_to_slice(bytes, &mut hex);
+    let mut id = String::with_capacity(prefix.len() + hex.len());
+    id.push_str(prefix);
+    id.push_str(std::str::from_utf8(&hex).unwrap_or_default());
+    id
 }
 
 /// A fresh `req-` id, built on the stack (one per request, on the relay path).

@@ -50,12 +50,13 @@ pub fn hash_key(key: &str) -> String {
 
 /// Extracts the bearer key from an `Authorization` header value.
 fn bearer(header: Option<&str>) -> Option<&str> {
-    let value = header?.trim();
+    // A header value is visible ASCII: ASCII whitespace is all there is to trim.
+    let value = header?.trim_ascii();
     let (scheme, key) = value.split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("bearer") {
         return None;
     }
-    let key = key.trim();
+    let key = key.trim_ascii();
     (!key.is_empty()).then_some(key)
 }
 

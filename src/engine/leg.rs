@@ -191,17 +191,19 @@ impl Engine {
                 .filter(|b| b.usd_per_execution.is_some()),
             crossed: None,
         };
-        let deadline = exec.deadline;
-        let stopping = self.inner.shutdown.clone();
+        // Made once for the leg, not at each event: a timer registered, and a waiter.
+        let shutdown = self.inner.shutdown.clone();
+        let mut stopping = std::pin::pin!(shutdown.cancelled());
+        let mut expired = std::pin::pin!(tokio::time::sleep_until(exec.deadline));
         loop {
             let next = tokio::select! {
                 biased;
-                _ = stopping.cancelled() => Next::Stop(Stop::Fail(EngineError::ShuttingDown, EndReason::Cancelled)),
+                _ = &mut stopping => Next::Stop(Stop::Fail(EngineError::ShuttingDown, EndReason::Cancelled)),
                 _ = tx.closed() => {
                     tracing::info!(execution = %exec.meta.id, "client went away mid-leg; interrupting the turn");
                     Next::Stop(Stop::Gone)
                 }
-                _ = tokio::time::sleep_until(deadline) => Next::Stop(Stop::Fail(EngineError::Deadline, EndReason::Expired)),
+                _ = &mut expired => Next::Stop(Stop::Fail(EngineError::Deadline, EndReason::Expired)),
                 _ = sleep_until_opt(got.flush_at) => Next::Suspend,
                 ev = exec.turn.next_event() => self.on_event(&mut exec, &mut got, ev, debounce, &tx).await,
             };
