@@ -71,8 +71,7 @@ pub fn upstream_body(
     model: Option<&str>,
     principal: &str,
 ) -> Result<Up, serde_json::Error> {
-    object(raw)?;
-    let f: Fields<'_> = serde_json::from_slice(raw)?;
+    let f: Fields<'_> = serde_json::from_str(object(raw)?)?;
     let mut edits: Vec<(Range<usize>, Put<'_>)> = Vec::new();
     if let (Some(v), Some(m)) = (f.model, model) {
         edits.push((span(raw, v), Put::Str(m)));
@@ -112,12 +111,13 @@ pub fn upstream_body(
     })
 }
 
-/// A struct also deserializes from an array; only an object is a body.
-fn object(raw: &[u8]) -> Result<(), serde_json::Error> {
+/// `raw` as text, when it is a JSON object (a struct also deserializes from an array). Read
+/// as a `str`, its UTF-8 is checked once, not again for each string in it.
+fn object(raw: &[u8]) -> Result<&str, serde_json::Error> {
     if raw.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(serde::de::Error::custom("the body must be a JSON object"));
     }
-    Ok(())
+    std::str::from_utf8(raw).map_err(serde::de::Error::custom)
 }
 
 /// Where `value` (a span borrowed from `raw`) lies in `raw`.
@@ -293,14 +293,14 @@ pub struct Plain {
 /// `strip_usage`, its `usage` member cut out; None when it has tool calls, or no `model`, or
 /// is not an object of this shape: the caller reads it as a tree.
 pub fn plain(raw: &Bytes, model: &str, strip_usage: bool) -> Option<Plain> {
-    object(raw).ok()?;
+    let text = object(raw).ok()?;
     if !strip_usage {
-        let a: Answer<'_, Option<WireUsage>> = serde_json::from_slice(raw).ok()?;
+        let a: Answer<'_, Option<WireUsage>> = serde_json::from_str(text).ok()?;
         let usage = a.usage.map(wire_usage);
         let parts = (a.model, a.choices, a.system_fingerprint);
         return read(raw, model, parts, usage, None);
     }
-    let a: Answer<'_, Member<'_>> = serde_json::from_slice(raw).ok()?;
+    let a: Answer<'_, Member<'_>> = serde_json::from_str(text).ok()?;
     let usage = match a.usage.0.filter(|u| u.get() != "null") {
         Some(u) => Some(wire_usage(serde_json::from_str(u.get()).ok()?)),
         None => None,
