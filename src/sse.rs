@@ -33,9 +33,13 @@ pub struct Overflow;
 impl SseSplitter {
     pub fn push(&mut self, bytes: &Bytes) -> Result<(), Overflow> {
         self.buf.extend_from_slice(bytes);
-        while let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+        while let Some(pos) = memchr::memchr(b'\n', &self.buf) {
             let line = self.buf.split_to(pos + 1);
-            let line = String::from_utf8_lossy(&line);
+            // Valid UTF-8 is borrowed (the common case, checked a word at a time).
+            let line = match std::str::from_utf8(&line) {
+                Ok(text) => std::borrow::Cow::Borrowed(text),
+                Err(_) => String::from_utf8_lossy(&line),
+            };
             self.line(line.trim_end_matches(['\n', '\r']));
             if self.held > MAX_EVENT_BYTES {
                 return Err(Overflow);
@@ -60,7 +64,11 @@ impl SseSplitter {
     fn line(&mut self, line: &str) {
         if line.is_empty() {
             if !self.data.is_empty() {
-                let data = self.data.join("\n");
+                // One `data:` line is the event, as it is.
+                let data = match self.data.len() {
+                    1 => self.data.pop().unwrap_or_default(),
+                    _ => self.data.join("\n"),
+                };
                 self.data.clear();
                 self.held = 0;
                 self.ready.push_back(if data.trim() == "[DONE]" {
