@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -272,9 +274,8 @@ impl Proc {
         self.routes.lock().remove(thread);
     }
 
-    fn route(&self, params: &Value) -> Option<Arc<Route>> {
-        let thread = params.get("threadId")?.as_str()?;
-        self.routes.lock().get(thread).cloned()
+    fn route(&self, thread: Option<&str>) -> Option<Arc<Route>> {
+        self.routes.lock().get(thread?).cloned()
     }
 
     /// Marks the process dead: pending calls fail, routed turns are lost.
@@ -320,21 +321,35 @@ impl Proc {
                     let _ = tx.send(result);
                 }
             }
-            Incoming::Notification { method, params } => self.on_notification(&method, &params),
+            Incoming::Notification { method, params } => self.on_notification(&method, params),
             Incoming::Request { id, method, params } => self.on_request(id, &method, &params),
         }
     }
 
-    fn on_notification(&self, method: &str, params: &Value) {
-        let Some(route) = self.route(params) else {
+    /// A notification of a routed thread, its params read as typed members borrowed from
+    /// the line (most of a turn's lines; only an ended command's or file change's item is
+    /// built as a tree).
+    fn on_notification(&self, method: &str, params: Option<&RawValue>) {
+        if !matches!(
+            method,
+            "item/agentMessage/delta"
+                | "item/reasoning/summaryTextDelta"
+                | "item/reasoning/summaryPartAdded"
+                | "item/completed"
+                | "thread/tokenUsage/updated"
+                | "error"
+                | "turn/completed"
+        ) {
+            return;
+        }
+        let p: rpc::Params<'_> = rpc::members(params);
+        let thread = rpc::text(p.thread_id);
+        let Some(route) = self.route(thread.as_deref()) else {
             return;
         };
         match method {
             "item/agentMessage/delta" => {
-                let (Some(item), Some(delta)) = (
-                    params.get("itemId").and_then(Value::as_str),
-                    params.get("delta").and_then(Value::as_str),
-                ) else {
+                let (Some(item), Some(delta)) = (rpc::text(p.item_id), rpc::text(p.delta)) else {
                     return;
                 };
                 if delta.is_empty() {
@@ -343,36 +358,37 @@ impl Proc {
                 route
                     .streamed
                     .lock()
-                    .entry(item.to_string())
+                    .entry(item.into_owned())
                     .or_default()
-                    .push_str(delta);
-                route.emit(TurnEvent::Delta(delta.to_string()));
+                    .push_str(&delta);
+                route.emit(TurnEvent::Delta(delta.into_owned()));
             }
             // Reasoning summaries; a new part after the first is a new paragraph.
             "item/reasoning/summaryTextDelta" => {
-                if let Some(d) = params["delta"].as_str().filter(|d| !d.is_empty()) {
-                    route.emit(TurnEvent::Reasoning(d.to_string()));
+                if let Some(d) = rpc::text(p.delta).filter(|d| !d.is_empty()) {
+                    route.emit(TurnEvent::Reasoning(d.into_owned()));
                 }
             }
-            "item/reasoning/summaryPartAdded" if params["summaryIndex"].as_u64() > Some(0) => {
+            "item/reasoning/summaryPartAdded" if rpc::number(p.summary_index) > Some(0) => {
                 route.emit(TurnEvent::Reasoning("\n\n".into()));
             }
             "item/completed" => {
-                let item = &params["item"];
-                if item.get("type").and_then(Value::as_str) != Some("agentMessage") {
-                    if let Some(ended) = super::approval::ended(item) {
-                        route.emit(TurnEvent::ToolEnded(ended));
+                let item: Item<'_> = rpc::members(p.item);
+                let kind = rpc::text(item.kind);
+                if kind.as_deref() != Some("agentMessage") {
+                    if matches!(kind.as_deref(), Some("commandExecution" | "fileChange")) {
+                        let tree = p.item.and_then(|i| serde_json::from_str(i.get()).ok());
+                        if let Some(ended) = tree.and_then(|t| super::approval::ended(&t)) {
+                            route.emit(TurnEvent::ToolEnded(ended));
+                        }
                     }
                     return;
                 }
-                let (Some(id), Some(text)) = (
-                    item.get("id").and_then(Value::as_str),
-                    item.get("text").and_then(Value::as_str),
-                ) else {
+                let (Some(id), Some(text)) = (rpc::text(item.id), rpc::text(item.text)) else {
                     return;
                 };
                 // The completed item is authoritative: forward whatever the deltas missed.
-                let sent = route.streamed.lock().remove(id).unwrap_or_default();
+                let sent = route.streamed.lock().remove(id.as_ref()).unwrap_or_default();
                 if let Some(rest) = text.strip_prefix(sent.as_str()) {
                     if !rest.is_empty() {
                         route.emit(TurnEvent::Delta(rest.to_string()));
@@ -380,43 +396,43 @@ impl Proc {
                 }
             }
             "thread/tokenUsage/updated" => {
-                let last = &params["tokenUsage"]["last"];
-                let n = |k: &str| last.get(k).and_then(Value::as_u64).unwrap_or(0);
+                let usage: TokenUsage<'_> = rpc::members(p.token_usage);
+                let last: Counts<'_> = rpc::members(usage.last);
+                let n = |v| rpc::number(v).unwrap_or(0);
                 let usage = Usage {
-                    prompt_tokens: n("inputTokens"),
-                    completion_tokens: n("outputTokens"),
-                    total_tokens: n("totalTokens"),
-                    cached_tokens: n("cachedInputTokens"),
-                    reasoning_tokens: n("reasoningOutputTokens"),
+                    prompt_tokens: n(last.input_tokens),
+                    completion_tokens: n(last.output_tokens),
+                    total_tokens: n(last.total_tokens),
+                    cached_tokens: n(last.cached_input_tokens),
+                    reasoning_tokens: n(last.reasoning_output_tokens),
                     // Codex's token usage reports cache reads only.
                     cache_write_tokens: 0,
                 };
                 (route.meter)(usage);
                 route.emit(TurnEvent::Usage(usage));
             }
-            "error" if params.get("willRetry").and_then(Value::as_bool) == Some(false) => {
+            "error" if rpc::flag(p.will_retry) == Some(false) => {
                 tracing::warn!(backend_process = self.id, "backend reported a turn error");
             }
             "turn/completed" => {
                 let released = route.releasing.load(Ordering::SeqCst);
                 if released {
-                    if let Some(thread) = params.get("threadId").and_then(Value::as_str) {
+                    if let Some(thread) = thread.as_deref() {
                         self.delete_thread(thread);
                     }
                 }
                 if route.finished.swap(true, Ordering::SeqCst) || released {
                     return;
                 }
-                let turn = &params["turn"];
-                let ev = match turn.get("status").and_then(Value::as_str) {
+                let turn: Turn<'_> = rpc::members(p.turn);
+                let ev = match rpc::text(turn.status).as_deref() {
                     Some("completed") => TurnEvent::Completed,
                     Some("interrupted") => TurnEvent::Interrupted,
-                    _ => TurnEvent::Failed(
-                        turn["error"]["message"]
-                            .as_str()
-                            .unwrap_or("turn failed")
-                            .to_string(),
-                    ),
+                    _ => {
+                        let error: TurnError<'_> = rpc::members(turn.error);
+                        let message = rpc::text(error.message);
+                        TurnEvent::Failed(message.as_deref().unwrap_or("turn failed").to_string())
+                    }
                 };
                 route.emit(ev);
             }
@@ -425,7 +441,7 @@ impl Proc {
     }
 
     fn on_request(self: &Arc<Self>, id: Value, method: &str, params: &Value) {
-        let route = self.route(params);
+        let route = self.route(params.get("threadId").and_then(Value::as_str));
         match (method, route) {
             ("item/tool/call", Some(route)) if !route.finished.load(Ordering::SeqCst) => {
                 let invocation = self.next_invocation.fetch_add(1, Ordering::Relaxed);
@@ -497,4 +513,50 @@ impl Proc {
             }
         }
     }
+}
+
+/// What a completed item's reader needs of it.
+#[derive(Deserialize, Default)]
+struct Item<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    text: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct TokenUsage<'a> {
+    #[serde(borrow)]
+    last: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct Counts<'a> {
+    #[serde(borrow)]
+    input_tokens: Option<&'a RawValue>,
+    #[serde(borrow)]
+    output_tokens: Option<&'a RawValue>,
+    #[serde(borrow)]
+    total_tokens: Option<&'a RawValue>,
+    #[serde(borrow)]
+    cached_input_tokens: Option<&'a RawValue>,
+    #[serde(borrow)]
+    reasoning_output_tokens: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct Turn<'a> {
+    #[serde(borrow)]
+    status: Option<&'a RawValue>,
+    #[serde(borrow)]
+    error: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct TurnError<'a> {
+    #[serde(borrow)]
+    message: Option<&'a RawValue>,
 }

@@ -11,21 +11,42 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 /// One message from the backend, classified by its members.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Incoming {
+#[derive(Debug, Clone)]
+pub enum Incoming<'a> {
     /// `method` + `id`: the backend asks us something and must get an answer.
     Request {
         id: Value,
         method: String,
         params: Value,
     },
-    /// `method` without `id`.
-    Notification { method: String, params: Value },
+    /// `method` without `id`: its params stay unread text of the line until a reader of that
+    /// method reads the members it needs ([`Params`]); no tree is built.
+    Notification {
+        method: Cow<'a, str>,
+        params: Option<&'a RawValue>,
+    },
     /// `id` + `result`/`error`: the answer to one of our requests.
     Response {
         id: Value,
         result: Result<Value, RpcError>,
     },
+}
+
+/// Params compare by their text.
+impl PartialEq for Incoming<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        use Incoming::*;
+        match (self, other) {
+            (Request { id, method, params }, Request { id: i, method: m, params: p }) => {
+                (id, method, params) == (i, m, p)
+            }
+            (Notification { method, params }, Notification { method: m, params: p }) => {
+                method == m && params.map(RawValue::get) == p.map(RawValue::get)
+            }
+            (Response { id, result }, Response { id: i, result: r }) => (id, result) == (i, r),
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -59,37 +80,47 @@ where
     T::deserialize(d).map(Some)
 }
 
-/// Notifications whose params the gateway reads (`Proc::on_notification`). The others (item
-/// starts and updates, plans, rate limits: most of what a turn sends) keep their params
-/// unbuilt, and `item/completed` builds them only for an agent message and a command or file
-/// change (whose end a Managed Agents session shows), never for the user's own (possibly
-/// large) message.
-fn reads_params(method: &str, params: &RawValue) -> bool {
-    #[derive(Deserialize)]
-    struct Completed<'a> {
-        #[serde(borrow)]
-        item: Kind<'a>,
-    }
-    #[derive(Deserialize)]
-    struct Kind<'a> {
-        #[serde(rename = "type", borrow)]
-        kind: Cow<'a, str>,
-    }
-    match method {
-        "item/agentMessage/delta"
-        | "item/reasoning/summaryTextDelta"
-        | "item/reasoning/summaryPartAdded"
-        | "thread/tokenUsage/updated"
-        | "turn/completed"
-        | "error" => true,
-        "item/completed" => serde_json::from_str::<Completed<'_>>(params.get()).is_ok_and(|c| {
-            matches!(
-                c.item.kind.as_ref(),
-                "agentMessage" | "commandExecution" | "fileChange"
-            )
-        }),
-        _ => false,
-    }
+/// The members of a notification's params the gateway reads, found in one borrowing pass
+/// and each read only where it is used ([`text`], [`number`], [`flag`], [`members`]): a member
+/// of another type than expected reads as absent, as it did from a tree.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Params<'a> {
+    #[serde(borrow)]
+    pub thread_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub item_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub delta: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub summary_index: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub will_retry: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub token_usage: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub turn: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub item: Option<&'a RawValue>,
+}
+
+/// The members of an object `T` names (all absent when it is not an object).
+pub fn members<'a, T: Deserialize<'a> + Default>(raw: Option<&'a RawValue>) -> T {
+    raw.and_then(|r| serde_json::from_str(r.get()).ok())
+        .unwrap_or_default()
+}
+
+/// A string member, borrowed unless it has escapes.
+pub fn text(raw: Option<&RawValue>) -> Option<Cow<'_, str>> {
+    serde_json::from_str(raw?.get()).ok()
+}
+
+pub fn number(raw: Option<&RawValue>) -> Option<u64> {
+    serde_json::from_str(raw?.get()).ok()
+}
+
+pub fn flag(raw: Option<&RawValue>) -> Option<bool> {
+    serde_json::from_str(raw?.get()).ok()
 }
 
 /// A member built as a tree: None when it does not parse, `Some(None)` when absent.
@@ -98,27 +129,23 @@ fn tree(raw: Option<&RawValue>) -> Option<Option<Value>> {
 }
 
 /// Parses one line. `None` for blank lines, non-JSON and unclassifiable objects.
-pub fn parse_line(line: &str) -> Option<Incoming> {
+pub fn parse_line(line: &str) -> Option<Incoming<'_>> {
     let line = line.trim();
     if !line.starts_with('{') {
         return None;
     }
     let e: Envelope<'_> = serde_json::from_str(line).ok()?;
     let id = e.id.filter(|v| v.is_string() || v.is_i64() || v.is_u64());
-    let method = e.method.map(Cow::into_owned);
-    match (id, method) {
+    match (id, e.method) {
         (Some(id), Some(method)) => Some(Incoming::Request {
             id,
-            method,
+            method: method.into_owned(),
             params: tree(e.params)?.unwrap_or(Value::Null),
         }),
-        (None, Some(method)) => {
-            let params = match e.params {
-                Some(p) if reads_params(&method, p) => tree(Some(p))?.unwrap_or(Value::Null),
-                _ => Value::Null,
-            };
-            Some(Incoming::Notification { method, params })
-        }
+        (None, Some(method)) => Some(Incoming::Notification {
+            method,
+            params: e.params,
+        }),
         (Some(id), None) => {
             if let Some(result) = tree(e.result)? {
                 Some(Incoming::Response {
@@ -180,13 +207,12 @@ mod tests {
                 params: json!({"a":1})
             })
         );
-        assert_eq!(
-            parse_line(r#"{"jsonrpc":"2.0","method":"turn/completed","params":{}}"#),
-            Some(Incoming::Notification {
-                method: "turn/completed".into(),
-                params: json!({})
-            })
-        );
+        let Some(Incoming::Notification { method, params }) =
+            parse_line(r#"{"jsonrpc":"2.0","method":"turn/completed","params":{}}"#)
+        else {
+            panic!("not a notification");
+        };
+        assert_eq!((method.as_ref(), params.map(RawValue::get)), ("turn/completed", Some("{}")));
         assert_eq!(
             parse_line(r#"{"id":"init-1","result":{"userAgent":"x"}}"#),
             Some(Incoming::Response {
@@ -207,7 +233,7 @@ mod tests {
     }
 
     #[test]
-    fn a_null_result_is_an_answer_and_unread_params_are_not_built() {
+    fn a_null_result_is_an_answer() {
         assert_eq!(
             parse_line(r#"{"id":4,"result":null}"#),
             Some(Incoming::Response {
@@ -215,18 +241,43 @@ mod tests {
                 result: Ok(Value::Null)
             })
         );
-        let big = "x".repeat(1000);
-        for (line, built) in [
-            (format!(r#"{{"method":"item/started","params":{{"threadId":"t","text":"{big}"}}}}"#), false),
-            (format!(r#"{{"method":"item/completed","params":{{"threadId":"t","item":{{"type":"userMessage","text":"{big}"}}}}}}"#), false),
-            (r#"{"method":"item/completed","params":{"threadId":"t","item":{"type":"agentMessage","id":"i","text":"hi"}}}"#.to_string(), true),
-            (r#"{"method":"turn/completed","params":{"threadId":"t","turn":{"status":"completed"}}}"#.to_string(), true),
-        ] {
-            let Some(Incoming::Notification { params, .. }) = parse_line(&line) else {
-                panic!("{line}");
-            };
-            assert_eq!(params["threadId"] == "t", built, "{line}");
+    }
+
+    #[test]
+    fn params_are_read_as_the_tree_was_a_member_of_another_type_as_absent() {
+        let line = r#"{"method":"thread/tokenUsage/updated","params":{"threadId":"t\u0031",
+            "delta":7,"willRetry":false,"summaryIndex":"2","extra":{"deep":[1,2]},
+            "tokenUsage":{"last":{"inputTokens":5,"outputTokens":null}}}}"#;
+        let Some(Incoming::Notification { params, .. }) = parse_line(line) else {
+            panic!("not a notification");
+        };
+        let p: Params<'_> = members(params);
+        assert_eq!(text(p.thread_id).as_deref(), Some("t1"));
+        assert_eq!(text(p.delta), None);
+        assert_eq!(flag(p.will_retry), Some(false));
+        assert_eq!(number(p.summary_index), None);
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase")]
+        struct Counts<'a> {
+            #[serde(borrow)]
+            input_tokens: Option<&'a RawValue>,
+            #[serde(borrow)]
+            output_tokens: Option<&'a RawValue>,
         }
+        #[derive(Deserialize, Default)]
+        struct Usage<'a> {
+            #[serde(borrow)]
+            last: Option<&'a RawValue>,
+        }
+        let c: Counts<'_> = members(members::<Usage<'_>>(p.token_usage).last);
+        assert_eq!((number(c.input_tokens), number(c.output_tokens)), (Some(5), None));
+        // Params that are not an object read as none.
+        let Some(Incoming::Notification { params, .. }) =
+            parse_line(r#"{"method":"turn/completed","params":[1]}"#)
+        else {
+            panic!("not a notification");
+        };
+        assert!(members::<Params<'_>>(params).thread_id.is_none());
     }
 
     #[test]
