@@ -27,7 +27,7 @@ impl Lines {
 
     /// Feeds bytes; `line` gets every line they complete, in order.
     pub fn push(&mut self, mut bytes: &[u8], mut line: impl FnMut(&[u8])) {
-        while let Some(pos) = bytes.iter().position(|b| *b == b'\n') {
+        while let Some(pos) = memchr::memchr(b'\n', bytes) {
             let head = &bytes[..pos];
             bytes = &bytes[pos + 1..];
             if std::mem::take(&mut self.skipping) {

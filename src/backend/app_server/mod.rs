@@ -83,8 +83,8 @@ impl AppServer {
             .map_err(|e| {
                 BackendError::Unavailable(format!("thread/start with dynamicTools failed: {e}"))
             })?;
-        if let Some(thread) = probe["thread"]["id"].as_str() {
-            first.delete_thread(thread);
+        if let Some(thread) = rpc::string_at(&probe, &["thread", "id"]) {
+            first.delete_thread(&thread);
         }
         // Warm the rest of the pool.
         for i in 0..server.cfg.processes {
@@ -227,12 +227,9 @@ impl AppServer {
                 );
                 let params = self.thread_params(model, input, &rendered, &renames);
                 let started = turn.proc.call("thread/start", params).await?;
-                let thread = started["thread"]["id"]
-                    .as_str()
-                    .ok_or_else(|| {
-                        BackendError::Rejected("thread/start returned no thread id".into())
-                    })?
-                    .to_string();
+                let thread = rpc::string_at(&started, &["thread", "id"]).ok_or_else(|| {
+                    BackendError::Rejected("thread/start returned no thread id".into())
+                })?;
                 let started = turn.proc.threads.fetch_add(1, Ordering::Relaxed) + 1;
                 if started >= self.cfg.recycle_after_threads {
                     self.recycle(slot, &turn.proc);
@@ -262,10 +259,7 @@ impl AppServer {
             params["outputSchema"] = schema.clone();
         }
         let result = turn.proc.call("turn/start", params).await?;
-        turn.turn = result["turn"]["id"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        turn.turn = rpc::string_at(&result, &["turn", "id"]).unwrap_or_default();
         tracing::debug!(backend = %self.name, execution = %execution_id, backend_process = turn.proc.id, "backend turn started");
         Ok(Turn::new(rx, Box::new(turn)))
     }

@@ -37,7 +37,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long an interrupted turn gets to end before its thread is deleted anyway.
 const RELEASE_GRACE: Duration = Duration::from_secs(10);
 
-type Pending = HashMap<i64, oneshot::Sender<Result<Value, RpcError>>>;
+type Pending = HashMap<i64, oneshot::Sender<Result<Box<RawValue>, RpcError>>>;
 
 /// The gateway side of one backend thread (= one execution's turn).
 pub(super) struct Route {
@@ -143,11 +143,7 @@ impl Proc {
             )
             .await
             .map_err(|e| BackendError::Unavailable(format!("initialize failed: {e}")))?;
-        let ua = init
-            .get("userAgent")
-            .and_then(Value::as_str)
-            .unwrap_or("unknown")
-            .to_string();
+        let ua = rpc::string_at(&init, &["userAgent"]).unwrap_or_else(|| "unknown".into());
         tracing::info!(backend_process = id, user_agent = %ua, "backend initialized");
         proc.child.handshake_done();
         *proc.user_agent.lock() = ua;
@@ -221,7 +217,7 @@ impl Proc {
     }
 
     /// Sends a request and waits for its answer.
-    pub async fn call(&self, method: &str, params: Value) -> Result<Value, BackendError> {
+    pub async fn call(&self, method: &str, params: Value) -> Result<Box<RawValue>, BackendError> {
         if !self.is_alive() {
             return Err(BackendError::Lost);
         }

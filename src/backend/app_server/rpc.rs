@@ -5,6 +5,7 @@
 //! [`crate::backend::agent::lines::Lines`].
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -25,10 +26,11 @@ pub enum Incoming<'a> {
         method: Cow<'a, str>,
         params: Option<&'a RawValue>,
     },
-    /// `id` + `result`/`error`: the answer to one of our requests.
+    /// `id` + `result`/`error`: the answer to one of our requests, its result as text (its
+    /// reader takes what it needs, [`string_at`]).
     Response {
         id: Value,
-        result: Result<Value, RpcError>,
+        result: Result<Box<RawValue>, RpcError>,
     },
 }
 
@@ -43,7 +45,12 @@ impl PartialEq for Incoming<'_> {
             (Notification { method, params }, Notification { method: m, params: p }) => {
                 method == m && params.map(RawValue::get) == p.map(RawValue::get)
             }
-            (Response { id, result }, Response { id: i, result: r }) => (id, result) == (i, r),
+            (Response { id, result }, Response { id: i, result: r }) => {
+                let text = |r: &Result<Box<RawValue>, RpcError>| {
+                    r.as_ref().map(|v| v.get().to_string()).map_err(Clone::clone)
+                };
+                id == i && text(result) == text(r)
+            }
             _ => false,
         }
     }
@@ -110,6 +117,17 @@ pub fn members<'a, T: Deserialize<'a> + Default>(raw: Option<&'a RawValue>) -> T
         .unwrap_or_default()
 }
 
+/// The string at `path` (object keys) in an answer: None where a step is missing or the
+/// value is not a string. Each object on the way is read a level deep, its members unbuilt.
+pub fn string_at(raw: &RawValue, path: &[&str]) -> Option<String> {
+    let mut at = raw;
+    for key in path {
+        let object: BTreeMap<Cow<'_, str>, &RawValue> = serde_json::from_str(at.get()).ok()?;
+        at = object.get(*key)?;
+    }
+    text(Some(at)).map(Cow::into_owned)
+}
+
 /// A string member, borrowed unless it has escapes.
 pub fn text(raw: Option<&RawValue>) -> Option<Cow<'_, str>> {
     serde_json::from_str(raw?.get()).ok()
@@ -147,10 +165,10 @@ pub fn parse_line(line: &str) -> Option<Incoming<'_>> {
             params: e.params,
         }),
         (Some(id), None) => {
-            if let Some(result) = tree(e.result)? {
+            if let Some(result) = e.result {
                 Some(Incoming::Response {
                     id,
-                    result: Ok(result),
+                    result: Ok(result.to_owned()),
                 })
             } else {
                 let e = e.error?;
@@ -197,6 +215,19 @@ fn line(v: Value) -> String {
 mod tests {
     use super::*;
 
+    fn raw(text: &str) -> Box<RawValue> {
+        RawValue::from_string(text.to_string()).unwrap()
+    }
+
+    #[test]
+    fn a_string_is_found_by_its_path() {
+        let v = raw(r#"{"thread":{"id":"th\u0031","n":1},"turn":[1]}"#);
+        assert_eq!(string_at(&v, &["thread", "id"]).as_deref(), Some("th1"));
+        assert_eq!(string_at(&v, &["thread", "n"]), None);
+        assert_eq!(string_at(&v, &["turn", "id"]), None);
+        assert_eq!(string_at(&v, &["nothing"]), None);
+    }
+
     #[test]
     fn classifies_the_three_forms() {
         assert_eq!(
@@ -217,7 +248,7 @@ mod tests {
             parse_line(r#"{"id":"init-1","result":{"userAgent":"x"}}"#),
             Some(Incoming::Response {
                 id: json!("init-1"),
-                result: Ok(json!({"userAgent":"x"}))
+                result: Ok(raw(r#"{"userAgent":"x"}"#))
             })
         );
         assert_eq!(
@@ -238,7 +269,7 @@ mod tests {
             parse_line(r#"{"id":4,"result":null}"#),
             Some(Incoming::Response {
                 id: json!(4),
-                result: Ok(Value::Null)
+                result: Ok(raw("null"))
             })
         );
     }
