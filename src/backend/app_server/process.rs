@@ -317,7 +317,7 @@ impl Proc {
                     let _ = tx.send(result);
                 }
             }
-            Incoming::Notification { method, params } => self.on_notification(&method, params),
+            Incoming::Notification { method, params } => self.on_notification(&method, &params),
             Incoming::Request { id, method, params } => self.on_request(id, &method, &params),
         }
     }
@@ -325,7 +325,7 @@ impl Proc {
     /// A notification of a routed thread, its params read as typed members borrowed from
     /// the line (most of a turn's lines; only an ended command's or file change's item is
     /// built as a tree).
-    fn on_notification(&self, method: &str, params: Option<&RawValue>) {
+    fn on_notification(&self, method: &str, p: &rpc::Params<'_>) {
         if !matches!(
             method,
             "item/agentMessage/delta"
@@ -338,7 +338,6 @@ impl Proc {
         ) {
             return;
         }
-        let p: rpc::Params<'_> = rpc::members(params);
         let thread = rpc::text(p.thread_id);
         let Some(route) = self.route(thread.as_deref()) else {
             return;
@@ -384,7 +383,11 @@ impl Proc {
                     return;
                 };
                 // The completed item is authoritative: forward whatever the deltas missed.
-                let sent = route.streamed.lock().remove(id.as_ref()).unwrap_or_default();
+                let sent = route
+                    .streamed
+                    .lock()
+                    .remove(id.as_ref())
+                    .unwrap_or_default();
                 if let Some(rest) = text.strip_prefix(sent.as_str()) {
                     if !rest.is_empty() {
                         route.emit(TurnEvent::Delta(rest.to_string()));

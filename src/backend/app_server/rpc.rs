@@ -5,8 +5,8 @@
 //! [`crate::backend::agent::lines::Lines`].
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -20,11 +20,11 @@ pub enum Incoming<'a> {
         method: String,
         params: Value,
     },
-    /// `method` without `id`: its params stay unread text of the line until a reader of that
-    /// method reads the members it needs ([`Params`]); no tree is built.
+    /// `method` without `id`: the members of its params the gateway reads, still text of
+    /// the line until a reader of that method reads them; no tree is built.
     Notification {
         method: Cow<'a, str>,
-        params: Option<&'a RawValue>,
+        params: Params<'a>,
     },
     /// `id` + `result`/`error`: the answer to one of our requests, its result as text (its
     /// reader takes what it needs, [`string_at`]).
@@ -39,15 +39,26 @@ impl PartialEq for Incoming<'_> {
     fn eq(&self, other: &Self) -> bool {
         use Incoming::*;
         match (self, other) {
-            (Request { id, method, params }, Request { id: i, method: m, params: p }) => {
-                (id, method, params) == (i, m, p)
-            }
-            (Notification { method, params }, Notification { method: m, params: p }) => {
-                method == m && params.map(RawValue::get) == p.map(RawValue::get)
-            }
+            (
+                Request { id, method, params },
+                Request {
+                    id: i,
+                    method: m,
+                    params: p,
+                },
+            ) => (id, method, params) == (i, m, p),
+            (
+                Notification { method, params },
+                Notification {
+                    method: m,
+                    params: p,
+                },
+            ) => method == m && format!("{params:?}") == format!("{p:?}"),
             (Response { id, result }, Response { id: i, result: r }) => {
                 let text = |r: &Result<Box<RawValue>, RpcError>| {
-                    r.as_ref().map(|v| v.get().to_string()).map_err(Clone::clone)
+                    r.as_ref()
+                        .map(|v| v.get().to_string())
+                        .map_err(Clone::clone)
                 };
                 id == i && text(result) == text(r)
             }
@@ -62,15 +73,17 @@ pub struct RpcError {
     pub message: String,
 }
 
-/// A message's members, borrowed from its line: the parts are built only when read.
+/// A message's members, borrowed from its line: the parts are built only when read. Its
+/// params are read as `P`: a notification's as [`Params`] in the same pass, else as text.
 #[derive(Deserialize)]
-struct Envelope<'a> {
+#[serde(bound(deserialize = "P: Deserialize<'de>"))]
+struct Envelope<'a, P> {
     #[serde(default)]
     id: Option<Value>,
     #[serde(default, borrow)]
     method: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    params: Option<&'a RawValue>,
+    #[serde(default)]
+    params: Option<P>,
     /// Present (`null` included) or absent.
     #[serde(default, borrow, deserialize_with = "present")]
     result: Option<&'a RawValue>,
@@ -90,7 +103,7 @@ where
 /// The members of a notification's params the gateway reads, found in one borrowing pass
 /// and each read only where it is used ([`text`], [`number`], [`flag`], [`members`]): a member
 /// of another type than expected reads as absent, as it did from a tree.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, Debug, Clone)]
 #[serde(rename_all = "camelCase")]
 pub struct Params<'a> {
     #[serde(borrow)]
@@ -118,14 +131,45 @@ pub fn members<'a, T: Deserialize<'a> + Default>(raw: Option<&'a RawValue>) -> T
 }
 
 /// The string at `path` (object keys) in an answer: None where a step is missing or the
-/// value is not a string. Each object on the way is read a level deep, its members unbuilt.
+/// value is not a string. Each object on the way is scanned for its key, nothing built.
 pub fn string_at(raw: &RawValue, path: &[&str]) -> Option<String> {
     let mut at = raw;
     for key in path {
-        let object: BTreeMap<Cow<'_, str>, &RawValue> = serde_json::from_str(at.get()).ok()?;
-        at = object.get(*key)?;
+        let mut de = serde_json::Deserializer::from_str(at.get());
+        at = Member(key).deserialize(&mut de).ok()??;
     }
     text(Some(at)).map(Cow::into_owned)
+}
+
+/// Finds one member of an object (the last of that name), skipping the others unread.
+struct Member<'k>(&'k str);
+
+impl<'de> DeserializeSeed<'de> for Member<'_> {
+    type Value = Option<&'de RawValue>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Member<'_> {
+    type Value = Option<&'de RawValue>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = None;
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if key == self.0 {
+                found = Some(map.next_value::<&'de RawValue>()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
 }
 
 /// A string member, borrowed unless it has escapes.
@@ -152,17 +196,26 @@ pub fn parse_line(line: &str) -> Option<Incoming<'_>> {
     if !line.starts_with('{') {
         return None;
     }
-    let e: Envelope<'_> = serde_json::from_str(line).ok()?;
-    let id = e.id.filter(|v| v.is_string() || v.is_i64() || v.is_u64());
+    let id = |v: Option<Value>| v.filter(|v| v.is_string() || v.is_i64() || v.is_u64());
+    // Most lines are notifications: their params' members are found in the one pass.
+    if let Ok(e) = serde_json::from_str::<Envelope<'_, Params<'_>>>(line) {
+        if let (None, Some(method)) = (id(e.id), e.method) {
+            let params = e.params.unwrap_or_default();
+            return Some(Incoming::Notification { method, params });
+        }
+    }
+    let e: Envelope<'_, &RawValue> = serde_json::from_str(line).ok()?;
+    let id = id(e.id);
     match (id, e.method) {
         (Some(id), Some(method)) => Some(Incoming::Request {
             id,
             method: method.into_owned(),
             params: tree(e.params)?.unwrap_or(Value::Null),
         }),
+        // Params that are not an object, or name a member twice, are read as none.
         (None, Some(method)) => Some(Incoming::Notification {
             method,
-            params: e.params,
+            params: Params::default(),
         }),
         (Some(id), None) => {
             if let Some(result) = e.result {
@@ -239,11 +292,12 @@ mod tests {
             })
         );
         let Some(Incoming::Notification { method, params }) =
-            parse_line(r#"{"jsonrpc":"2.0","method":"turn/completed","params":{}}"#)
+            parse_line(r#"{"jsonrpc":"2.0","method":"turn/completed","params":{"threadId":"t"}}"#)
         else {
             panic!("not a notification");
         };
-        assert_eq!((method.as_ref(), params.map(RawValue::get)), ("turn/completed", Some("{}")));
+        assert_eq!(method, "turn/completed");
+        assert_eq!(text(params.thread_id).as_deref(), Some("t"));
         assert_eq!(
             parse_line(r#"{"id":"init-1","result":{"userAgent":"x"}}"#),
             Some(Incoming::Response {
@@ -282,7 +336,7 @@ mod tests {
         let Some(Incoming::Notification { params, .. }) = parse_line(line) else {
             panic!("not a notification");
         };
-        let p: Params<'_> = members(params);
+        let p = params;
         assert_eq!(text(p.thread_id).as_deref(), Some("t1"));
         assert_eq!(text(p.delta), None);
         assert_eq!(flag(p.will_retry), Some(false));
@@ -301,14 +355,20 @@ mod tests {
             last: Option<&'a RawValue>,
         }
         let c: Counts<'_> = members(members::<Usage<'_>>(p.token_usage).last);
-        assert_eq!((number(c.input_tokens), number(c.output_tokens)), (Some(5), None));
-        // Params that are not an object read as none.
-        let Some(Incoming::Notification { params, .. }) =
-            parse_line(r#"{"method":"turn/completed","params":[1]}"#)
-        else {
-            panic!("not a notification");
-        };
-        assert!(members::<Params<'_>>(params).thread_id.is_none());
+        assert_eq!(
+            (number(c.input_tokens), number(c.output_tokens)),
+            (Some(5), None)
+        );
+        // Params that are not an object, or name a member twice, read as none.
+        for line in [
+            r#"{"method":"turn/completed","params":[1]}"#,
+            r#"{"method":"turn/completed","params":{"threadId":"a","threadId":"b"}}"#,
+        ] {
+            let Some(Incoming::Notification { params, .. }) = parse_line(line) else {
+                panic!("not a notification: {line}");
+            };
+            assert!(params.thread_id.is_none(), "{line}");
+        }
     }
 
     #[test]

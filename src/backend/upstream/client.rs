@@ -115,7 +115,11 @@ fn roots(name: &str, ca_file: Option<&std::path::Path>) -> Result<rustls::RootCe
 /// The `Host` of requests to `uri`: its host, and its port unless the scheme's default.
 fn host(uri: &hyper::Uri) -> String {
     let host = uri.host().unwrap_or_default();
-    let default = if uri.scheme_str() == Some("https") { 443 } else { 80 };
+    let default = if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
     match uri.port_u16() {
         Some(port) if port != default => format!("{host}:{port}"),
         _ => host.to_string(),

@@ -213,14 +213,12 @@ pub async fn collect(mut leg: Leg) -> Result<Answer, ApiError> {
                 let content = if text.is_empty() && !calls.is_empty() {
                     None
                 } else {
-                    Some(text)
+                    Some(text.as_str())
                 };
+                let reasoning = (!reasoning.is_empty()).then_some(reasoning.as_str());
                 let finish = finish_reason(&calls);
-                let mut body = completion(&meta, content, &calls, finish, usage);
-                if !reasoning.is_empty() {
-                    body["choices"][0]["message"]["reasoning_content"] = json!(reasoning);
-                }
-                return Ok(Answer::Json(body));
+                let body = completion(&meta, content, reasoning, &calls, finish, usage);
+                return Ok(Answer::Raw(body.into()));
             }
         }
     }

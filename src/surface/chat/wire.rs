@@ -2,8 +2,8 @@
 //! No gateway logic lives here. Requests accept what real harnesses send (array `content`,
 //! `role:"developer"`, extra keys); unknown request fields are ignored.
 
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 
 use crate::turn::{ExposedCall, Usage};
 
@@ -135,37 +135,135 @@ pub struct ResponseMeta {
     pub model: String,
 }
 
+/// A whole `chat.completion` answer, written straight from typed parts (no tree).
 pub fn completion(
     meta: &ResponseMeta,
-    content: Option<String>,
+    content: Option<&str>,
+    reasoning: Option<&str>,
     calls: &[ExposedCall],
     finish_reason: &str,
     usage: Usage,
-) -> Value {
-    let mut message = Map::new();
-    message.insert("role".into(), json!("assistant"));
-    message.insert("content".into(), json!(content));
-    if !calls.is_empty() {
-        let calls: Vec<Value> = calls
-            .iter()
-            .map(|c| {
-                json!({"id": c.id, "type": "function",
-                       "function": {"name": c.name, "arguments": c.arguments}})
-            })
-            .collect();
-        message.insert("tool_calls".into(), Value::Array(calls));
+) -> Vec<u8> {
+    let body = Completion {
+        id: &meta.id,
+        object: "chat.completion",
+        created: meta.created,
+        model: &meta.model,
+        choices: [Choice {
+            index: 0,
+            message: Said {
+                role: "assistant",
+                content,
+                tool_calls: calls.iter().map(CallOut::of).collect(),
+                refusal: (),
+                annotations: [],
+                reasoning_content: reasoning,
+            },
+            logprobs: (),
+            finish_reason,
+        }],
+        usage: UsageOut::of(usage),
+    };
+    // Cannot fail: every part is a string, a number or null.
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+#[derive(Serialize)]
+struct Completion<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [Choice<'a>; 1],
+    usage: UsageOut,
+}
+
+#[derive(Serialize)]
+struct Choice<'a> {
+    index: u32,
+    message: Said<'a>,
+    /// Always null.
+    logprobs: (),
+    finish_reason: &'a str,
+}
+
+#[derive(Serialize)]
+struct Said<'a> {
+    role: &'static str,
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<CallOut<'a>>,
+    /// Always null.
+    refusal: (),
+    /// Always empty.
+    annotations: [(); 0],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct CallOut<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: FunctionOut<'a>,
+}
+
+impl<'a> CallOut<'a> {
+    fn of(c: &'a ExposedCall) -> CallOut<'a> {
+        CallOut {
+            id: &c.id,
+            kind: "function",
+            function: FunctionOut {
+                name: &c.name,
+                arguments: &c.arguments,
+            },
+        }
     }
-    message.insert("refusal".into(), Value::Null);
-    message.insert("annotations".into(), json!([]));
-    json!({
-        "id": meta.id,
-        "object": "chat.completion",
-        "created": meta.created,
-        "model": meta.model,
-        "choices": [{"index": 0, "message": message, "logprobs": null,
-                     "finish_reason": finish_reason}],
-        "usage": usage_json(usage),
-    })
+}
+
+#[derive(Serialize)]
+struct FunctionOut<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+/// [`usage_json`]'s shape, typed.
+#[derive(Serialize)]
+struct UsageOut {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+    prompt_tokens_details: CachedOut,
+    completion_tokens_details: ReasoningOut,
+}
+
+#[derive(Serialize)]
+struct CachedOut {
+    cached_tokens: u64,
+    cache_write_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct ReasoningOut {
+    reasoning_tokens: u64,
+}
+
+impl UsageOut {
+    fn of(u: Usage) -> UsageOut {
+        UsageOut {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.total_tokens,
+            prompt_tokens_details: CachedOut {
+                cached_tokens: u.cached_tokens,
+                cache_write_tokens: u.cache_write_tokens,
+            },
+            completion_tokens_details: ReasoningOut {
+                reasoning_tokens: u.reasoning_tokens,
+            },
+        }
+    }
 }
 
 /// An upstream's whole answer made to say what the published schema requires, as OpenAI
@@ -223,6 +321,47 @@ pub fn usage_chunk(meta: &ResponseMeta, usage: Usage) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_whole_completion_has_the_published_shape_in_order() {
+        let meta = ResponseMeta {
+            id: "chatcmpl-1".into(),
+            created: 7,
+            model: "m".into(),
+        };
+        let calls = [ExposedCall {
+            id: "srct-1".into(),
+            name: "read".into(),
+            arguments: "{\"p\":1}".into(),
+        }];
+        let usage = Usage {
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            total_tokens: 5,
+            cached_tokens: 1,
+            ..Usage::default()
+        };
+        let body = completion(&meta, None, Some("r"), &calls, "tool_calls", usage);
+        let text = String::from_utf8(body).unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            v,
+            json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 7, "model": "m",
+                   "choices": [{"index": 0, "message": {"role": "assistant", "content": null,
+                       "tool_calls": [{"id": "srct-1", "type": "function",
+                                       "function": {"name": "read", "arguments": "{\"p\":1}"}}],
+                       "refusal": null, "annotations": [], "reasoning_content": "r"},
+                       "logprobs": null, "finish_reason": "tool_calls"}],
+                   "usage": usage_json(usage)})
+        );
+        assert!(text.starts_with(r#"{"id":"chatcmpl-1","object":"chat.completion","created":7,"#));
+        let plain = completion(&meta, Some("hi"), None, &[], "stop", usage);
+        let v: Value = serde_json::from_slice(&plain).unwrap();
+        assert_eq!(
+            v["choices"][0]["message"],
+            json!({"role": "assistant", "content": "hi", "refusal": null, "annotations": []})
+        );
+    }
 
     #[test]
     fn tolerant_request_parsing() {

@@ -188,7 +188,10 @@ async fn an_upstream_4xx_is_relayed_and_a_refused_key_is_not() {
 #[test]
 fn the_host_header_names_a_port_only_when_it_is_not_the_schemes_default() {
     let host = |u: &str| host(&u.parse().unwrap());
-    assert_eq!(host("http://127.0.0.1:8080/v1/chat/completions"), "127.0.0.1:8080");
+    assert_eq!(
+        host("http://127.0.0.1:8080/v1/chat/completions"),
+        "127.0.0.1:8080"
+    );
     assert_eq!(host("http://example.com:80/v1"), "example.com");
     assert_eq!(host("https://example.com/v1"), "example.com");
     assert_eq!(host("https://example.com:8443/v1"), "example.com:8443");
