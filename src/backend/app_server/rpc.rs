@@ -242,8 +242,23 @@ pub fn parse_line(line: &str) -> Option<Incoming<'_>> {
     }
 }
 
+/// `{"id":…,"method":…,"params":…}` and a newline, written around `params` (not moved into
+/// a tree of its own first).
 pub fn request(id: i64, method: &str, params: Value) -> String {
-    line(json!({"id": id, "method": method, "params": params}))
+    #[derive(serde::Serialize)]
+    struct Request<'a> {
+        id: i64,
+        method: &'a str,
+        params: &'a Value,
+    }
+    let mut s = serde_json::to_string(&Request {
+        id,
+        method,
+        params: &params,
+    })
+    .unwrap_or_default();
+    s.push('\n');
+    s
 }
 
 pub fn notification(method: &str) -> String {
