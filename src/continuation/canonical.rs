@@ -19,9 +19,46 @@ impl Sink for String {
     }
 }
 
-impl Sink for Sha256 {
+/// A SHA-256 fed through a buffer: canonical text comes in many small pieces (a quote, a
+/// comma), each of which would otherwise be a call into the hasher's own block buffering.
+pub struct Hashing {
+    hash: Sha256,
+    buf: Vec<u8>,
+}
+
+const HASHING_BUFFER: usize = 1024;
+
+impl Hashing {
+    pub fn new() -> Hashing {
+        Hashing {
+            hash: Sha256::new(),
+            buf: Vec::with_capacity(HASHING_BUFFER),
+        }
+    }
+
+    pub fn finish(mut self) -> [u8; 32] {
+        self.hash.update(&self.buf);
+        self.hash.finalize().into()
+    }
+}
+
+impl Default for Hashing {
+    fn default() -> Self {
+        Hashing::new()
+    }
+}
+
+impl Sink for Hashing {
     fn put(&mut self, s: &str) {
-        self.update(s.as_bytes());
+        if self.buf.len() + s.len() > HASHING_BUFFER {
+            self.hash.update(&self.buf);
+            self.buf.clear();
+            if s.len() >= HASHING_BUFFER {
+                self.hash.update(s.as_bytes());
+                return;
+            }
+        }
+        self.buf.extend_from_slice(s.as_bytes());
     }
 }
 
@@ -35,16 +72,16 @@ pub fn canonical(v: &Value) -> String {
 pub fn write<S: Sink>(v: &Value, out: &mut S) {
     match v {
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
+            let mut members: Vec<(&String, &Value)> = map.iter().collect();
+            members.sort_unstable_by(|a, b| a.0.cmp(b.0));
             out.put("{");
-            for (i, k) in keys.iter().enumerate() {
+            for (i, (k, v)) in members.into_iter().enumerate() {
                 if i > 0 {
                     out.put(",");
                 }
                 write_str([k.as_str()], out);
                 out.put(":");
-                write(&map[k.as_str()], out);
+                write(v, out);
             }
             out.put("}");
         }
@@ -126,9 +163,9 @@ pub fn canonical_arguments(raw: &str) -> Value {
 }
 
 pub fn digest(v: &Value) -> [u8; 32] {
-    let mut h = Sha256::new();
+    let mut h = Hashing::new();
     write(v, &mut h);
-    h.finalize().into()
+    h.finish()
 }
 
 /// A digest over per-item digests: SHA-256 of their concatenation. Computing item digests once

@@ -7,10 +7,9 @@
 //! them without a new surface version.
 
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 use crate::continuation::canonical::{
-    canonical, canonical_arguments, digest, write, write_str, Sink,
+    canonical, canonical_arguments, digest, write, write_str, Hashing, Sink,
 };
 use crate::digest::sha256;
 use crate::turn::{Effort, ExposedCall, Message};
@@ -74,9 +73,9 @@ pub fn message_canonical(m: &Message) -> String {
 
 /// SHA-256 of one message's canonical projection.
 pub fn message_digest(m: &Message) -> [u8; 32] {
-    let mut h = Sha256::new();
+    let mut h = Hashing::new();
     write_message(m, &mut h);
-    h.finalize().into()
+    h.finish()
 }
 
 /// Digest of the tool set, independent of the order the tools are listed in: each tool
