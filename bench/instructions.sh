@@ -27,8 +27,18 @@ case $SCENARIO in
 esac
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MOCK="$ROOT/bench/mock"
-OHA=$(command -v oha || echo "$HOME/.cargo/bin/oha")
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+# shellcheck source=bench/tools.sh
+. "$ROOT/bench/tools.sh"
+need_nginx
+case ${BENCH_TOOL:-callgrind} in
+  cpu) need_package perf linux-perf ;;
+  *) need_package valgrind valgrind ;;
+esac
+case $SCENARIO in
+  chat|chat-sse|responses|messages|gemini) need_oha ;;
+  agent|agent-tool|resume-100k) ;;
+  *) echo "bench/instructions.sh: unknown scenario $SCENARIO" >&2; exit 2 ;;
+esac
 # BENCH_BUDGET=1: every model priced and the client under every budget cap (none reached),
 # to count what budgets cost against the same run without them.
 BUDGET=""
@@ -184,15 +194,11 @@ for t in threads: t.join()
 print(sum(ok))
 PY
 }
-# The relays go through oha when it is installed, else through the same Python client.
+# The relays go through oha, the held turns through the Python client above.
 load() {
   case $SCENARIO in
     agent*|resume*) drive "$1"; return ;;
   esac
-  if [ ! -x "$OHA" ]; then
-    drive "$1"
-    return
-  fi
   "$OHA" --no-tui --output-format json -n "$1" -c 4 -m POST -H "authorization: Bearer $KEY" \
     -H "anthropic-version: 2023-06-01" -T application/json -d "$body" "$URL$path" >"$WORK/oha.json"
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["statusCodeDistribution"].get("200",0))' "$WORK/oha.json"

@@ -23,16 +23,10 @@ SERVER_CPU=${BENCH_SERVER_CPU:-1}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MOCK="$ROOT/bench/mock"
 
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-if [ ! -x "$NGINX" ]; then
-  echo "installing nginx-light" >&2
-  apt-get install -y nginx-light >/dev/null
-fi
-OHA=$(command -v oha || echo "$HOME/.cargo/bin/oha")
-if [ ! -x "$OHA" ]; then
-  echo "installing oha" >&2
-  cargo install oha --version 1.16.0 --locked >/dev/null
-fi
+# shellcheck source=bench/tools.sh
+. "$ROOT/bench/tools.sh"
+need_nginx
+need_oha
 
 # BENCH_GATEWAY: another build of the gateway to measure (a before-and-after comparison).
 GATEWAY=${BENCH_GATEWAY:-}

@@ -62,5 +62,10 @@ EOF
     [ -s "$dir/nginx/nginx.pid" ] && break
     sleep 0.05
   done
+  if [ ! -s "$dir/nginx/nginx.pid" ]; then
+    echo "the nginx mock did not start ($nginx):" >&2
+    cat "$dir/nginx/stderr" "$dir/nginx/error.log" >&2 2>/dev/null || true
+    exit 1
+  fi
   MOCK_WORKER=$(pgrep -P "$(cat "$dir/nginx/nginx.pid")" | head -1)
 }
