@@ -43,8 +43,11 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// `BENCH_GATEWAY` names another build to run instead (a before-and-after comparison).
     pub fn start(config: &str) -> Gateway {
-        Gateway::start_with(env!("CARGO_BIN_EXE_turnstile"), config)
+        let bin = std::env::var("BENCH_GATEWAY")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_turnstile").to_string());
+        Gateway::start_with(&bin, config)
     }
 
     /// The gateway binary at `bin` (another build, for a before-and-after comparison).
