@@ -25,6 +25,9 @@ use super::stdin::Stdin;
 use crate::backend::BackendError;
 use crate::config::ChildConfig;
 
+/// One read of a child's stdout (a pipe holds 64 KiB; a longer line takes several reads).
+const READ_BYTES: usize = 8 * 1024;
+
 /// How long a child gets to exit after stdin closes (shutdown) before it is killed, and how
 /// long its output is still read once it exited.
 pub const EXIT_GRACE: Duration = Duration::from_secs(5);
@@ -133,7 +136,11 @@ impl Child {
 
         let (reader_output, reader_done) = (output.clone(), self.reader_done.clone());
         self.tracker.spawn(async move {
-            let mut reader = BufReader::with_capacity(64 * 1024, stdout);
+            // A process holds its buffers while it lives, and a retiring app-server process
+            // lives while any of its (up to `recycle_after_threads`) turns is held: its share
+            // per held turn is what counts. Lines longer than a read are put together in
+            // `lines`, so a read need not hold a whole line.
+            let mut reader = BufReader::with_capacity(READ_BYTES, stdout);
             let mut lines = Lines::new(MAX_LINE_BYTES);
             loop {
                 let chunk = match reader.fill_buf().await {
@@ -337,7 +344,8 @@ fn kill_group(pid: u32) {
 /// size is logged.
 fn forward_stderr(tracker: &TaskTracker, id: u64, stderr: ChildStderr, started: Arc<AtomicBool>) {
     tracker.spawn(async move {
-        let mut lines = BufReader::new(stderr).lines();
+        // A backend's own log: rarely written, its lines put together by `lines`.
+        let mut lines = BufReader::with_capacity(1024, stderr).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             if started.load(Ordering::Relaxed) {
                 tracing::debug!(
