@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -368,7 +367,7 @@ impl Proc {
                 route.emit(TurnEvent::Reasoning("\n\n".into()));
             }
             "item/completed" => {
-                let item: Item<'_> = rpc::members(p.item);
+                let item: rpc::Item<'_> = rpc::members(p.item);
                 let kind = rpc::text(item.kind);
                 if kind.as_deref() != Some("agentMessage") {
                     if matches!(kind.as_deref(), Some("commandExecution" | "fileChange")) {
@@ -395,8 +394,8 @@ impl Proc {
                 }
             }
             "thread/tokenUsage/updated" => {
-                let usage: TokenUsage<'_> = rpc::members(p.token_usage);
-                let last: Counts<'_> = rpc::members(usage.last);
+                let usage: rpc::TokenUsage<'_> = rpc::members(p.token_usage);
+                let last: rpc::Counts<'_> = rpc::members(usage.last);
                 let n = |v| rpc::number(v).unwrap_or(0);
                 let usage = Usage {
                     prompt_tokens: n(last.input_tokens),
@@ -423,12 +422,12 @@ impl Proc {
                 if route.finished.swap(true, Ordering::SeqCst) || released {
                     return;
                 }
-                let turn: Turn<'_> = rpc::members(p.turn);
+                let turn: rpc::Turn<'_> = rpc::members(p.turn);
                 let ev = match rpc::text(turn.status).as_deref() {
                     Some("completed") => TurnEvent::Completed,
                     Some("interrupted") => TurnEvent::Interrupted,
                     _ => {
-                        let error: TurnError<'_> = rpc::members(turn.error);
+                        let error: rpc::TurnError<'_> = rpc::members(turn.error);
                         let message = rpc::text(error.message);
                         TurnEvent::Failed(message.as_deref().unwrap_or("turn failed").to_string())
                     }
@@ -512,50 +511,4 @@ impl Proc {
             }
         }
     }
-}
-
-/// What a completed item's reader needs of it.
-#[derive(Deserialize, Default)]
-struct Item<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: Option<&'a RawValue>,
-    #[serde(borrow)]
-    id: Option<&'a RawValue>,
-    #[serde(borrow)]
-    text: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize, Default)]
-struct TokenUsage<'a> {
-    #[serde(borrow)]
-    last: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct Counts<'a> {
-    #[serde(borrow)]
-    input_tokens: Option<&'a RawValue>,
-    #[serde(borrow)]
-    output_tokens: Option<&'a RawValue>,
-    #[serde(borrow)]
-    total_tokens: Option<&'a RawValue>,
-    #[serde(borrow)]
-    cached_input_tokens: Option<&'a RawValue>,
-    #[serde(borrow)]
-    reasoning_output_tokens: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize, Default)]
-struct Turn<'a> {
-    #[serde(borrow)]
-    status: Option<&'a RawValue>,
-    #[serde(borrow)]
-    error: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize, Default)]
-struct TurnError<'a> {
-    #[serde(borrow)]
-    message: Option<&'a RawValue>,
 }

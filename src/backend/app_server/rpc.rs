@@ -124,6 +124,54 @@ pub struct Params<'a> {
     pub item: Option<&'a RawValue>,
 }
 
+/// What the gateway reads of an `item/completed` notification's item.
+#[derive(Deserialize, Default)]
+pub struct Item<'a> {
+    #[serde(rename = "type", borrow)]
+    pub kind: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub text: Option<&'a RawValue>,
+}
+
+/// `thread/tokenUsage/updated`: the last model request's counts.
+#[derive(Deserialize, Default)]
+pub struct TokenUsage<'a> {
+    #[serde(borrow)]
+    pub last: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Counts<'a> {
+    #[serde(borrow)]
+    pub input_tokens: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub output_tokens: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub total_tokens: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub cached_input_tokens: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub reasoning_output_tokens: Option<&'a RawValue>,
+}
+
+/// `turn/completed`: how the turn ended.
+#[derive(Deserialize, Default)]
+pub struct Turn<'a> {
+    #[serde(borrow)]
+    pub status: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub error: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+pub struct TurnError<'a> {
+    #[serde(borrow)]
+    pub message: Option<&'a RawValue>,
+}
+
 /// The members of an object `T` names (all absent when it is not an object).
 pub fn members<'a, T: Deserialize<'a> + Default>(raw: Option<&'a RawValue>) -> T {
     raw.and_then(|r| serde_json::from_str(r.get()).ok())
@@ -356,20 +404,7 @@ mod tests {
         assert_eq!(text(p.delta), None);
         assert_eq!(flag(p.will_retry), Some(false));
         assert_eq!(number(p.summary_index), None);
-        #[derive(Deserialize, Default)]
-        #[serde(rename_all = "camelCase")]
-        struct Counts<'a> {
-            #[serde(borrow)]
-            input_tokens: Option<&'a RawValue>,
-            #[serde(borrow)]
-            output_tokens: Option<&'a RawValue>,
-        }
-        #[derive(Deserialize, Default)]
-        struct Usage<'a> {
-            #[serde(borrow)]
-            last: Option<&'a RawValue>,
-        }
-        let c: Counts<'_> = members(members::<Usage<'_>>(p.token_usage).last);
+        let c: Counts<'_> = members(members::<TokenUsage<'_>>(p.token_usage).last);
         assert_eq!(
             (number(c.input_tokens), number(c.output_tokens)),
             (Some(5), None)
