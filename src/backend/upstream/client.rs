@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use http_body_util::{BodyExt, Full};
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::pem::PemObject;
@@ -35,8 +35,6 @@ pub struct Client {
     uri: hyper::Uri,
     /// `Bearer <key>`, marked sensitive (kept out of any header dump).
     auth: Option<HeaderValue>,
-    /// `Host`, as the client would write it for `uri` on every request.
-    host: HeaderValue,
     client: Https,
     pub idle_timeout: Duration,
     pub total_timeout: Duration,
@@ -112,20 +110,6 @@ fn roots(name: &str, ca_file: Option<&std::path::Path>) -> Result<rustls::RootCe
     Ok(roots)
 }
 
-/// The `Host` of requests to `uri`: its host, and its port unless the scheme's default.
-fn host(uri: &hyper::Uri) -> String {
-    let host = uri.host().unwrap_or_default();
-    let default = if uri.scheme_str() == Some("https") {
-        443
-    } else {
-        80
-    };
-    match uri.port_u16() {
-        Some(port) if port != default => format!("{host}:{port}"),
-        _ => host.to_string(),
-    }
-}
-
 impl Client {
     /// Builds the client; fails when `api_key_env` names an unset variable.
     pub fn new(name: &str, cfg: &UpstreamConfig) -> Result<Client, String> {
@@ -169,13 +153,10 @@ impl Client {
             .as_str()
             .parse::<hyper::Uri>()
             .map_err(|e| format!("backends.{name}.base_url: {e}"))?;
-        let host = HeaderValue::from_str(&host(&uri))
-            .map_err(|_| format!("backends.{name}.base_url: not a host"))?;
         Ok(Client {
             name: name.to_string(),
             uri,
             auth,
-            host,
             client,
             idle_timeout: cfg.idle_timeout,
             total_timeout: cfg.total_timeout,
@@ -192,7 +173,6 @@ impl Client {
         traceparent: Option<&str>,
     ) -> Result<Response, BackendError> {
         let mut req = hyper::Request::post(self.uri.clone())
-            .header(HOST, self.host.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(auth) = &self.auth {
             req = req.header(AUTHORIZATION, auth.clone());

@@ -184,16 +184,3 @@ async fn an_upstream_4xx_is_relayed_and_a_refused_key_is_not() {
         .unwrap_err();
     assert!(matches!(e, BackendError::Unavailable(_)), "{e:?}");
 }
-
-#[test]
-fn the_host_header_names_a_port_only_when_it_is_not_the_schemes_default() {
-    let host = |u: &str| host(&u.parse().unwrap());
-    assert_eq!(
-        host("http://127.0.0.1:8080/v1/chat/completions"),
-        "127.0.0.1:8080"
-    );
-    assert_eq!(host("http://example.com:80/v1"), "example.com");
-    assert_eq!(host("https://example.com/v1"), "example.com");
-    assert_eq!(host("https://example.com:8443/v1"), "example.com:8443");
-    assert_eq!(host("http://[::1]:9000/v1"), "[::1]:9000");
-}
