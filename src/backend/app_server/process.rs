@@ -325,18 +325,6 @@ impl Proc {
     /// the line (most of a turn's lines; only an ended command's or file change's item is
     /// built as a tree).
     fn on_notification(&self, method: &str, p: &rpc::Params<'_>) {
-        if !matches!(
-            method,
-            "item/agentMessage/delta"
-                | "item/reasoning/summaryTextDelta"
-                | "item/reasoning/summaryPartAdded"
-                | "item/completed"
-                | "thread/tokenUsage/updated"
-                | "error"
-                | "turn/completed"
-        ) {
-            return;
-        }
         let thread = rpc::text(p.thread_id);
         let Some(route) = self.route(thread.as_deref()) else {
             return;

@@ -34,7 +34,8 @@ pub enum Incoming<'a> {
     },
 }
 
-/// Params compare by their text.
+/// Params compare by their text (tests).
+#[cfg(test)]
 impl PartialEq for Incoming<'_> {
     fn eq(&self, other: &Self) -> bool {
         use Incoming::*;

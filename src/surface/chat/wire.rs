@@ -117,14 +117,8 @@ impl FunctionCall {
 
 /// Usage in the Chat Completions shape.
 pub fn usage_json(u: Usage) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens,
-                                  "cache_write_tokens": u.cache_write_tokens},
-        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
-    })
+    // Cannot fail: a struct of numbers.
+    serde_json::to_value(UsageOut::of(u)).unwrap_or_default()
 }
 
 /// Identity fields shared by every response of one leg.
@@ -228,7 +222,7 @@ struct FunctionOut<'a> {
     arguments: &'a str,
 }
 
-/// [`usage_json`]'s shape, typed.
+/// A Chat Completions `usage` (with its details), typed.
 #[derive(Serialize)]
 struct UsageOut {
     prompt_tokens: u64,
