@@ -78,8 +78,8 @@ async fn respond<S: Surface>(
     };
     let execution = leg.execution_id.clone();
     let reply = match stream {
-        true => Reply::Stream(S::stream(leg, framing, a.cfg.server.keepalive).await?),
-        false => Reply::Whole(S::collect(leg, framing).await?),
+        true => Reply::Stream(Box::pin(S::stream(leg, framing, a.cfg.server.keepalive)).await?),
+        false => Reply::Whole(Box::pin(S::collect(leg, framing)).await?),
     };
     let mut resp = response(reply);
     if S::REPORTS_STANDING {

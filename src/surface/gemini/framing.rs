@@ -9,31 +9,72 @@
 
 use std::time::Duration;
 
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::{response_id, Framing};
 use crate::engine::{Leg, LegEvent};
 use crate::error::ApiError;
 use crate::surface::messages::echo::{input_of, visible};
-use crate::surface::{sse, Surface};
+use crate::surface::{sse, Answer, Surface};
 use crate::turn::{ExposedCall, Usage};
 
 /// `usageMetadata`: the prompt (cached tokens included), the candidates' tokens (reasoning
 /// apart, as `thoughtsTokenCount`) and their sum.
-fn usage_metadata(u: Usage) -> Value {
-    let thoughts = u.reasoning_tokens.min(u.completion_tokens);
-    let mut m = json!({
-        "promptTokenCount": u.prompt_tokens,
-        "candidatesTokenCount": u.completion_tokens - thoughts,
-        "totalTokenCount": u.prompt_tokens + u.completion_tokens,
-    });
-    if u.cached_tokens > 0 {
-        m["cachedContentTokenCount"] = json!(u.cached_tokens);
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct UsageMetadata {
+    prompt_token_count: u64,
+    candidates_token_count: u64,
+    total_token_count: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    cached_content_token_count: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    thoughts_token_count: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl UsageMetadata {
+    fn of(u: Usage) -> UsageMetadata {
+        let thoughts = u.reasoning_tokens.min(u.completion_tokens);
+        UsageMetadata {
+            prompt_token_count: u.prompt_tokens,
+            candidates_token_count: u.completion_tokens - thoughts,
+            total_token_count: u.prompt_tokens + u.completion_tokens,
+            cached_content_token_count: u.cached_tokens,
+            thoughts_token_count: thoughts,
+        }
     }
-    if thoughts > 0 {
-        m["thoughtsTokenCount"] = json!(thoughts);
-    }
-    m
+}
+
+/// One `GenerateContentResponse`: a candidate with `parts`, and what ends it when `end` is
+/// given. Typed, so that an answer is written straight to bytes.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Response<'a> {
+    candidates: [Candidate; 1],
+    model_version: &'a str,
+    response_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage_metadata: Option<UsageMetadata>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Candidate {
+    content: Content,
+    index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    finish_reason: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct Content {
+    parts: Vec<Value>,
+    role: &'static str,
 }
 
 fn call_part(c: &ExposedCall) -> Value {
@@ -47,16 +88,25 @@ fn finish_reason(truncated: bool) -> &'static str {
     }
 }
 
-/// One response: a candidate with `parts`, and what ends it when `end` is given.
-fn response(id: &str, model: &str, parts: Vec<Value>, end: Option<(&str, Usage)>) -> Value {
-    let mut candidate = json!({"content": {"parts": parts, "role": "model"}, "index": 0});
-    let mut r = json!({"candidates": [], "modelVersion": model, "responseId": id});
-    if let Some((reason, usage)) = end {
-        candidate["finishReason"] = json!(reason);
-        r["usageMetadata"] = usage_metadata(usage);
+fn response<'a>(
+    id: &'a str,
+    model: &'a str,
+    parts: Vec<Value>,
+    end: Option<(&'static str, Usage)>,
+) -> Response<'a> {
+    Response {
+        candidates: [Candidate {
+            content: Content {
+                parts,
+                role: "model",
+            },
+            index: 0,
+            finish_reason: end.map(|(reason, _)| reason),
+        }],
+        model_version: model,
+        response_id: id,
+        usage_metadata: end.map(|(_, usage)| UsageMetadata::of(usage)),
     }
-    r["candidates"] = json!([candidate]);
-    r
 }
 
 struct Framer {
@@ -68,15 +118,22 @@ struct Framer {
 }
 
 impl Framer {
-    fn element(&mut self, out: &mut String, v: &Value) {
+    /// One response of the stream: `parts`, and what ends it when `end` is given.
+    fn respond(&mut self, out: &mut String, parts: Vec<Value>, end: Option<(&'static str, Usage)>) {
+        // Cannot fail: strings, numbers and trees.
+        let json = serde_json::to_string(&response(&self.id, &self.f.model, parts, end));
+        self.element(out, &json.unwrap_or_default());
+    }
+
+    fn element(&mut self, out: &mut String, json: &str) {
         if self.f.array {
             if self.written > 0 {
                 out.push_str(",\r\n");
             }
-            out.push_str(&v.to_string());
+            out.push_str(json);
         } else {
             out.push_str("data: ");
-            out.push_str(&v.to_string());
+            out.push_str(json);
             out.push_str("\r\n\r\n");
         }
         self.written += 1;
@@ -101,13 +158,11 @@ impl sse::Frame for Framer {
         let mut out = String::new();
         match ev {
             LegEvent::Delta(d) => {
-                let r = response(&self.id, &self.f.model, vec![json!({"text": d})], None);
-                self.element(&mut out, &r);
+                self.respond(&mut out, vec![json!({"text": d})], None);
             }
             LegEvent::Reasoning(t) if self.f.thoughts => {
                 let part = json!({"text": t, "thought": true});
-                let r = response(&self.id, &self.f.model, vec![part], None);
-                self.element(&mut out, &r);
+                self.respond(&mut out, vec![part], None);
             }
             LegEvent::Truncated => self.truncated = true,
             LegEvent::Reasoning(_)
@@ -120,14 +175,13 @@ impl sse::Frame for Framer {
                     parts.push(json!({"text": ""}));
                 }
                 let end = Some((finish_reason(self.truncated), usage));
-                let r = response(&self.id, &self.f.model, parts, end);
-                self.element(&mut out, &r);
+                self.respond(&mut out, parts, end);
                 self.close(&mut out);
                 return (out, true);
             }
             LegEvent::Error(e) => {
                 let body = super::errors::body(&ApiError::from(e), super::Gemini::field);
-                self.element(&mut out, &body);
+                self.element(&mut out, &body.to_string());
                 self.close(&mut out);
                 return (out, true);
             }
@@ -157,7 +211,7 @@ pub async fn stream(leg: Leg, f: Framing, keepalive: Duration) -> Result<sse::Bo
 }
 
 /// Waits for the leg's end and answers one response.
-pub async fn collect(mut leg: Leg, f: Framing) -> Result<Value, ApiError> {
+pub async fn collect(mut leg: Leg, f: Framing) -> Result<Answer, ApiError> {
     let id = response_id(&leg.execution_id, leg.round);
     let (mut text, mut thought, mut truncated) = (String::new(), String::new(), false);
     while let Some(ev) = leg.events.recv().await {
@@ -177,7 +231,9 @@ pub async fn collect(mut leg: Leg, f: Framing) -> Result<Value, ApiError> {
                 }
                 parts.extend(calls.iter().map(call_part));
                 let end = Some((finish_reason(truncated), usage));
-                return Ok(response(&id, &f.model, parts, end));
+                let body = serde_json::to_vec(&response(&id, &f.model, parts, end));
+                // Cannot fail: strings, numbers and trees.
+                return Ok(Answer::Raw(body.unwrap_or_default().into()));
             }
         }
     }

@@ -165,7 +165,7 @@ impl Surface for Gemini {
     }
 
     async fn collect(leg: Leg, f: Framing) -> Result<Answer, ApiError> {
-        framing::collect(leg, f).await.map(Answer::Json)
+        framing::collect(leg, f).await
     }
 
     fn field(p: Param) -> &'static str {
@@ -295,10 +295,7 @@ fn parse(
                 .and_then(Value::as_array)
                 .map(Vec::as_slice),
         ),
-        tool_choice_digest: digest(&json!({
-            "thinking": generation.thinking_canonical,
-            "tool_config": req.tool_config.clone().unwrap_or(Value::Null),
-        })),
+        tool_choice_digest: tool_choice_digest(generation.thinking_canonical, &req.tool_config),
         tool_choice: choice.neutral,
         effort: generation.effort,
         parallel_tool_calls: true,
@@ -308,6 +305,22 @@ fn parse(
         arrived,
     };
     Ok((parts.build(), generation.thoughts))
+}
+
+/// The digest of the thinking configuration with `toolConfig` (a plain request's, with
+/// neither, computed once).
+fn tool_choice_digest(thinking: Value, tool_config: &Option<Value>) -> [u8; 32] {
+    fn of(thinking: Value, tool_config: Value) -> [u8; 32] {
+        digest(&json!({"thinking": thinking, "tool_config": tool_config}))
+    }
+    match (thinking, tool_config.as_ref().filter(|c| !c.is_null())) {
+        (Value::Null, None) => {
+            static PLAIN: std::sync::LazyLock<[u8; 32]> =
+                std::sync::LazyLock::new(|| of(Value::Null, Value::Null));
+            *PLAIN
+        }
+        (thinking, config) => of(thinking, config.cloned().unwrap_or_default()),
+    }
 }
 
 #[cfg(test)]

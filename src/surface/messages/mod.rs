@@ -33,7 +33,6 @@ use self::tools::{without_cache_control, Choice};
 use super::canonical::{message_digest, tools_digest};
 use super::turn::{Parts, Projection};
 use super::{openai_field, sse, under, Answer, Host, Incoming, Plan, Route, Surface};
-use crate::continuation::canonical::digest;
 use crate::engine::{Leg, Standing};
 use crate::error::{ApiError, Param};
 use crate::turn::{Effort, Sampling, SurfaceId, ToolChoice, TurnInput};
@@ -262,10 +261,7 @@ pub fn parse(body: &[u8], arrived: Instant) -> Result<(TurnInput, Framing), ApiE
         reference: None,
         tools,
         tools_digest: tools_digest(Some(&stripped)),
-        tool_choice_digest: digest(&json!({
-            "effort": raw_effort.cloned().unwrap_or(Value::Null),
-            "tool_choice": choice.canonical,
-        })),
+        tool_choice_digest: choice.digest(raw_effort),
         tool_choice: choice.neutral,
         effort,
         parallel_tool_calls: !choice.disable_parallel,

@@ -2,7 +2,9 @@
 //! server tools, never declared to a backend), and the choice in neutral and canonical form.
 
 use serde_json::{json, Value};
+use std::sync::LazyLock;
 
+use crate::continuation::canonical::digest;
 use crate::error::{ApiError, ErrorCode};
 use crate::turn::{ToolChoice, ToolDef};
 
@@ -43,11 +45,11 @@ pub(super) fn tools(tools: &[Value]) -> Result<Vec<ToolDef>, String> {
     Ok(out)
 }
 
-/// The request's `tool_choice`: neutral, its canonical form for the digest, and whether it
-/// disables parallel tool use.
+/// The request's `tool_choice`: neutral, its canonical form for the digest (none when the
+/// request has none), and whether it disables parallel tool use.
 pub(super) struct Choice {
     pub neutral: ToolChoice,
-    pub canonical: Value,
+    canonical: Option<Value>,
     pub disable_parallel: bool,
 }
 
@@ -56,7 +58,7 @@ impl Choice {
         let Some(o) = v.filter(|v| !v.is_null()) else {
             return Ok(Choice {
                 neutral: ToolChoice::Auto,
-                canonical: json!({"type": "auto", "disable_parallel_tool_use": false}),
+                canonical: None,
                 disable_parallel: false,
             });
         };
@@ -89,8 +91,25 @@ impl Choice {
         }
         Ok(Choice {
             neutral,
-            canonical,
+            canonical: Some(canonical),
             disable_parallel,
         })
+    }
+
+    /// The digest of this choice with `output_config.effort` (a plain request's, with
+    /// neither, computed once).
+    pub fn digest(&self, effort: Option<&Value>) -> [u8; 32] {
+        fn of(effort: Value, choice: Option<&Value>) -> [u8; 32] {
+            let auto = || json!({"type": "auto", "disable_parallel_tool_use": false});
+            let choice = choice.cloned().unwrap_or_else(auto);
+            digest(&json!({"effort": effort, "tool_choice": choice}))
+        }
+        match (effort.filter(|e| !e.is_null()), &self.canonical) {
+            (None, None) => {
+                static PLAIN: LazyLock<[u8; 32]> = LazyLock::new(|| of(Value::Null, None));
+                *PLAIN
+            }
+            (effort, choice) => of(effort.cloned().unwrap_or_default(), choice.as_ref()),
+        }
     }
 }

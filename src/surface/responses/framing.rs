@@ -17,23 +17,15 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
+use super::object::{Item, MessageItem, Meta, Object};
 use super::{error_body, response_id, Framing};
 use crate::engine::{Leg, LegEvent};
 use crate::error::ApiError;
 use crate::surface::sse;
+use crate::surface::Answer;
 use crate::turn::{ExposedCall, Usage};
-
-pub fn usage_json(u: Usage) -> Value {
-    json!({
-        "input_tokens": u.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": u.cache_write_tokens},
-        "output_tokens": u.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
-        "total_tokens": u.total_tokens,
-    })
-}
 
 /// The client's form of one exposed call, complete.
 fn call_item(c: &ExposedCall, f: &Framing) -> Value {
@@ -70,36 +62,8 @@ fn message_item(id: &str, text: &str, status: &str) -> Value {
     json!({"id": id, "type": "message", "status": status, "role": "assistant", "content": content})
 }
 
-/// The response object around `output`.
-fn response(
-    envelope: Map<String, Value>,
-    leg: &LegMeta,
-    status: &str,
-    output: Vec<Value>,
-    usage: Option<Usage>,
-) -> Value {
-    let mut o = Map::with_capacity(envelope.len() + 9);
-    o.insert("id".into(), json!(leg.id));
-    o.insert("object".into(), json!("response"));
-    o.insert("created_at".into(), json!(leg.created));
-    o.insert("status".into(), json!(status));
-    let completed = (status == "completed").then(crate::store::now_unix);
-    o.insert("completed_at".into(), json!(completed));
-    o.insert("error".into(), Value::Null);
-    o.insert("incomplete_details".into(), Value::Null);
-    o.extend(envelope);
-    o.insert("output".into(), Value::Array(output));
-    o.insert("usage".into(), usage.map_or(Value::Null, usage_json));
-    Value::Object(o)
-}
-
-struct LegMeta {
-    id: String,
-    created: u64,
-}
-
-fn meta(leg: &Leg) -> LegMeta {
-    LegMeta {
+fn meta(leg: &Leg) -> Meta {
+    Meta {
         id: response_id(&leg.execution_id),
         created: leg.created,
     }
@@ -109,7 +73,7 @@ fn meta(leg: &Leg) -> LegMeta {
 /// `data:` pairs, the WebSocket transport sends each as a text frame.
 pub struct Framer {
     f: Framing,
-    leg: LegMeta,
+    leg: Meta,
     seq: u64,
     /// The open message item: its id and text so far.
     message: Option<(String, String)>,
@@ -149,7 +113,7 @@ impl Framer {
         Framer::of(meta(leg), framing)
     }
 
-    fn of(leg: LegMeta, framing: Framing) -> Framer {
+    fn of(leg: Meta, framing: Framing) -> Framer {
         Framer {
             leg,
             f: framing,
@@ -218,8 +182,7 @@ impl Framer {
     /// `response.created` and `response.in_progress`.
     pub fn opening(&mut self) -> Vec<Value> {
         let mut out = Vec::new();
-        let envelope = self.f.envelope.clone();
-        let r = response(envelope, &self.leg, "in_progress", Vec::new(), None);
+        let r = Object::<Value>::new(&self.leg, &self.f.envelope, "in_progress", &[], None).tree();
         self.event(&mut out, "response.created", json!({"response": r}));
         self.event(&mut out, "response.in_progress", json!({"response": r}));
         out
@@ -332,10 +295,14 @@ impl Framer {
                 for c in &calls {
                     self.call(&mut out, c);
                 }
-                let output = std::mem::take(&mut self.output);
-                // The last response object of the stream takes the envelope.
-                let envelope = std::mem::take(&mut self.f.envelope);
-                let r = response(envelope, &self.leg, "completed", output, Some(usage));
+                let r = Object::new(
+                    &self.leg,
+                    &self.f.envelope,
+                    "completed",
+                    &self.output,
+                    Some(usage),
+                )
+                .tree();
                 self.event(&mut out, "response.completed", json!({"response": r}));
                 return (out, true);
             }
@@ -343,11 +310,11 @@ impl Framer {
                 self.close_reasoning(&mut out);
                 self.close_message(&mut out);
                 let body = error_body(&ApiError::from(e));
-                let output = std::mem::take(&mut self.output);
-                let envelope = std::mem::take(&mut self.f.envelope);
-                let mut r = response(envelope, &self.leg, "failed", output, None);
-                r["error"] =
+                let error =
                     json!({"code": body["error"]["code"], "message": body["error"]["message"]});
+                let r = Object::new(&self.leg, &self.f.envelope, "failed", &self.output, None)
+                    .failed(error)
+                    .tree();
                 self.event(&mut out, "response.failed", json!({"response": r}));
                 return (out, true);
             }
@@ -359,7 +326,7 @@ impl Framer {
 /// The whole event stream of a response that ran no leg: `output` as finished items (none for
 /// a `generate: false` response, one `compaction` item for a compaction).
 pub fn finished(framing: Framing, id: &str, output: Vec<Value>, usage: Usage) -> Vec<Value> {
-    let leg = LegMeta {
+    let leg = Meta {
         id: id.to_string(),
         created: crate::store::now_unix(),
     };
@@ -372,9 +339,7 @@ pub fn finished(framing: Framing, id: &str, output: Vec<Value>, usage: Usage) ->
         f.event(&mut out, "response.output_item.done", v);
         f.output.push(item);
     }
-    let output = std::mem::take(&mut f.output);
-    let envelope = std::mem::take(&mut f.f.envelope);
-    let r = response(envelope, &f.leg, "completed", output, Some(usage));
+    let r = Object::new(&f.leg, &f.f.envelope, "completed", &f.output, Some(usage)).tree();
     f.event(&mut out, "response.completed", json!({"response": r}));
     out
 }
@@ -389,8 +354,9 @@ pub async fn stream(
     sse::stream(leg, framer, keepalive).await
 }
 
-/// Non-streaming: waits for the leg's end and answers one response object.
-pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> {
+/// Non-streaming: waits for the leg's end and answers one response object, written from its
+/// typed parts.
+pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Answer, ApiError> {
     let meta = meta(&leg);
     let mut text = String::new();
     let mut thought = String::new();
@@ -406,18 +372,19 @@ pub async fn collect(mut leg: Leg, framing: Framing) -> Result<Value, ApiError> 
             LegEvent::End { calls, usage } => {
                 let mut output = Vec::new();
                 if !thought.is_empty() {
-                    output.push(reasoning_item(&crate::ids::new_id("rs_"), &thought));
+                    let id = crate::ids::new_id("rs_");
+                    output.push(Item::Tree(reasoning_item(&id, &thought)));
                 }
                 if !text.is_empty() {
-                    output.push(message_item(
-                        &crate::ids::new_id("msg_"),
-                        &text,
-                        "completed",
-                    ));
+                    let id = crate::ids::new_id("msg_");
+                    output.push(Item::Message(MessageItem::completed(id, text)));
                 }
-                output.extend(calls.iter().map(|c| call_item(c, &framing)));
-                let envelope = framing.envelope;
-                return Ok(response(envelope, &meta, "completed", output, Some(usage)));
+                output.extend(calls.iter().map(|c| Item::Tree(call_item(c, &framing))));
+                let object =
+                    Object::new(&meta, &framing.envelope, "completed", &output, Some(usage));
+                // Cannot fail: strings, numbers and trees.
+                let body = serde_json::to_vec(&object).unwrap_or_default();
+                return Ok(Answer::Raw(body.into()));
             }
         }
     }
@@ -438,10 +405,10 @@ mod tests {
         Framer {
             f: Framing {
                 stream: true,
-                envelope: Map::new(),
+                envelope: Default::default(),
                 map: tools::read(Some(&tools), false).map,
             },
-            leg: LegMeta {
+            leg: Meta {
                 id: "resp_1".into(),
                 created: 7,
             },

@@ -13,14 +13,16 @@
 
 pub mod framing;
 pub mod items;
+pub mod object;
 mod plan;
 pub mod socket;
 pub mod tools;
 
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use tokio::time::Instant;
 
+use self::object::Envelope;
 pub use self::plan::{prepare, Prepared, Responses};
 use self::tools::ToolMap;
 use super::canonical::{echo_digest_of, exposed_echo, message_digest, tools_digest};
@@ -198,7 +200,7 @@ fn resolve(input: &mut Value, summaries: &[(String, String)]) -> Result<bool, Ap
 pub struct Framing {
     pub stream: bool,
     /// `model`, `tools`, `tool_choice`, `instructions`, ... as the response object shows them.
-    pub envelope: Map<String, Value>,
+    pub envelope: Box<Envelope>,
     pub map: ToolMap,
 }
 
@@ -270,10 +272,7 @@ pub fn translate(
         reference: req.previous_response_id.as_deref().map(execution_of),
         tools: tools.defs,
         tools_digest: tools_digest(tool_values),
-        tool_choice_digest: digest(&json!({
-            "effort": effort.map(Effort::as_str),
-            "tool_choice": req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
-        })),
+        tool_choice_digest: tool_choice_digest(req.tool_choice.as_ref(), effort),
         tool_choice,
         effort,
         parallel_tool_calls: parallel,
@@ -284,11 +283,26 @@ pub fn translate(
     };
     let framing = Framing {
         stream,
-        envelope: envelope(&req, parallel),
+        envelope: Box::new(Envelope::of(req, parallel)),
         map: tools.map,
     };
     let input = parts.build();
     Ok((input, framing, kind))
+}
+
+/// The digest of the tool choice with the effort (a plain request's computed once).
+fn tool_choice_digest(choice: Option<&Value>, effort: Option<Effort>) -> [u8; 32] {
+    fn of(choice: Value, effort: Option<Effort>) -> [u8; 32] {
+        digest(&json!({"effort": effort.map(Effort::as_str), "tool_choice": choice}))
+    }
+    match (choice, effort) {
+        (None, None) => {
+            static AUTO: std::sync::LazyLock<[u8; 32]> =
+                std::sync::LazyLock::new(|| of(json!("auto"), None));
+            *AUTO
+        }
+        (choice, effort) => of(choice.cloned().unwrap_or_else(|| json!("auto")), effort),
+    }
 }
 
 /// The request's tools: `tools`, and those an `additional_tools` input item offers (Codex
@@ -334,69 +348,6 @@ fn sampling(req: &Request) -> Sampling {
         cache_key: req.prompt_cache_key.clone().filter(Value::is_string),
         response_format,
     }
-}
-
-/// The request fields a response object shows: every member the Open Responses
-/// specification requires, sampling parameters as the request gave them or at their
-/// documented defaults (never null), and the neutral values of what no backend here has
-/// (`docs/src/conformance.md`).
-fn envelope(req: &Request, parallel: bool) -> Map<String, Value> {
-    let opt = |v: &Option<Value>| v.clone().unwrap_or(Value::Null);
-    let number =
-        |v: &Option<Value>, default: Value| v.clone().filter(Value::is_number).unwrap_or(default);
-    let reasoning = req.reasoning.clone().unwrap_or_default();
-    let mut e = Map::with_capacity(32);
-    e.insert("model".into(), json!(req.model));
-    e.insert("instructions".into(), json!(req.instructions));
-    e.insert("max_output_tokens".into(), opt(&req.max_output_tokens));
-    e.insert("metadata".into(), req.metadata.clone().unwrap_or(json!({})));
-    e.insert("parallel_tool_calls".into(), json!(parallel));
-    e.insert(
-        "previous_response_id".into(),
-        json!(req.previous_response_id),
-    );
-    e.insert(
-        "reasoning".into(),
-        json!({"effort": reasoning["effort"], "summary": reasoning["summary"]}),
-    );
-    e.insert("store".into(), json!(req.store.unwrap_or(true)));
-    e.insert("temperature".into(), number(&req.temperature, json!(1.0)));
-    e.insert(
-        "text".into(),
-        req.text
-            .clone()
-            .unwrap_or_else(|| json!({"format": {"type": "text"}})),
-    );
-    e.insert(
-        "tool_choice".into(),
-        req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
-    );
-    e.insert("tools".into(), json!(req.tools.clone().unwrap_or_default()));
-    e.insert("top_p".into(), number(&req.top_p, json!(1.0)));
-    let integer = |v: &Option<Value>| v.clone().filter(Value::is_u64);
-    let string = |v: &Option<Value>| v.clone().filter(Value::is_string);
-    e.insert(
-        "presence_penalty".into(),
-        number(&req.presence_penalty, json!(0.0)),
-    );
-    e.insert(
-        "frequency_penalty".into(),
-        number(&req.frequency_penalty, json!(0.0)),
-    );
-    let logprobs = integer(&req.top_logprobs).unwrap_or(json!(0));
-    e.insert("top_logprobs".into(), logprobs);
-    let calls = integer(&req.max_tool_calls).unwrap_or(Value::Null);
-    e.insert("max_tool_calls".into(), calls);
-    // Every response here runs in the foreground, on the backend's one tier.
-    e.insert("background".into(), json!(false));
-    e.insert("service_tier".into(), json!("default"));
-    e.insert("truncation".into(), json!("disabled"));
-    e.insert("user".into(), string(&req.user).unwrap_or(Value::Null));
-    let safety = string(&req.safety_identifier).unwrap_or(Value::Null);
-    e.insert("safety_identifier".into(), safety);
-    let key = string(&req.prompt_cache_key).unwrap_or(Value::Null);
-    e.insert("prompt_cache_key".into(), key);
-    e
 }
 
 /// This surface's names for the neutral parameters: the conversation is `input`.
@@ -447,8 +398,8 @@ mod tests {
             crate::backend::upstream::translate::options(&t)["reasoning_effort"],
             "high"
         );
-        assert_eq!(f.envelope["store"], false);
-        assert_eq!(f.envelope["tools"].as_array().unwrap().len(), 2);
+        assert!(!f.envelope.store);
+        assert_eq!(f.envelope.tools.len(), 2);
     }
 
     #[test]

@@ -50,7 +50,7 @@ impl Surface for Responses {
     }
 
     async fn collect(leg: Leg, f: Framing) -> Result<Answer, ApiError> {
-        framing::collect(leg, f).await.map(Answer::Json)
+        framing::collect(leg, f).await
     }
 
     fn field(p: Param) -> &'static str {
@@ -92,7 +92,7 @@ fn compact<'a>(req: Incoming<'a>, host: &'a dyn Host) -> BoxFuture<'a, Result<An
             "object": "response.compaction",
             "created_at": crate::store::now_unix(),
             "output": all,
-            "usage": framing::usage_json(usage),
+            "usage": super::object::UsageOut::of(usage),
         })))
     })
 }

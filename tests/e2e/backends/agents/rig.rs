@@ -142,7 +142,9 @@ pub(super) async fn rig_edited(
         Fake::Messages(f) => f.url.clone(),
     };
     let gw = Gateway::start_raw(opts, move |o, dir| {
-        let mut s = config_text(o, dir);
+        // A real agent's parallel calls reach the bridge as separate processes' writes; on a
+        // loaded machine 25 ms between them is not a batch's worth of quiet.
+        let mut s = config_text(o, dir).replace("batch_debounce_ms = 25", "batch_debounce_ms = 250");
         let work = dir.join("work");
         std::fs::create_dir_all(&work).unwrap();
         let (kind, command, env) = match agent {
