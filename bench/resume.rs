@@ -5,6 +5,9 @@
 //!    turn, through the gateway, for conversations of 1 KB, 100 KB and 1 MB, against the demo
 //!    backend's own answer time measured directly over stdio JSON-RPC in the same run
 //!    (tool answer written -> first `item/agentMessage/delta` read).
+//!    The floor beside them: the same two process hops (HTTP in, stdio to the same demo
+//!    backend) through a bare bridge that does none of the gateway's work
+//!    (`bench/resume_floor.rs`); "over floor" is what the gateway's own work adds.
 //! 2. Gateway memory per suspended execution with 10,000 held (RSS of the gateway process
 //!    before and after, divided by the count; the demo backend's own state is in its own
 //!    processes), and per tombstone (10,000 turns held and answered 64 at a time on a
@@ -23,6 +26,8 @@ use serde_json::{json, Value};
 
 #[path = "common.rs"]
 mod common;
+#[path = "resume_floor.rs"]
+mod floor;
 
 use common::{tools, KEY};
 
@@ -272,6 +277,10 @@ async fn gateway_samples(
 
 #[tokio::main]
 async fn main() {
+    if std::env::args().nth(1).as_deref() == Some("serve") {
+        // This binary run as the floor's bridge (what `common::Gateway` starts).
+        return floor::serve().await;
+    }
     let iters: usize = std::env::var("BENCH_ITERS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -285,10 +294,22 @@ async fn main() {
         "resume path: POST role:tool -> first byte of the continued turn ({iters} samples each)"
     );
     println!(
-        "{:>10} {:>8} {:>12} {:>12} {:>12} {:>12} {:>9}",
-        "surface", "size", "direct p50", "gateway p50", "direct p99", "gateway p99", "p50 added"
+        "{:>10} {:>8} {:>12} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}",
+        "surface",
+        "size",
+        "direct p50",
+        "floor p50",
+        "gateway p50",
+        "direct p99",
+        "gateway p99",
+        "p50 added",
+        "over floor"
     );
     let gw = gateway(held + 1000);
+    let bridge = (iters > 0).then(|| {
+        let me = std::env::current_exe().expect("this binary");
+        common::Gateway::start_with(me.to_str().expect("path"), "")
+    });
     let sizes: &[(&str, usize)] = if iters == 0 {
         &[]
     } else {
@@ -300,14 +321,21 @@ async fn main() {
         } else {
             iters
         };
-        // Direct and gateway alternate per surface, so the baseline is of the same minute.
+        // Direct, floor and gateway alternate per surface, so the baselines are of the same
+        // minute; the floor's continuation is as large as the gateway's.
+        let continuation =
+            serde_json::to_vec(&Surface::Chat.fresh(&format!("{} /tmp/f", "x".repeat(size))))
+                .expect("body");
+        let bridge = bridge.as_ref().expect("the floor's bridge");
         for surface in [Surface::Chat, Surface::Responses, Surface::Messages] {
             let mut d = tokio::task::spawn_blocking(move || direct_samples(size, n))
                 .await
                 .expect("direct");
+            let mut f = floor::samples(&bridge.url, size, &continuation, n).await;
             let mut g = gateway_samples(&gw, surface, size, n).await;
-            let (d50, g50) = (
+            let (d50, f50, g50) = (
                 common::percentile(&mut d, 0.5),
+                common::percentile(&mut f, 0.5),
                 common::percentile(&mut g, 0.5),
             );
             let (d99, g99) = (
@@ -315,9 +343,10 @@ async fn main() {
                 common::percentile(&mut g, 0.99),
             );
             println!(
-                "{:>10} {label:>8} {d50:>10.3}ms {g50:>10.3}ms {d99:>10.3}ms {g99:>10.3}ms {:>7.3}ms",
+                "{:>10} {label:>8} {d50:>10.3}ms {f50:>10.3}ms {g50:>10.3}ms {d99:>10.3}ms {g99:>10.3}ms {:>8.3}ms {:>8.3}ms",
                 surface.name(),
-                g50 - d50
+                g50 - d50,
+                g50 - f50
             );
         }
     }
