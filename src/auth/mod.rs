@@ -52,8 +52,9 @@ pub fn hash_key(key: &str) -> String {
 fn bearer(header: Option<&str>) -> Option<&str> {
     // A header value is visible ASCII: ASCII whitespace is all there is to trim.
     let value = header?.trim_ascii();
-    let (scheme, key) = value.split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
+    // The scheme, then one space (a search for the space costs more than the whole check).
+    let (scheme, key) = value.split_at_checked("bearer".len())?;
+    if !scheme.eq_ignore_ascii_case("bearer") || !key.starts_with(' ') {
         return None;
     }
     let key = key.trim_ascii();
@@ -213,6 +214,24 @@ pub fn subject_of<'c>(cfg: &'c Config, id: &'c str) -> Option<(&'c str, &'c str)
 mod tests {
     use super::*;
     use std::path::Path;
+
+    #[test]
+    fn the_bearer_scheme_is_any_case_then_one_space() {
+        assert_eq!(bearer(Some("Bearer sk-1")), Some("sk-1"));
+        assert_eq!(bearer(Some("  bEARER   sk-1  ")), Some("sk-1"));
+        for bad in [
+            "Bearer",
+            "Bearer ",
+            "Bearer\tsk-1",
+            "Bearersk-1",
+            "Basic sk-1",
+            "Bé sk",
+            "",
+        ] {
+            assert_eq!(bearer(Some(bad)), None, "{bad:?}");
+        }
+        assert_eq!(bearer(None), None);
+    }
 
     fn cfg() -> Config {
         let text = format!(

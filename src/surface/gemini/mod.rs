@@ -91,7 +91,7 @@ pub struct Framing {
 /// The `responseId` of one leg: the execution id's hex, and `_N` for the leg after the N-th
 /// tool round.
 pub fn response_id(execution_id: &str, round: u32) -> String {
-    let hex = execution_id.trim_start_matches("exe-");
+    let hex = execution_id.strip_prefix("exe-").unwrap_or(execution_id);
     match round {
         0 => hex.to_string(),
         n => format!("{hex}_{n}"),

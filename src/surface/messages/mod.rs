@@ -135,7 +135,7 @@ fn thinking(v: Option<&Value>) -> Result<(Thinking, Option<Effort>), ApiError> {
 /// the N-th tool round. Every leg is its own message: Claude Code merges assistant messages
 /// that share an id (with their results) into one.
 pub fn message_id(execution_id: &str, round: u32) -> String {
-    let hex = execution_id.trim_start_matches("exe-");
+    let hex = execution_id.strip_prefix("exe-").unwrap_or(execution_id);
     match round {
         0 => format!("msg_{hex}"),
         n => format!("msg_{hex}_{n}"),

@@ -214,7 +214,10 @@ pub fn execution_of(response_id: &str) -> String {
 
 /// The response id of an execution.
 pub fn response_id(execution_id: &str) -> String {
-    format!("resp_{}", execution_id.trim_start_matches("exe-"))
+    format!(
+        "resp_{}",
+        execution_id.strip_prefix("exe-").unwrap_or(execution_id)
+    )
 }
 
 /// Parses and translates one request body without compaction items. Shapes are checked here
