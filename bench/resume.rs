@@ -256,21 +256,13 @@ async fn gateway_samples(
         let req = surface.fresh(&format!("{text} /tmp/f"));
         let resp = post_surface(&http, &gw.url, surface, &req).await;
         let body = serde_json::to_vec(&surface.continuation(req, &resp)).expect("body");
-        let started = Instant::now();
-        let mut r = http
+        let post = http
             .post(format!("{}{}", gw.url, surface.path()))
             .bearer_auth(KEY)
             .header("content-type", "application/json")
             .header("anthropic-version", "2023-06-01")
-            .body(body)
-            .send()
-            .await
-            .expect("send");
-        assert_eq!(r.status(), 200);
-        let first = r.chunk().await.expect("chunk");
-        samples.push(started.elapsed().as_secs_f64() * 1e3);
-        assert!(first.is_some());
-        while r.chunk().await.expect("chunk").is_some() {}
+            .body(body);
+        samples.push(floor::first_byte_ms(post).await);
     }
     samples
 }

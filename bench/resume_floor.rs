@@ -138,20 +138,24 @@ pub async fn samples(url: &str, size: usize, body: &[u8], iters: usize) -> Vec<f
             .await
             .expect("suspend");
         assert_eq!(r.status(), 200);
-        let body = Bytes::copy_from_slice(body);
-        let started = Instant::now();
-        let mut r = http
+        let post = http
             .post(format!("{url}/answer"))
             .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .expect("answer");
-        assert_eq!(r.status(), 200);
-        let first = r.chunk().await.expect("chunk");
-        samples.push(started.elapsed().as_secs_f64() * 1e3);
-        assert!(first.is_some());
-        while r.chunk().await.expect("chunk").is_some() {}
+            .body(Bytes::copy_from_slice(body));
+        samples.push(first_byte_ms(post).await);
     }
     samples
+}
+
+/// Sends `post` (its body ready), and returns the milliseconds to the first byte of its 200
+/// answer, read to its end.
+pub async fn first_byte_ms(post: reqwest::RequestBuilder) -> f64 {
+    let started = Instant::now();
+    let mut r = post.send().await.expect("send");
+    assert_eq!(r.status(), 200);
+    let first = r.chunk().await.expect("chunk");
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    assert!(first.is_some());
+    while r.chunk().await.expect("chunk").is_some() {}
+    ms
 }
