@@ -231,8 +231,8 @@ pub async fn collect(mut leg: Leg, f: Framing) -> Result<Answer, ApiError> {
                 }
                 parts.extend(calls.iter().map(call_part));
                 let end = Some((finish_reason(truncated), usage));
-                let body = serde_json::to_vec(&response(&id, &f.model, parts, end));
                 // Cannot fail: strings, numbers and trees.
+                let body = serde_json::to_vec(&response(&id, &f.model, parts, end));
                 return Ok(Answer::Raw(body.unwrap_or_default().into()));
             }
         }
