@@ -348,24 +348,23 @@ async fn main() {
         .pool_max_idle_per_host(64)
         .build()
         .expect("client");
-    // Warm up allocator arenas and pools first, then measure the growth.
-    let warm = 200;
-    for i in 0..warm {
-        suspend(&http, &gw.url, &format!("warm {i} /tmp/f")).await;
-    }
+    // Warm up allocator arenas and pools first, then measure the growth. The warm-up runs at
+    // the measured phase's concurrency, so the client's connections (and the gateway's side
+    // of them) are open before the first reading, not charged to the executions.
+    let warm = 256;
+    let hold = |label: &'static str| {
+        let (http, url) = (http.clone(), gw.url.clone());
+        move |i: usize| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                suspend(&http, &url, &format!("{label} {i} /tmp/f")).await;
+            }
+        }
+    };
+    at_once(0..warm, hold("warm")).await;
     let before = rss_kib(gw.child.id());
     let started = Instant::now();
-    let mut parked = 0;
-    while parked < held {
-        let (done, batch) = (parked, (held - parked).min(64));
-        let futs = (0..batch).map(|i| {
-            let http = http.clone();
-            let url = gw.url.clone();
-            async move { suspend(&http, &url, &format!("held {} /tmp/f", done + i)).await }
-        });
-        futures::future::join_all(futs).await;
-        parked += batch;
-    }
+    at_once(0..held, hold("held")).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let after = rss_kib(gw.child.id());
     let per = (after.saturating_sub(before) as f64 * 1024.0) / held as f64;
@@ -378,27 +377,37 @@ async fn main() {
     // Tombstones on a gateway of their own: turns held and answered 64 at a time, so what
     // stays is the tombstones (the ring is sized to keep them all).
     let gw = gateway(held + 1000);
-    for i in 0..warm {
-        let (req, resp) = suspend(&http, &gw.url, &format!("warm {i} /tmp/f")).await;
-        answer(&http, &gw.url, &with_result(&req, &resp)).await;
-    }
-    let before = rss_kib(gw.child.id());
-    for start in (0..held).step_by(64) {
-        let futs = (start..(start + 64).min(held)).map(|i| {
-            let (http, url) = (http.clone(), gw.url.clone());
+    let settle = |label: &'static str| {
+        let (http, url) = (http.clone(), gw.url.clone());
+        move |i: usize| {
+            let (http, url) = (http.clone(), url.clone());
             async move {
-                let (req, resp) = suspend(&http, &url, &format!("settled {i} /tmp/f")).await;
+                let (req, resp) = suspend(&http, &url, &format!("{label} {i} /tmp/f")).await;
                 answer(&http, &url, &with_result(&req, &resp)).await;
             }
-        });
-        futures::future::join_all(futs).await;
-    }
+        }
+    };
+    at_once(0..warm, settle("warm")).await;
+    let before = rss_kib(gw.child.id());
+    at_once(0..held, settle("settled")).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let after = rss_kib(gw.child.id());
     let per = (after.saturating_sub(before) as f64 * 1024.0) / held as f64;
     println!(
         "{held} tombstones (turns held and answered 64 at a time): gateway RSS {before} KiB -> {after} KiB: {per:.0} bytes per tombstone"
     );
+}
+
+/// Runs `one(i)` for every `i` of `range`, 64 at a time.
+async fn at_once<F, Fut>(range: std::ops::Range<usize>, one: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let ids: Vec<usize> = range.collect();
+    for batch in ids.chunks(64) {
+        futures::future::join_all(batch.iter().map(|&i| one(i))).await;
+    }
 }
 
 async fn answer(http: &reqwest::Client, url: &str, next: &Value) {

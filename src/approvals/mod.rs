@@ -169,7 +169,7 @@ pub fn to_json(r: &ApprovalRecord) -> Value {
 
 /// The owning client and approvers see an approval; nobody else learns it exists.
 pub fn visible(r: &ApprovalRecord, who: &Principal) -> bool {
-    who.approver || r.principal == who.id
+    who.approver || *r.principal == *who.id
 }
 
 impl Approvals {
@@ -299,7 +299,7 @@ impl Approvals {
         reason: Option<SettleReason>,
         who: &Principal,
     ) -> Result<Vec<ApprovalRecord>, StoreError> {
-        let principal = (!who.approver).then_some(who.id.as_str());
+        let principal = (!who.approver).then_some(&*who.id);
         let state = state.map(ApprovalState::as_str);
         self.store
             .approvals_list(principal, state, reason.map(SettleReason::as_str))

@@ -23,7 +23,8 @@ use crate::error::ApiError;
 /// The authenticated caller. Cheap to clone; compared by id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
-    pub id: String,
+    /// Shared with its client entry and with every execution it starts.
+    pub id: std::sync::Arc<str>,
     pub approver: bool,
     /// The groups its token named (empty for an API key): what it may do is its entry's and
     /// the configured groups' among these, under the current config.
@@ -32,7 +33,7 @@ pub struct Principal {
 
 impl Principal {
     /// An API key's principal, or any without groups.
-    pub fn new(id: impl Into<String>, approver: bool) -> Principal {
+    pub fn new(id: impl Into<std::sync::Arc<str>>, approver: bool) -> Principal {
         Principal {
             id: id.into(),
             approver,
@@ -188,9 +189,9 @@ fn jwt_principal(cfg: &Config, v: &jwt::Verified) -> Principal {
 /// it, or the issuer's subject; an approver when its entry or one of its configured groups
 /// says so.
 pub fn subject_principal(cfg: &Config, issuer: &str, subject: &str, groups: Groups) -> Principal {
-    let id = match cfg.jwt_client(issuer, subject) {
+    let id: std::sync::Arc<str> = match cfg.jwt_client(issuer, subject) {
         Some(client) => client.id.clone(),
-        None => jwt::principal_id(issuer, subject),
+        None => jwt::principal_id(issuer, subject).into(),
     };
     let approver = cfg.grant(&id, &groups).is_some_and(|g| g.approver());
     Principal {
@@ -255,10 +256,10 @@ mod tests {
     fn keys_match_by_digest() {
         let cfg = cfg();
         let p = authenticate(&cfg, Some("Bearer sk-alice")).unwrap();
-        assert_eq!(p.id, "alice");
+        assert_eq!(&*p.id, "alice");
         assert!(!p.approver);
         let p = authenticate(&cfg, Some("bearer   sk-bob ")).unwrap();
-        assert_eq!(p.id, "bob");
+        assert_eq!(&*p.id, "bob");
         assert!(p.approver);
     }
 
@@ -324,11 +325,11 @@ mod tests {
             };
             // Named by a client entry: that client's id and roles (none here).
             let p = auth(&token("sam-1", "t")).unwrap();
-            assert_eq!((p.id.as_str(), p.approver), ("sam", false));
+            assert_eq!((&*p.id, p.approver), ("sam", false));
             // Not named: jwt:<iss>#<sub> with the issuer's roles; the same from the cache.
             for _ in 0..2 {
                 let p = auth(&token("bob", "t")).unwrap();
-                assert_eq!(p.id, "jwt:https://idp.test#bob");
+                assert_eq!(&*p.id, "jwt:https://idp.test#bob");
                 assert!(p.approver);
             }
             // A refused token is exactly the bad-key error.
@@ -337,7 +338,7 @@ mod tests {
                 ApiError::unauthenticated()
             );
             // A JWT-shaped API key still authenticates as a key.
-            assert_eq!(auth("sk.with.dots").unwrap().id, "dotted");
+            assert_eq!(&*auth("sk.with.dots").unwrap().id, "dotted");
         }
     }
 }

@@ -141,7 +141,7 @@ pub struct Resume<'a> {
 /// What keeps a suspended execution resumable.
 pub enum Hold {
     /// A live turn holding the exposed calls open; `invocations[i]` is exposed call `i`.
-    Live { turn: Turn, invocations: Vec<u64> },
+    Live { turn: Turn, invocations: Box<[u64]> },
     /// The upstream's own ids of the exposed calls, in exposure order: all a stateless
     /// continuation needs (stored durably, never shown to the client).
     Ids(Vec<String>),
@@ -363,7 +363,8 @@ enum Events {
 pub struct Turn {
     events: Events,
     /// Events taken out of the channel by `park`, delivered first by `next_event`.
-    stash: std::collections::VecDeque<TurnEvent>,
+    /// In reverse order (the next one last).
+    stash: Vec<TurnEvent>,
     pub control: Box<dyn TurnControl>,
     /// The events include the backend's own Chat Completions chunks (`TurnEvent::Relayed`).
     pub native: bool,
@@ -373,7 +374,7 @@ impl Turn {
     pub fn new(events: mpsc::UnboundedReceiver<TurnEvent>, control: Box<dyn TurnControl>) -> Turn {
         Turn {
             events: Events::Channel(events),
-            stash: std::collections::VecDeque::new(),
+            stash: Vec::new(),
             control,
             native: false,
         }
@@ -386,7 +387,7 @@ impl Turn {
     ) -> Turn {
         Turn {
             events: Events::Stream(events),
-            stash: std::collections::VecDeque::new(),
+            stash: Vec::new(),
             control,
             native,
         }
@@ -394,7 +395,7 @@ impl Turn {
 
     /// The next event; `None` once the backend side is gone.
     pub async fn next_event(&mut self) -> Option<TurnEvent> {
-        if let Some(ev) = self.stash.pop_front() {
+        if let Some(ev) = self.stash.pop() {
             return Some(ev);
         }
         match &mut self.events {
@@ -422,12 +423,13 @@ impl Turn {
             while let std::task::Poll::Ready(Some(ev)) =
                 futures::StreamExt::poll_next_unpin(rx, &mut cx)
             {
-                self.stash.push_back(ev);
+                self.stash.push(ev);
             }
+            self.stash.reverse();
         }
         Hold::Live {
             turn: self,
-            invocations,
+            invocations: invocations.into_boxed_slice(),
         }
     }
 }

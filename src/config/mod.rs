@@ -161,7 +161,7 @@ pub struct ServerConfig {
 
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    pub id: String,
+    pub id: std::sync::Arc<str>,
     pub credential: Credential,
     pub models: GlobSet,
     pub roles: Vec<Role>,
@@ -185,7 +185,7 @@ pub enum Credential {
 
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
-    pub id: String,
+    pub id: std::sync::Arc<str>,
     pub backend: String,
     pub backend_model: Option<String>,
     pub approvals: ApprovalPolicy,
@@ -235,11 +235,11 @@ pub struct CompactionLimits {
 
 impl Config {
     pub fn model(&self, id: &str) -> Option<&ModelConfig> {
-        self.models.iter().find(|m| m.id == id)
+        self.models.iter().find(|m| *m.id == *id)
     }
 
     pub fn client(&self, id: &str) -> Option<&ClientConfig> {
-        self.clients.iter().find(|c| c.id == id)
+        self.clients.iter().find(|c| *c.id == *id)
     }
 
     /// The client entry naming the JWT principal (`iss`, `sub`), if any.
@@ -281,7 +281,7 @@ impl Config {
                 continue;
             }
             for m in self.models.iter().filter(|m| m.price.is_none()) {
-                if models.is_match(&m.id) {
+                if models.is_match(&*m.id) {
                     out.push(format!(
                         "{who} has a USD budget but may use model `{}`, which has no price: its usage counts as $0 against the cap",
                         m.id

@@ -288,7 +288,7 @@ fn clients_name_a_key_or_a_jwt_subject() {
     let jwt_client = "[[clients]]\nid = \"sam\"\njwt = { issuer = \"https://idp.test\", subject = \"sam-1\" }\nrequests_per_minute = 10\n";
     let cfg = parse_jwt(&jwt_toml(ISSUER, jwt_client)).unwrap();
     let sam = cfg.jwt_client("https://idp.test", "sam-1").unwrap();
-    assert_eq!(sam.id, "sam");
+    assert_eq!(&*sam.id, "sam");
     assert_eq!(
         sam.credential,
         Credential::Jwt {

@@ -222,7 +222,7 @@ fn models(
             .transpose()?;
         let a = m.approvals;
         models.push(ModelConfig {
-            id: m.id,
+            id: m.id.into(),
             backend: m.backend,
             backend_model: m.backend_model,
             approvals: ApprovalPolicy {
@@ -377,7 +377,7 @@ fn clients(
             c.budget.as_ref(),
         )?;
         clients.push(ClientConfig {
-            id: c.id,
+            id: c.id.into(),
             credential,
             models,
             roles,

@@ -9,5 +9,5 @@ pub mod token;
 
 pub use digests::Digests;
 pub use registry::{
-    principal_eq, Batch, Limits, Lookup, Parked, PendingView, Reason, Registry, Settled,
+    principal_eq, Batch, Head, Limits, Lookup, Parked, PendingView, Reason, Registry, Settled,
 };

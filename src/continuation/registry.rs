@@ -11,13 +11,14 @@
 
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 
 use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use super::digests::Digests;
-use crate::turn::SurfaceId;
+pub use batch::{Batch, Head, Lookup, Parked, PendingView};
 
 /// Why a token stopped being pending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,126 +56,9 @@ impl Reason {
     }
 }
 
-/// A pending batch: the calls exposed at one suspension of one execution.
-pub struct Batch<P> {
-    pub principal: String,
-    pub execution_id: String,
-    pub model: String,
-    pub surface: SurfaceId,
-    pub deadline: Instant,
-    /// Token digests, in the order the calls were exposed.
-    pub tokens: Vec<[u8; 32]>,
-    pub digests: Digests,
-    pub parked: P,
-}
-
-impl<P> Batch<P> {
-    /// The batch without its parked execution, and that execution.
-    pub fn split(self) -> (Batch<()>, P) {
-        let Batch {
-            principal,
-            execution_id,
-            model,
-            surface,
-            deadline,
-            tokens,
-            digests,
-            parked,
-        } = self;
-        let head = Batch {
-            principal,
-            execution_id,
-            model,
-            surface,
-            deadline,
-            tokens,
-            digests,
-            parked: (),
-        };
-        (head, parked)
-    }
-}
-
-impl Batch<()> {
-    /// The batch with `parked` behind it again.
-    pub fn join<P>(self, parked: P) -> Batch<P> {
-        Batch {
-            principal: self.principal,
-            execution_id: self.execution_id,
-            model: self.model,
-            surface: self.surface,
-            deadline: self.deadline,
-            tokens: self.tokens,
-            digests: self.digests,
-            parked,
-        }
-    }
-}
-
-/// What a principal-scoped lookup of a set of tokens found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Lookup {
-    /// At least one token is unknown or belongs to someone else.
-    NotFound,
-    /// The caller's own settled token (first one found).
-    Settled(Reason),
-    /// All tokens are the caller's and pending, in one batch.
-    Pending(Box<PendingView>),
-    /// All are the caller's and pending, but they span several batches or only part of one.
-    Partial,
-}
-
-/// What the registry needs to know about a parked execution.
-pub trait Parked {
-    /// False when the backend turn behind the record is gone.
-    fn is_alive(&self) -> bool;
-    /// True for a record that survives a restart (a stateless upstream's), which holds no
-    /// backend session or live-execution slot while suspended.
-    fn is_durable(&self) -> bool;
-    /// True when a continuation may name the record by reference (`previous_response_id`):
-    /// what it needs of the conversation was kept.
-    fn by_reference(&self) -> bool {
-        false
-    }
-    /// Bytes of conversation the record keeps in memory (a stateless upstream's history on
-    /// a surface that names records by reference); counted against the principal's budget.
-    fn kept_bytes(&self) -> usize {
-        0
-    }
-    /// What the execution has spent so far (nano-USD), for its per-execution cap.
-    fn spent(&self) -> u64 {
-        0
-    }
-    /// The execution's own spend cap besides its principal's (nano-USD).
-    fn cap(&self) -> Option<u64> {
-        None
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingView {
-    /// False when the held turn is gone (its record reads as lost).
-    pub alive: bool,
-    pub batch: u64,
-    pub execution_id: String,
-    pub model: String,
-    pub surface: SurfaceId,
-    pub deadline: Instant,
-    pub digests: Digests,
-    /// Token digests of the batch in exposure order.
-    pub tokens: Vec<[u8; 32]>,
-    /// See [`Parked::by_reference`].
-    pub by_reference: bool,
-    /// See [`Parked::is_durable`].
-    pub durable: bool,
-    /// See [`Parked::spent`].
-    pub spent: u64,
-    /// See [`Parked::cap`].
-    pub cap: Option<u64>,
-}
-
 struct Tomb {
-    principal: String,
+    /// Shared with the principal's ring.
+    principal: Arc<str>,
     reason: Reason,
 }
 
@@ -183,15 +67,15 @@ struct Inner<P> {
     token_batch: HashMap<[u8; 32], u64>,
     /// Boxed: the map's table stays small while thousands of executions are parked.
     batches: HashMap<u64, Box<Batch<P>>>,
-    per_principal: HashMap<String, usize>,
+    per_principal: HashMap<Arc<str>, usize>,
     /// [`Parked::kept_bytes`] of the pending batches, by principal (only those keeping any).
-    kept: HashMap<String, usize>,
+    kept: HashMap<Arc<str>, usize>,
     pending: usize,
     tombs: HashMap<[u8; 32], Tomb>,
-    rings: HashMap<String, VecDeque<[u8; 32]>>,
+    rings: HashMap<Arc<str>, VecDeque<[u8; 32]>>,
     /// Tokens of batches taken for a forward that may still fail (their principal): they
     /// read as resolved until committed or reinstated.
-    in_flight: HashMap<[u8; 32], String>,
+    in_flight: HashMap<[u8; 32], Arc<str>>,
     /// Every batch by deadline.
     deadlines: BTreeSet<(Instant, u64)>,
 }
@@ -206,8 +90,8 @@ pub struct Limits {
 
 /// A settled batch handed back to the caller (to resume or to clean up, and to persist).
 pub struct Settled<P> {
-    pub execution_id: String,
-    pub principal: String,
+    pub execution_id: Arc<str>,
+    pub principal: Arc<str>,
     pub tokens: Vec<[u8; 32]>,
     pub reason: Reason,
     /// Tombstones the principal's ring pushed out (the store deletes them too).
@@ -286,7 +170,11 @@ impl<P: Parked> Registry<P> {
         let inner = self.inner.lock();
         let mut all = 0;
         let mut durable = 0;
-        for b in inner.batches.values().filter(|b| b.principal == principal) {
+        for b in inner
+            .batches
+            .values()
+            .filter(|b| **b.principal() == *principal)
+        {
             all += 1;
             if b.parked.is_durable() {
                 durable += 1;
@@ -317,8 +205,8 @@ impl<P: Parked> Registry<P> {
         let n = b.tokens.len();
         let id = {
             let mut g = self.inner.lock();
-            let mine = g.per_principal.get(&b.principal).copied().unwrap_or(0);
-            let kept = g.kept.get(&b.principal).copied().unwrap_or(0);
+            let mine = g.per_principal.get(b.principal()).copied().unwrap_or(0);
+            let kept = g.kept.get(b.principal()).copied().unwrap_or(0);
             if g.pending + n > self.limits.max_pending
                 || mine + n > self.limits.max_pending_per_client
                 || kept.saturating_add(b.parked.kept_bytes())
@@ -375,34 +263,34 @@ impl<P: Parked> Registry<P> {
             g.token_batch.insert(*t, id);
         }
         g.pending += b.tokens.len();
-        *g.per_principal.entry(b.principal.clone()).or_default() += b.tokens.len();
+        *g.per_principal.entry(b.principal().clone()).or_default() += b.tokens.len();
         let kept = b.parked.kept_bytes();
         if kept > 0 {
-            *g.kept.entry(b.principal.clone()).or_default() += kept;
+            *g.kept.entry(b.principal().clone()).or_default() += kept;
         }
-        g.deadlines.insert((b.deadline, id));
+        g.deadlines.insert((b.deadline(), id));
         g.batches.insert(id, Box::new(b));
         id
     }
 
     fn remove(g: &mut Inner<P>, id: u64) -> Option<Batch<P>> {
         let batch = *g.batches.remove(&id)?;
-        g.deadlines.remove(&(batch.deadline, id));
+        g.deadlines.remove(&(batch.deadline(), id));
         for t in &batch.tokens {
             g.token_batch.remove(t);
         }
         g.pending -= batch.tokens.len();
-        if let Some(c) = g.per_principal.get_mut(&batch.principal) {
+        if let Some(c) = g.per_principal.get_mut(batch.principal()) {
             *c -= batch.tokens.len();
             if *c == 0 {
-                g.per_principal.remove(&batch.principal);
+                g.per_principal.remove(batch.principal());
             }
         }
         let kept = batch.parked.kept_bytes();
-        if let Some(c) = g.kept.get_mut(&batch.principal).filter(|_| kept > 0) {
+        if let Some(c) = g.kept.get_mut(batch.principal()).filter(|_| kept > 0) {
             *c -= kept;
             if *c == 0 {
-                g.kept.remove(&batch.principal);
+                g.kept.remove(batch.principal());
             }
         }
         Some(batch)
@@ -418,7 +306,7 @@ impl<P: Parked> Registry<P> {
         for t in tokens {
             if let Some(id) = g.token_batch.get(t) {
                 let b = &g.batches[id];
-                if !principal_eq(&b.principal, principal) {
+                if !principal_eq(b.principal(), principal) {
                     return Lookup::NotFound;
                 }
                 match batch {
@@ -454,10 +342,10 @@ impl<P: Parked> Registry<P> {
             alive: b.parked.is_alive(),
             durable: b.parked.is_durable(),
             batch: id,
-            execution_id: b.execution_id.clone(),
-            model: b.model.clone(),
-            surface: b.surface,
-            deadline: b.deadline,
+            execution_id: b.execution_id().clone(),
+            model: b.model().clone(),
+            surface: b.surface(),
+            deadline: b.deadline(),
             digests: b.digests,
             tokens: b.tokens.clone(),
             by_reference: b.parked.by_reference(),
@@ -477,15 +365,15 @@ impl<P: Parked> Registry<P> {
                 &mut g,
                 self.limits.tombstones_per_client,
                 *t,
-                &b.principal,
+                b.principal(),
                 reason,
                 &mut evicted,
             );
         }
         drop(g);
         Some(Settled {
-            execution_id: b.execution_id,
-            principal: b.principal,
+            execution_id: b.execution_id().clone(),
+            principal: b.principal().clone(),
             tokens: b.tokens,
             reason,
             evicted,
@@ -501,7 +389,7 @@ impl<P: Parked> Registry<P> {
         let mut g = self.inner.lock();
         let b = Self::remove(&mut g, batch)?;
         for t in &b.tokens {
-            g.in_flight.insert(*t, b.principal.clone());
+            g.in_flight.insert(*t, b.principal().clone());
         }
         Some(b)
     }
@@ -584,23 +472,24 @@ fn push_tomb<P>(
     reason: Reason,
     evicted: &mut Vec<[u8; 32]>,
 ) {
-    g.tombs.insert(
-        digest,
-        Tomb {
-            principal: principal.to_string(),
-            reason,
-        },
-    );
-    let q = g.rings.entry(principal.to_string()).or_default();
+    let principal = match g.rings.get_key_value(principal) {
+        Some((known, _)) => known.clone(),
+        None => Arc::from(principal),
+    };
+    let q = g.rings.entry(principal.clone()).or_default();
     q.push_back(digest);
+    let mut gone = Vec::new();
     while q.len() > ring {
-        if let Some(old) = q.pop_front() {
-            g.tombs.remove(&old);
-            evicted.push(old);
-        }
+        gone.extend(q.pop_front());
     }
+    for old in gone {
+        g.tombs.remove(&old);
+        evicted.push(old);
+    }
+    g.tombs.insert(digest, Tomb { principal, reason });
 }
 
+mod batch;
 mod kept;
 #[cfg(test)]
 mod tests;

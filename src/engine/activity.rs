@@ -96,7 +96,7 @@ pub(super) fn backend_views(
                 .models
                 .iter()
                 .filter(|m| m.backend == *name && may_use(&m.id))
-                .map(|m| m.id.clone())
+                .map(|m| m.id.to_string())
                 .collect();
             if models.is_empty() && !who.approver {
                 return None;

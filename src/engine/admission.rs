@@ -38,24 +38,37 @@ pub struct SuspendedCounts {
 }
 
 /// Live executions by principal; shared with every [`Slot`].
-type Live = Arc<Mutex<HashMap<String, usize>>>;
+type Live = Arc<Mutex<HashMap<Arc<str>, usize>>>;
 
 /// One live execution of a principal; dropping it frees the place.
 pub struct Slot {
     live: Live,
-    principal: String,
+    /// The map's own key (no copy per slot).
+    principal: Arc<str>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut map = self.live.lock();
-        if let Some(n) = map.get_mut(&self.principal) {
+        if let Some(n) = map.get_mut(&*self.principal) {
             *n -= 1;
             if *n == 0 {
-                map.remove(&self.principal);
+                map.remove(&*self.principal);
             }
         }
     }
+}
+
+/// Counts one more place of `principal` in `map`; returns the map's key for it.
+fn enter(map: &mut HashMap<Arc<str>, usize>, principal: &str) -> Arc<str> {
+    if let Some((key, _)) = map.get_key_value(principal) {
+        let key = key.clone();
+        *map.get_mut(principal).expect("just found") += 1;
+        return key;
+    }
+    let key: Arc<str> = principal.into();
+    map.insert(key.clone(), 1);
+    key
 }
 
 impl std::fmt::Debug for Slot {
@@ -123,19 +136,19 @@ impl Limiter {
                 });
             }
         }
-        *live.entry(principal.to_string()).or_insert(0) += 1;
+        let principal = enter(&mut live, principal);
         Ok(Slot {
             live: self.live.clone(),
-            principal: principal.to_string(),
+            principal,
         })
     }
 
     /// A slot taken without any check: continuations and restored executions.
     pub fn hold(&self, principal: &str) -> Slot {
-        *self.live.lock().entry(principal.to_string()).or_insert(0) += 1;
+        let principal = enter(&mut self.live.lock(), principal);
         Slot {
             live: self.live.clone(),
-            principal: principal.to_string(),
+            principal,
         }
     }
 
@@ -146,10 +159,10 @@ impl Limiter {
         if open.get(principal).copied().unwrap_or(0) >= max {
             return None;
         }
-        *open.entry(principal.to_string()).or_insert(0) += 1;
+        let principal = enter(&mut open, principal);
         Some(Slot {
             live: self.streams.clone(),
-            principal: principal.to_string(),
+            principal,
         })
     }
 

@@ -161,8 +161,13 @@ impl Budgets {
             meta.spent = Some(Arc::new(AtomicU64::new(0)));
         }
         let spent = price.and(meta.spent.clone());
-        self.ledger
-            .meter(&meta.principal, meta.pools(), &meta.model, price, spent)
+        self.ledger.meter(
+            meta.principal.clone(),
+            meta.pools(),
+            meta.model.clone(),
+            price,
+            spent,
+        )
     }
 
     /// Where `principal` stands against its fullest cap of `budget` that gates fresh turns
@@ -274,9 +279,9 @@ mod tests {
         };
         let spent: Arc<std::sync::atomic::AtomicU64> = Arc::new(0.into());
         let meter = ledger.meter(
-            "alice",
+            "alice".into(),
             Default::default(),
-            "m",
+            "m".into(),
             Some(price),
             Some(spent.clone()),
         );

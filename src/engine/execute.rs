@@ -170,7 +170,7 @@ impl Engine {
         let holds = info.holds;
         let kept = (self.inner.threads).kept(&cfg, &principal.id, &model.id, holds, input)?;
         let mut meta = ExecutionMeta {
-            id: new_id("exe-"),
+            id: new_id("exe-").into(),
             principal: principal.id.clone(),
             membership: membership(&cfg, principal),
             model: model.id.clone(),

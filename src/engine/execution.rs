@@ -1,7 +1,6 @@
 //! An execution's state: running ([`Execution`], which owns the backend turn of its current
 //! leg) or suspended ([`Suspended`], parked in the registry behind its tokens).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -18,12 +17,14 @@ use crate::turn::{DigestFn, EchoFn, ExposedCall, Fingerprint, Message, SurfaceId
 /// The identity of an execution, shared by every state it goes through.
 #[derive(Debug, Clone)]
 pub struct ExecutionMeta {
-    pub id: String,
-    pub principal: String,
+    /// Shared with the registry's batch, the slot and the meter while it runs and is
+    /// parked (one copy each, not one per holder).
+    pub id: Arc<str>,
+    pub principal: Arc<str>,
     /// Its principal's groups when it started; None without any (one pointer: the meta is
     /// in every held turn's future).
     pub membership: Option<Arc<Membership>>,
-    pub model: String,
+    pub model: Arc<str>,
     pub surface: SurfaceId,
     pub created: u64,
     /// What it has spent so far, when its model is priced.
@@ -92,7 +93,7 @@ pub struct Execution {
     pub journaled: bool,
     pub turn: Turn,
     /// Calls the backend issued that were not exposed yet (late arrivals, one-per-leg mode).
-    pub backlog: VecDeque<HeldCall>,
+    pub backlog: Vec<HeldCall>,
     pub slot: Option<Slot>,
     /// The span of its current leg.
     pub span: LegSpan,
@@ -105,17 +106,19 @@ pub struct Suspended {
     pub deadline: Instant,
     pub rounds: u32,
     pub hold: Hold,
-    pub backlog: VecDeque<HeldCall>,
+    pub backlog: Vec<HeldCall>,
     /// A held turn keeps its slot; a durable record holds none.
     pub slot: Option<Slot>,
     /// What a continuation by reference needs (surfaces that keep history only; in memory,
     /// never in the store).
-    pub history: Option<History>,
+    /// Boxed: most parked executions keep none, and thousands may be parked.
+    pub history: Option<Box<History>>,
     /// For the activity view, in memory only: when this suspension began (Unix seconds) and
-    /// the names of the calls it exposed. Unknown (None, empty) for a record read back
-    /// from the store.
-    pub suspended_at: Option<u64>,
-    pub tools: Vec<String>,
+    /// the names of the calls it exposed. Unknown (0, empty) for a record read back from the
+    /// store. (Plain, not an `Option`, and a boxed slice, not a `Vec`: every byte here is
+    /// in every parked execution.)
+    pub suspended_at: u64,
+    pub tools: Box<[Box<str>]>,
     /// The spans of the held calls, ended by the claim.
     pub held: Held,
 }
@@ -128,7 +131,7 @@ impl Suspended {
         exec: Execution,
         invocations: Vec<u64>,
         exposed: &[ExposedCall],
-        history: Option<History>,
+        history: Option<Box<History>>,
         tokens: Vec<[u8; 32]>,
         digests: Digests,
     ) -> (Batch<Suspended>, LegSpan) {
@@ -155,17 +158,12 @@ impl Suspended {
             hold,
             backlog,
             history,
-            suspended_at: Some(now_unix()),
-            tools: exposed.iter().map(|c| c.name.clone()).collect(),
+            suspended_at: now_unix(),
+            tools: exposed.iter().map(|c| c.name.as_str().into()).collect(),
             held,
             meta,
         };
         let batch = Batch {
-            principal: parked.meta.principal.clone(),
-            execution_id: parked.meta.id.clone(),
-            model: parked.meta.model.clone(),
-            surface: parked.meta.surface,
-            deadline,
             tokens,
             digests,
             parked,
@@ -196,6 +194,26 @@ impl Suspended {
 }
 
 impl Parked for Suspended {
+    fn principal(&self) -> &Arc<str> {
+        &self.meta.principal
+    }
+
+    fn execution_id(&self) -> &Arc<str> {
+        &self.meta.id
+    }
+
+    fn model(&self) -> &Arc<str> {
+        &self.meta.model
+    }
+
+    fn surface(&self) -> SurfaceId {
+        self.meta.surface
+    }
+
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
     fn is_alive(&self) -> bool {
         self.hold.is_alive()
     }

@@ -44,8 +44,8 @@ enum Queued {
 
 /// A settled batch's tombstones (`Store::tokens_settled`).
 pub(super) struct Tombstones {
-    pub execution_id: String,
-    pub principal: String,
+    pub execution_id: Arc<str>,
+    pub principal: Arc<str>,
     pub tokens: Vec<[u8; 32]>,
     pub reason: &'static str,
     pub evicted: Vec<[u8; 32]>,

@@ -82,13 +82,13 @@ impl Ledger {
     /// The meter of one execution's leg. An unpriced model's meter counts tokens only.
     pub fn meter(
         self: &Arc<Self>,
-        principal: &str,
+        principal: Arc<str>,
         pools: Groups,
-        model: &str,
+        model: Arc<str>,
         price: Option<Price>,
         spent: Spent,
     ) -> Meter {
-        let (ledger, principal, model) = (self.clone(), principal.to_string(), model.to_string());
+        let ledger = self.clone();
         match (price, spent) {
             (Some(price), Some(spent)) => Arc::new(move |u: Usage| {
                 let cost = price.cost(&u);
@@ -314,7 +314,13 @@ mod tests {
         let metrics = Arc::new(Metrics::default());
         let ledger = Ledger::new(metrics.clone());
         let store = Store::open_in_memory().await.unwrap();
-        let meter = ledger.meter("alice", Default::default(), "codex", None, None);
+        let meter = ledger.meter(
+            "alice".into(),
+            Default::default(),
+            "codex".into(),
+            None,
+            None,
+        );
         let u = Usage {
             prompt_tokens: 10,
             completion_tokens: 5,

@@ -11,6 +11,7 @@
 //! interrupts the held calls and exposes no token.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -52,9 +53,9 @@ pub enum LegEvent {
 
 /// A leg that has started: its execution's identity and its event stream.
 pub struct Leg {
-    pub execution_id: String,
+    pub execution_id: Arc<str>,
     pub created: u64,
-    pub model: String,
+    pub model: Arc<str>,
     /// Tool rounds of the execution before this leg (0 for its first leg).
     pub round: u32,
     /// The events include the upstream's own chunks (`LegEvent::Relayed`).
@@ -383,7 +384,7 @@ impl Engine {
             if let Some(m) = h.messages.as_mut() {
                 m.push(assistant);
             }
-            h
+            Box::new(h)
         });
         let Minted {
             exposed,

@@ -244,7 +244,7 @@ impl Engine {
         cfg.models
             .iter()
             .filter(|m| client.may_use(&m.id))
-            .map(|m| m.id.clone())
+            .map(|m| m.id.to_string())
             .collect()
     }
 
@@ -323,7 +323,7 @@ impl Engine {
         mut q: crate::store::UsageQuery,
     ) -> Result<Vec<crate::store::UsageRow>, crate::store::StoreError> {
         if !principal.approver {
-            q.principal = Some(principal.id.clone());
+            q.principal = Some(principal.id.to_string());
         }
         self.inner
             .budgets

@@ -492,8 +492,8 @@ impl Cluster {
                 let view = PendingView {
                     alive: true,
                     batch: 0,
-                    execution_id,
-                    model,
+                    execution_id: execution_id.into(),
+                    model: model.into(),
                     surface,
                     deadline: Instant::now() + left,
                     digests,

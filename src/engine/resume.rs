@@ -27,7 +27,7 @@ use super::{ContinuationError, Engine, EngineError};
 use crate::auth::Principal;
 use crate::backend::{Answer, BackendError, Holds, LegRequest, Resume, Turn};
 use crate::continuation::canonical::digest_of_digests;
-use crate::continuation::{Batch, Digests, Lookup, PendingView, Reason};
+use crate::continuation::{Digests, Head, Lookup, PendingView, Reason};
 use crate::turn::{Continuation, TurnInput};
 
 fn mismatch(why: impl Into<String>) -> ContinuationError {
@@ -56,7 +56,7 @@ pub(super) fn check(
             "the tool calls were issued on another API surface",
         ));
     }
-    if input.model != view.model {
+    if *input.model != *view.model {
         return Err(mismatch("`model` differs from the suspended request"));
     }
     let position: HashMap<[u8; 32], usize> = view
@@ -131,14 +131,14 @@ pub(super) fn check(
 pub(super) struct Claimed {
     suspended: Suspended,
     positions: Positions,
-    batch: Batch<()>,
+    batch: Head,
 }
 
 /// A taken stateless batch, put back as it was unless the upstream answered: when the forward
 /// fails, and when the request is dropped (the client left) before the upstream answered.
 struct Reinstate {
     engine: Engine,
-    batch: Option<Batch<Suspended>>,
+    batch: Option<(Head, Suspended)>,
 }
 
 impl Reinstate {
@@ -146,7 +146,7 @@ impl Reinstate {
     /// 409). If the store cannot record it, the record stays claimed in the store, which a
     /// restart settles as `lost` and no other replica claims: never answered twice.
     async fn spend(mut self) {
-        if let Some(b) = self.batch.take() {
+        if let Some((b, _)) = self.batch.take() {
             let suspensions = &self.engine.inner.suspensions;
             if suspensions.spend(&b, Reason::Resolved).await.is_none() {
                 tracing::warn!(execution = %b.execution_id, "the spend stays a claim in the store; it settles lost at the next start");
@@ -156,8 +156,12 @@ impl Reinstate {
 
     /// The forward failed: the batch goes back before the client hears of it.
     async fn put_back(mut self) {
-        if let Some(b) = self.batch.take() {
-            self.engine.inner.suspensions.reinstate(b).await;
+        if let Some((head, parked)) = self.batch.take() {
+            self.engine
+                .inner
+                .suspensions
+                .reinstate(head.join(parked))
+                .await;
         }
     }
 }
@@ -166,10 +170,10 @@ impl Drop for Reinstate {
     /// The request was dropped (the client left) before the upstream answered: the batch
     /// goes back by a task of its own.
     fn drop(&mut self) {
-        if let Some(b) = self.batch.take() {
+        if let Some((head, parked)) = self.batch.take() {
             let engine = self.engine.clone();
             self.engine.inner.tracker.spawn(async move {
-                engine.inner.suspensions.reinstate(b).await;
+                engine.inner.suspensions.reinstate(head.join(parked)).await;
             });
         }
     }
@@ -222,7 +226,7 @@ impl Engine {
         let view = self.lookup_anywhere(principal, input, c, forwarded).await?;
         // A reference to another execution (another principal's, unknown or just another
         // response) is answered as an unknown token.
-        if c.bound.as_ref().is_some_and(|b| *b != view.execution_id) {
+        if c.bound.as_ref().is_some_and(|b| **b != *view.execution_id) {
             return Err(ContinuationError::NotFound);
         }
         // A replica whose lease lapsed may have been given up by the others.
@@ -303,7 +307,11 @@ impl Engine {
         } = claimed;
         let again = s.reinstatable();
         if c.bound.is_some() {
-            expand(&mut input, &mut c, s.history.take().unwrap_or_default());
+            expand(
+                &mut input,
+                &mut c,
+                s.history.take().map(|h| *h).unwrap_or_default(),
+            );
         }
         let (input, c) = (&mut input, &c);
         let cfg = self.config();
@@ -330,7 +338,7 @@ impl Engine {
         let durable = again.is_some();
         let reinstate = Reinstate {
             engine: self.clone(),
-            batch: again.map(|parked| batch.join(parked)),
+            batch: again.map(|parked| (batch, parked)),
         };
         let meter = self.inner.budgets.meter(&mut meta, model.price);
         let span = meta.leg_span(holds, &backend.describe(), &model.id, input, rounds);
@@ -374,7 +382,7 @@ impl Engine {
 
     /// A claimed suspension whose model or backend is gone (a reload removed it): its record
     /// is spent and the execution ends as lost.
-    async fn unservable(&self, s: Suspended, batch: &Batch<()>, durable: bool) -> EngineError {
+    async fn unservable(&self, s: Suspended, batch: &Head, durable: bool) -> EngineError {
         if durable {
             self.inner.suspensions.spend(batch, Reason::Lost).await;
         }

@@ -5,7 +5,6 @@
 //! registered, claimed, spent, put back or settled, and this part does it consistently in
 //! memory and in the store.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tokio::sync::Notify;
@@ -16,7 +15,7 @@ use super::journal::{Journal, Tombstones};
 use super::ContinuationError;
 use crate::auth::Principal;
 use crate::backend::{Hold, Holds};
-use crate::continuation::{Batch, Lookup, Parked, Reason, Registry, Settled};
+use crate::continuation::{Batch, Head, Lookup, Parked, Reason, Registry, Settled};
 use crate::store::{now_unix, now_unix_ms, Store, StoreError, StoredSuspension, SuspensionRecord};
 
 use super::activity::{sees, unix_at, SuspendedView};
@@ -104,12 +103,12 @@ impl Suspensions {
             Hold::Ids(ids) => Some(ids.clone()),
             Hold::Live { .. } => None,
         };
-        let left = batch.deadline.saturating_duration_since(Instant::now());
+        let left = batch.deadline().saturating_duration_since(Instant::now());
         let (execution_id, principal, model, surface) = (
-            batch.execution_id.clone(),
-            batch.principal.clone(),
-            batch.model.clone(),
-            batch.surface,
+            batch.execution_id().clone(),
+            batch.principal().clone(),
+            batch.model().clone(),
+            batch.surface(),
         );
         let (digests, tokens) = (batch.digests, batch.tokens.clone());
         let (rounds, created_at) = (batch.parked.rounds, batch.parked.meta.created);
@@ -216,7 +215,7 @@ impl Suspensions {
     /// stays claimed: this process may take it again, and a restart settles it `lost` (fail
     /// closed).
     pub async fn reinstate(&self, b: Batch<Suspended>) {
-        if let Err(e) = self.store.upstream_unclaim(&b.execution_id).await {
+        if let Err(e) = self.store.upstream_unclaim(b.execution_id()).await {
             tracing::error!(error = %e, "could not release a claim; the record settles lost at the next start");
         }
         self.registry.reinstate(b);
@@ -225,13 +224,13 @@ impl Suspensions {
     /// Tombstones a taken batch's tokens, in memory and durably. Returns whether the store
     /// still had them pending (false when another replica settled them first), None when the
     /// store could not be written.
-    pub fn spend<'a, P>(
+    pub fn spend<'a>(
         &'a self,
-        b: &'a Batch<P>,
+        b: &'a Head,
         reason: Reason,
     ) -> impl std::future::Future<Output = Option<bool>> + Send + 'a {
         // Only the parts cross the write's await: a batch is not `Sync`.
-        let (execution_id, principal) = (b.execution_id.as_str(), b.principal.as_str());
+        let (execution_id, principal) = (&*b.execution_id, &*b.principal);
         let tokens = &b.tokens[..];
         let evicted = self.registry.commit(principal, tokens, reason);
         async move {
@@ -244,7 +243,7 @@ impl Suspensions {
     /// Tombstones a claimed held batch's tokens: behind the request path where the journal
     /// writes behind (`journal.rs`), else at once. Never for a stateless batch, whose durable
     /// record must not be claimable again.
-    async fn spend_held(&self, b: &Batch<()>) -> Option<bool> {
+    async fn spend_held(&self, b: &Head) -> Option<bool> {
         if !self.journal.behind() {
             return self.spend(b, Reason::Resolved).await;
         }
@@ -269,7 +268,7 @@ impl Suspensions {
         s: &'a Settled<Suspended>,
     ) -> impl std::future::Future<Output = ()> + Send + 'a {
         // Only the parts cross the write's await: a settled batch is not `Sync`.
-        let tokens = (s.execution_id.as_str(), s.principal.as_str(), &s.tokens[..]);
+        let tokens = (&*s.execution_id, &*s.principal, &s.tokens[..]);
         let (reason, evicted) = (s.reason, &s.evicted[..]);
         async move {
             self.persist(tokens, reason, evicted).await;
@@ -303,21 +302,21 @@ impl Suspensions {
     pub fn views(&self, who: &Principal) -> Vec<SuspendedView> {
         let (now, unix) = (Instant::now(), now_unix());
         self.registry.snapshot(|b| {
-            sees(who, &b.principal).then(|| SuspendedView {
-                execution_id: b.execution_id.clone(),
-                client: b.principal.clone(),
-                model: b.model.clone(),
-                surface: b.surface.as_str(),
+            sees(who, b.principal()).then(|| SuspendedView {
+                execution_id: b.execution_id().to_string(),
+                client: b.principal().to_string(),
+                model: b.model().to_string(),
+                surface: b.surface().as_str(),
                 hold: match b.parked.hold.is_durable() {
                     true => "durable",
                     false => "held",
                 },
                 calls: b.tokens.len(),
-                tools: b.parked.tools.clone(),
+                tools: b.parked.tools.iter().map(|t| t.to_string()).collect(),
                 round: b.parked.rounds,
                 created_at: b.parked.meta.created,
-                suspended_at: b.parked.suspended_at,
-                deadline_at: unix_at(b.deadline, now, unix),
+                suspended_at: (b.parked.suspended_at != 0).then_some(b.parked.suspended_at),
+                deadline_at: unix_at(b.deadline(), now, unix),
             })
         })
     }
@@ -343,7 +342,7 @@ impl Suspensions {
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Taken {
     /// The batch (without its execution) and its suspended execution.
-    Claimed(Batch<()>, Suspended),
+    Claimed(Head, Suspended),
     /// Another replica settled this held turn meanwhile: the execution is lost.
     Gone(Suspended),
 }
@@ -354,12 +353,12 @@ fn durable_batch(s: StoredSuspension) -> Batch<Suspended> {
     let left = std::time::Duration::from_millis(s.deadline_ms.saturating_sub(now_unix_ms()));
     let deadline = Instant::now() + left;
     let meta = ExecutionMeta {
-        id: s.execution_id.clone(),
-        principal: s.principal.clone(),
+        id: s.execution_id.as_str().into(),
+        principal: s.principal.as_str().into(),
         // Not stored: a durable record resumed after a restart counts toward its principal's
         // own caps only.
         membership: None,
-        model: s.model.clone(),
+        model: s.model.as_str().into(),
         surface: s.surface,
         created: s.created_at,
         spent: (s.spend > 0).then(|| Arc::new(s.spend.into())),
@@ -368,11 +367,6 @@ fn durable_batch(s: StoredSuspension) -> Batch<Suspended> {
         trace: Default::default(),
     };
     Batch {
-        principal: s.principal,
-        execution_id: s.execution_id,
-        model: s.model,
-        surface: s.surface,
-        deadline,
         tokens: s.tokens,
         digests: s.digests,
         parked: Suspended {
@@ -381,11 +375,11 @@ fn durable_batch(s: StoredSuspension) -> Batch<Suspended> {
             deadline,
             rounds: s.rounds,
             hold: Hold::Ids(s.ids),
-            backlog: VecDeque::new(),
+            backlog: Vec::new(),
             slot: None,
             history: None,
-            suspended_at: None,
-            tools: Vec::new(),
+            suspended_at: 0,
+            tools: Box::default(),
             held: Default::default(),
         },
     }

@@ -146,7 +146,7 @@ impl Threads {
         let entry = Entry::new(
             digest_of_digests(&digests),
             Binding::new(&meta.principal, &meta.model, meta.surface, &ctx.fingerprint),
-            meta.id.clone(),
+            meta.id.to_string(),
             digests,
             idle,
             Instant::now() + cfg.continuity.idle_ttl,

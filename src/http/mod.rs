@@ -162,7 +162,7 @@ async fn method_not_allowed() -> ApiError {
 
 /// The execution a response belongs to, for the request log line.
 #[derive(Clone, Default)]
-pub(super) struct ExecutionId(String);
+pub(super) struct ExecutionId(std::sync::Arc<str>);
 
 /// One log line per request: request id, method, route, status, execution id, duration.
 /// Never bodies, headers or credentials. Served requests log at info, gateway failures (5xx)
@@ -187,7 +187,7 @@ async fn log_request(State(gw): State<Engine>, req: Request, next: Next) -> Resp
         .extensions_mut()
         .remove::<ExecutionId>()
         .unwrap_or_default();
-    let execution = execution.0.as_str();
+    let execution = &*execution.0;
     gw.metrics().request(route, status);
     let request_id = header::HeaderValue::from_bytes(&request_id);
     let Ok(request_id) = request_id else {

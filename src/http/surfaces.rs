@@ -191,7 +191,7 @@ async fn extra(
         let answer = handler(req, &host).await?;
         let resp = response(Reply::Whole(answer));
         Ok::<_, ApiError>(match body {
-            true => answered(&app.engine, &a, String::new(), resp),
+            true => answered(&app.engine, &a, None, resp),
             false => resp,
         })
     };

@@ -4,6 +4,7 @@
 //! answer. Errors render in the surface's own shape ([`SurfaceError`]).
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::RawPathParamsRejection;
@@ -66,7 +67,7 @@ async fn respond<S: Surface>(
             Plan::Turn(input) => (input, framing, host.admitted()),
             Plan::Done(reply) => {
                 let resp = holding(response(reply), slot);
-                return Ok(answered(&gw, &a, String::new(), resp));
+                return Ok(answered(&gw, &a, None, resp));
             }
         }
     };
@@ -87,7 +88,7 @@ async fn respond<S: Surface>(
             S::standing_headers(&standing, resp.headers_mut());
         }
     }
-    Ok(answered(&gw, &a, execution, holding(resp, slot)))
+    Ok(answered(&gw, &a, Some(execution), holding(resp, slot)))
 }
 
 /// A route's path parameters, percent-decoded (400 where one is not UTF-8).
@@ -270,13 +271,13 @@ fn keep_raw(gw: &Engine, a: &Admitted) -> Option<Bytes> {
 pub(super) fn answered(
     gw: &Engine,
     a: &Admitted,
-    execution: String,
+    execution: Option<Arc<str>>,
     mut resp: Response,
 ) -> Response {
     gw.metrics().ttfb.observe(a.arrived.elapsed());
-    if !execution.is_empty() {
+    if let Some(execution) = execution {
         crate::telemetry::record_execution(&execution);
+        resp.extensions_mut().insert(ExecutionId(execution));
     }
-    resp.extensions_mut().insert(ExecutionId(execution));
     resp
 }

@@ -104,7 +104,7 @@ pub async fn usage(
     };
     // A client asking for another client's usage sees nothing (the engine scopes it to its
     // own, and that filter then matches no row).
-    let foreign = !who.approver && q.principal.as_ref().is_some_and(|p| *p != who.id);
+    let foreign = !who.approver && q.principal.as_ref().is_some_and(|p| **p != *who.id);
     let rows = match foreign {
         true => Vec::new(),
         false => gw.usage(&who, q.clone()).await.map_err(unavailable)?,
@@ -121,8 +121,8 @@ pub async fn usage(
     // The caller's own budget, or the one client an approver asked about.
     let whose = match (&q.principal, who.approver) {
         (Some(p), true) => Some(p.as_str()),
-        (None, _) => Some(who.id.as_str()),
-        (Some(_), false) => (!foreign).then_some(who.id.as_str()),
+        (None, _) => Some(&*who.id),
+        (Some(_), false) => (!foreign).then_some(&*who.id),
     };
     if let Some(whose) = whose {
         let caps = gw.budget_view(whose).await.map_err(unavailable)?;

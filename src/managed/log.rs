@@ -158,7 +158,7 @@ impl Live {
         }
         let live = Live {
             id: row.id.clone(),
-            principal: who.id.clone(),
+            principal: who.id.to_string(),
             who: parking_lot::Mutex::new(who.clone()),
             agent,
             folder: std::path::absolute(&folder).unwrap_or(folder),

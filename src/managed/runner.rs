@@ -179,7 +179,7 @@ async fn run(
             s.base = s.spent();
             s.tool_uses.clear();
             s.execution_spent = leg.spent.clone();
-            s.execution = Some(leg.execution_id.clone());
+            s.execution = Some(leg.execution_id.to_string());
         }
     }
     let mut events = echoes;

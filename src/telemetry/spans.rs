@@ -280,8 +280,11 @@ impl LegSpan {
 /// The `execute_tool {name}` spans of a batch of held calls, from the exposure of their
 /// tokens to the claim of the batch. Dropped unclaimed (expired, lost, cancelled), they end
 /// as failed.
+// A thin pointer (a boxed Vec, not a boxed slice): it sits in every parked execution, and
+// is None unless traces are on.
 #[derive(Default)]
-pub struct Held(pub(super) Option<Box<[Open]>>);
+#[allow(clippy::box_collection)]
+pub struct Held(pub(super) Option<Box<Vec<Open>>>);
 
 impl Held {
     pub fn start<'a>(leg: &LegSpan, names: impl Iterator<Item = &'a str>, round: u32) -> Held {
@@ -304,12 +307,12 @@ impl Held {
                 Open::start(&parent, span_name, SpanKind::Internal, attributes, None)
             })
             .collect();
-        Held(Some(spans))
+        Held(Some(Box::new(spans)))
     }
 
     /// The client's results claimed the batch.
     pub fn answered(mut self) {
-        for span in self.0.take().into_iter().flat_map(|s| s.into_vec()) {
+        for span in self.0.take().into_iter().flat_map(|s| *s) {
             span.end(Vec::new());
         }
     }
@@ -317,7 +320,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        for span in self.0.take().into_iter().flat_map(|s| s.into_vec()) {
+        for span in self.0.take().into_iter().flat_map(|s| *s) {
             span.fail("unanswered");
         }
     }

@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{ChildStderr, ChildStdout, Command};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -25,8 +24,8 @@ use super::stdin::Stdin;
 use crate::backend::BackendError;
 use crate::config::ChildConfig;
 
-/// One read of a child's stdout (a pipe holds 64 KiB; a longer line takes several reads).
-const READ_BYTES: usize = 8 * 1024;
+/// The longest stderr line forwarded (a longer one is dropped).
+const STDERR_LINE_BYTES: usize = 64 * 1024;
 
 /// How long a child gets to exit after stdin closes (shutdown) before it is killed, and how
 /// long its output is still read once it exited.
@@ -136,20 +135,19 @@ impl Child {
 
         let (reader_output, reader_done) = (output.clone(), self.reader_done.clone());
         self.tracker.spawn(async move {
-            // A process holds its buffers while it lives, and a retiring app-server process
-            // lives while any of its (up to `recycle_after_threads`) turns is held: its share
-            // per held turn is what counts. Lines longer than a read are put together in
-            // `lines`, so a read need not hold a whole line.
-            let mut reader = BufReader::with_capacity(READ_BYTES, stdout);
+            // Lines longer than a read are put together in `lines`, so a read need not hold
+            // a whole line.
+            let mut stdout = stdout;
             let mut lines = Lines::new(MAX_LINE_BYTES);
             loop {
-                let chunk = match reader.fill_buf().await {
-                    Ok([]) | Err(_) => break,
-                    Ok(chunk) => chunk,
-                };
-                let (n, dropped) = (chunk.len(), lines.dropped);
-                lines.push(chunk, |line| reader_output.line(line));
-                reader.consume(n);
+                let dropped = lines.dropped;
+                match lines
+                    .read_from(&mut stdout, |line| reader_output.line(line))
+                    .await
+                {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
                 if lines.dropped > dropped {
                     tracing::warn!(
                         backend_process = id,
@@ -345,8 +343,8 @@ fn kill_group(pid: u32) {
 fn forward_stderr(tracker: &TaskTracker, id: u64, stderr: ChildStderr, started: Arc<AtomicBool>) {
     tracker.spawn(async move {
         // A backend's own log: rarely written, its lines put together by `lines`.
-        let mut lines = BufReader::with_capacity(1024, stderr).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
+        let (mut stderr, mut lines) = (stderr, Lines::new(STDERR_LINE_BYTES));
+        let forward = |line: &[u8]| {
             if started.load(Ordering::Relaxed) {
                 tracing::debug!(
                     backend_process = id,
@@ -354,9 +352,11 @@ fn forward_stderr(tracker: &TaskTracker, id: u64, stderr: ChildStderr, started: 
                     "backend stderr line (content withheld)"
                 );
             } else {
+                let line = String::from_utf8_lossy(line);
                 tracing::debug!(backend_process = id, "backend stderr: {line}");
             }
-        }
+        };
+        while let Ok(1..) = lines.read_from(&mut stderr, forward).await {}
     });
 }
 

@@ -2,8 +2,17 @@
 //! dropped whole, and bytes that are not UTF-8 make a line unparsable, not the stream. Every
 //! agent kind speaks newline-delimited JSON.
 
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{ready, Poll};
+
+use tokio::io::{AsyncRead, ReadBuf};
+
 /// The longest line [`Lines`] hands on (a Codex item with a large command output fits).
 pub const MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
+
+/// One read of a child's output (a pipe holds 64 KiB; a longer line takes several reads).
+const READ_BYTES: usize = 8 * 1024;
 
 /// Splits a byte stream into lines (without their `\n`) of at most `max` bytes.
 pub struct Lines {
@@ -54,6 +63,26 @@ impl Lines {
         } else {
             self.buf.extend_from_slice(bytes);
         }
+    }
+
+    /// Reads once from `from` and feeds what came; `Ok(0)` at its end. The read's buffer is
+    /// on the stack of the poll that fills it, so a reader holds no buffer while it waits: a
+    /// retiring app-server process lives while any of its turns is held, and its share per
+    /// held turn is what counts.
+    pub async fn read_from<R: AsyncRead + Unpin>(
+        &mut self,
+        from: &mut R,
+        mut line: impl FnMut(&[u8]),
+    ) -> std::io::Result<usize> {
+        std::future::poll_fn(|cx| {
+            let mut raw = [MaybeUninit::<u8>::uninit(); READ_BYTES];
+            let mut buf = ReadBuf::uninit(&mut raw);
+            ready!(Pin::new(&mut *from).poll_read(cx, &mut buf))?;
+            let got = buf.filled();
+            self.push(got, &mut line);
+            Poll::Ready(Ok(got.len()))
+        })
+        .await
     }
 
     /// Bytes held for an unfinished line.

@@ -227,9 +227,11 @@ impl AppServer {
                 );
                 let params = self.thread_params(model, input, &rendered, &renames);
                 let started = turn.proc.call("thread/start", params).await?;
-                let thread = rpc::string_at(&started, &["thread", "id"]).ok_or_else(|| {
-                    BackendError::Rejected("thread/start returned no thread id".into())
-                })?;
+                let thread: Arc<str> = rpc::string_at(&started, &["thread", "id"])
+                    .ok_or_else(|| {
+                        BackendError::Rejected("thread/start returned no thread id".into())
+                    })?
+                    .into();
                 let started = turn.proc.threads.fetch_add(1, Ordering::Relaxed) + 1;
                 if started >= self.cfg.recycle_after_threads {
                     self.recycle(slot, &turn.proc);
@@ -239,7 +241,7 @@ impl AppServer {
         };
         let (tx, rx) = futures::channel::mpsc::unbounded();
         let route = Arc::new(Route::new(tx, renames, meter));
-        turn.proc.add_route(&thread, route.clone());
+        turn.proc.add_route(thread.clone(), route.clone());
         turn.thread = thread;
         turn.route = Some(route);
         let mut items = Vec::new();
@@ -249,7 +251,7 @@ impl AppServer {
         for text in &rendered.input {
             items.push(json!({"type": "text", "text": text, "text_elements": []}));
         }
-        let mut params = json!({"threadId": turn.thread, "input": items});
+        let mut params = json!({"threadId": &*turn.thread, "input": items});
         if let Some(e) = input.effort {
             params["effort"] = json!(e.as_str());
         }

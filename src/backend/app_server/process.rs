@@ -41,11 +41,9 @@ type Pending = HashMap<i64, oneshot::Sender<Result<Box<RawValue>, RpcError>>>;
 /// The gateway side of one backend thread (= one execution's turn).
 pub(super) struct Route {
     pub events: futures::channel::mpsc::UnboundedSender<TurnEvent>,
-    /// invocation -> the backend's JSON-RPC request id of the held `item/tool/call`.
-    /// A short list: a turn holds a handful of calls at once.
-    held: Mutex<Vec<(u64, Value)>>,
-    /// Text already forwarded per agent-message item, to reconcile `item/completed`.
-    streamed: Mutex<HashMap<String, String>>,
+    /// Its held calls and streamed items, under one lock (a route sits behind every parked
+    /// turn).
+    calls: Mutex<Calls>,
     pub finished: AtomicBool,
     /// The execution let go of the thread before its turn ended: delete it when it does.
     releasing: AtomicBool,
@@ -67,16 +65,40 @@ impl Route {
             meter,
             releasing: AtomicBool::new(false),
             events,
-            held: Mutex::new(Vec::new()),
-            streamed: Mutex::new(HashMap::new()),
+            calls: Mutex::new(Calls::default()),
             finished: AtomicBool::new(false),
         }
     }
 
     pub fn take_held(&self, invocation: u64) -> Option<Value> {
-        let mut held = self.held.lock();
+        let held = &mut self.calls.lock().held;
         let pos = held.iter().position(|(i, _)| *i == invocation)?;
         Some(held.swap_remove(pos).1)
+    }
+
+    /// Notes `delta` as forwarded for agent-message `item`.
+    fn streamed(&self, item: &str, delta: &str) {
+        let streamed = &mut self.calls.lock().streamed;
+        match streamed.iter_mut().find(|(id, _)| id == item) {
+            Some((_, text)) => text.push_str(delta),
+            None => {
+                streamed.reserve_exact(1);
+                streamed.push((item.to_string(), delta.to_string()));
+            }
+        }
+    }
+
+    /// The text forwarded for agent-message `item` (empty if none), forgotten.
+    fn take_streamed(&self, item: &str) -> String {
+        let streamed = &mut self.calls.lock().streamed;
+        let Some(pos) = streamed.iter().position(|(id, _)| id == item) else {
+            return String::new();
+        };
+        let (_, text) = streamed.swap_remove(pos);
+        if streamed.is_empty() {
+            *streamed = Vec::new();
+        }
+        text
     }
 
     fn emit(&self, ev: TurnEvent) {
@@ -85,11 +107,21 @@ impl Route {
     }
 }
 
+#[derive(Default)]
+struct Calls {
+    /// invocation -> the backend's JSON-RPC request id of the held `item/tool/call`.
+    /// A short list: a turn holds a handful of calls at once.
+    held: Vec<(u64, Value)>,
+    /// Text already forwarded per agent-message item, to reconcile `item/completed`.
+    /// A short list (an item at a time), freed when empty: thousands of turns are parked.
+    streamed: Vec<(String, String)>,
+}
+
 pub(super) struct Proc {
     pub id: u64,
     child: Arc<Child>,
     pending: Mutex<Pending>,
-    routes: Mutex<HashMap<String, Arc<Route>>>,
+    routes: Mutex<HashMap<Arc<str>, Arc<Route>>>,
     next_id: AtomicI64,
     next_invocation: Arc<AtomicU64>,
     pub active: AtomicUsize,
@@ -257,8 +289,8 @@ impl Proc {
         self.send(rpc::request(id, method, params));
     }
 
-    pub fn add_route(&self, thread: &str, route: Arc<Route>) {
-        self.routes.lock().insert(thread.to_string(), route);
+    pub fn add_route(&self, thread: Arc<str>, route: Arc<Route>) {
+        self.routes.lock().insert(thread, route);
         if !self.is_alive() {
             // Died between thread/start and here: make sure the turn learns it.
             self.die("backend process exited");
@@ -337,12 +369,7 @@ impl Proc {
                 if delta.is_empty() {
                     return;
                 }
-                route
-                    .streamed
-                    .lock()
-                    .entry(item.into_owned())
-                    .or_default()
-                    .push_str(&delta);
+                route.streamed(&item, &delta);
                 route.emit(TurnEvent::Delta(delta.into_owned()));
             }
             // Reasoning summaries; a new part after the first is a new paragraph.
@@ -370,11 +397,7 @@ impl Proc {
                     return;
                 };
                 // The completed item is authoritative: forward whatever the deltas missed.
-                let sent = route
-                    .streamed
-                    .lock()
-                    .remove(id.as_ref())
-                    .unwrap_or_default();
+                let sent = route.take_streamed(&id);
                 if let Some(rest) = text.strip_prefix(sent.as_str()) {
                     if !rest.is_empty() {
                         route.emit(TurnEvent::Delta(rest.to_string()));
@@ -448,7 +471,8 @@ impl Proc {
                     Some(Value::String(s)) => s.clone(),
                     Some(v) => v.to_string(),
                 };
-                let mut held = route.held.lock();
+                let mut calls = route.calls.lock();
+                let held = &mut calls.held;
                 // Exact growth: a turn usually holds one call, and thousands may be parked.
                 held.reserve_exact(1);
                 held.push((invocation, id));

@@ -17,8 +17,9 @@ use crate::backend::{BackendError, Idle, IdleThread, TurnControl};
 pub(super) struct AppServerTurn {
     pub proc: Arc<Proc>,
     pub route: Option<Arc<Route>>,
-    /// Empty until `thread/start` answered (and after the thread was kept).
-    pub thread: String,
+    /// Empty until `thread/start` answered (and after the thread was kept). Shared with
+    /// the process's route map.
+    pub thread: Arc<str>,
     pub turn: String,
     pub _permit: OwnedSemaphorePermit,
 }
@@ -30,7 +31,7 @@ impl AppServerTurn {
         AppServerTurn {
             proc,
             route: None,
-            thread: String::new(),
+            thread: Arc::default(),
             turn: String::new(),
             _permit: permit,
         }
@@ -71,7 +72,7 @@ impl TurnControl for AppServerTurn {
                 .map(|t| json!({"type": "text", "text": t, "text_elements": []}))
                 .collect();
             let params =
-                json!({"threadId": self.thread, "input": items, "expectedTurnId": self.turn});
+                json!({"threadId": &*self.thread, "input": items, "expectedTurnId": self.turn});
             self.proc.call("turn/steer", params).await.map(|_| ())
         })
     }
@@ -84,7 +85,7 @@ impl TurnControl for AppServerTurn {
         if self.route_alive() && !self.turn.is_empty() {
             self.proc.cast(
                 "turn/interrupt",
-                json!({"threadId": self.thread, "turnId": self.turn}),
+                json!({"threadId": &*self.thread, "turnId": self.turn}),
             );
         }
     }
@@ -123,13 +124,13 @@ impl Drop for AppServerTurn {
 pub(super) struct KeptThread {
     pub proc: Arc<Proc>,
     /// Empty once handed to a new turn.
-    pub thread: String,
+    pub thread: Arc<str>,
     pub renames: Vec<(String, String)>,
 }
 
 impl KeptThread {
     /// The thread, for a new turn (this handle then releases nothing).
-    pub fn take(mut self) -> (Arc<Proc>, String, Vec<(String, String)>) {
+    pub fn take(mut self) -> (Arc<Proc>, Arc<str>, Vec<(String, String)>) {
         let thread = std::mem::take(&mut self.thread);
         let renames = std::mem::take(&mut self.renames);
         (self.proc.clone(), thread, renames)

@@ -121,7 +121,7 @@ fn plain(p: Plain, native: bool, out: &mut VecDeque<TurnEvent>) {
 pub fn whole(
     client: &Client,
     resp: super::client::Response,
-    (native, model): (bool, String),
+    (native, model): (bool, Arc<str>),
     ids: Ids,
 ) -> BoxStream<'static, TurnEvent> {
     let total = client.total_timeout;
@@ -179,7 +179,7 @@ pub fn whole(
             out.push_back(TurnEvent::Truncated);
         }
         if native {
-            body["model"] = Value::String(model);
+            body["model"] = Value::String(model.to_string());
             out.push_back(TurnEvent::Relayed(Relayed::Tree(body)));
         }
         let yielded = !calls.is_empty();
@@ -203,7 +203,7 @@ struct Relay {
     /// Cut the usage the client did not ask for from the relayed chunks.
     strip_usage: bool,
     /// The name the client knows the model by, for the relayed chunks.
-    model: String,
+    model: Arc<str>,
     ids: Ids,
     calls: BTreeMap<u64, PartialCall>,
     /// The calls were announced (a finish chunk was seen).
@@ -218,7 +218,7 @@ struct Relay {
 pub fn events(
     client: &Client,
     resp: super::client::Response,
-    (native, model): (bool, String),
+    (native, model): (bool, Arc<str>),
     strip_usage: bool,
     ids: Ids,
 ) -> BoxStream<'static, TurnEvent> {
@@ -357,7 +357,7 @@ impl Relay {
             }
         }
         if self.native && forward {
-            chunk["model"] = Value::String(self.model.clone());
+            chunk["model"] = Value::String(self.model.to_string());
             self.out.push_back(TurnEvent::Relayed(Relayed::Tree(chunk)));
         }
         self.finished(finish);

@@ -14,7 +14,7 @@ impl<P: Parked> Registry<P> {
         }
         match other + now {
             0 => g.kept.remove(principal),
-            n => g.kept.insert(principal.to_string(), n),
+            n => g.kept.insert(principal.into(), n),
         };
         true
     }

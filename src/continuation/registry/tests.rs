@@ -4,11 +4,30 @@ use super::*;
 use std::time::Duration;
 
 struct Fake {
+    principal: Arc<str>,
+    execution_id: Arc<str>,
+    model: Arc<str>,
+    deadline: Instant,
     alive: bool,
     kept: usize,
 }
 
 impl Parked for Fake {
+    fn principal(&self) -> &Arc<str> {
+        &self.principal
+    }
+    fn execution_id(&self) -> &Arc<str> {
+        &self.execution_id
+    }
+    fn model(&self) -> &Arc<str> {
+        &self.model
+    }
+    fn surface(&self) -> crate::turn::SurfaceId {
+        crate::turn::SurfaceId::Chat
+    }
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
     fn is_alive(&self) -> bool {
         self.alive
     }
@@ -43,14 +62,13 @@ fn digests() -> Digests {
 
 fn batch(principal: &str, tokens: Vec<[u8; 32]>, deadline: Instant) -> Batch<Fake> {
     Batch {
-        principal: principal.into(),
-        execution_id: "exe-1".into(),
-        model: "m".into(),
-        surface: SurfaceId::Chat,
-        deadline,
         tokens,
         digests: digests(),
         parked: Fake {
+            principal: principal.into(),
+            execution_id: "exe-1".into(),
+            model: "m".into(),
+            deadline,
             alive: true,
             kept: 0,
         },
@@ -72,9 +90,10 @@ fn kept_conversations_are_bounded_per_principal_in_bytes() {
         },
         [],
     );
-    let keeping = |p: &str, t: u8, kept: usize| Batch {
-        parked: Fake { alive: true, kept },
-        ..batch(p, vec![[t; 32]], later())
+    let keeping = |p: &str, t: u8, kept: usize| {
+        let mut b = batch(p, vec![[t; 32]], later());
+        b.parked.kept = kept;
+        b
     };
     let first = r.register(keeping("alice", 1, 60)).ok().unwrap();
     assert!(
@@ -268,13 +287,8 @@ fn bytes_kept_beside_the_batches_share_their_bound() {
         },
         [],
     );
-    let keeping = Batch {
-        parked: Fake {
-            alive: true,
-            kept: 30,
-        },
-        ..batch("alice", vec![[1; 32]], later())
-    };
+    let mut keeping = batch("alice", vec![[1; 32]], later());
+    keeping.parked.kept = 30;
     let id = r.register(keeping).ok().unwrap();
     assert!(r.rekeep("alice", 0, 60));
     assert!(!r.rekeep("alice", 60, 71), "30 + 71 > 100");

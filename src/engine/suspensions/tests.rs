@@ -50,11 +50,6 @@ fn durable(execution: &str) -> Batch<Suspended> {
         trace: Default::default(),
     };
     Batch {
-        principal: "alice".into(),
-        execution_id: execution.into(),
-        model: "m".into(),
-        surface: SurfaceId::Chat,
-        deadline,
         tokens: vec![TOKEN],
         digests: Digests {
             tools: [1; 32],
@@ -68,11 +63,11 @@ fn durable(execution: &str) -> Batch<Suspended> {
             deadline,
             rounds: 1,
             hold: Hold::Ids(vec!["call_1".into()]),
-            backlog: VecDeque::new(),
+            backlog: Vec::new(),
             slot: None,
             history: None,
-            suspended_at: None,
-            tools: vec!["f".into()],
+            suspended_at: 0,
+            tools: Box::new(["f".into()]),
             held: Default::default(),
         },
     }
@@ -131,7 +126,7 @@ async fn a_recorded_batch_is_found_again_after_a_restart() {
     let Taken::Claimed(head, _) = s.take(pending(&s)).await.unwrap() else {
         panic!()
     };
-    assert_eq!(head.execution_id, "exe-2");
+    assert_eq!(&*head.execution_id, "exe-2");
 }
 
 #[tokio::test]

@@ -36,7 +36,7 @@ async fn a_side_effect_of_a_revoked_principal_is_denied_without_a_notice() {
     let cfg = crate::config::from_toml_str(&without, f.dir.path()).unwrap();
     assert!(cfg.grant("alice", &[]).is_none());
     *f.engine.inner.config.write() = Arc::new(cfg);
-    let tx = f.spy.senders.lock()[&leg.execution_id].clone();
+    let tx = f.spy.senders.lock()[&*leg.execution_id].clone();
     tx.unbounded_send(ask(&f.spy)).unwrap();
     tx.unbounded_send(TurnEvent::Completed).unwrap();
     while let Some(ev) = leg.events.recv().await {

@@ -17,8 +17,8 @@ async fn the_report_after_the_crossing_one_stops_the_leg() {
         );
     let f = fixture_with(&config).await;
     let mut leg = begin(&f, "hang").await;
-    let tx = f.spy.senders.lock()[&leg.execution_id].clone();
-    let meter = f.spy.meters.lock()[&leg.execution_id].clone();
+    let tx = f.spy.senders.lock()[&*leg.execution_id].clone();
+    let meter = f.spy.meters.lock()[&*leg.execution_id].clone();
     // $1 a request, reported as a backend does: the meter first, then the event.
     let request = || {
         let u = Usage {

@@ -144,7 +144,7 @@ impl Framer {
                 .unwrap_or_else(|| json!({"object": "chat.completion.chunk"}));
             let envelope = |delta: Value, finish: Option<&str>| {
                 let mut c = like.clone();
-                c["model"] = json!(self.meta.model);
+                c["model"] = json!(&*self.meta.model);
                 c["choices"] = json!([{"index": 0, "delta": delta, "logprobs": null,
                                        "finish_reason": finish}]);
                 if let Some(o) = c.as_object_mut() {
@@ -201,7 +201,7 @@ pub async fn collect(mut leg: Leg) -> Result<Answer, ApiError> {
                         (Relayed::Raw { json, .. }, true) => return Ok(Answer::Raw(json)),
                         (body, _) => body.into_value(),
                     };
-                    body["model"] = json!(meta.model);
+                    body["model"] = json!(&*meta.model);
                     if !calls.is_empty() {
                         let list: Vec<Value> = calls
                             .iter()

@@ -126,7 +126,7 @@ pub fn usage_json(u: Usage) -> Value {
 pub struct ResponseMeta {
     pub id: String,
     pub created: u64,
-    pub model: String,
+    pub model: std::sync::Arc<str>,
 }
 
 /// A whole `chat.completion` answer, written straight from typed parts (no tree).
