@@ -8,12 +8,13 @@
 //!    The floor beside them: the same two process hops (HTTP in, stdio to the same demo
 //!    backend) through a bare bridge that does none of the gateway's work
 //!    (`bench/resume_floor.rs`); "over floor" is what the gateway's own work adds.
-//! 2. Gateway memory per suspended execution with 10,000 held (RSS of the gateway process
+//! 2. Gateway memory per suspended execution with 10,000 held (RSS of a fresh gateway process
 //!    before and after, divided by the count; the demo backend's own state is in its own
 //!    processes), and per tombstone (10,000 turns held and answered 64 at a time on a
-//!    gateway of their own).
+//!    gateway of their own); the median of several runs.
 //!
-//! Environment: `BENCH_ITERS` (default 40), `BENCH_HELD` (default 10000).
+//! Environment: `BENCH_ITERS` (default 40), `BENCH_HELD` (default 10000),
+//! `BENCH_MEMORY_RUNS` (default 3).
 
 // Tests and benchmarks: unwrap is the assertion, and wall-clock time is what they measure.
 #![allow(clippy::unwrap_used, clippy::disallowed_types)]
@@ -343,15 +344,42 @@ async fn main() {
         }
     }
 
-    println!("\nmemory: {held} suspended executions held at once");
-    let http = reqwest::Client::builder()
+    drop(gw);
+    // Each run on fresh gateways; their RSS moves by a few hundred bytes per execution from
+    // run to run (what the allocator keeps of the requests' transient memory), so the median
+    // of the runs is the figure.
+    let runs: usize = std::env::var("BENCH_MEMORY_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    println!("\nmemory: {held} suspended executions held at once ({runs} runs)");
+    let (mut held_bytes, mut tomb_bytes) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        held_bytes.push(per_suspended(held).await);
+        tomb_bytes.push(per_tombstone(held).await);
+    }
+    println!(
+        "median of {runs} runs: {:.0} bytes per suspended execution, {:.0} bytes per tombstone",
+        common::percentile(&mut held_bytes, 0.5),
+        common::percentile(&mut tomb_bytes, 0.5)
+    );
+}
+
+/// Turns suspended before the first reading: allocator arenas and pools warmed, at the
+/// measured phase's concurrency, so the client's connections (and the gateway's side of them)
+/// are open before it, not charged to the executions.
+const WARM: usize = 256;
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()
-        .expect("client");
-    // Warm up allocator arenas and pools first, then measure the growth. The warm-up runs at
-    // the measured phase's concurrency, so the client's connections (and the gateway's side
-    // of them) are open before the first reading, not charged to the executions.
-    let warm = 256;
+        .expect("client")
+}
+
+/// Gateway RSS growth per suspended execution with `held` held at once.
+async fn per_suspended(held: usize) -> f64 {
+    let (gw, http) = (gateway(held + 1000), client());
     let hold = |label: &'static str| {
         let (http, url) = (http.clone(), gw.url.clone());
         move |i: usize| {
@@ -361,7 +389,7 @@ async fn main() {
             }
         }
     };
-    at_once(0..warm, hold("warm")).await;
+    at_once(0..WARM, hold("warm")).await;
     let before = rss_kib(gw.child.id());
     let started = Instant::now();
     at_once(0..held, hold("held")).await;
@@ -372,11 +400,13 @@ async fn main() {
         "gateway RSS {before} KiB -> {after} KiB: {per:.0} bytes per suspended execution ({:.1} s to suspend them)",
         started.elapsed().as_secs_f64()
     );
-    drop(gw);
+    per
+}
 
-    // Tombstones on a gateway of their own: turns held and answered 64 at a time, so what
-    // stays is the tombstones (the ring is sized to keep them all).
-    let gw = gateway(held + 1000);
+/// Gateway RSS growth per tombstone: turns held and answered 64 at a time, so what stays is
+/// the tombstones (the ring is sized to keep them all).
+async fn per_tombstone(held: usize) -> f64 {
+    let (gw, http) = (gateway(held + 1000), client());
     let settle = |label: &'static str| {
         let (http, url) = (http.clone(), gw.url.clone());
         move |i: usize| {
@@ -387,7 +417,7 @@ async fn main() {
             }
         }
     };
-    at_once(0..warm, settle("warm")).await;
+    at_once(0..WARM, settle("warm")).await;
     let before = rss_kib(gw.child.id());
     at_once(0..held, settle("settled")).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -396,6 +426,7 @@ async fn main() {
     println!(
         "{held} tombstones (turns held and answered 64 at a time): gateway RSS {before} KiB -> {after} KiB: {per:.0} bytes per tombstone"
     );
+    per
 }
 
 /// Runs `one(i)` for every `i` of `range`, 64 at a time.
