@@ -476,17 +476,22 @@ fn push_tomb<P>(
         Some((known, _)) => known.clone(),
         None => Arc::from(principal),
     };
-    let q = g.rings.entry(principal.clone()).or_default();
+    let Inner { rings, tombs, .. } = g;
+    tombs.insert(
+        digest,
+        Tomb {
+            principal: principal.clone(),
+            reason,
+        },
+    );
+    let q = rings.entry(principal).or_default();
     q.push_back(digest);
-    let mut gone = Vec::new();
     while q.len() > ring {
-        gone.extend(q.pop_front());
+        if let Some(old) = q.pop_front() {
+            tombs.remove(&old);
+            evicted.push(old);
+        }
     }
-    for old in gone {
-        g.tombs.remove(&old);
-        evicted.push(old);
-    }
-    g.tombs.insert(digest, Tomb { principal, reason });
 }
 
 mod batch;
