@@ -370,35 +370,16 @@ async fn main() {
 /// are open before it, not charged to the executions.
 const WARM: usize = 256;
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .pool_max_idle_per_host(64)
-        .build()
-        .expect("client")
-}
-
 /// Gateway RSS growth per suspended execution with `held` held at once.
 async fn per_suspended(held: usize) -> f64 {
-    let (gw, http) = (gateway(held + 1000), client());
-    let hold = |label: &'static str| {
-        let (http, url) = (http.clone(), gw.url.clone());
-        move |i: usize| {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                suspend(&http, &url, &format!("{label} {i} /tmp/f")).await;
-            }
-        }
-    };
-    at_once(0..WARM, hold("warm")).await;
-    let before = rss_kib(gw.child.id());
-    let started = Instant::now();
-    at_once(0..held, hold("held")).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let after = rss_kib(gw.child.id());
+    let (before, after, took) = rss_growth(held, "held", |http, url, prompt| async move {
+        suspend(&http, &url, &prompt).await;
+    })
+    .await;
     let per = (after.saturating_sub(before) as f64 * 1024.0) / held as f64;
     println!(
         "gateway RSS {before} KiB -> {after} KiB: {per:.0} bytes per suspended execution ({:.1} s to suspend them)",
-        started.elapsed().as_secs_f64()
+        took.as_secs_f64()
     );
     per
 }
@@ -406,27 +387,44 @@ async fn per_suspended(held: usize) -> f64 {
 /// Gateway RSS growth per tombstone: turns held and answered 64 at a time, so what stays is
 /// the tombstones (the ring is sized to keep them all).
 async fn per_tombstone(held: usize) -> f64 {
-    let (gw, http) = (gateway(held + 1000), client());
-    let settle = |label: &'static str| {
-        let (http, url) = (http.clone(), gw.url.clone());
-        move |i: usize| {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                let (req, resp) = suspend(&http, &url, &format!("{label} {i} /tmp/f")).await;
-                answer(&http, &url, &with_result(&req, &resp)).await;
-            }
-        }
-    };
-    at_once(0..WARM, settle("warm")).await;
-    let before = rss_kib(gw.child.id());
-    at_once(0..held, settle("settled")).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let after = rss_kib(gw.child.id());
+    let (before, after, _) = rss_growth(held, "settled", |http, url, prompt| async move {
+        let (req, resp) = suspend(&http, &url, &prompt).await;
+        answer(&http, &url, &with_result(&req, &resp)).await;
+    })
+    .await;
     let per = (after.saturating_sub(before) as f64 * 1024.0) / held as f64;
     println!(
         "{held} tombstones (turns held and answered 64 at a time): gateway RSS {before} KiB -> {after} KiB: {per:.0} bytes per tombstone"
     );
     per
+}
+
+/// A fresh gateway's RSS (KiB) after `WARM` turns of `turn` and after `held` more (and how
+/// long those took), each turn given the client, the gateway's URL and its prompt.
+async fn rss_growth<Fut>(
+    held: usize,
+    label: &str,
+    turn: fn(reqwest::Client, String, String) -> Fut,
+) -> (u64, u64, Duration)
+where
+    Fut: std::future::Future<Output = ()>,
+{
+    let gw = gateway(held + 1000);
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .expect("client");
+    let run = |label: &str| {
+        let (http, url, label) = (&http, &gw.url, label.to_string());
+        move |i: usize| turn(http.clone(), url.clone(), format!("{label} {i} /tmp/f"))
+    };
+    at_once(0..WARM, run("warm")).await;
+    let before = rss_kib(gw.child.id());
+    let started = Instant::now();
+    at_once(0..held, run(label)).await;
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    (before, rss_kib(gw.child.id()), took)
 }
 
 /// Runs `one(i)` for every `i` of `range`, 64 at a time.
