@@ -26,7 +26,7 @@ use std::sync::Arc;
 use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
 
-use crate::store::{Lifecycle, Store, StoreError};
+use crate::store::{Lifecycle, Settlement, Store, StoreError};
 
 /// At most this many rows go into one transaction.
 const MAX_BATCH: usize = 1024;
@@ -36,19 +36,9 @@ const INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
 
 enum Queued {
     Row(Lifecycle),
-    Tombstones(Tombstones),
     /// Answered once everything queued before it is written (tests).
     #[cfg(test)]
     Barrier(oneshot::Sender<()>),
-}
-
-/// A settled batch's tombstones (`Store::tokens_settled`).
-pub(super) struct Tombstones {
-    pub execution_id: Arc<str>,
-    pub principal: Arc<str>,
-    pub tokens: Vec<[u8; 32]>,
-    pub reason: &'static str,
-    pub evicted: Vec<[u8; 32]>,
 }
 
 /// What the writer drains: the queue, and whether the journal is closed (then nothing more
@@ -137,9 +127,11 @@ impl Journal {
     }
 
     /// Writes a batch's tombstones behind the request path (after shutdown, at once).
-    pub async fn tombstones(&self, t: Tombstones) {
-        if let Err(Queued::Tombstones(t)) = self.try_send(Queued::Tombstones(t)) {
-            write_tombstones(&self.store, &t).await;
+    pub async fn tombstones(&self, s: Settlement) {
+        if let Err(Queued::Row(Lifecycle::Settled(s))) =
+            self.try_send(Queued::Row(Lifecycle::Settled(s)))
+        {
+            write_tombstones(&self.store, &s).await;
         }
     }
 
@@ -196,15 +188,10 @@ async fn write(store: &Store, queue: &Mutex<Queue>, healthy: &AtomicBool, wake: 
             let _ = tokio::time::timeout(INTERVAL, wake.notified()).await;
             continue;
         }
-        // In queue order: the rows queued before a batch's tombstones are written before
-        // them, consecutive rows in one transaction.
+        // In queue order, in one transaction: starts, ends and settled batches.
         for q in items {
             match q {
                 Queued::Row(r) => rows.push(r),
-                Queued::Tombstones(t) => {
-                    write_rows(store, &mut rows, healthy).await;
-                    write_tombstones(store, &t).await;
-                }
                 #[cfg(test)]
                 Queued::Barrier(b) => barriers.push(b),
             }
@@ -225,25 +212,26 @@ async fn write_rows(store: &Store, rows: &mut Vec<Lifecycle>, healthy: &AtomicBo
         Ok(()) => healthy.store(true, Ordering::Relaxed),
         Err(e) => {
             healthy.store(false, Ordering::Relaxed);
-            tracing::error!(rows = rows.len(), error = %e, "could not journal execution starts and ends");
+            // A settled batch's tokens lost here become `lost` tombstones at the next start.
+            tracing::error!(rows = rows.len(), error = %e, "could not journal execution starts, ends and settled tokens");
         }
     }
     rows.clear();
 }
 
-async fn write_tombstones(store: &Store, t: &Tombstones) {
+async fn write_tombstones(store: &Store, s: &Settlement) {
     let written = store
         .tokens_settled(
-            &t.execution_id,
-            &t.principal,
-            &t.tokens,
-            t.reason,
-            &t.evicted,
+            &s.execution_id,
+            &s.principal,
+            &s.tokens,
+            s.reason,
+            &s.evicted,
         )
         .await;
     if let Err(e) = written {
         // Recovery turns the still-pending rows into `lost` tombstones, which never resume.
-        tracing::error!(execution = %t.execution_id, error = %e, "could not persist tombstones");
+        tracing::error!(execution = %s.execution_id, error = %e, "could not persist tombstones");
     }
 }
 
@@ -269,7 +257,7 @@ mod tests {
         // between them.
         journal.started("exe-t", "alice", "m").await.unwrap();
         journal
-            .tombstones(Tombstones {
+            .tombstones(Settlement {
                 execution_id: "exe-t".into(),
                 principal: "alice".into(),
                 tokens: vec![[7; 32]],

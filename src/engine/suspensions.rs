@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::execution::{ExecutionMeta, Suspended};
-use super::journal::{Journal, Tombstones};
+use super::journal::Journal;
 use super::ContinuationError;
 use crate::auth::Principal;
 use crate::backend::{Hold, Holds};
@@ -251,7 +251,7 @@ impl Suspensions {
             .registry
             .commit(&b.principal, &b.tokens, Reason::Resolved);
         self.journal
-            .tombstones(Tombstones {
+            .tombstones(crate::store::Settlement {
                 execution_id: b.execution_id.clone(),
                 principal: b.principal.clone(),
                 tokens: b.tokens.clone(),

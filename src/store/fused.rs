@@ -144,6 +144,8 @@ pub(super) async fn journaled(
             } => {
                 ends.insert(execution_id.as_str(), (*reason, *at));
             }
+            // Written on their own (`lifecycle::fused_runs`).
+            Lifecycle::Settled(_) => {}
         }
     }
     for row in rows {
@@ -183,6 +185,7 @@ pub(super) async fn journaled(
                 c.journal[1].push(Some("execution_ended"));
                 c.journal_at.push(*at as i64);
             }
+            Lifecycle::Settled(_) => {}
         }
     }
     let details: Vec<Option<&str>> = c.details.iter().map(|d| Some(d.as_str())).collect();

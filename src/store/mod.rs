@@ -29,6 +29,7 @@ mod compactions;
 mod db;
 mod feed;
 mod fused;
+mod lifecycle;
 mod links;
 mod managed;
 mod migrations;
@@ -45,6 +46,7 @@ pub use cluster::{Lease, RemotePending, ReplicaSettlement};
 pub use compactions::CompactionRecord;
 pub use db::default_pool_size;
 pub use feed::{ApprovalChange, ApprovalFeed, Listening};
+pub use lifecycle::{Lifecycle, Settlement};
 pub use managed::{AppendError, EventRow, ListRows, ManagedRow};
 pub use outbox::{Attempt, Delivery, DeliveryRow};
 pub use sso::{SessionRow, MAX_SESSIONS_PER_SUBJECT};
@@ -109,23 +111,6 @@ pub fn now_unix() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-/// An execution's start or end, as the journal writer queues it (`at`: Unix seconds when it
-/// happened, not when it was written).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Lifecycle {
-    Started {
-        execution_id: String,
-        principal: String,
-        model: String,
-        at: u64,
-    },
-    Ended {
-        execution_id: String,
-        reason: &'static str,
-        at: u64,
-    },
 }
 
 /// A tombstone as recovered from the store, oldest first.
@@ -233,79 +218,6 @@ impl Store {
             .await
     }
 
-    pub async fn execution_started(
-        &self,
-        execution_id: &str,
-        principal: &str,
-        model: &str,
-    ) -> Result<(), StoreError> {
-        let (owner, row) = (self.owner.as_str(), (execution_id, principal, model));
-        if self.db.engine() == db::Engine::Postgres {
-            let at = now_unix();
-            return self
-                .db
-                .read(async |t| fused::started(t, row, at, owner).await)
-                .await;
-        }
-        self.db
-            .tx(async |t| started_rows(t, row, now_unix(), owner).await)
-            .await
-    }
-
-    /// Lifecycle rows queued behind the request path, in order, in one transaction (the
-    /// engine's journal writer).
-    pub async fn executions_journaled(&self, rows: &[Lifecycle]) -> Result<(), StoreError> {
-        let owner = self.owner.as_str();
-        let announces = self.announces(ChangeKind::Ended);
-        if self.db.engine() == db::Engine::Postgres && !announces {
-            return self
-                .db
-                .read(async |t| fused::journaled(t, rows, owner).await)
-                .await;
-        }
-        self.announcing(async |t| {
-            if t.engine() == db::Engine::Postgres {
-                fused::journaled(t, rows, owner).await?;
-                return self.announce_ends(t, rows).await;
-            }
-            for row in rows {
-                match row {
-                    Lifecycle::Started {
-                        execution_id,
-                        principal,
-                        model,
-                        at,
-                    } => started_rows(t, (execution_id, principal, model), *at, owner).await?,
-                    Lifecycle::Ended {
-                        execution_id,
-                        reason,
-                        at,
-                    } => ended_rows(t, execution_id, reason, *at).await?,
-                }
-            }
-            if announces {
-                self.announce_ends(t, rows).await?;
-            }
-            Ok(())
-        })
-        .await
-    }
-
-    pub async fn execution_ended(
-        &self,
-        execution_id: &str,
-        reason: &str,
-    ) -> Result<(), StoreError> {
-        self.announcing(async |t| {
-            ended_rows(t, execution_id, reason, now_unix()).await?;
-            if self.announces(ChangeKind::Ended) {
-                Box::pin(self.announce_end(t, execution_id, reason)).await?;
-            }
-            Ok(())
-        })
-        .await
-    }
-
     pub async fn tombstones(&self) -> Result<Vec<StoredTombstone>, StoreError> {
         let rows = self
             .db
@@ -366,49 +278,6 @@ impl Store {
             .await;
         matches!(probe, Err(StoreError::RolledBack))
     }
-}
-
-/// An execution's live row and its `execution_started` journal entry.
-async fn started_rows(
-    t: &mut db::Tx<'_>,
-    (execution_id, principal, model): (&str, &str, &str),
-    at: u64,
-    owner: &str,
-) -> Result<(), StoreError> {
-    let detail = format!("principal={principal} model={model}");
-    t.exec(
-        "INSERT INTO executions (execution_id, principal, model, state, created_at, owner)
-         VALUES (?1, ?2, ?3, 'live', ?4, ?5)",
-        vals![execution_id, principal, model, at, owner],
-    )
-    .await?;
-    t.exec(
-        "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_started', ?3)",
-        vals![at, execution_id, &detail],
-    ).await?;
-    Ok(())
-}
-
-/// An execution's end and its `execution_ended` journal entry. A row another replica already
-/// ended (settled `lost`) keeps that ending.
-async fn ended_rows(
-    t: &mut db::Tx<'_>,
-    execution_id: &str,
-    reason: &str,
-    at: u64,
-) -> Result<(), StoreError> {
-    let detail = format!("reason={reason}");
-    t.exec(
-        "UPDATE executions SET state = 'ended', reason = ?2, ended_at = ?3
-         WHERE execution_id = ?1 AND state = 'live'",
-        vals![execution_id, reason, at],
-    )
-    .await?;
-    t.exec(
-        "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'execution_ended', ?3)",
-        vals![at, execution_id, &detail],
-    ).await?;
-    Ok(())
 }
 
 /// Settles what a replica (`owner`) held: its pending tokens and the stateless records it had

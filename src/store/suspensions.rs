@@ -145,6 +145,28 @@ pub(super) async fn settle(
     Ok(settled)
 }
 
+/// A settled batch's rows on SQLite (`super::Settlement`): its tokens, `reason` and the
+/// tombstones evicted. How many tokens it settled.
+pub(super) async fn settled_rows(
+    t: &mut Tx<'_>,
+    (execution_id, principal): (&str, &str),
+    (digests, reason, evicted): (&[[u8; 32]], &str, &[[u8; 32]]),
+    now: u64,
+) -> Result<usize, StoreError> {
+    let settled = settle(t, principal, digests, reason, now).await?;
+    for d in evicted {
+        t.exec("DELETE FROM tombstones WHERE digest = ?1", vals![d])
+            .await?;
+    }
+    let detail = format!("reason={reason} count={}", settled.len());
+    t.exec(
+        "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_settled', ?3)",
+        vals![now, execution_id, &detail],
+    )
+    .await?;
+    Ok(settled.len())
+}
+
 impl Store {
     /// A held turn's pending tokens on PostgreSQL: one fused statement, in a transaction only
     /// while an endpoint subscribes to held turns (their outbox rows go with it).
@@ -251,18 +273,10 @@ impl Store {
                 .read(async |t| fused::settled(t, who, digests, reason, evicted, now).await)
                 .await;
         }
-        self.db.tx(async |t| {
-            let settled = settle(t, principal, digests, reason, now).await?;
-            for d in evicted {
-                t.exec("DELETE FROM tombstones WHERE digest = ?1", vals![d]).await?;
-            }
-            let detail = format!("reason={reason} count={}", settled.len());
-            t.exec(
-                "INSERT INTO journal (at, execution_id, event, detail) VALUES (?1, ?2, 'tokens_settled', ?3)",
-                vals![now, execution_id, &detail],
-            ).await?;
-            Ok(settled.len())
-        }).await
+        let who = (execution_id, principal);
+        self.db
+            .tx(async |t| settled_rows(t, who, (digests, reason, evicted), now).await)
+            .await
     }
 
     /// Every durable (stateless upstream) suspension of this replica still pending, one per
