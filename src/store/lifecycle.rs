@@ -26,7 +26,8 @@ pub enum Lifecycle {
     Settled(Settlement),
 }
 
-/// A settled batch: its tokens' pending rows become tombstones (`reason`), the tombstones
+/// A held turn's settled batch (never a stateless upstream's, whose durable records are
+/// settled at once): its tokens' pending rows become tombstones (`reason`), the tombstones
 /// the principal's ring pushed out are deleted, and the journal says how many were settled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settlement {
@@ -87,7 +88,7 @@ impl Store {
                         at,
                     } => ended_rows(t, execution_id, reason, *at).await?,
                     Lifecycle::Settled(s) => {
-                        let who = (&*s.execution_id, &*s.principal);
+                        let who = (&*s.execution_id, &*s.principal, false);
                         let batch = (&s.tokens[..], s.reason, &s.evicted[..]);
                         settled_rows(t, who, batch, now_unix()).await?;
                     }

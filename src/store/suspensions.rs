@@ -116,21 +116,25 @@ pub(super) fn durable_rows(rows: &[Row]) -> Result<Vec<StoredSuspension>, StoreE
 }
 
 /// Turns pending rows into tombstones; only the rows still pending (another replica may have
-/// settled them first). Returns the digests this call settled.
-pub(super) async fn settle(
+/// settled them first). A held turn's tokens are only in `pending_tokens`; with `stateless`,
+/// `upstream_pending` is looked in too. Returns the digests this call settled.
+async fn settle(
     t: &mut Tx<'_>,
-    principal: &str,
+    (principal, stateless): (&str, bool),
     digests: &[[u8; 32]],
     reason: &str,
     now: u64,
 ) -> Result<Vec<[u8; 32]>, StoreError> {
     let mut settled = Vec::with_capacity(digests.len());
     for d in digests {
-        let n = t
+        let mut n = t
             .exec("DELETE FROM pending_tokens WHERE digest = ?1", vals![d])
-            .await?
-            + t.exec("DELETE FROM upstream_pending WHERE digest = ?1", vals![d])
+            .await?;
+        if stateless {
+            n += t
+                .exec("DELETE FROM upstream_pending WHERE digest = ?1", vals![d])
                 .await?;
+        }
         if n > 0 {
             t.exec(
                 "INSERT INTO tombstones (digest, principal, reason, at) VALUES (?1, ?2, ?3, ?4)
@@ -145,15 +149,16 @@ pub(super) async fn settle(
     Ok(settled)
 }
 
-/// A settled batch's rows on SQLite (`super::Settlement`): its tokens, `reason` and the
-/// tombstones evicted. How many tokens it settled.
+/// A settled batch's rows on SQLite (`super::Settlement`): its tokens (a held turn's, or with
+/// `stateless` possibly a stateless upstream's), `reason` and the tombstones evicted. How
+/// many tokens it settled.
 pub(super) async fn settled_rows(
     t: &mut Tx<'_>,
-    (execution_id, principal): (&str, &str),
+    (execution_id, principal, stateless): (&str, &str, bool),
     (digests, reason, evicted): (&[[u8; 32]], &str, &[[u8; 32]]),
     now: u64,
 ) -> Result<usize, StoreError> {
-    let settled = settle(t, principal, digests, reason, now).await?;
+    let settled = settle(t, (principal, stateless), digests, reason, now).await?;
     for d in evicted {
         t.exec("DELETE FROM tombstones WHERE digest = ?1", vals![d])
             .await?;
@@ -273,7 +278,7 @@ impl Store {
                 .read(async |t| fused::settled(t, who, digests, reason, evicted, now).await)
                 .await;
         }
-        let who = (execution_id, principal);
+        let who = (execution_id, principal, true);
         self.db
             .tx(async |t| settled_rows(t, who, (digests, reason, evicted), now).await)
             .await
