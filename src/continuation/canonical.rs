@@ -5,8 +5,8 @@
 //! (which fields of a message carry meaning) on these writers; the rules are in
 //! docs/src/canonical-json.md.
 
+use crate::digest::Sha256;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 /// Where canonical text goes.
 pub trait Sink {
@@ -38,7 +38,7 @@ impl Hashing {
 
     pub fn finish(mut self) -> [u8; 32] {
         self.hash.update(&self.buf);
-        self.hash.finalize().into()
+        self.hash.finish()
     }
 }
 
@@ -175,7 +175,7 @@ pub fn digest_of_digests(digests: &[[u8; 32]]) -> [u8; 32] {
     for d in digests {
         h.update(d);
     }
-    h.finalize().into()
+    h.finish()
 }
 
 #[cfg(test)]

@@ -123,14 +123,15 @@ impl Store {
 async fn fused_runs(t: &mut db::Tx<'_>, rows: &[Lifecycle], owner: &str) -> Result<(), StoreError> {
     let settled = |r: &Lifecycle| matches!(r, Lifecycle::Settled(_));
     for run in rows.chunk_by(|a, b| settled(a) == settled(b)) {
+        if !settled(&run[0]) {
+            fused::journaled(t, run, owner).await?;
+            continue;
+        }
         for row in run {
             if let Lifecycle::Settled(s) = row {
                 let who = (&*s.execution_id, &*s.principal);
                 fused::settled(t, who, &s.tokens, s.reason, &s.evicted, now_unix()).await?;
             }
-        }
-        if !run.iter().any(settled) {
-            fused::journaled(t, run, owner).await?;
         }
     }
     Ok(())

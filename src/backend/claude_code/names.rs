@@ -6,8 +6,6 @@
 //! before a built-in's name; a too long or foreign name cut and given a short digest), and
 //! its calls come back under the client's name.
 
-use sha2::{Digest, Sha256};
-
 /// The SDK MCP server that serves the client's tools.
 pub const SERVER: &str = "t";
 /// How Claude Code prefixes the server's tools.
@@ -103,7 +101,7 @@ fn shortened(name: &str, max: usize) -> String {
     if clean.len() <= max && clean == name && !clean.is_empty() {
         return clean;
     }
-    let digest = hex::encode(&Sha256::digest(name.as_bytes())[..4]);
+    let digest = hex::encode(&crate::digest::sha256(name.as_bytes())[..4]);
     let keep = max.saturating_sub(digest.len() + 1);
     format!("{}_{digest}", &clean[..keep.min(clean.len())])
 }
