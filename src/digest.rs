@@ -27,32 +27,32 @@ pub fn sha256(bytes: &[u8]) -> [u8; 32] {
     }
 }
 
-/// A SHA-256 fed in pieces.
+/// A SHA-256 fed in pieces, by the implementation [`sha256`] would use.
 #[derive(Clone)]
 pub enum Sha256 {
-    Hardware(sha2::Sha256),
-    Simd(Context),
+    Sha2(sha2::Sha256),
+    Ring(Context),
 }
 
 impl Sha256 {
     pub fn new() -> Sha256 {
         match hardware() {
-            true => Sha256::Hardware(sha2::Sha256::new()),
-            false => Sha256::Simd(Context::new(&SHA256)),
+            true => Sha256::Sha2(sha2::Sha256::new()),
+            false => Sha256::Ring(Context::new(&SHA256)),
         }
     }
 
     pub fn update(&mut self, bytes: &[u8]) {
         match self {
-            Sha256::Hardware(h) => h.update(bytes),
-            Sha256::Simd(c) => c.update(bytes),
+            Sha256::Sha2(h) => h.update(bytes),
+            Sha256::Ring(c) => c.update(bytes),
         }
     }
 
     pub fn finish(self) -> [u8; 32] {
         match self {
-            Sha256::Hardware(h) => h.finalize().into(),
-            Sha256::Simd(c) => bytes32(c.finish()),
+            Sha256::Sha2(h) => h.finalize().into(),
+            Sha256::Ring(c) => bytes32(c.finish()),
         }
     }
 }
@@ -98,8 +98,8 @@ mod tests {
         ];
         for (input, digest) in known {
             let mut both = [
-                Sha256::Hardware(sha2::Sha256::new()),
-                Sha256::Simd(Context::new(&SHA256)),
+                Sha256::Sha2(sha2::Sha256::new()),
+                Sha256::Ring(Context::new(&SHA256)),
             ];
             for h in &mut both {
                 for piece in input.chunks(7) {
