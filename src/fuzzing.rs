@@ -85,12 +85,11 @@ fn now() -> tokio::time::Instant {
 pub fn chat(data: &[u8]) {
     // Read as an upstream's answer on its way back, it stays JSON whatever the relay adds
     // (a message's missing `refusal` and `annotations`) or cuts (usage, a null fingerprint).
-    let raw = Bytes::copy_from_slice(data);
-    if let Some(p) =
-        crate::backend::upstream::native::plain(&raw, "m2", data.len().is_multiple_of(2))
-    {
+    let strip = data.len().is_multiple_of(2);
+    let text = std::str::from_utf8(data).ok();
+    if let Some(p) = text.and_then(|t| crate::backend::upstream::native::plain(t, "m2", strip)) {
         if serde_json::from_slice::<Value>(data).is_ok() {
-            serde_json::from_slice::<Value>(&p.json).expect("a relayed answer is JSON");
+            serde_json::from_str::<Value>(&p.json).expect("a relayed answer is JSON");
         }
     }
     let Ok((input, _)) = crate::surface::chat::parse(Bytes::copy_from_slice(data), now()) else {

@@ -2,8 +2,6 @@
 //! and an owner replica's relayed stream are read with. A wire codec, so a leaf: it knows no
 //! backend and no surface.
 
-use bytes::{Bytes, BytesMut};
-
 /// One event of an SSE body.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SseEvent {
@@ -19,7 +17,7 @@ pub const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 /// fields ignored). Handles `\n` and `\r\n` line ends and events split across chunks.
 #[derive(Default)]
 pub struct SseSplitter {
-    buf: BytesMut,
+    buf: Vec<u8>,
     data: Vec<String>,
     /// Bytes in `data`.
     held: usize,
@@ -31,37 +29,55 @@ pub struct SseSplitter {
 pub struct Overflow;
 
 impl SseSplitter {
-    pub fn push(&mut self, bytes: &Bytes) -> Result<(), Overflow> {
-        self.buf.extend_from_slice(bytes);
-        while let Some(pos) = memchr::memchr(b'\n', &self.buf) {
-            let line = self.buf.split_to(pos + 1);
-            // Valid UTF-8 is borrowed (the common case, checked a word at a time).
-            let line = match std::str::from_utf8(&line) {
-                Ok(text) => std::borrow::Cow::Borrowed(text),
-                Err(_) => String::from_utf8_lossy(&line),
+    pub fn push(&mut self, bytes: &[u8]) -> Result<(), Overflow> {
+        let mut rest = bytes;
+        // The line held from the last chunk, completed first.
+        if !self.buf.is_empty() {
+            let Some(pos) = memchr::memchr(b'\n', rest) else {
+                self.buf.extend_from_slice(rest);
+                return self.bounded();
             };
-            self.line(line.trim_end_matches(['\n', '\r']));
+            self.buf.extend_from_slice(&rest[..pos]);
+            let held = std::mem::take(&mut self.buf);
+            self.line(&held);
+            rest = &rest[pos + 1..];
+        }
+        // The lines wholly inside the chunk, read where they lie.
+        while let Some(pos) = memchr::memchr(b'\n', rest) {
+            self.line(&rest[..pos]);
             if self.held > MAX_EVENT_BYTES {
                 return Err(Overflow);
             }
+            rest = &rest[pos + 1..];
         }
-        if self.buf.len() + self.held > MAX_EVENT_BYTES {
-            return Err(Overflow);
+        self.buf.extend_from_slice(rest);
+        self.bounded()
+    }
+
+    fn bounded(&self) -> Result<(), Overflow> {
+        match self.buf.len() + self.held > MAX_EVENT_BYTES {
+            true => Err(Overflow),
+            false => Ok(()),
         }
-        Ok(())
     }
 
     /// The body ended: a last event without its blank line still counts.
     pub fn finish(&mut self) {
         if !self.buf.is_empty() {
-            let rest = String::from_utf8_lossy(&self.buf).to_string();
-            self.buf.clear();
-            self.line(rest.trim_end_matches(['\n', '\r']));
+            let rest = std::mem::take(&mut self.buf);
+            self.line(&rest);
         }
-        self.line("");
+        self.line(b"");
     }
 
-    fn line(&mut self, line: &str) {
+    /// One line, its `\n` taken off. Only a `data:` line's text is read (and its UTF-8
+    /// checked, once; invalid sequences become U+FFFD); other fields are ignored.
+    fn line(&mut self, line: &[u8]) {
+        let mut end = line.len();
+        while end > 0 && matches!(line[end - 1], b'\n' | b'\r') {
+            end -= 1;
+        }
+        let line = &line[..end];
         if line.is_empty() {
             if !self.data.is_empty() {
                 // One `data:` line is the event, as it is.
@@ -71,16 +87,19 @@ impl SseSplitter {
                 };
                 self.data.clear();
                 self.held = 0;
-                self.ready.push_back(if data.trim() == "[DONE]" {
-                    SseEvent::Done
-                } else {
-                    SseEvent::Data(data)
+                let done = data.len() <= 16 && data.trim() == "[DONE]";
+                self.ready.push_back(match done {
+                    true => SseEvent::Done,
+                    false => SseEvent::Data(data),
                 });
             }
-        } else if let Some(d) = line.strip_prefix("data:") {
-            let d = d.strip_prefix(' ').unwrap_or(d);
+        } else if let Some(d) = line.strip_prefix(b"data:") {
+            let d = d.strip_prefix(b" ").unwrap_or(d);
             self.held += d.len() + 1;
-            self.data.push(d.to_string());
+            self.data.push(match std::str::from_utf8(d) {
+                Ok(text) => text.to_owned(),
+                Err(_) => String::from_utf8_lossy(d).into_owned(),
+            });
         }
     }
 
@@ -92,6 +111,7 @@ impl SseSplitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     #[test]
     fn splits_events_across_chunks_and_line_ends() {

@@ -355,7 +355,7 @@ pub enum Wire {
 #[derive(Debug)]
 pub enum Relayed {
     /// No tool calls in it: relayed byte for byte. `finish`: it has a `finish_reason`.
-    Raw { json: bytes::Bytes, finish: bool },
+    Raw { json: String, finish: bool },
     /// Read as a tree, its tool calls taken out.
     Tree(serde_json::Value),
 }
@@ -380,7 +380,7 @@ impl Relayed {
     /// A copy as a tree.
     pub fn to_value(&self) -> serde_json::Value {
         match self {
-            Relayed::Raw { json, .. } => serde_json::from_slice(json).unwrap_or_default(),
+            Relayed::Raw { json, .. } => serde_json::from_str(json).unwrap_or_default(),
             Relayed::Tree(v) => v.clone(),
         }
     }
@@ -391,7 +391,7 @@ impl Relayed {
             Relayed::Raw { json, .. } => {
                 let mut out = String::with_capacity(json.len() + 8);
                 out.push_str("data: ");
-                out.push_str(std::str::from_utf8(json).unwrap_or_default());
+                out.push_str(json);
                 out.push_str("\n\n");
                 out
             }

@@ -37,8 +37,12 @@ pub struct SuspendedCounts {
     pub durable: usize,
 }
 
+/// Places by principal, hashed with a seeded fast hash (every request looks here several
+/// times; the keys are principals, not a caller's free text).
+type Counts = HashMap<Arc<str>, usize, foldhash::fast::RandomState>;
+
 /// Live executions by principal; shared with every [`Slot`].
-type Live = Arc<Mutex<HashMap<Arc<str>, usize>>>;
+type Live = Arc<Mutex<Counts>>;
 
 /// One live execution of a principal; dropping it frees the place.
 pub struct Slot {
@@ -60,7 +64,7 @@ impl Drop for Slot {
 }
 
 /// Counts one more place of `principal` in `map`; returns the map's key for it.
-fn enter(map: &mut HashMap<Arc<str>, usize>, principal: &str) -> Arc<str> {
+fn enter(map: &mut Counts, principal: &str) -> Arc<str> {
     if let Some((key, _)) = map.get_key_value(principal) {
         let key = key.clone();
         *map.get_mut(principal).expect("just found") += 1;
@@ -91,8 +95,8 @@ pub struct Limiter {
 impl Default for Limiter {
     fn default() -> Self {
         Limiter {
-            live: Arc::new(Mutex::new(HashMap::new())),
-            streams: Arc::new(Mutex::new(HashMap::new())),
+            live: Arc::default(),
+            streams: Arc::default(),
             rates: Mutex::new(HashMap::new()),
             clock: DefaultClock::default(),
         }

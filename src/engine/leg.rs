@@ -13,6 +13,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use futures::FutureExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -67,6 +68,10 @@ pub struct Leg {
     pub events: mpsc::Receiver<LegEvent>,
 }
 
+/// The most events a leg takes in a row without looking at its deadline, its client and
+/// the gateway's shutdown.
+const BURST: u32 = 32;
+
 async fn sleep_until_opt(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -85,9 +90,8 @@ struct Gathered {
     crossed: Option<Exceeded>,
 }
 
-/// What the leg does next.
+/// What ends the leg's loop.
 enum Next {
-    Go,
     Suspend,
     Complete,
     Stop(Stop),
@@ -196,34 +200,55 @@ impl Engine {
         let shutdown = self.inner.shutdown.clone();
         let mut stopping = std::pin::pin!(shutdown.cancelled());
         let mut expired = std::pin::pin!(tokio::time::sleep_until(exec.deadline));
-        loop {
-            let next = tokio::select! {
-                biased;
-                _ = &mut stopping => Next::Stop(Stop::Fail(EngineError::ShuttingDown, EndReason::Cancelled)),
-                _ = tx.closed() => {
-                    tracing::info!(execution = %exec.meta.id, "client went away mid-leg; interrupting the turn");
-                    Next::Stop(Stop::Gone)
+        let next = {
+            // Made once too: a fresh waiter at each event registered and dropped one each time.
+            let mut gone = std::pin::pin!(tx.closed());
+            let mut burst = 0;
+            loop {
+                // The events the backend already has ready are taken a burst at a time (at
+                // most BURST) without the leg's other checks, which come first after it.
+                let ready = match burst < BURST {
+                    true => exec.turn.next_event().now_or_never(),
+                    false => None,
+                };
+                if let Some(ev) = ready {
+                    burst += 1;
+                    match self.on_event(&mut exec, &mut got, ev, debounce, &tx).await {
+                        Some(next) => break next,
+                        None => continue,
+                    }
                 }
-                _ = &mut expired => Next::Stop(Stop::Fail(EngineError::Deadline, EndReason::Expired)),
-                _ = sleep_until_opt(got.flush_at) => Next::Suspend,
-                ev = exec.turn.next_event() => self.on_event(&mut exec, &mut got, ev, debounce, &tx).await,
-            };
-            match next {
-                Next::Go => {}
-                Next::Suspend => {
-                    let Gathered {
-                        calls, text, usage, ..
-                    } = got;
-                    let suspend = self.suspend(exec, ctx, calls, text, usage, tx);
-                    return Box::pin(suspend).await;
+                burst = 0;
+                let next = tokio::select! {
+                    biased;
+                    _ = &mut stopping => Some(Next::Stop(Stop::Fail(EngineError::ShuttingDown, EndReason::Cancelled))),
+                    _ = &mut gone => {
+                        tracing::info!(execution = %exec.meta.id, "client went away mid-leg; interrupting the turn");
+                        Some(Next::Stop(Stop::Gone))
+                    }
+                    _ = &mut expired => Some(Next::Stop(Stop::Fail(EngineError::Deadline, EndReason::Expired))),
+                    _ = sleep_until_opt(got.flush_at) => Some(Next::Suspend),
+                    ev = exec.turn.next_event() => self.on_event(&mut exec, &mut got, ev, debounce, &tx).await,
+                };
+                if let Some(next) = next {
+                    break next;
                 }
-                Next::Complete => return Box::pin(self.complete(exec, ctx, got, tx)).await,
-                Next::Stop(stop) => return Box::pin(self.stop(exec, stop, &tx)).await,
             }
+        };
+        match next {
+            Next::Suspend => {
+                let Gathered {
+                    calls, text, usage, ..
+                } = got;
+                let suspend = self.suspend(exec, ctx, calls, text, usage, tx);
+                Box::pin(suspend).await
+            }
+            Next::Complete => Box::pin(self.complete(exec, ctx, got, tx)).await,
+            Next::Stop(stop) => Box::pin(self.stop(exec, stop, &tx)).await,
         }
     }
 
-    /// What one backend event does to the leg.
+    /// What one backend event does to the leg: None while it goes on.
     async fn on_event(
         &self,
         exec: &mut Execution,
@@ -231,17 +256,21 @@ impl Engine {
         event: Option<TurnEvent>,
         debounce: std::time::Duration,
         tx: &mpsc::Sender<LegEvent>,
-    ) -> Next {
+    ) -> Option<Next> {
         // A send error means the client left; the next loop turn sees `closed`.
-        let fail = |e, reason| Next::Stop(Stop::Fail(e, reason));
+        let fail = |e, reason| Some(Next::Stop(Stop::Fail(e, reason)));
         match event {
+            // A native leg's surface relays the upstream's own chunks, which carry the text.
             Some(TurnEvent::Delta(d)) => {
                 got.text.push_str(&d);
-                let _ = tx.send(LegEvent::Delta(d)).await;
+                if !exec.turn.native {
+                    let _ = tx.send(LegEvent::Delta(d)).await;
+                }
             }
-            Some(TurnEvent::Reasoning(r)) => {
+            Some(TurnEvent::Reasoning(r)) if !exec.turn.native => {
                 let _ = tx.send(LegEvent::Reasoning(r)).await;
             }
+            Some(TurnEvent::Reasoning(_)) => {}
             Some(TurnEvent::Relayed(v)) => {
                 let _ = tx.send(LegEvent::Relayed(v)).await;
             }
@@ -279,10 +308,10 @@ impl Engine {
                     let _ = tx.send(LegEvent::Approval(n)).await;
                 }
             }
-            Some(TurnEvent::Yield) if !got.calls.is_empty() => return Next::Suspend,
+            Some(TurnEvent::Yield) if !got.calls.is_empty() => return Some(Next::Suspend),
             // An agent's batch already went out with the debounce: its turn goes on.
             Some(TurnEvent::Yield) if exec.holds == Holds::Turn => {}
-            Some(TurnEvent::Completed | TurnEvent::Yield) => return Next::Complete,
+            Some(TurnEvent::Completed | TurnEvent::Yield) => return Some(Next::Complete),
             Some(TurnEvent::Failed(detail)) => {
                 tracing::warn!(execution = %exec.meta.id, detail_len = detail.len(), "backend turn failed");
                 return fail(EngineError::TurnFailed, EndReason::Failed);
@@ -300,7 +329,7 @@ impl Engine {
             }
             None => return fail(EngineError::TurnFailed, EndReason::Lost),
         }
-        Next::Go
+        None
     }
 
     /// The turn completed: its thread is kept before the client learns the answer is

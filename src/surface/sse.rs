@@ -3,11 +3,15 @@
 //! and its framing of each event, with `: keep-alive` comments through silent stretches.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::stream::BoxStream;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
+use tokio::time::{Instant, Sleep};
 
 use crate::engine::{EngineError, Leg, LegEvent};
 use crate::error::ApiError;
@@ -15,7 +19,7 @@ use crate::error::ApiError;
 pub type Body = BoxStream<'static, Result<Bytes, Infallible>>;
 
 /// A surface's stream framing.
-pub trait Frame: Send + 'static {
+pub trait Frame: Send + Unpin + 'static {
     /// What goes before the first event's text (a role delta, `response.created`).
     fn opening(&mut self) -> String;
     /// Frames one leg event; returns the text and whether the stream is finished.
@@ -49,30 +53,78 @@ pub async fn stream<F: Frame>(
     keepalive: Duration,
 ) -> Result<Body, ApiError> {
     let first = first_event(&mut leg, keepalive).await?;
-    let mut opening = framer.opening();
+    let mut out = framer.opening();
     let mut done = false;
     if let Some(ev) = first {
         let (text, end) = framer.frame(ev);
-        opening.push_str(&text);
+        out.push_str(&text);
         done = end;
     }
-    let state = (leg, framer, done);
-    let rest = futures::stream::unfold(state, move |(mut leg, mut framer, done)| async move {
-        if done {
-            return None;
+    let quiet = Box::pin(tokio::time::sleep(keepalive));
+    Ok(Framed {
+        leg,
+        framer,
+        done,
+        out,
+        keepalive,
+        quiet,
+        sent_at: Instant::now(),
+    }
+    .boxed())
+}
+
+/// The bytes one body frame gathers from the events already waiting (more wait for the next).
+const GATHER_BYTES: usize = 64 * 1024;
+
+/// A leg's events framed as they come. The events already waiting go out as one body frame
+/// (the same bytes in fewer writes), and one timer, moved on only when it fires, stands for
+/// the keep-alive interval (a timer per event registered and dropped one each time).
+struct Framed<F> {
+    leg: Leg,
+    framer: F,
+    done: bool,
+    /// Framed and not yet sent.
+    out: String,
+    keepalive: Duration,
+    quiet: Pin<Box<Sleep>>,
+    /// When bytes last went out: the keep-alive is due one interval after.
+    sent_at: Instant,
+}
+
+impl<F: Frame> Stream for Framed<F> {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        while !this.done && this.out.len() < GATHER_BYTES {
+            let Poll::Ready(ev) = this.leg.events.poll_recv(cx) else {
+                break;
+            };
+            let ev = ev.unwrap_or(LegEvent::Error(EngineError::TurnFailed));
+            let (text, end) = this.framer.frame(ev);
+            match this.out.is_empty() {
+                true => this.out = text,
+                false => this.out.push_str(&text),
+            }
+            this.done = end;
+        }
+        if !this.out.is_empty() {
+            this.sent_at = Instant::now();
+            return Poll::Ready(Some(Ok(Bytes::from(std::mem::take(&mut this.out)))));
+        }
+        if this.done {
+            return Poll::Ready(None);
         }
         loop {
-            let (text, end) = match tokio::time::timeout(keepalive, leg.events.recv()).await {
-                Err(_) => (framer.keepalive(), false),
-                Ok(Some(ev)) => framer.frame(ev),
-                Ok(None) => framer.frame(LegEvent::Error(EngineError::TurnFailed)),
-            };
-            if text.is_empty() && !end {
+            std::task::ready!(this.quiet.as_mut().poll(cx));
+            let due = this.sent_at + this.keepalive;
+            if due > Instant::now() {
+                this.quiet.as_mut().reset(due);
                 continue;
             }
-            return Some((Ok(Bytes::from(text)), (leg, framer, end)));
+            this.sent_at = Instant::now();
+            this.quiet.as_mut().reset(this.sent_at + this.keepalive);
+            return Poll::Ready(Some(Ok(Bytes::from(this.framer.keepalive()))));
         }
-    });
-    let head = futures::stream::once(async move { Ok(Bytes::from(opening)) });
-    Ok(head.chain(rest).boxed())
+    }
 }

@@ -5,12 +5,15 @@
 //! of the gateway's own credentials is a gateway failure; the upstream URL and key never
 //! appear), reads whole bodies under `max_response_bytes`, and splits an SSE body into events.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use http_body_util::{BodyExt, Full};
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -18,6 +21,7 @@ use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use serde_json::Value;
+use tokio::time::{Instant, Sleep};
 
 use crate::backend::{BackendError, UpstreamRefusal};
 use crate::config::UpstreamConfig;
@@ -245,41 +249,80 @@ impl Client {
 
     /// The SSE events of a streaming body. Each item waits at most `idle_timeout`.
     pub fn events(&self, resp: Response) -> BoxStream<'static, Result<SseEvent, BackendError>> {
-        let idle = self.idle_timeout;
-        let body = resp.into_body().into_data_stream().boxed();
-        let state = (body, SseSplitter::default(), false);
-        futures::stream::unfold(state, move |(mut body, mut split, mut ended)| async move {
-            loop {
-                if let Some(ev) = split.next_event() {
-                    return Some((Ok(ev), (body, split, ended)));
+        Events {
+            body: resp.into_body().into_data_stream(),
+            split: SseSplitter::default(),
+            ended: false,
+            idle: self.idle_timeout,
+            timer: Box::pin(tokio::time::sleep(self.idle_timeout)),
+            waiting: None,
+        }
+        .boxed()
+    }
+}
+
+/// An SSE body split into events. One timer, moved on only when it fires, stands for the
+/// idle timeout of each wait (a timer per read registered and dropped one each time).
+struct Events {
+    body: http_body_util::BodyDataStream<hyper::body::Incoming>,
+    split: SseSplitter,
+    ended: bool,
+    idle: Duration,
+    timer: Pin<Box<Sleep>>,
+    /// Since when the body has sent nothing.
+    waiting: Option<Instant>,
+}
+
+impl Stream for Events {
+    type Item = Result<SseEvent, BackendError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(ev) = this.split.next_event() {
+                this.waiting = None;
+                return Poll::Ready(Some(Ok(ev)));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            let failed = |this: &mut Events, e: BackendError| {
+                this.ended = true;
+                Poll::Ready(Some(Err(e)))
+            };
+            match this.body.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(bytes))) => {
+                    this.waiting = None;
+                    if this.split.push(&bytes).is_err() {
+                        tracing::warn!(
+                            max_bytes = MAX_EVENT_BYTES,
+                            "upstream sent an SSE event over the bound"
+                        );
+                        let e = BackendError::Unavailable("event over the bound".into());
+                        return failed(this, e);
+                    }
                 }
-                if ended {
-                    return None;
+                Poll::Ready(Some(Err(_))) => {
+                    let e = BackendError::Unavailable("body broke off".into());
+                    return failed(this, e);
                 }
-                match tokio::time::timeout(idle, body.next()).await {
-                    Err(_) => return Some((Err(BackendError::Timeout), (body, split, true))),
-                    Ok(Some(Ok(bytes))) => {
-                        if split.push(&bytes).is_err() {
-                            tracing::warn!(
-                                max_bytes = MAX_EVENT_BYTES,
-                                "upstream sent an SSE event over the bound"
-                            );
-                            let e = BackendError::Unavailable("event over the bound".into());
-                            return Some((Err(e), (body, split, true)));
+                Poll::Ready(None) => {
+                    this.split.finish();
+                    this.ended = true;
+                }
+                Poll::Pending => {
+                    let since = *this.waiting.get_or_insert_with(Instant::now);
+                    loop {
+                        std::task::ready!(this.timer.as_mut().poll(cx));
+                        let due = since + this.idle;
+                        if due <= Instant::now() {
+                            return failed(this, BackendError::Timeout);
                         }
-                    }
-                    Ok(Some(Err(_))) => {
-                        let e = BackendError::Unavailable("body broke off".into());
-                        return Some((Err(e), (body, split, true)));
-                    }
-                    Ok(None) => {
-                        split.finish();
-                        ended = true;
+                        this.timer.as_mut().reset(due);
                     }
                 }
             }
-        })
-        .boxed()
+        }
     }
 }
 

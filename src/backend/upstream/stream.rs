@@ -6,12 +6,15 @@
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures::stream::BoxStream;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use serde_json::Value;
-use tokio::time::Instant;
+use tokio::time::Sleep;
 
 use super::client::Client;
 use super::native::{self, Plain};
@@ -140,7 +143,8 @@ pub fn whole(
             }
             Ok(Ok(b)) => b,
         };
-        if let Some(p) = native::plain(&bytes, &model, false) {
+        let text = std::str::from_utf8(&bytes).ok();
+        if let Some(p) = text.and_then(|t| native::plain(t, &model, false)) {
             plain(p, native, &mut out);
             out.push_back(TurnEvent::Completed);
             return out;
@@ -197,8 +201,8 @@ pub fn whole(
 
 struct Relay {
     events: BoxStream<'static, Result<SseEvent, BackendError>>,
-    /// The leg's total deadline (`total_timeout_ms`).
-    total: Instant,
+    /// The leg's total deadline (`total_timeout_ms`): one timer for the whole answer.
+    total: Pin<Box<Sleep>>,
     native: bool,
     /// Cut the usage the client did not ask for from the relayed chunks.
     strip_usage: bool,
@@ -224,7 +228,7 @@ pub fn events(
 ) -> BoxStream<'static, TurnEvent> {
     let relay = Relay {
         events: client.events(resp),
-        total: Instant::now() + client.total_timeout,
+        total: Box::pin(tokio::time::sleep(client.total_timeout)),
         native,
         strip_usage,
         model,
@@ -234,53 +238,60 @@ pub fn events(
         out: VecDeque::new(),
         over: false,
     };
-    futures::stream::unfold(relay, |mut r| async move {
-        let ev = r.next().await?;
-        Some((ev, r))
-    })
-    .boxed()
+    relay.boxed()
+}
+
+impl Stream for Relay {
+    type Item = TurnEvent;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<TurnEvent>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(ev) = this.out.pop_front() {
+                return Poll::Ready(Some(ev));
+            }
+            if this.over {
+                return Poll::Ready(None);
+            }
+            let Poll::Ready(ev) = this.events.poll_next_unpin(cx) else {
+                std::task::ready!(this.total.as_mut().poll(cx));
+                this.over = true;
+                return Poll::Ready(Some(TurnEvent::TimedOut));
+            };
+            this.read(ev);
+        }
+    }
 }
 
 impl Relay {
-    async fn next(&mut self) -> Option<TurnEvent> {
-        loop {
-            if let Some(ev) = self.out.pop_front() {
-                return Some(ev);
-            }
-            if self.over {
-                return None;
-            }
-            let Ok(ev) = tokio::time::timeout_at(self.total, self.events.next()).await else {
+    /// What the next SSE event (None: the body ended) makes of the answer.
+    fn read(&mut self, ev: Option<Result<SseEvent, BackendError>>) {
+        match ev {
+            None => {
+                // Ended without [DONE]: fine once something finished, else a failure.
                 self.over = true;
-                return Some(TurnEvent::TimedOut);
-            };
-            match ev {
-                None => {
-                    // Ended without [DONE]: fine once something finished, else a failure.
-                    self.over = true;
-                    if self.announced || !self.calls.is_empty() {
-                        self.end();
-                    } else {
-                        return Some(TurnEvent::Failed("upstream ended early".into()));
-                    }
-                }
-                Some(Err(e)) => {
-                    self.over = true;
-                    return Some(failure(e));
-                }
-                Some(Ok(SseEvent::Done)) => {
-                    self.over = true;
+                if self.announced || !self.calls.is_empty() {
                     self.end();
+                } else {
+                    let failed = TurnEvent::Failed("upstream ended early".into());
+                    self.out.push_back(failed);
                 }
-                Some(Ok(SseEvent::Data(data))) => {
-                    let data = bytes::Bytes::from(data);
-                    if let Some(p) = native::plain(&data, &self.model, self.strip_usage) {
-                        let finish = p.finish.is_some();
-                        plain(p, self.native, &mut self.out);
-                        self.finished(finish);
-                    } else if let Ok(chunk) = serde_json::from_slice::<Value>(&data) {
-                        self.chunk(chunk);
-                    }
+            }
+            Some(Err(e)) => {
+                self.over = true;
+                self.out.push_back(failure(e));
+            }
+            Some(Ok(SseEvent::Done)) => {
+                self.over = true;
+                self.end();
+            }
+            Some(Ok(SseEvent::Data(data))) => {
+                if let Some(p) = native::plain(&data, &self.model, self.strip_usage) {
+                    let finish = p.finish.is_some();
+                    plain(p, self.native, &mut self.out);
+                    self.finished(finish);
+                } else if let Ok(chunk) = serde_json::from_str::<Value>(&data) {
+                    self.chunk(chunk);
                 }
             }
         }

@@ -198,7 +198,7 @@ pub async fn collect(mut leg: Leg) -> Result<Answer, ApiError> {
             LegEvent::End { calls, usage } => {
                 if let Some(body) = native {
                     let mut body = match (body, calls.is_empty()) {
-                        (Relayed::Raw { json, .. }, true) => return Ok(Answer::Raw(json)),
+                        (Relayed::Raw { json, .. }, true) => return Ok(Answer::Raw(json.into())),
                         (body, _) => body.into_value(),
                     };
                     body["model"] = json!(&*meta.model);
@@ -310,8 +310,7 @@ mod tests {
         f.native = true;
         assert_eq!(f.opening(), "");
         let up = json!({"id": "up", "model": "x", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": null}], "extra": 1});
-        let raw =
-            crate::backend::upstream::native::plain(&up.to_string().into(), "m", false).unwrap();
+        let raw = crate::backend::upstream::native::plain(&up.to_string(), "m", false).unwrap();
         let (text, _) = f.frame(LegEvent::Relayed(Relayed::Raw {
             json: raw.json,
             finish: false,

@@ -71,15 +71,16 @@ pub fn upstream_body(
     model: Option<&str>,
     principal: &str,
 ) -> Result<Up, serde_json::Error> {
-    let f: Fields<'_> = serde_json::from_str(object(raw)?)?;
+    let text = object(raw)?;
+    let f: Fields<'_> = serde_json::from_str(text)?;
     let mut edits: Vec<(Range<usize>, Put<'_>)> = Vec::new();
     if let (Some(v), Some(m)) = (f.model, model) {
-        edits.push((span(raw, v), Put::Str(m)));
+        edits.push((span(text, v), Put::Str(m)));
     }
     for hint in [f.prompt_cache_key, f.user].into_iter().flatten() {
         let value: serde_json::Value = serde_json::from_str(hint.get())?;
-        let scoped = serde_json::to_vec(&scoped_cache_key(principal, &value))?;
-        edits.push((span(raw, hint), Put::Bytes(scoped)));
+        let scoped = serde_json::to_string(&scoped_cache_key(principal, &value))?;
+        edits.push((span(text, hint), Put::Text(scoped)));
     }
     let streamed = f.stream.is_some_and(|s| s.get() == "true");
     let mut strip_usage = false;
@@ -88,8 +89,8 @@ pub fn upstream_body(
             None => {
                 // After the opening brace: a streamed body has at least its `stream` member.
                 let at = raw.iter().position(|b| *b == b'{').unwrap_or(0) + 1;
-                let ask = br#""stream_options":{"include_usage":true},"#.to_vec();
-                edits.push((at..at, Put::Bytes(ask)));
+                let ask = r#""stream_options":{"include_usage":true},"#.to_string();
+                edits.push((at..at, Put::Text(ask)));
                 strip_usage = true;
             }
             Some(o) => {
@@ -99,16 +100,18 @@ pub fn upstream_body(
                         options = serde_json::json!({});
                     }
                     options["include_usage"] = true.into();
-                    edits.push((span(raw, o), Put::Bytes(serde_json::to_vec(&options)?)));
+                    let options = serde_json::to_string(&options)?;
+                    edits.push((span(text, o), Put::Text(options)));
                     strip_usage = true;
                 }
             }
         }
     }
-    Ok(Up {
-        body: rewrite(raw, &mut edits)?,
-        strip_usage,
-    })
+    let body = match edits.is_empty() {
+        true => raw.clone(),
+        false => rewrite(text, &mut edits).into(),
+    };
+    Ok(Up { body, strip_usage })
 }
 
 /// `raw` as text, when it is a JSON object (a struct also deserializes from an array). Read
@@ -121,7 +124,7 @@ fn object(raw: &[u8]) -> Result<&str, serde_json::Error> {
 }
 
 /// Where `value` (a span borrowed from `raw`) lies in `raw`.
-fn span(raw: &[u8], value: &RawValue) -> Range<usize> {
+fn span(raw: &str, value: &RawValue) -> Range<usize> {
     // The raw value borrows from `raw`: its offset is the distance between the two.
     let start = value.get().as_ptr() as usize - raw.as_ptr() as usize;
     start..start + value.get().len()
@@ -131,32 +134,43 @@ fn span(raw: &[u8], value: &RawValue) -> Range<usize> {
 enum Put<'b> {
     /// A string, written as JSON.
     Str(&'b str),
-    Bytes(Vec<u8>),
+    /// JSON text.
+    Text(String),
 }
 
-/// `raw` with each range (disjoint) replaced.
-fn rewrite(raw: &Bytes, edits: &mut [(Range<usize>, Put<'_>)]) -> Result<Bytes, serde_json::Error> {
-    if edits.is_empty() {
-        return Ok(raw.clone());
-    }
+/// `raw` with each range (disjoint, on JSON token boundaries) replaced.
+fn rewrite(raw: &str, edits: &mut [(Range<usize>, Put<'_>)]) -> String {
     edits.sort_unstable_by_key(|(r, _)| r.start);
-    let mut out = Vec::with_capacity(raw.len() + 64);
+    let mut out = String::with_capacity(raw.len() + 64);
     let mut at = 0;
     for (r, put) in edits.iter() {
-        out.extend_from_slice(&raw[at..r.start]);
+        out.push_str(&raw[at..r.start]);
         match put {
-            Put::Str(s) => serde_json::to_writer(&mut out, s)?,
-            Put::Bytes(b) => out.extend_from_slice(b),
+            Put::Str(s) => quoted(&mut out, s),
+            Put::Text(t) => out.push_str(t),
         }
         at = r.end;
     }
-    out.extend_from_slice(&raw[at..]);
-    Ok(out.into())
+    out.push_str(&raw[at..]);
+    out
+}
+
+/// `s` as a JSON string (as serde_json writes it: only `"`, `\\` and control characters
+/// escaped).
+fn quoted(out: &mut String, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::Value::from(s).to_string());
+    }
 }
 
 /// The whole member (`"key": value` and one separating comma) around the value at `value`,
 /// in an object `raw` that a JSON parser accepted.
-fn member(raw: &[u8], value: Range<usize>) -> Range<usize> {
+fn member(raw: &str, value: Range<usize>) -> Range<usize> {
+    let raw = raw.as_bytes();
     let back = |mut i: usize| {
         while i > 0 && raw[i - 1].is_ascii_whitespace() {
             i -= 1;
@@ -279,7 +293,7 @@ struct Details {
 #[derive(Debug)]
 pub struct Plain {
     /// The body (or chunk) with `model` renamed, to relay as it is.
-    pub json: Bytes,
+    pub json: String,
     /// False for a usage chunk the client did not ask for: metered, not relayed.
     pub relay: bool,
     pub text: String,
@@ -292,8 +306,11 @@ pub struct Plain {
 /// Reads an answer that carries no tool calls, `model` renamed to `model` and, with
 /// `strip_usage`, its `usage` member cut out; None when it has tool calls, or no `model`, or
 /// is not an object of this shape: the caller reads it as a tree.
-pub fn plain(raw: &Bytes, model: &str, strip_usage: bool) -> Option<Plain> {
-    let text = object(raw).ok()?;
+pub fn plain(text: &str, model: &str, strip_usage: bool) -> Option<Plain> {
+    if !text.trim_start().starts_with('{') {
+        return None;
+    }
+    let raw = text;
     if !strip_usage {
         let a: Answer<'_, Option<WireUsage>> = serde_json::from_str(text).ok()?;
         let usage = a.usage.map(wire_usage);
@@ -318,7 +335,7 @@ type Parts<'a> = (Option<&'a RawValue>, Option<Vec<Choice<'a>>>, Member<'a>);
 /// `system_fingerprint` is cut, and a message without `refusal` or `annotations` gets them
 /// (null and empty), as OpenAI itself answers.
 fn read(
-    raw: &Bytes,
+    raw: &str,
     model: &str,
     (model_value, choices, fingerprint): Parts<'_>,
     usage: Option<Usage>,
@@ -349,10 +366,10 @@ fn read(
         }
     }
     if let Some(f) = fingerprint.0.filter(|f| f.get() == "null") {
-        edits.push((member(raw, span(raw, f)), Put::Bytes(Vec::new())));
+        edits.push((member(raw, span(raw, f)), Put::Text(String::new())));
     }
     if let Some(member) = cut {
-        edits.push((member, Put::Bytes(Vec::new())));
+        edits.push((member, Put::Text(String::new())));
     }
     Some(Plain {
         text: said
@@ -367,7 +384,7 @@ fn read(
             .to_string(),
         usage,
         finish: finish.map(Cow::into_owned),
-        json: rewrite(raw, &mut edits).ok()?,
+        json: rewrite(raw, &mut edits),
         // The usage-only chunk goes whole; elsewhere only the member.
         relay,
     })
@@ -375,12 +392,12 @@ fn read(
 
 /// The members a whole answer's `message` (at `m` in `raw`) lacks of those the published
 /// schema requires, added before its closing brace.
-fn complete<'r>(raw: &[u8], m: &RawValue, s: &Said<'_>, edits: &mut Vec<(Range<usize>, Put<'r>)>) {
-    let missing: &[u8] = match (s.refusal.0.is_some(), s.annotations.0.is_some()) {
+fn complete<'r>(raw: &str, m: &RawValue, s: &Said<'_>, edits: &mut Vec<(Range<usize>, Put<'r>)>) {
+    let missing = match (s.refusal.0.is_some(), s.annotations.0.is_some()) {
         (true, true) => return,
-        (false, true) => br#""refusal":null"#,
-        (true, false) => br#""annotations":[]"#,
-        (false, false) => br#""refusal":null,"annotations":[]"#,
+        (false, true) => r#""refusal":null"#,
+        (true, false) => r#""annotations":[]"#,
+        (false, false) => r#""refusal":null,"annotations":[]"#,
     };
     // Only an object takes members (serde reads a struct from an array too).
     if !m.get().starts_with('{') {
@@ -388,12 +405,12 @@ fn complete<'r>(raw: &[u8], m: &RawValue, s: &Said<'_>, edits: &mut Vec<(Range<u
     }
     let at = span(raw, m).end - 1;
     let empty = m.get()[1..m.get().len() - 1].trim().is_empty();
-    let mut put = Vec::with_capacity(missing.len() + 1);
+    let mut put = String::with_capacity(missing.len() + 1);
     if !empty {
-        put.push(b',');
+        put.push(',');
     }
-    put.extend_from_slice(missing);
-    edits.push((at..at, Put::Bytes(put)));
+    put.push_str(missing);
+    edits.push((at..at, Put::Text(put)));
 }
 
 fn wire_usage(u: WireUsage) -> Usage {

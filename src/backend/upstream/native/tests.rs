@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// An answer's bytes read as [`super::plain`] reads text.
+fn plain(raw: &[u8], model: &str, strip_usage: bool) -> Option<Plain> {
+    super::plain(std::str::from_utf8(raw).ok()?, model, strip_usage)
+}
+
 #[test]
 fn only_the_model_value_changes() {
     let raw = Bytes::from_static(
@@ -28,7 +33,7 @@ fn a_plain_answer_is_read_without_a_tree_and_relayed_as_sent() {
         (u.prompt_tokens, u.cached_tokens, u.total_tokens),
         (5, 2, 11)
     );
-    let back: serde_json::Value = serde_json::from_slice(&p.json).unwrap();
+    let back: serde_json::Value = serde_json::from_str(&p.json).unwrap();
     let mut want: serde_json::Value = serde_json::from_slice(&raw).unwrap();
     want["model"] = "pub".into();
     // The members the published schema requires of a message, added.
@@ -134,10 +139,7 @@ fn usage_the_client_did_not_ask_for_is_cut_from_chunks() {
         ),
     ] {
         let p = plain(&Bytes::copy_from_slice(raw), "pub", true).unwrap();
-        assert_eq!(
-            std::str::from_utf8(&p.json).unwrap(),
-            std::str::from_utf8(want).unwrap()
-        );
+        assert_eq!(p.json.as_str(), std::str::from_utf8(want).unwrap());
         assert_eq!(p.relay, relay);
     }
     let u = plain(
@@ -180,7 +182,7 @@ fn a_whole_answer_gets_what_the_schema_requires_and_loses_a_null_fingerprint() {
         br#"{"id":"c","model":"up","system_fingerprint":null,"choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"},{"index":1,"message":{"role":"assistant","content":"yo","refusal":null},"finish_reason":"stop"}]}"#,
     );
     let p = plain(&raw, "m", false).unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&p.json).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&p.json).unwrap();
     assert!(v.get("system_fingerprint").is_none(), "{v}");
     for c in v["choices"].as_array().unwrap() {
         assert_eq!(c["message"]["refusal"], serde_json::Value::Null, "{v}");
@@ -192,16 +194,16 @@ fn a_whole_answer_gets_what_the_schema_requires_and_loses_a_null_fingerprint() {
         br#"{"model":"up","system_fingerprint":"fp","choices":[{"message":{"content":"x","refusal":null,"annotations":[]}}]}"#,
     );
     let p = plain(&raw, "up", false).unwrap();
-    assert_eq!(p.json, raw);
+    assert_eq!(p.json.as_bytes(), &raw[..]);
     // An empty message is completed without a stray comma.
     let raw = Bytes::from_static(br#"{"model":"up","choices":[{"message":{ }}]}"#);
     let p = plain(&raw, "up", false).unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&p.json).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&p.json).unwrap();
     assert_eq!(
         v["choices"][0]["message"]["annotations"],
         serde_json::json!([])
     );
     // A message that is no object is left as the upstream wrote it.
     let raw = Bytes::from_static(br#"{"model":"up","choices":[{"message":[]}]}"#);
-    assert_eq!(plain(&raw, "up", false).unwrap().json, raw);
+    assert_eq!(plain(&raw, "up", false).unwrap().json.as_bytes(), &raw[..]);
 }
