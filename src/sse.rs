@@ -15,13 +15,24 @@ pub const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 
 /// Splits a byte stream into SSE events (`data:` lines joined per event; comments and other
 /// fields ignored). Handles `\n` and `\r\n` line ends and events split across chunks.
-#[derive(Default)]
 pub struct SseSplitter {
     buf: Vec<u8>,
     data: Vec<String>,
     /// Bytes in `data`.
     held: usize,
     ready: std::collections::VecDeque<SseEvent>,
+}
+
+impl Default for SseSplitter {
+    fn default() -> Self {
+        SseSplitter {
+            buf: Vec::new(),
+            data: Vec::with_capacity(1),
+            held: 0,
+            // A chunk of a streamed answer often holds a few events.
+            ready: std::collections::VecDeque::with_capacity(8),
+        }
+    }
 }
 
 /// An event grew past [`MAX_EVENT_BYTES`]: the stream is broken off.

@@ -385,15 +385,13 @@ impl Relayed {
         }
     }
 
-    /// One SSE `data:` event of it.
-    pub fn event(&self) -> String {
+    /// One SSE `data:` event of it (a raw chunk framed in its own buffer).
+    pub fn into_event(self) -> String {
         match self {
-            Relayed::Raw { json, .. } => {
-                let mut out = String::with_capacity(json.len() + 8);
-                out.push_str("data: ");
-                out.push_str(json);
-                out.push_str("\n\n");
-                out
+            Relayed::Raw { mut json, .. } => {
+                json.insert_str(0, "data: ");
+                json.push_str("\n\n");
+                json
             }
             Relayed::Tree(v) => format!("data: {v}\n\n"),
         }

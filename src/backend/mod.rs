@@ -19,10 +19,12 @@ pub mod claude_code;
 pub mod upstream;
 
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures::channel::mpsc;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
+use futures::StreamExt;
 
 use crate::config::{BackendSpec, ModelConfig};
 use crate::turn::{Continuation, TurnInput, Usage};
@@ -395,12 +397,26 @@ impl Turn {
 
     /// The next event; `None` once the backend side is gone.
     pub async fn next_event(&mut self) -> Option<TurnEvent> {
+        std::future::poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    /// The next event if the backend has one ready (`Some(None)`: the backend side is gone);
+    /// None, with the task's waker registered, when it has not.
+    pub async fn ready_event(&mut self) -> Option<Option<TurnEvent>> {
+        std::future::poll_fn(|cx| match self.poll_event(cx) {
+            Poll::Ready(ev) => Poll::Ready(Some(ev)),
+            Poll::Pending => Poll::Ready(None),
+        })
+        .await
+    }
+
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<TurnEvent>> {
         if let Some(ev) = self.stash.pop() {
-            return Some(ev);
+            return Poll::Ready(Some(ev));
         }
         match &mut self.events {
-            Events::Channel(rx) => futures::StreamExt::next(rx).await,
-            Events::Stream(s) => futures::StreamExt::next(s).await,
+            Events::Channel(rx) => rx.poll_next_unpin(cx),
+            Events::Stream(s) => s.poll_next_unpin(cx),
         }
     }
 

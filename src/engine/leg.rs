@@ -13,7 +13,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use futures::FutureExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -66,6 +65,14 @@ pub struct Leg {
     /// When the execution ends at the latest (a call it holds then expires).
     pub deadline: Instant,
     pub events: mpsc::Receiver<LegEvent>,
+}
+
+/// Sends `ev` to the leg's surface: at once when the channel has room (the common case),
+/// else when it has. A closed channel (the client left) drops it; the leg sees that next.
+async fn emit(tx: &mpsc::Sender<LegEvent>, ev: LegEvent) {
+    if let Err(mpsc::error::TrySendError::Full(ev)) = tx.try_send(ev) {
+        let _ = tx.send(ev).await;
+    }
 }
 
 /// The most events a leg takes in a row without looking at its deadline, its client and
@@ -182,7 +189,8 @@ impl Engine {
         let mut got = Gathered {
             flush_at: (!calls.is_empty()).then(|| Instant::now() + debounce),
             calls,
-            text: String::new(),
+            // Sized for a short answer: grown once, if at all.
+            text: String::with_capacity(256),
             usage: Usage::default(),
             // The execution's spend crossed its per-execution cap at a report of this leg:
             // its next model request (the next report) stops it. The cap is read once per
@@ -208,7 +216,7 @@ impl Engine {
                 // The events the backend already has ready are taken a burst at a time (at
                 // most BURST) without the leg's other checks, which come first after it.
                 let ready = match burst < BURST {
-                    true => exec.turn.next_event().now_or_never(),
+                    true => exec.turn.ready_event().await,
                     false => None,
                 };
                 if let Some(ev) = ready {
@@ -257,22 +265,21 @@ impl Engine {
         debounce: std::time::Duration,
         tx: &mpsc::Sender<LegEvent>,
     ) -> Option<Next> {
-        // A send error means the client left; the next loop turn sees `closed`.
         let fail = |e, reason| Some(Next::Stop(Stop::Fail(e, reason)));
         match event {
             // A native leg's surface relays the upstream's own chunks, which carry the text.
             Some(TurnEvent::Delta(d)) => {
                 got.text.push_str(&d);
                 if !exec.turn.native {
-                    let _ = tx.send(LegEvent::Delta(d)).await;
+                    emit(tx, LegEvent::Delta(d)).await;
                 }
             }
             Some(TurnEvent::Reasoning(r)) if !exec.turn.native => {
-                let _ = tx.send(LegEvent::Reasoning(r)).await;
+                emit(tx, LegEvent::Reasoning(r)).await;
             }
             Some(TurnEvent::Reasoning(_)) => {}
             Some(TurnEvent::Relayed(v)) => {
-                let _ = tx.send(LegEvent::Relayed(v)).await;
+                emit(tx, LegEvent::Relayed(v)).await;
             }
             Some(TurnEvent::ToolCall(call)) => {
                 got.calls.push(call);
@@ -294,10 +301,10 @@ impl Engine {
                 }
             }
             Some(TurnEvent::Truncated) => {
-                let _ = tx.send(LegEvent::Truncated).await;
+                emit(tx, LegEvent::Truncated).await;
             }
             Some(TurnEvent::ToolEnded(t)) => {
-                let _ = tx.send(LegEvent::ToolEnded(t)).await;
+                emit(tx, LegEvent::ToolEnded(t)).await;
             }
             Some(TurnEvent::Approval(ask)) => {
                 let (cfg, i) = (self.config(), &self.inner);
@@ -305,7 +312,7 @@ impl Engine {
                 let apply = approval_policy::apply(&cfg, &i.store, &i.approvals, meta, *ask, &at);
                 let notice = Box::pin(apply).await;
                 if let Some(n) = notice {
-                    let _ = tx.send(LegEvent::Approval(n)).await;
+                    emit(tx, LegEvent::Approval(n)).await;
                 }
             }
             Some(TurnEvent::Yield) if !got.calls.is_empty() => return Some(Next::Suspend),
@@ -355,7 +362,7 @@ impl Engine {
             calls: Vec::new(),
             usage: got.usage,
         };
-        let _ = tx.send(end).await;
+        emit(&tx, end).await;
         span.finish("stop");
         self.end(&meta, journaled, EndReason::Completed, Leftover::Slot(slot))
             .await;
@@ -365,7 +372,7 @@ impl Engine {
     async fn stop(&self, exec: Execution, stop: Stop, tx: &mpsc::Sender<LegEvent>) {
         let reason = match stop {
             Stop::Fail(e, reason) => {
-                let _ = tx.send(LegEvent::Error(e)).await;
+                emit(tx, LegEvent::Error(e)).await;
                 reason
             }
             Stop::Gone => EndReason::Cancelled,
@@ -436,7 +443,7 @@ impl Engine {
                 ),
             };
             span.fail(reason.as_str());
-            let _ = tx.send(LegEvent::Error(error)).await;
+            emit(&tx, LegEvent::Error(error)).await;
             return self.end(&meta, true, reason, left).await;
         }
         tracing::debug!(execution = %meta.id, calls, "execution suspended");

@@ -76,6 +76,9 @@ pub async fn stream<F: Frame>(
 /// The bytes one body frame gathers from the events already waiting (more wait for the next).
 const GATHER_BYTES: usize = 64 * 1024;
 
+/// What a body frame's text grows by when a second event joins it.
+const GATHER_ROOM: usize = 2048;
+
 /// A leg's events framed as they come. The events already waiting go out as one body frame
 /// (the same bytes in fewer writes), and one timer, moved on only when it fires, stands for
 /// the keep-alive interval (a timer per event registered and dropped one each time).
@@ -104,7 +107,11 @@ impl<F: Frame> Stream for Framed<F> {
             let (text, end) = this.framer.frame(ev);
             match this.out.is_empty() {
                 true => this.out = text,
-                false => this.out.push_str(&text),
+                false => {
+                    // Room for a few more at once, not a copy at each.
+                    this.out.reserve(text.len().max(GATHER_ROOM));
+                    this.out.push_str(&text);
+                }
             }
             this.done = end;
         }

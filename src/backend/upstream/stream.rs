@@ -235,7 +235,8 @@ pub fn events(
         ids,
         calls: BTreeMap::new(),
         announced: false,
-        out: VecDeque::new(),
+        // A chunk's events: its usage, text and relayed chunk (at most a few more).
+        out: VecDeque::with_capacity(4),
         over: false,
     };
     relay.boxed()

@@ -104,7 +104,7 @@ impl Framer {
                     self.held.push(c);
                     return (String::new(), false);
                 }
-                (c.event(), false)
+                (c.into_event(), false)
             }
             LegEvent::Approval(n) => {
                 let text = n.text().map(|t| crate::surface::sse::notice_comment(&t));
@@ -161,8 +161,8 @@ impl Framer {
                 out.push_str(&envelope(json!({}), Some("tool_calls")));
             }
         }
-        for c in &held {
-            out.push_str(&c.event());
+        for c in held {
+            out.push_str(&c.into_event());
         }
     }
 }

@@ -345,7 +345,9 @@ fn read(
     let choices = choices.unwrap_or_default();
     let finish = choices.first().and_then(|c| c.finish_reason.clone());
     let relay = cut.is_none() || !choices.is_empty();
-    let mut edits = vec![(span(raw, model_value), Put::Str(model))];
+    // `model`, and at most a message's members, a fingerprint and the usage.
+    let mut edits = Vec::with_capacity(4);
+    edits.push((span(raw, model_value), Put::Str(model)));
     let mut said = None;
     for (i, c) in choices.into_iter().enumerate() {
         let s = match (c.message, c.delta) {
