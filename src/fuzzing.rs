@@ -87,7 +87,9 @@ pub fn chat(data: &[u8]) {
     // (a message's missing `refusal` and `annotations`) or cuts (usage, a null fingerprint).
     let strip = data.len().is_multiple_of(2);
     let text = std::str::from_utf8(data).ok();
-    if let Some(p) = text.and_then(|t| crate::backend::upstream::native::plain(t, "m2", strip)) {
+    if let Some(p) =
+        text.and_then(|t| crate::backend::upstream::native::plain(t, Some("m2"), strip))
+    {
         if serde_json::from_slice::<Value>(data).is_ok() {
             serde_json::from_str::<Value>(&p.json).expect("a relayed answer is JSON");
         }

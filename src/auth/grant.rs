@@ -58,12 +58,32 @@ pub fn pool_id(group: &str) -> String {
     format!("{GROUP_PREFIX}{group}")
 }
 
+/// A model allowlist (`models = ["codex-*"]`). One that holds `*` allows every name, which is
+/// answered without the glob engine (every request asks).
+#[derive(Debug, Clone)]
+pub struct Models {
+    globs: globset::GlobSet,
+    every: bool,
+}
+
+impl Models {
+    /// `globs`, built from `patterns`.
+    pub fn new(globs: globset::GlobSet, patterns: &[impl AsRef<str>]) -> Models {
+        let every = patterns.iter().any(|p| matches!(p.as_ref(), "*" | "**"));
+        Models { globs, every }
+    }
+
+    pub fn is_match(&self, model: &str) -> bool {
+        self.every || self.globs.is_match(model)
+    }
+}
+
 /// A `[[groups]]` entry: what members of an identity provider's group get besides their own
 /// entry.
 #[derive(Debug, Clone)]
 pub struct GroupConfig {
     pub name: String,
-    pub models: globset::GlobSet,
+    pub models: Models,
     pub roles: Vec<Role>,
     /// Its limits; `budget`'s daily, monthly and token caps are pooled over the members.
     pub limits: ClientLimits,
@@ -72,7 +92,7 @@ pub struct GroupConfig {
 /// A client entry's or issuer's own models, roles and limits.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry<'a> {
-    pub models: &'a globset::GlobSet,
+    pub models: &'a Models,
     pub roles: &'a [Role],
     pub limits: &'a ClientLimits,
 }
@@ -148,12 +168,12 @@ mod tests {
     use super::*;
     use crate::budget::Budget;
 
-    fn globs(p: &[&str]) -> globset::GlobSet {
+    fn globs(p: &[&str]) -> Models {
         let mut b = globset::GlobSetBuilder::new();
         for p in p {
             b.add(globset::Glob::new(p).unwrap());
         }
-        b.build().unwrap()
+        Models::new(b.build().unwrap(), p)
     }
 
     fn rate(per_minute: u32, burst: u32) -> Option<Rate> {

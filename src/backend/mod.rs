@@ -303,9 +303,12 @@ pub enum TurnEvent {
     /// `reasoning_content`), for the surfaces to carry in their own form.
     Reasoning(String),
     /// A Chat Completions chunk (or whole body) as a stateless upstream sent it, tool calls
-    /// removed and `model` renamed; only on turns whose `native` flag is set. Its text also
-    /// arrives as `Delta`.
-    Relayed(crate::turn::Relayed),
+    /// removed and `model` renamed; only on turns whose `native` flag is set. `text` is what
+    /// it says that no `Delta` carried (a chunk read without a tree says it only here).
+    Relayed {
+        chunk: crate::turn::Relayed,
+        text: String,
+    },
     ToolCall(HeldCall),
     /// Boxed: rare, and it would otherwise size every event.
     Approval(Box<ApprovalAsk>),

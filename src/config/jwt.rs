@@ -7,7 +7,7 @@ use std::sync::Arc;
 use jsonwebtoken::Algorithm;
 
 use super::raw::{RawJwt, RawOidc};
-use super::validate::{globs, limits, roles};
+use super::validate::{limits, models_allowed, roles};
 use super::{err, resolve, ConfigError, JwtIssuer};
 use crate::auth::jwt::{family_name, jwks_keys, parse_algorithm, pem_keys, Keys};
 use crate::auth::oidc::{Remote, SignIn};
@@ -141,7 +141,7 @@ pub(super) fn jwt_issuers(
                 "must name a claim (`groups`, or a path such as `realm_access.roles`)",
             ));
         }
-        let models = globs(&j.models, &at("models"))?;
+        let models = models_allowed(&j.models, &at("models"))?;
         let roles = roles(&j.roles, &at("roles"))?;
         let limits = limits(
             &section,

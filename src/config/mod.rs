@@ -33,10 +33,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use globset::GlobSet;
 use serde::Deserialize;
 
-pub use crate::auth::grant::{ClientLimits, Entry, Grant, GroupConfig, Groups, Rate, Role};
+pub use crate::auth::grant::{ClientLimits, Entry, Grant, GroupConfig, Groups, Models, Rate, Role};
 pub use crate::auth::jwt::JwtIssuer;
 pub use backends::*;
 pub use cluster::{ClusterConfig, StoreConfig};
@@ -163,7 +162,7 @@ pub struct ServerConfig {
 pub struct ClientConfig {
     pub id: std::sync::Arc<str>,
     pub credential: Credential,
-    pub models: GlobSet,
+    pub models: Models,
     pub roles: Vec<Role>,
     pub limits: ClientLimits,
 }
@@ -281,7 +280,7 @@ impl Config {
                 continue;
             }
             for m in self.models.iter().filter(|m| m.price.is_none()) {
-                if models.is_match(&*m.id) {
+                if models.is_match(&m.id) {
                     out.push(format!(
                         "{who} has a USD budget but may use model `{}`, which has no price: its usage counts as $0 against the cap",
                         m.id

@@ -17,7 +17,7 @@ use super::{
     ConfigError, ContinuationLimits, ContinuityConfig, Credential, GroupConfig, JwtIssuer,
     ModelConfig, Rate, Role, ServerConfig,
 };
-use crate::auth::grant::{GROUP_PREFIX, MAX_GROUP_NAME_BYTES};
+use crate::auth::grant::{Models, GROUP_PREFIX, MAX_GROUP_NAME_BYTES};
 use crate::auth::jwt::{MAX_SUBJECT_BYTES, PRINCIPAL_PREFIX};
 use crate::budget::{Budget, Price};
 
@@ -365,7 +365,7 @@ fn clients(
                     }
                 }
             };
-        let models = globs(&c.models, &format!("clients[{i}].models"))?;
+        let models = models_allowed(&c.models, &format!("clients[{i}].models"))?;
         let roles = roles(&c.roles, &format!("clients[{i}].roles"))?;
         let limits = limits(
             &format!("clients[{i}]"),
@@ -418,7 +418,7 @@ fn groups(raw: Vec<RawGroup>) -> Result<Vec<GroupConfig>, ConfigError> {
             g.budget.as_ref(),
         )?;
         out.push(GroupConfig {
-            models: globs(&g.models, &format!("{at}.models"))?,
+            models: models_allowed(&g.models, &format!("{at}.models"))?,
             roles: roles(&g.roles, &format!("{at}.roles"))?,
             name: g.name,
             limits,
@@ -482,6 +482,11 @@ pub(super) fn globs(patterns: &[String], at: &str) -> Result<GlobSet, ConfigErro
         set.add(glob);
     }
     set.build().map_err(|e| err(at, format!("bad globs: {e}")))
+}
+
+/// A model allowlist; errors name `at[j]`.
+pub(super) fn models_allowed(patterns: &[String], at: &str) -> Result<Models, ConfigError> {
+    Ok(Models::new(globs(patterns, at)?, patterns))
 }
 
 /// A roles list; errors name `at[j]`.

@@ -278,8 +278,9 @@ impl Engine {
                 emit(tx, LegEvent::Reasoning(r)).await;
             }
             Some(TurnEvent::Reasoning(_)) => {}
-            Some(TurnEvent::Relayed(v)) => {
-                emit(tx, LegEvent::Relayed(v)).await;
+            Some(TurnEvent::Relayed { chunk, text }) => {
+                got.text.push_str(&text);
+                emit(tx, LegEvent::Relayed(chunk)).await;
             }
             Some(TurnEvent::ToolCall(call)) => {
                 got.calls.push(call);

@@ -135,3 +135,64 @@ impl<F: Frame> Stream for Framed<F> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each event as its text on a line; anything else ends the stream.
+    struct Lines;
+
+    impl Frame for Lines {
+        fn opening(&mut self) -> String {
+            "open\n".into()
+        }
+        fn frame(&mut self, ev: LegEvent) -> (String, bool) {
+            match ev {
+                LegEvent::Delta(d) => (format!("{d}\n"), false),
+                _ => ("end\n".into(), true),
+            }
+        }
+    }
+
+    fn leg(events: tokio::sync::mpsc::Receiver<LegEvent>) -> Leg {
+        Leg {
+            execution_id: "exe-1".into(),
+            created: 0,
+            model: "m".into(),
+            round: 0,
+            native: false,
+            spent: None,
+            deadline: Instant::now(),
+            events,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_events_go_out_together_and_only_silence_is_kept_alive() {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let delta = |d: &str| LegEvent::Delta(d.into());
+        tx.send(delta("a")).await.unwrap();
+        let started = Instant::now();
+        let mut body = stream(leg(rx), Lines, Duration::from_secs(10))
+            .await
+            .unwrap();
+        tx.send(delta("b")).await.unwrap();
+        tx.send(delta("c")).await.unwrap();
+        let text =
+            |b: Option<Result<Bytes, Infallible>>| String::from_utf8(b.unwrap().unwrap().to_vec());
+        assert_eq!(text(body.next().await).unwrap(), "open\na\nb\nc\n");
+        // Six seconds on, an event: the keep-alive is due ten seconds after it, not after
+        // the stream began.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        tx.send(delta("d")).await.unwrap();
+        assert_eq!(text(body.next().await).unwrap(), "d\n");
+        assert_eq!(text(body.next().await).unwrap(), ": keep-alive\n\n");
+        assert_eq!(started.elapsed(), Duration::from_secs(16));
+        assert_eq!(text(body.next().await).unwrap(), ": keep-alive\n\n");
+        assert_eq!(started.elapsed(), Duration::from_secs(26));
+        tx.send(LegEvent::Truncated).await.unwrap();
+        assert_eq!(text(body.next().await).unwrap(), "end\n");
+        assert!(body.next().await.is_none());
+    }
+}

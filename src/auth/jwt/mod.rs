@@ -27,12 +27,11 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
-use globset::GlobSet;
 use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet, PublicKeyUse};
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
-use super::grant::{ClientLimits, Groups, Role, MAX_GROUPS, MAX_GROUP_NAME_BYTES};
+use super::grant::{ClientLimits, Groups, Models, Role, MAX_GROUPS, MAX_GROUP_NAME_BYTES};
 
 /// Verified tokens remembered at most (by digest), whatever their lifetimes.
 pub const CACHE_CAPACITY: usize = 10_000;
@@ -127,7 +126,7 @@ pub struct JwtIssuer {
     pub typ: Option<String>,
     /// The claim naming the subject's groups (a dotted path walks into objects).
     pub groups_claim: String,
-    pub models: GlobSet,
+    pub models: Models,
     pub roles: Vec<Role>,
     pub limits: ClientLimits,
 }

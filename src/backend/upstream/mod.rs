@@ -179,6 +179,7 @@ impl Metered {
                 (self.meter)(*u);
             }
             TurnEvent::Delta(t) | TurnEvent::Reasoning(t) => self.said_bytes += t.len(),
+            TurnEvent::Relayed { text, .. } => self.said_bytes += text.len(),
             TurnEvent::ToolCall(c) => self.said_bytes += c.name.len() + c.arguments.len(),
             TurnEvent::Completed | TurnEvent::Yield if !self.reported => {
                 self.reported = true;

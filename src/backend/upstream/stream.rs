@@ -2,7 +2,8 @@
 //! their deltas and announced once complete (at the finish chunk, or the end of the body),
 //! their upstream ids recorded by invocation number for the suspension; the leg ends with
 //! `Yield` when it produced calls, else `Completed`. With `native` set, each chunk (or the whole
-//! body) is also passed on as `Native`, tool calls removed, for a Chat Completions client.
+//! body) is passed on as `Relayed`, tool calls removed, for a Chat Completions client; one
+//! read without a tree carries its text there rather than in a `Delta`.
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
@@ -96,7 +97,8 @@ fn announce(calls: Vec<PartialCall>, ids: &Ids, out: &mut VecDeque<TurnEvent>) {
     }
 }
 
-/// The events of an answer (or chunk) with no tool calls; its `Native` only when relayed.
+/// The events of an answer (or chunk) with no tool calls: relayed, one `Relayed` that carries
+/// its text too; else a `Delta`.
 fn plain(p: Plain, native: bool, out: &mut VecDeque<TurnEvent>) {
     if let Some(u) = p.usage {
         out.push_back(TurnEvent::Usage(u));
@@ -107,15 +109,19 @@ fn plain(p: Plain, native: bool, out: &mut VecDeque<TurnEvent>) {
     if !p.reasoning.is_empty() {
         out.push_back(TurnEvent::Reasoning(p.reasoning));
     }
-    if !p.text.is_empty() {
-        out.push_back(TurnEvent::Delta(p.text));
-    }
     if native && p.relay {
+        // One event for both: the text rides with the chunk that says it.
         let finish = p.finish.is_some();
-        out.push_back(TurnEvent::Relayed(Relayed::Raw {
+        let chunk = Relayed::Raw {
             json: p.json,
             finish,
-        }));
+        };
+        out.push_back(TurnEvent::Relayed {
+            chunk,
+            text: p.text,
+        });
+    } else if !p.text.is_empty() {
+        out.push_back(TurnEvent::Delta(p.text));
     }
 }
 
@@ -144,7 +150,8 @@ pub fn whole(
             Ok(Ok(b)) => b,
         };
         let text = std::str::from_utf8(&bytes).ok();
-        if let Some(p) = text.and_then(|t| native::plain(t, &model, false)) {
+        let relayed = native.then_some(&*model);
+        if let Some(p) = text.and_then(|t| native::plain(t, relayed, false)) {
             plain(p, native, &mut out);
             out.push_back(TurnEvent::Completed);
             return out;
@@ -184,7 +191,11 @@ pub fn whole(
         }
         if native {
             body["model"] = Value::String(model.to_string());
-            out.push_back(TurnEvent::Relayed(Relayed::Tree(body)));
+            let chunk = Relayed::Tree(body);
+            out.push_back(TurnEvent::Relayed {
+                chunk,
+                text: String::new(),
+            });
         }
         let yielded = !calls.is_empty();
         announce(calls, &ids, &mut out);
@@ -287,7 +298,8 @@ impl Relay {
                 self.end();
             }
             Some(Ok(SseEvent::Data(data))) => {
-                if let Some(p) = native::plain(&data, &self.model, self.strip_usage) {
+                let relayed = self.native.then_some(&*self.model);
+                if let Some(p) = native::plain(&data, relayed, self.strip_usage) {
                     let finish = p.finish.is_some();
                     plain(p, self.native, &mut self.out);
                     self.finished(finish);
@@ -370,7 +382,9 @@ impl Relay {
         }
         if self.native && forward {
             chunk["model"] = Value::String(self.model.to_string());
-            self.out.push_back(TurnEvent::Relayed(Relayed::Tree(chunk)));
+            let chunk = Relayed::Tree(chunk);
+            let text = String::new();
+            self.out.push_back(TurnEvent::Relayed { chunk, text });
         }
         self.finished(finish);
     }

@@ -310,7 +310,8 @@ mod tests {
         f.native = true;
         assert_eq!(f.opening(), "");
         let up = json!({"id": "up", "model": "x", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": null}], "extra": 1});
-        let raw = crate::backend::upstream::native::plain(&up.to_string(), "m", false).unwrap();
+        let raw =
+            crate::backend::upstream::native::plain(&up.to_string(), Some("m"), false).unwrap();
         let (text, _) = f.frame(LegEvent::Relayed(Relayed::Raw {
             json: raw.json,
             finish: false,

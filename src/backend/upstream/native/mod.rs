@@ -305,8 +305,9 @@ pub struct Plain {
 
 /// Reads an answer that carries no tool calls, `model` renamed to `model` and, with
 /// `strip_usage`, its `usage` member cut out; None when it has tool calls, or no `model`, or
-/// is not an object of this shape: the caller reads it as a tree.
-pub fn plain(text: &str, model: &str, strip_usage: bool) -> Option<Plain> {
+/// is not an object of this shape: the caller reads it as a tree. Without `model` it is read
+/// for the gateway alone (not relayed: `json` is left empty).
+pub fn plain(text: &str, model: Option<&str>, strip_usage: bool) -> Option<Plain> {
     if !text.trim_start().starts_with('{') {
         return None;
     }
@@ -336,7 +337,7 @@ type Parts<'a> = (Option<&'a RawValue>, Option<Vec<Choice<'a>>>, Member<'a>);
 /// (null and empty), as OpenAI itself answers.
 fn read(
     raw: &str,
-    model: &str,
+    model: Option<&str>,
     (model_value, choices, fingerprint): Parts<'_>,
     usage: Option<Usage>,
     cut: Option<Range<usize>>,
@@ -347,13 +348,17 @@ fn read(
     let relay = cut.is_none() || !choices.is_empty();
     // `model`, and at most a message's members, a fingerprint and the usage.
     let mut edits = Vec::with_capacity(4);
-    edits.push((span(raw, model_value), Put::Str(model)));
+    if let Some(model) = model {
+        edits.push((span(raw, model_value), Put::Str(model)));
+    }
     let mut said = None;
     for (i, c) in choices.into_iter().enumerate() {
         let s = match (c.message, c.delta) {
             (Some(m), _) => {
                 let s: Said<'_> = serde_json::from_str(m.get()).ok()?;
-                complete(raw, m, &s, &mut edits);
+                if model.is_some() {
+                    complete(raw, m, &s, &mut edits);
+                }
                 Some(s)
             }
             (None, delta) => delta,
@@ -386,7 +391,10 @@ fn read(
             .to_string(),
         usage,
         finish: finish.map(Cow::into_owned),
-        json: rewrite(raw, &mut edits),
+        json: match model {
+            Some(_) => rewrite(raw, &mut edits),
+            None => String::new(),
+        },
         // The usage-only chunk goes whole; elsewhere only the member.
         relay,
     })

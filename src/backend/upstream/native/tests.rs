@@ -5,7 +5,7 @@ use super::*;
 
 /// An answer's bytes read as [`super::plain`] reads text.
 fn plain(raw: &[u8], model: &str, strip_usage: bool) -> Option<Plain> {
-    super::plain(std::str::from_utf8(raw).ok()?, model, strip_usage)
+    super::plain(std::str::from_utf8(raw).ok()?, Some(model), strip_usage)
 }
 
 #[test]
