@@ -24,7 +24,10 @@ pub struct Envelope {
     reasoning: Reasoning,
     pub store: bool,
     temperature: Value,
-    text: Value,
+    /// The request's; absent, the default (`{"format":{"type":"text"}}`), written without
+    /// a tree.
+    #[serde(serialize_with = "text_or_default")]
+    text: Option<Value>,
     tool_choice: Value,
     pub tools: Vec<Value>,
     top_p: Value,
@@ -45,6 +48,24 @@ pub struct Envelope {
 struct Reasoning {
     effort: Value,
     summary: Value,
+}
+
+fn text_or_default<S: serde::Serializer>(text: &Option<Value>, s: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Format {
+        r#type: &'static str,
+    }
+    #[derive(Serialize)]
+    struct Text {
+        format: Format,
+    }
+    match text {
+        Some(t) => t.serialize(s),
+        None => Text {
+            format: Format { r#type: "text" },
+        }
+        .serialize(s),
+    }
 }
 
 impl Envelope {
@@ -70,9 +91,7 @@ impl Envelope {
             reasoning,
             store: req.store.unwrap_or(true),
             temperature: number(req.temperature, 1.0),
-            text: req
-                .text
-                .unwrap_or_else(|| json!({"format": {"type": "text"}})),
+            text: req.text,
             tool_choice: req.tool_choice.unwrap_or_else(|| json!("auto")),
             tools: req.tools.unwrap_or_default(),
             top_p: number(req.top_p, 1.0),
