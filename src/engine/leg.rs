@@ -403,6 +403,9 @@ impl Engine {
             exec.backlog.extend(calls.drain(1..));
         }
         let minted = Minted::new(calls);
+        // Held as long as the batch is: no spare room (the leg sized it for a short answer).
+        let mut text = text;
+        text.shrink_to_fit();
         let mut ctx = ctx;
         ctx.digest_messages();
         let digests = Digests {
