@@ -137,7 +137,7 @@ impl<F: Frame> Stream for Framed<F> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Each event as its text on a line; anything else ends the stream.
@@ -155,7 +155,8 @@ mod tests {
         }
     }
 
-    fn leg(events: tokio::sync::mpsc::Receiver<LegEvent>) -> Leg {
+    /// A leg whose events come from `events`, for a surface's framing tests.
+    pub(crate) fn leg(events: tokio::sync::mpsc::Receiver<LegEvent>) -> Leg {
         Leg {
             execution_id: "exe-1".into(),
             created: 0,

@@ -480,16 +480,7 @@ mod tests {
     async fn silence_is_broken_by_a_ping_every_ten_seconds() {
         use futures::StreamExt;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let leg = Leg {
-            execution_id: "exe-1".into(),
-            created: 0,
-            model: "m".into(),
-            round: 0,
-            native: false,
-            spent: None,
-            deadline: tokio::time::Instant::now(),
-            events: rx,
-        };
+        let leg = crate::surface::sse::tests::leg(rx);
         let framing = Framing {
             stream: true,
             model: "m".into(),
