@@ -1,6 +1,43 @@
 //! Server-sent events read from a byte stream: the one splitter both an upstream's answer
-//! and an owner replica's relayed stream are read with. A wire codec, so a leaf: it knows no
-//! backend and no surface.
+//! and an owner replica's relayed stream are read with, and the timer of an event stream's
+//! silences (an upstream's idle timeout, a client's keep-alive). A wire codec, so a leaf: it
+//! knows no backend and no surface.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+
+/// The silences of a stream timed with one timer, moved on only when it fires (a timer per
+/// event would be registered and dropped each time).
+pub struct Silence {
+    period: Duration,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl Silence {
+    pub fn new(period: Duration) -> Silence {
+        Silence {
+            period,
+            timer: Box::pin(tokio::time::sleep(period)),
+        }
+    }
+
+    /// Ready once a whole period has passed since `since`; until then the task is woken
+    /// when it may have.
+    pub fn poll_since(&mut self, cx: &mut Context<'_>, since: Instant) -> Poll<()> {
+        loop {
+            std::task::ready!(self.timer.as_mut().poll(cx));
+            let due = since + self.period;
+            if due <= Instant::now() {
+                return Poll::Ready(());
+            }
+            self.timer.as_mut().reset(due);
+        }
+    }
+}
 
 /// One event of an SSE body.
 #[derive(Debug, Clone, PartialEq)]

@@ -3,7 +3,6 @@
 //! and its framing of each event, with `: keep-alive` comments through silent stretches.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -11,10 +10,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 use crate::engine::{EngineError, Leg, LegEvent};
 use crate::error::ApiError;
+use crate::sse::Silence;
 
 pub type Body = BoxStream<'static, Result<Bytes, Infallible>>;
 
@@ -60,14 +60,12 @@ pub async fn stream<F: Frame>(
         out.push_str(&text);
         done = end;
     }
-    let quiet = Box::pin(tokio::time::sleep(keepalive));
     Ok(Framed {
         leg,
         framer,
         done,
         out,
-        keepalive,
-        quiet,
+        quiet: Silence::new(keepalive),
         sent_at: Instant::now(),
     }
     .boxed())
@@ -80,16 +78,14 @@ const GATHER_BYTES: usize = 64 * 1024;
 const GATHER_ROOM: usize = 2048;
 
 /// A leg's events framed as they come. The events already waiting go out as one body frame
-/// (the same bytes in fewer writes), and one timer, moved on only when it fires, stands for
-/// the keep-alive interval (a timer per event registered and dropped one each time).
+/// (the same bytes in fewer writes); a keep-alive is due one interval after bytes last went.
 struct Framed<F> {
     leg: Leg,
     framer: F,
     done: bool,
     /// Framed and not yet sent.
     out: String,
-    keepalive: Duration,
-    quiet: Pin<Box<Sleep>>,
+    quiet: Silence,
     /// When bytes last went out: the keep-alive is due one interval after.
     sent_at: Instant,
 }
@@ -122,17 +118,9 @@ impl<F: Frame> Stream for Framed<F> {
         if this.done {
             return Poll::Ready(None);
         }
-        loop {
-            std::task::ready!(this.quiet.as_mut().poll(cx));
-            let due = this.sent_at + this.keepalive;
-            if due > Instant::now() {
-                this.quiet.as_mut().reset(due);
-                continue;
-            }
-            this.sent_at = Instant::now();
-            this.quiet.as_mut().reset(this.sent_at + this.keepalive);
-            return Poll::Ready(Some(Ok(Bytes::from(this.framer.keepalive()))));
-        }
+        std::task::ready!(this.quiet.poll_since(cx, this.sent_at));
+        this.sent_at = Instant::now();
+        Poll::Ready(Some(Ok(Bytes::from(this.framer.keepalive()))))
     }
 }
 

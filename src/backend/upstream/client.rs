@@ -5,7 +5,6 @@
 //! of the gateway's own credentials is a gateway failure; the upstream URL and key never
 //! appear), reads whole bodies under `max_response_bytes`, and splits an SSE body into events.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -21,11 +20,11 @@ use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use serde_json::Value;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 use crate::backend::{BackendError, UpstreamRefusal};
 use crate::config::UpstreamConfig;
-use crate::sse::{SseEvent, SseSplitter, MAX_EVENT_BYTES};
+use crate::sse::{Silence, SseEvent, SseSplitter, MAX_EVENT_BYTES};
 
 /// An upstream's answer, its body still to be read.
 pub type Response = hyper::Response<hyper::body::Incoming>;
@@ -253,22 +252,19 @@ impl Client {
             body: resp.into_body().into_data_stream(),
             split: SseSplitter::default(),
             ended: false,
-            idle: self.idle_timeout,
-            timer: Box::pin(tokio::time::sleep(self.idle_timeout)),
+            idle: Silence::new(self.idle_timeout),
             waiting: None,
         }
         .boxed()
     }
 }
 
-/// An SSE body split into events. One timer, moved on only when it fires, stands for the
-/// idle timeout of each wait (a timer per read registered and dropped one each time).
+/// An SSE body split into events, each waited for at most the idle timeout.
 struct Events {
     body: http_body_util::BodyDataStream<hyper::body::Incoming>,
     split: SseSplitter,
     ended: bool,
-    idle: Duration,
-    timer: Pin<Box<Sleep>>,
+    idle: Silence,
     /// Since when the body has sent nothing.
     waiting: Option<Instant>,
 }
@@ -312,14 +308,8 @@ impl Stream for Events {
                 }
                 Poll::Pending => {
                     let since = *this.waiting.get_or_insert_with(Instant::now);
-                    loop {
-                        std::task::ready!(this.timer.as_mut().poll(cx));
-                        let due = since + this.idle;
-                        if due <= Instant::now() {
-                            return failed(this, BackendError::Timeout);
-                        }
-                        this.timer.as_mut().reset(due);
-                    }
+                    std::task::ready!(this.idle.poll_since(cx, since));
+                    return failed(this, BackendError::Timeout);
                 }
             }
         }

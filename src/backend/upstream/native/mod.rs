@@ -117,10 +117,15 @@ pub fn upstream_body(
 /// `raw` as text, when it is a JSON object (a struct also deserializes from an array). Read
 /// as a `str`, its UTF-8 is checked once, not again for each string in it.
 fn object(raw: &[u8]) -> Result<&str, serde_json::Error> {
-    if raw.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+    if !opens_object(raw) {
         return Err(serde::de::Error::custom("the body must be a JSON object"));
     }
     std::str::from_utf8(raw).map_err(serde::de::Error::custom)
+}
+
+/// Whether JSON text `raw` opens an object (its first byte past whitespace is `{`).
+fn opens_object(raw: &[u8]) -> bool {
+    raw.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
 /// Where `value` (a span borrowed from `raw`) lies in `raw`.
@@ -307,18 +312,17 @@ pub struct Plain {
 /// `strip_usage`, its `usage` member cut out; None when it has tool calls, or no `model`, or
 /// is not an object of this shape: the caller reads it as a tree. Without `model` it is read
 /// for the gateway alone (not relayed: `json` is left empty).
-pub fn plain(text: &str, model: Option<&str>, strip_usage: bool) -> Option<Plain> {
-    if !text.trim_start().starts_with('{') {
+pub fn plain(raw: &str, model: Option<&str>, strip_usage: bool) -> Option<Plain> {
+    if !opens_object(raw.as_bytes()) {
         return None;
     }
-    let raw = text;
     if !strip_usage {
-        let a: Answer<'_, Option<WireUsage>> = serde_json::from_str(text).ok()?;
+        let a: Answer<'_, Option<WireUsage>> = serde_json::from_str(raw).ok()?;
         let usage = a.usage.map(wire_usage);
         let parts = (a.model, a.choices, a.system_fingerprint);
         return read(raw, model, parts, usage, None);
     }
-    let a: Answer<'_, Member<'_>> = serde_json::from_str(text).ok()?;
+    let a: Answer<'_, Member<'_>> = serde_json::from_str(raw).ok()?;
     let usage = match a.usage.0.filter(|u| u.get() != "null") {
         Some(u) => Some(wire_usage(serde_json::from_str(u.get()).ok()?)),
         None => None,
@@ -348,9 +352,6 @@ fn read(
     let relay = cut.is_none() || !choices.is_empty();
     // `model`, and at most a message's members, a fingerprint and the usage.
     let mut edits = Vec::with_capacity(4);
-    if let Some(model) = model {
-        edits.push((span(raw, model_value), Put::Str(model)));
-    }
     let mut said = None;
     for (i, c) in choices.into_iter().enumerate() {
         let s = match (c.message, c.delta) {
@@ -372,12 +373,19 @@ fn read(
             said = s;
         }
     }
-    if let Some(f) = fingerprint.0.filter(|f| f.get() == "null") {
-        edits.push((member(raw, span(raw, f)), Put::Text(String::new())));
-    }
-    if let Some(member) = cut {
-        edits.push((member, Put::Text(String::new())));
-    }
+    let json = match model {
+        Some(model) => {
+            edits.push((span(raw, model_value), Put::Str(model)));
+            if let Some(f) = fingerprint.0.filter(|f| f.get() == "null") {
+                edits.push((member(raw, span(raw, f)), Put::Text(String::new())));
+            }
+            if let Some(member) = cut {
+                edits.push((member, Put::Text(String::new())));
+            }
+            rewrite(raw, &mut edits)
+        }
+        None => String::new(),
+    };
     Some(Plain {
         text: said
             .as_ref()
@@ -391,10 +399,7 @@ fn read(
             .to_string(),
         usage,
         finish: finish.map(Cow::into_owned),
-        json: match model {
-            Some(_) => rewrite(raw, &mut edits),
-            None => String::new(),
-        },
+        json,
         // The usage-only chunk goes whole; elsewhere only the member.
         relay,
     })
